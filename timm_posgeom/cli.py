@@ -1,0 +1,40 @@
+"""posgeom: probe, stress, train and report on positional encodings in timm ViTs."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# One module per sub-command under timm_posgeom/commands, each with add_parser() and run().
+COMMANDS = ("models", "probe", "fragility", "sweep", "train", "study", "report", "card", "push")
+
+
+def _command_modules():
+    for name in COMMANDS:
+        try:
+            yield name, importlib.import_module(f"timm_posgeom.commands.{name}")
+        except ModuleNotFoundError as e:  # a command still being written: leave it out of the parser
+            if e.name != f"timm_posgeom.commands.{name}":
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posgeom", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for _, module in _command_modules():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(f"timm_posgeom.commands.{args.command}")
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, FileNotFoundError, PermissionError, TypeError) as e:
+        parser.exit(2, f"posgeom {args.command}: error: {e}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sub-commands of ``posgeom``: each module defines ``add_parser(subparsers)`` and ``run(args) -> int``."""

@@ -1,0 +1,284 @@
+"""Interventions on any timm ViT: random token permutation (RPI / RPT) and PE scaling (alpha).
+
+Both are context managers that leave the model exactly as they found it, exceptions included.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .pos.common import check_alpha
+
+__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module"]
+
+
+# --------------------------------------------------------------------------------------------
+# token permutation
+# --------------------------------------------------------------------------------------------
+def find_embed_module(model: nn.Module) -> nn.Module:
+    """The module whose output is the patch-token contents before any positional encoding.
+
+    ``patch_embed`` for the flat timm ViT families (vision_transformer, deit, eva incl. RoPE, beit,
+    relpos, cait, ours); ``embeds.norm`` for naflexvit (its ``embeds`` adds the PE after its norm).
+    """
+    embeds = getattr(model, "embeds", None)
+    if embeds is not None and hasattr(embeds, "norm") and hasattr(embeds, "proj"):
+        return embeds.norm
+    patch_embed = getattr(model, "patch_embed", None)
+    if isinstance(patch_embed, nn.Module):
+        return patch_embed
+    raise TypeError(
+        f"{type(model).__name__} has no `patch_embed` (or naflexvit `embeds.norm`): token permutation "
+        "supports flat timm ViTs (vision_transformer, deit, eva, beit, relpos, cait, naflexvit, timm_posgeom)")
+
+
+def _permute_tokens(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Permute the token axis of (B, N, C) or (B, H, W, C) so that slot i holds token perm[i]."""
+    if x.ndim == 3:
+        return x[:, perm]
+    if x.ndim == 4:  # NHWC, as timm's PatchEmbed(output_fmt='NHWC') emits with dynamic_img_size
+        B, H, W, C = x.shape
+        return x.reshape(B, H * W, C)[:, perm].reshape(B, H, W, C).contiguous()
+    raise ValueError(f"cannot permute tokens of a tensor of shape {tuple(x.shape)}: expected (B,N,C) or (B,H,W,C)")
+
+
+def _num_tokens(x: torch.Tensor) -> int:
+    return x.shape[1] if x.ndim == 3 else x.shape[1] * x.shape[2]
+
+
+@dataclass
+class TokenPermutation:
+    """Handle yielded by :func:`token_permutation`.
+
+    ``permutation`` is the LongTensor p of the last forward pass: token slot i holds the content of
+    patch p[i] (row-major patch order), so for a model without PE every block output under
+    permutation equals the unpermuted output indexed ``[:, p]``. None before the first forward.
+    ``num_calls`` counts the forward passes that were permuted.
+    """
+
+    seed: int | None
+    per: str
+    mode: str
+    permutation: torch.Tensor | None = None
+    num_calls: int = 0
+    _generator: torch.Generator | None = field(default=None, repr=False)
+
+    def _draw(self, n: int, device: torch.device) -> torch.Tensor:
+        if self.per == "call" and self.permutation is not None:
+            if self.permutation.numel() != n:
+                raise ValueError(
+                    f"the token count changed inside one token_permutation(per='call') context "
+                    f"({self.permutation.numel()} -> {n}); use per='batch' for inputs of several sizes")
+            return self.permutation.to(device)
+        if self._generator is None:
+            return torch.randperm(n, device=device)  # global RNG: reproducible under accelerate/torch seeding
+        return torch.randperm(n, generator=self._generator).to(device)
+
+
+@contextlib.contextmanager
+def token_permutation(
+        model: nn.Module,
+        seed: int | None = None,
+        mode: str = "inference",
+        per: str | None = None,
+) -> Iterator[TokenPermutation]:
+    """Permute patch-token contents after the patch embedding and before any PE, on any timm ViT.
+
+    A forward hook on ``patch_embed`` (``embeds.norm`` for naflexvit) replaces its output x by
+    ``x[:, p]``: positional encodings stay bound to token indices while contents move. Handles
+    (B, N, C), NHWC (B, H, W, C; kept contiguous) and tuple outputs (first element permuted).
+
+    Args:
+        model: a timm ViT.
+        seed: seeds a private CPU generator (reproducible, leaves the global RNG alone); None draws
+            from torch's global RNG.
+        mode: ``inference`` (RPI: every forward inside the context is permuted) or ``training``
+            (RPT for a third-party model: only forwards in training mode are permuted).
+        per: ``call`` (one permutation for the whole context, shared by every batch: the paper's
+            RPI when the context wraps one evaluation) or ``batch`` (a fresh permutation every
+            forward). Default: ``call`` for inference, ``batch`` for training.
+
+    Yields:
+        A :class:`TokenPermutation` handle; ``handle.permutation`` is the permutation last applied.
+        The hook is removed on exit, exceptions included.
+    """
+    if mode not in ("inference", "training"):
+        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+    per = per or ("call" if mode == "inference" else "batch")
+    if per not in ("call", "batch"):
+        raise ValueError(f"per must be 'call' or 'batch', got {per!r}")
+    target = find_embed_module(model)
+    generator = None
+    if seed is not None:
+        generator = torch.Generator().manual_seed(int(seed))
+    handle = TokenPermutation(seed=seed, per=per, mode=mode, _generator=generator)
+
+    def hook(module: nn.Module, args, output):
+        if mode == "training" and not model.training:
+            return output
+        x = output[0] if isinstance(output, tuple) else output
+        perm = handle._draw(_num_tokens(x), x.device)
+        handle.permutation = perm
+        handle.num_calls += 1
+        x = _permute_tokens(x, perm)
+        return (x, *output[1:]) if isinstance(output, tuple) else x
+
+    removable = target.register_forward_hook(hook)
+    try:
+        yield handle
+    finally:
+        removable.remove()
+
+
+# --------------------------------------------------------------------------------------------
+# PE scaling
+# --------------------------------------------------------------------------------------------
+class PEScaleError(TypeError):
+    """Raised when :func:`pe_scale` finds no positional encoding it knows how to scale."""
+
+
+_REL_POS_TABLES = ("relative_position_bias_table",)
+
+
+def _abs_tables(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Learned / fixed absolute tables: ``pos_embed`` on the model or naflexvit's ``embeds``."""
+    found = []
+    for owner_name, owner in (("", model), ("embeds.", getattr(model, "embeds", None))):
+        if owner is None:
+            continue
+        for name in ("pos_embed", "pos_embed_y", "pos_embed_x"):
+            t = getattr(owner, name, None)
+            if isinstance(t, torch.Tensor):
+                found.append((owner_name + name, t))
+    return found
+
+
+@contextlib.contextmanager
+def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Iterator[nn.Module]:
+    """Scale the positional encoding of ``model`` by ``alpha`` inside the context.
+
+    What is scaled:
+      * our models (``PosGeomViT``): ``model.set_alpha`` (APE table incl. class row, sincos table,
+        RoPE angles);
+      * absolute tables (``pos_embed``; naflexvit ``embeds.pos_embed``): patch rows times alpha;
+        prefix rows (class / register tokens) too when ``include_prefix`` (the paper's convention);
+      * RoPE (timm ``RotaryEmbedding``/``RotaryEmbeddingCat``: frequency bands; ``RotaryEmbeddingMixed``:
+        learned frequencies; ``RotaryEmbeddingDinoV3``: periods / alpha): rotation angles times
+        alpha, cached tables rebuilt;
+      * additive relative-position bias tables (beit, swin: ``relative_position_bias_table``)
+        times alpha; relpos-ViT's ``RelPosMlp`` output times alpha.
+
+    Every tensor is restored exactly (saved copies) on exit, exceptions included. A model with
+    nothing to scale raises :class:`PEScaleError` naming its class and what was looked for.
+    """
+    alpha = check_alpha(alpha)
+    if hasattr(model, "set_alpha") and hasattr(model, "alpha"):
+        old = model.alpha
+        model.set_alpha(alpha)
+        try:
+            yield model
+        finally:
+            model.set_alpha(old)
+        return
+
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    restore_fns = []
+    hooks = []
+
+    def scale_(t: torch.Tensor, factor: float, rows: slice | None = None) -> None:
+        saved.append((t, t.detach().clone()))
+        with torch.no_grad():
+            if rows is None:
+                t.mul_(factor)
+            else:
+                t[:, rows].mul_(factor)
+
+    num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
+    for name, table in _abs_tables(model):
+        if name.endswith("pos_embed") and table.ndim == 3 and not include_prefix and num_prefix \
+                and not getattr(model, "no_embed_class", False) and _has_prefix_rows(model, table):
+            scale_(table, alpha, slice(num_prefix, None))
+        else:
+            scale_(table, alpha)
+
+    for module in model.modules():
+        kind = type(module).__name__
+        if kind in ("RotaryEmbedding", "RotaryEmbeddingCat") and hasattr(module, "bands"):
+            restore_fns.append(_scale_axial_rope(module, alpha))
+        elif kind == "RotaryEmbeddingMixed":
+            scale_(module.freqs, alpha)
+        elif kind == "RotaryEmbeddingDinoV3":
+            restore_fns.append(_scale_dinov3_rope(module, alpha))
+        elif kind == "RelPosMlp":
+            hooks.append(module.register_forward_hook(lambda m, a, out: out * alpha))
+        for tname in _REL_POS_TABLES:
+            t = getattr(module, tname, None)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                scale_(t, alpha)
+
+    if not (saved or restore_fns or hooks):
+        raise PEScaleError(
+            f"pe_scale found no positional encoding in {type(model).__name__}: looked for `pos_embed` "
+            "(model or embeds), timm RoPE modules (RotaryEmbedding, RotaryEmbeddingCat, RotaryEmbeddingMixed, "
+            "RotaryEmbeddingDinoV3), `relative_position_bias_table` and RelPosMlp")
+    try:
+        yield model
+    finally:
+        for h in hooks:
+            h.remove()
+        for fn in reversed(restore_fns):
+            fn()
+        with torch.no_grad():
+            for t, original in reversed(saved):
+                t.copy_(original)
+
+
+def _has_prefix_rows(model: nn.Module, table: torch.Tensor) -> bool:
+    grid = getattr(getattr(model, "patch_embed", None), "num_patches", None)
+    return grid is None or table.shape[1] != grid
+
+
+def _scale_axial_rope(module: nn.Module, alpha: float):
+    """timm axial RoPE: angles = pos * bands, so scale the bands and rebuild the cached table."""
+    bands = module.bands.detach().clone()
+    cache_names = [n for n in ("pos_embed", "pos_embed_sin", "pos_embed_cos")
+                   if isinstance(getattr(module, n, None), torch.Tensor)]
+    caches = {n: getattr(module, n).detach().clone() for n in cache_names}
+    with torch.no_grad():
+        module.bands.mul_(alpha)
+    if caches and module.feat_shape is not None:
+        if "pos_embed" in caches:
+            module.pos_embed = module._build_embed_cat(module.feat_shape, module.bands).to(caches["pos_embed"])
+        else:
+            sin, cos = module._build_embed(module.feat_shape, module.bands)
+            module.pos_embed_sin, module.pos_embed_cos = sin.to(caches["pos_embed_sin"]), cos.to(
+                caches["pos_embed_cos"])
+
+    def restore():
+        with torch.no_grad():
+            module.bands.copy_(bands)
+        for n, v in caches.items():
+            setattr(module, n, v)
+    return restore
+
+
+def _scale_dinov3_rope(module: nn.Module, alpha: float):
+    """DINOv3 RoPE: angles = 2 pi coords / periods, so divide the periods by alpha."""
+    periods = module.periods.detach().clone()
+    cache = getattr(module, "pos_embed_cached", None)
+    cache = cache.detach().clone() if isinstance(cache, torch.Tensor) else None
+    with torch.no_grad():
+        module.periods.div_(alpha) if alpha > 0 else module.periods.fill_(float("inf"))
+    if cache is not None and getattr(module, "feat_shape", None) is not None:
+        module.pos_embed_cached = module._create_embed(module.feat_shape, no_aug=True).to(cache)
+
+    def restore():
+        with torch.no_grad():
+            module.periods.copy_(periods)
+        if cache is not None:
+            module.pos_embed_cached = cache
+    return restore

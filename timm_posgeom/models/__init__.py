@@ -1,0 +1,11 @@
+"""PE-variant ViTs registered with timm (importing this module registers them)."""
+from .vision_transformer_pe import PosGeomViT
+
+__all__ = ["PosGeomViT", "list_models"]
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Every model this plugin registers with timm, e.g. ``list_models('*micro*')``."""
+    import timm
+
+    return timm.list_models(pattern, module="vision_transformer_pe")

@@ -1,0 +1,374 @@
+""" Vision Transformers that differ only in their positional encoding
+
+One architecture (timm's pre-norm ViT, built on timm's ``Eva`` class and its blocks) whose only
+variable is the positional encoding (PE):
+
+* ``none``   - no positional information at all (permutation-equivariant over patch tokens)
+* ``ape``    - learned absolute table, with a row for the class token as in the paper
+* ``sincos`` - fixed 2-D sine-cosine table on patch tokens, rebuilt (never interpolated) for a new grid
+* ``rope``   - 2-D axial RoPE (base 10000) on the patch tokens' queries and keys; prefix tokens not rotated
+
+plus ``alpha`` (scale of the PE at inference) and ``token_shuffle`` (random permutation of the patch
+tokens after the patch embedding and before any PE: ``train`` is the paper's RPT).
+
+Papers:
+* `Positional Encodings Anchor Spatial Structure in Vision Transformers: A Geometric Perspective on
+  Robustness` - https://arxiv.org/abs/2606.00124
+* `An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale` - https://arxiv.org/abs/2010.11929
+* `RoFormer: Enhanced Transformer with Rotary Position Embedding` - https://arxiv.org/abs/2104.09864
+* `Rotary Position Embedding for Vision Transformer` - https://arxiv.org/abs/2403.13298
+
+List every model of the plugin: ``timm.list_models(module='vision_transformer_pe')``
+(or ``timm_posgeom.list_models()``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+from timm.layers import resample_abs_pos_embed
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.eva import Eva
+
+from ..pos.common import PE_TYPES, TOKEN_SHUFFLE_MODES, check_alpha
+from ..pos.rope import ScaledRotaryEmbeddingCat
+from ..pos.sincos import sincos_2d
+
+__all__ = ["PosGeomViT"]
+
+
+class PosGeomViT(Eva):
+    """ViT whose only architectural variable is the positional encoding.
+
+    Args (beyond timm's ``Eva``, whose other kwargs all pass through):
+        pe: one of ``none``, ``ape``, ``sincos``, ``rope``.
+        alpha: PE scale, any finite value >= 0 (1 = the PE as trained, 0 = no PE). For ``ape`` the
+            whole table is scaled, class-token row included (the paper's convention); for ``sincos``
+            the patch table; for ``rope`` the rotation angles.
+        token_shuffle: ``none``; ``train`` (RPT: a fresh permutation of the patch tokens at every
+            training forward, never in eval); ``eval`` (only in eval mode); ``always``. One
+            permutation per forward pass, shared by the batch, drawn from torch's global RNG on the
+            tokens' device (so accelerate's RNG checkpointing makes RPT runs resumable).
+        rope_temperature: RoPE base (10000 as in the paper).
+
+    The defaults give a standard ViT: class token, token pooling, no layer scale, qkv bias.
+    """
+
+    def __init__(
+            self,
+            pe: str = "ape",
+            alpha: float = 1.0,
+            token_shuffle: str = "none",
+            rope_temperature: float = 10000.0,
+            global_pool: str = "token",
+            **kwargs: Any,
+    ):
+        if pe not in PE_TYPES:
+            raise ValueError(f"unknown positional encoding {pe!r}; expected one of {', '.join(PE_TYPES)}")
+        if token_shuffle not in TOKEN_SHUFFLE_MODES:
+            raise ValueError(
+                f"unknown token_shuffle {token_shuffle!r}; expected one of {', '.join(TOKEN_SHUFFLE_MODES)}")
+        for key in ("use_abs_pos_emb", "use_rot_pos_emb", "rope_type"):
+            if key in kwargs:
+                raise ValueError(f"{key} is set by pe={pe!r}; do not pass it to {type(self).__name__}")
+        if kwargs.get("patch_drop_rate", 0.0):
+            raise ValueError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
+        alpha = check_alpha(alpha)
+        _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
+        super().__init__(
+            global_pool=global_pool,
+            use_abs_pos_emb=pe == "ape",
+            use_rot_pos_emb=False,
+            **kwargs,
+        )
+        self.pe = pe
+        self.alpha = alpha
+        self.token_shuffle = token_shuffle
+        grid = tuple(self.patch_embed.grid_size)
+        if pe == "sincos":
+            self.register_buffer("sincos_embed", sincos_2d(grid, self.embed_dim), persistent=False)
+        if pe == "rope":
+            self.rope = ScaledRotaryEmbeddingCat(
+                self.embed_dim // self.blocks[0].attn.num_heads,
+                alpha=alpha,
+                in_pixels=False,
+                temperature=rope_temperature,
+                feat_shape=None if self.dynamic_img_size else list(grid),
+            )
+
+    # --- PE scale -------------------------------------------------------------------------------
+    def set_alpha(self, alpha: float) -> None:
+        """Set the PE scale in place (see the class docstring for what is scaled)."""
+        self.alpha = check_alpha(alpha)
+        if self.pe == "rope":
+            self.rope.set_alpha(self.alpha)
+
+    # --- token shuffling (RPT / RPI built into the model) ----------------------------------------
+    def _shuffle_active(self) -> bool:
+        mode = self.token_shuffle
+        return mode == "always" or (mode == "train" and self.training) or (mode == "eval" and not self.training)
+
+    def _shuffle(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, N, C) patch tokens -> the same with slot i holding patch perm[i]."""
+        perm = torch.randperm(tokens.shape[1], device=tokens.device)
+        return tokens[:, perm]
+
+    # --- positional encoding ----------------------------------------------------------------------
+    def _sincos_table(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
+        if grid == tuple(self.patch_embed.grid_size) and self.sincos_embed.shape[1] == grid[0] * grid[1]:
+            return self.sincos_embed
+        return sincos_2d(grid, self.embed_dim, device=device)
+
+    def _pos_embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: patch embeddings, (B, N, C) or (B, H, W, C) with dynamic_img_size.
+
+        Returns the token sequence (B, prefix + N, C) with the PE added, and the RoPE table
+        (N, 2 * head_dim) or None.
+        """
+        if self.dynamic_img_size:
+            B, H, W, C = x.shape
+            grid = (H, W)
+            x = x.reshape(B, H * W, C)
+        else:
+            grid = tuple(self.patch_embed.grid_size)
+        if self._shuffle_active():
+            x = self._shuffle(x)
+        scale = self.alpha
+        rope = None
+        if self.pe == "sincos":
+            table = self._sincos_table(grid, x.device).to(x.dtype)
+            x = x + (table if scale == 1.0 else scale * table)
+        elif self.pe == "rope":
+            rope = self.rope.get_embed(shape=list(grid)) if self.dynamic_img_size else self.rope.get_embed()
+        prefix = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
+        if self.pe == "ape":
+            num_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+            table = self.pos_embed
+            if grid != tuple(self.patch_embed.grid_size):
+                table = resample_abs_pos_embed(
+                    table, new_size=grid, old_size=self.patch_embed.grid_size, num_prefix_tokens=num_prefix)
+            table = table if scale == 1.0 else scale * table
+            if self.no_embed_class:
+                x = x + table
+                x = torch.cat(prefix + [x], dim=1) if prefix else x
+            else:
+                x = torch.cat(prefix + [x], dim=1) if prefix else x
+                x = x + table
+        elif prefix:
+            x = torch.cat(prefix + [x], dim=1)
+        x = self.pos_drop(x)
+        return x, rope
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """Change the input size; the sincos table is rebuilt for the new grid, never interpolated."""
+        if img_size is not None:
+            _check_img_size(img_size, patch_size or self.patch_embed.patch_size, False)
+        super().set_input_size(img_size=img_size, patch_size=patch_size)
+        if self.pe == "sincos":
+            self.sincos_embed = sincos_2d(tuple(self.patch_embed.grid_size), self.embed_dim,
+                                          device=self.sincos_embed.device)
+
+    def extra_repr(self) -> str:
+        return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}"
+
+
+def _check_img_size(img_size, patch_size, dynamic_img_pad: bool) -> None:
+    sizes = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    patches = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    if dynamic_img_pad:
+        return
+    for s, p in zip(sizes, patches):
+        if s % p:
+            raise ValueError(f"image size {tuple(sizes)} is not divisible by the patch size {tuple(patches)}")
+
+
+def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: PosGeomViT) -> dict[str, torch.Tensor]:
+    """Adapt a checkpoint of this family to ``model``: resample a learned table to a new grid."""
+    out = {}
+    for k, v in state_dict.items():
+        if k == "pos_embed" and model.pos_embed is not None and v.shape != model.pos_embed.shape:
+            num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+            v = resample_abs_pos_embed(v, new_size=model.patch_embed.grid_size, num_prefix_tokens=num_prefix)
+        out[k] = v
+    return out
+
+
+def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> PosGeomViT:
+    out_indices = kwargs.pop("out_indices", 3)
+    return build_model_with_cfg(
+        PosGeomViT, variant, pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        **kwargs,
+    )
+
+
+def _cfg(url: str = "", **kwargs) -> dict[str, Any]:
+    return {
+        "url": url,
+        "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+        "first_conv": "patch_embed.proj", "classifier": "head",
+        "license": "apache-2.0",
+        **kwargs,
+    }
+
+
+_SIZES = {
+    "tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    "small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # CPU scale: 64 px, 8x8 grid, 0.8M parameters; the pilot in DESIGN.md found this width and depth
+    # forms a PE reference frame in ~40 epochs of Imagenette on 2 cores.
+    "micro": dict(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4),
+}
+_VARIANTS = {
+    "nope": dict(pe="none"),
+    "ape": dict(pe="ape"),
+    "sincos": dict(pe="sincos"),
+    "rope": dict(pe="rope"),
+    "ape_rpt": dict(pe="ape", token_shuffle="train"),
+}
+
+
+def _name(size: str, variant: str) -> str:
+    stem = "vit_micro_patch8_64" if size == "micro" else f"vit_{size}_patch16_224"
+    return f"{stem}_{variant}"
+
+
+default_cfgs = generate_default_cfgs({
+    _name(size, variant): _cfg(input_size=(3, 64, 64), crop_pct=1.0) if size == "micro" else _cfg()
+    for size in _SIZES for variant in _VARIANTS
+})
+
+
+def _build(size: str, variant: str, pretrained: bool, kwargs: dict[str, Any]) -> PosGeomViT:
+    model_args = dict(_SIZES[size], **_VARIANTS[variant])
+    return _create_posgeom_vit(_name(size, variant), pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def vit_tiny_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-Ti/16 without positional encoding."""
+    return _build("tiny", "nope", pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-Ti/16 with a learned absolute position table (class-token row included)."""
+    return _build("tiny", "ape", pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-Ti/16 with a fixed 2-D sincos table on the patch tokens."""
+    return _build("tiny", "sincos", pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-Ti/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
+    return _build("tiny", "rope", pretrained, kwargs)
+
+
+@register_model
+def vit_tiny_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-Ti/16, learned absolute PE, random patch-token permutation in training (RPT)."""
+    return _build("tiny", "ape_rpt", pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-S/16 without positional encoding. The paper's setup: ``num_heads=8, drop_rate=0.15,
+    proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2``."""
+    return _build("small", "nope", pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-S/16 with a learned absolute position table (class-token row included)."""
+    return _build("small", "ape", pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-S/16 with a fixed 2-D sincos table on the patch tokens."""
+    return _build("small", "sincos", pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-S/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
+    return _build("small", "rope", pretrained, kwargs)
+
+
+@register_model
+def vit_small_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-S/16, learned absolute PE, random patch-token permutation in training (RPT)."""
+    return _build("small", "ape_rpt", pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-B/16 without positional encoding."""
+    return _build("base", "nope", pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-B/16 with a learned absolute position table (class-token row included)."""
+    return _build("base", "ape", pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-B/16 with a fixed 2-D sincos table on the patch tokens."""
+    return _build("base", "sincos", pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-B/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
+    return _build("base", "rope", pretrained, kwargs)
+
+
+@register_model
+def vit_base_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """ViT-B/16, learned absolute PE, random patch-token permutation in training (RPT)."""
+    return _build("base", "ape_rpt", pretrained, kwargs)
+
+
+@register_model
+def vit_micro_patch8_64_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) without positional encoding."""
+    return _build("micro", "nope", pretrained, kwargs)
+
+
+@register_model
+def vit_micro_patch8_64_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with a learned absolute table."""
+    return _build("micro", "ape", pretrained, kwargs)
+
+
+@register_model
+def vit_micro_patch8_64_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with a fixed 2-D sincos table."""
+    return _build("micro", "sincos", pretrained, kwargs)
+
+
+@register_model
+def vit_micro_patch8_64_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with 2-D axial RoPE."""
+    return _build("micro", "rope", pretrained, kwargs)
+
+
+@register_model
+def vit_micro_patch8_64_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+    """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads), learned absolute PE, trained with RPT."""
+    return _build("micro", "ape_rpt", pretrained, kwargs)
