@@ -187,7 +187,6 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
 
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     restore_fns = []
-    hooks = []
 
     def scale_(t: torch.Tensor, factor: float, rows: slice | None = None) -> None:
         saved.append((t, t.detach().clone()))
@@ -213,14 +212,14 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
             scale_(module.freqs, alpha)
         elif kind == "RotaryEmbeddingDinoV3":
             restore_fns.append(_scale_dinov3_rope(module, alpha))
-        elif kind == "RelPosMlp":
-            hooks.append(module.register_forward_hook(lambda m, a, out: out * alpha))
+        elif kind == "RelPosMlp":  # bias from an MLP of offsets: scale what it returns
+            restore_fns.append(_scale_get_bias(module, alpha))
         for tname in _REL_POS_TABLES:
             t = getattr(module, tname, None)
             if isinstance(t, torch.Tensor) and t.is_floating_point():
                 scale_(t, alpha)
 
-    if not (saved or restore_fns or hooks):
+    if not (saved or restore_fns):
         raise PEScaleError(
             f"pe_scale found no positional encoding in {type(model).__name__}: looked for `pos_embed` "
             "(model or embeds), timm RoPE modules (RotaryEmbedding, RotaryEmbeddingCat, RotaryEmbeddingMixed, "
@@ -228,8 +227,6 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
     try:
         yield model
     finally:
-        for h in hooks:
-            h.remove()
         for fn in reversed(restore_fns):
             fn()
         with torch.no_grad():
@@ -244,6 +241,8 @@ def _has_prefix_rows(model: nn.Module, table: torch.Tensor) -> bool:
 
 def _scale_axial_rope(module: nn.Module, alpha: float):
     """timm axial RoPE: angles = pos * bands, so scale the bands and rebuild the cached table."""
+    if alpha == 1.0:  # exact no-op (a rebuilt cache can differ from the stored one in the last bits)
+        return lambda: None
     bands = module.bands.detach().clone()
     cache_names = [n for n in ("pos_embed", "pos_embed_sin", "pos_embed_cos")
                    if isinstance(getattr(module, n, None), torch.Tensor)]
@@ -266,8 +265,20 @@ def _scale_axial_rope(module: nn.Module, alpha: float):
     return restore
 
 
+def _scale_get_bias(module: nn.Module, alpha: float):
+    """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
+    original = module.get_bias
+    module.get_bias = lambda: original() * alpha
+
+    def restore():
+        del module.get_bias
+    return restore
+
+
 def _scale_dinov3_rope(module: nn.Module, alpha: float):
     """DINOv3 RoPE: angles = 2 pi coords / periods, so divide the periods by alpha."""
+    if alpha == 1.0:
+        return lambda: None
     periods = module.periods.detach().clone()
     cache = getattr(module, "pos_embed_cached", None)
     cache = cache.detach().clone() if isinstance(cache, torch.Tensor) else None

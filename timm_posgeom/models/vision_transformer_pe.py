@@ -21,12 +21,9 @@ Papers:
 List every model of the plugin: ``timm.list_models(module='vision_transformer_pe')``
 (or ``timm_posgeom.list_models()``).
 """
-from __future__ import annotations
-
-from typing import Any
+from typing import Any, Optional
 
 import torch
-import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.eva import Eva
@@ -85,9 +82,11 @@ class PosGeomViT(Eva):
         self.pe = pe
         self.alpha = alpha
         self.token_shuffle = token_shuffle
-        grid = tuple(self.patch_embed.grid_size)
-        if pe == "sincos":
-            self.register_buffer("sincos_embed", sincos_2d(grid, self.embed_dim), persistent=False)
+        dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        grid = self.patch_embed.grid_size
+        # always registered (None unless pe == 'sincos') so the model stays scriptable
+        sincos = sincos_2d(grid, self.embed_dim, device=dd["device"]) if pe == "sincos" else None
+        self.register_buffer("sincos_embed", sincos, persistent=False)
         if pe == "rope":
             self.rope = ScaledRotaryEmbeddingCat(
                 self.embed_dim // self.blocks[0].attn.num_heads,
@@ -95,7 +94,13 @@ class PosGeomViT(Eva):
                 in_pixels=False,
                 temperature=rope_temperature,
                 feat_shape=None if self.dynamic_img_size else list(grid),
+                **dd,
             )
+
+    def init_non_persistent_buffers(self) -> None:
+        """Rebuild the computed (non-persistent) sincos table, e.g. after ``to_empty()``."""
+        if self.sincos_embed is not None:
+            self.sincos_embed = sincos_2d(self.patch_embed.grid_size, self.embed_dim, device=self.sincos_embed.device)
 
     # --- PE scale -------------------------------------------------------------------------------
     def set_alpha(self, alpha: float) -> None:
@@ -109,57 +114,60 @@ class PosGeomViT(Eva):
         mode = self.token_shuffle
         return mode == "always" or (mode == "train" and self.training) or (mode == "eval" and not self.training)
 
-    def _shuffle(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, N, C) patch tokens -> the same with slot i holding patch perm[i]."""
-        perm = torch.randperm(tokens.shape[1], device=tokens.device)
-        return tokens[:, perm]
-
     # --- positional encoding ----------------------------------------------------------------------
-    def _sincos_table(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
-        if grid == tuple(self.patch_embed.grid_size) and self.sincos_embed.shape[1] == grid[0] * grid[1]:
-            return self.sincos_embed
+    @torch.jit.unused
+    def _sincos_for_grid(self, grid: tuple[int, int], device: torch.device) -> torch.Tensor:
+        """The sincos table built for a grid other than the default (dynamic image size)."""
         return sincos_2d(grid, self.embed_dim, device=device)
 
-    def _pos_embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _pos_embed(self, x: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """x: patch embeddings, (B, N, C) or (B, H, W, C) with dynamic_img_size.
 
         Returns the token sequence (B, prefix + N, C) with the PE added, and the RoPE table
         (N, 2 * head_dim) or None.
         """
+        grid = self.patch_embed.grid_size
         if self.dynamic_img_size:
             B, H, W, C = x.shape
             grid = (H, W)
             x = x.reshape(B, H * W, C)
-        else:
-            grid = tuple(self.patch_embed.grid_size)
+        same_grid = grid[0] == self.patch_embed.grid_size[0] and grid[1] == self.patch_embed.grid_size[1]
         if self._shuffle_active():
-            x = self._shuffle(x)
+            # one permutation per forward pass, shared by the batch: slot i holds patch perm[i]
+            x = x[:, torch.randperm(x.shape[1], device=x.device)]
         scale = self.alpha
-        rope = None
-        if self.pe == "sincos":
-            table = self._sincos_table(grid, x.device).to(x.dtype)
-            x = x + (table if scale == 1.0 else scale * table)
-        elif self.pe == "rope":
-            rope = self.rope.get_embed(shape=list(grid)) if self.dynamic_img_size else self.rope.get_embed()
-        prefix = []
+        rope: Optional[torch.Tensor] = None
+        sincos = self.sincos_embed
+        if sincos is not None:
+            if not same_grid:
+                sincos = self._sincos_for_grid(grid, x.device)
+            sincos = sincos.to(x.dtype)
+            x = x + (sincos if scale == 1.0 else scale * sincos)
+        if self.rope is not None:
+            rope = self.rope.get_embed(shape=[grid[0], grid[1]]) if self.dynamic_img_size else self.rope.get_embed()
+        prefix: list[torch.Tensor] = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        if self.pe == "ape":
+        table = self.pos_embed
+        if table is not None:  # pe == 'ape'
             num_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            table = self.pos_embed
-            if grid != tuple(self.patch_embed.grid_size):
+            if not same_grid:
                 table = resample_abs_pos_embed(
-                    table, new_size=grid, old_size=self.patch_embed.grid_size, num_prefix_tokens=num_prefix)
-            table = table if scale == 1.0 else scale * table
+                    table, new_size=[grid[0], grid[1]], old_size=self.patch_embed.grid_size,
+                    num_prefix_tokens=num_prefix)
+            if scale != 1.0:
+                table = scale * table
             if self.no_embed_class:
                 x = x + table
-                x = torch.cat(prefix + [x], dim=1) if prefix else x
+                if len(prefix) > 0:
+                    x = torch.cat(prefix + [x], dim=1)
             else:
-                x = torch.cat(prefix + [x], dim=1) if prefix else x
+                if len(prefix) > 0:
+                    x = torch.cat(prefix + [x], dim=1)
                 x = x + table
-        elif prefix:
+        elif len(prefix) > 0:
             x = torch.cat(prefix + [x], dim=1)
         x = self.pos_drop(x)
         return x, rope
@@ -169,9 +177,7 @@ class PosGeomViT(Eva):
         if img_size is not None:
             _check_img_size(img_size, patch_size or self.patch_embed.patch_size, False)
         super().set_input_size(img_size=img_size, patch_size=patch_size)
-        if self.pe == "sincos":
-            self.sincos_embed = sincos_2d(tuple(self.patch_embed.grid_size), self.embed_dim,
-                                          device=self.sincos_embed.device)
+        self.init_non_persistent_buffers()
 
     def extra_repr(self) -> str:
         return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}"

@@ -1,0 +1,92 @@
+"""Run timm's own model test-suite on the models this plugin registers.
+
+Fetches ``tests/test_models.py`` from the source distribution of the *installed* timm version
+(``pip download --no-binary :all: timm==<version>``), makes two documented edits, and runs it with
+pytest on our models only:
+
+1. ``import timm_posgeom`` right after ``import timm`` (the plugin registers its models on import);
+2. our module ``vision_transformer_pe`` is added to ``FEAT_INTER_FILTERS``, the list of timm model
+   modules that support ``forward_intermediates`` / ``features_only``, so those tests cover us too.
+
+Nothing is excluded by hand: every test of the suite whose parametrisation includes our models runs
+(for the selected sizes). Tests that are parametrised only over other timm models never select ours.
+
+Usage::
+
+    python scripts/run_timm_model_tests.py                       # tiny and micro variants (what CI runs)
+    python scripts/run_timm_model_tests.py --models 'vit_*_patch16_224_*' -- -x
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".timm_tests"
+
+
+def fetch_test_models(version: str) -> Path:
+    """Extract test_models.py of timm ``version`` into the cache folder and return its path."""
+    out_dir = CACHE / f"timm-{version}"
+    target = out_dir / "test_models.py"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sdist = next(out_dir.glob("timm-*.tar.gz"), None)
+    if sdist is None:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+             f"timm=={version}", "-d", str(out_dir)],
+            check=True,
+        )
+        sdist = next(out_dir.glob("timm-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        member = tar.getmember(f"timm-{version}/tests/test_models.py")
+        source = tar.extractfile(member).read().decode()
+    target.write_text(patch_source(source))
+    return target
+
+
+def patch_source(source: str) -> str:
+    """Apply the two documented edits; fail loudly if timm's file no longer has the anchors."""
+    anchor_import = "\nimport timm\n"
+    anchor_filters = "FEAT_INTER_FILTERS = [\n"
+    if anchor_import not in source or anchor_filters not in source:
+        raise RuntimeError("timm's test_models.py changed layout: update scripts/run_timm_model_tests.py")
+    source = source.replace(anchor_import, "\nimport timm\nimport timm_posgeom  # noqa: F401  (registers our models)\n", 1)
+    return source.replace(anchor_filters, anchor_filters + "    'vision_transformer_pe',\n", 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="vit_tiny_patch16_224_* or vit_micro_patch8_64_*",
+                        help="which of our models, as `or`-joined name patterns (default: tiny and micro)")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = parser.parse_args(argv)
+
+    import timm
+
+    import timm_posgeom
+
+    ours = timm_posgeom.list_models()
+    patterns = [p.strip() for p in args.models.split(" or ")]
+    import fnmatch
+
+    selected = sorted({m for m in ours for p in patterns if fnmatch.fnmatch(m, p)})
+    if not selected:
+        parser.error(f"no model of the plugin matches {args.models!r}")
+    test_file = fetch_test_models(timm.__version__)
+    # pytest -k on the parametrised id: "[<model_name>-..." or "[...-<model_name>]"
+    keyword = " or ".join(selected)
+    cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider",
+           "-W", "ignore::pytest.PytestUnknownMarkWarning", "-k", keyword, "--rootdir", str(test_file.parent),
+           *args.pytest_args]
+    print(f"timm {timm.__version__}: running its test_models.py on {len(selected)} models", flush=True)
+    return subprocess.call(cmd, cwd=test_file.parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

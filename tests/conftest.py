@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import timm_posgeom  # noqa: F401  (registers the models)
+
+IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def imagenette_path() -> Path:
+    if not IMAGENETTE.exists():
+        pytest.skip("../shared/data/imagenette is not present")
+    return IMAGENETTE

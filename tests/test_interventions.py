@@ -1,0 +1,242 @@
+"""token_permutation and pe_scale on our models and on timm's own ViTs."""
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+
+from timm_posgeom import PEScaleError, pe_scale, token_permutation
+
+
+def _block_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    outs = []
+    hooks = [b.register_forward_hook(lambda m, a, o: outs.append(o)) for b in model.blocks]
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return outs
+
+
+def _no_pe_models() -> dict[str, nn.Module]:
+    kw = dict(num_classes=3, depth=2)
+    return {
+        "ours": timm.create_model("vit_micro_patch8_64_nope", **kw),
+        "ours_dynamic_nhwc": timm.create_model("vit_micro_patch8_64_nope", dynamic_img_size=True, **kw),
+        "timm_vit_none": timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", **kw),
+        "timm_vit_none_reg": timm.create_model(
+            "vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", reg_tokens=2, **kw),
+        "eva_rope_removed": timm.create_model(
+            "vit_small_patch16_rope_224", img_size=64, patch_size=8, use_rot_pos_emb=False, init_values=1.0, **kw),
+    }
+
+
+@pytest.mark.parametrize("key", list(_no_pe_models()))
+def test_exact_equivariance_without_pe(key):
+    model = _no_pe_models()[key].double().eval()
+    npre = model.num_prefix_tokens
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    ref = _block_outputs(model, x)
+    with token_permutation(model, seed=5) as handle:
+        perm_outs = _block_outputs(model, x)
+    p = handle.permutation
+    assert sorted(p.tolist()) == list(range(64)) and not torch.equal(p, torch.arange(64))
+    for r, o in zip(ref, perm_outs):
+        torch.testing.assert_close(o[:, npre:], r[:, npre:][:, p], rtol=0, atol=1e-10)
+        torch.testing.assert_close(o[:, :npre], r[:, :npre], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["vit_micro_patch8_64_ape", "vit_micro_patch8_64_sincos", "vit_micro_patch8_64_rope"])
+def test_outputs_change_with_a_pe(name):
+    model = timm.create_model(name, num_classes=3).double().eval()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    ref = _block_outputs(model, x)
+    with token_permutation(model, seed=5) as handle:
+        outs = _block_outputs(model, x)
+    diff = (outs[-1][:, 1:] - ref[-1][:, 1:][:, handle.permutation]).abs().max()
+    assert diff > 1e-4
+
+
+def test_seeded_reproducible_per_call_and_per_batch():
+    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with token_permutation(model, seed=0) as a:
+        ya1, ya2 = model(x), model(x)
+    with token_permutation(model, seed=0) as b:
+        yb = model(x)
+    assert torch.equal(a.permutation, b.permutation) and torch.equal(ya1, yb) and torch.equal(ya1, ya2)
+    assert a.num_calls == 2
+    with token_permutation(model, seed=0, per="batch") as c:
+        model(x)
+        first = c.permutation.clone()
+        model(x)
+    assert not torch.equal(first, c.permutation)
+    assert torch.equal(first, a.permutation)  # the first draw of the same seed
+
+
+def test_hook_removed_on_exit_even_after_an_exception():
+    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3).eval()
+    x = torch.randn(1, 3, 64, 64)
+    ref = model(x)
+    with pytest.raises(RuntimeError, match="boom"):
+        with token_permutation(model, seed=1):
+            raise RuntimeError("boom")
+    assert not model.patch_embed._forward_hooks
+    torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
+
+
+def test_training_mode_permutes_only_in_training():
+    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3)
+    x = torch.randn(1, 3, 64, 64)
+    ref = model.eval()(x)
+    with token_permutation(model, mode="training") as h:
+        torch.testing.assert_close(model.eval()(x), ref, rtol=0, atol=0)
+        assert h.num_calls == 0
+        model.train()(x)
+        assert h.num_calls == 1
+
+
+def test_tuple_outputs_and_unsupported_models():
+    class Embed(nn.Module):
+        def forward(self, x):
+            return x, (2, 2)
+
+    class Toy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch_embed = Embed()
+
+        def forward(self, x):
+            return self.patch_embed(x)
+
+    toy = Toy()
+    x = torch.arange(8.0).reshape(1, 4, 2)
+    with token_permutation(toy, seed=0) as h:
+        out, size = toy(x)
+    assert size == (2, 2) and torch.equal(out, x[:, h.permutation])
+    with pytest.raises(TypeError, match="patch_embed"):
+        with token_permutation(nn.Conv2d(3, 3, 1)):
+            pass
+    with pytest.raises(ValueError, match="mode"):
+        with token_permutation(toy, mode="sometimes"):
+            pass
+
+
+def test_naflexvit_hook_site():
+    model = timm.create_model("naflexvit_base_patch16_gap", img_size=64, depth=1, num_classes=3).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with token_permutation(model, seed=0) as h:
+        model(x)
+    assert h.num_calls == 1 and h.permutation.numel() == 16
+
+
+# --------------------------------------------------------------------------------------------
+def _state(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out.update({f"buffer:{k}": v.detach().clone() for k, v in model.named_buffers()})
+    return out
+
+
+def _assert_same_state(before, model):
+    after = _state(model)
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+
+
+def _beit_with_visible_bias():
+    model = timm.create_model("beit_base_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3)
+    with torch.no_grad():  # beit initialises its bias tables to zero, which would hide the effect
+        for m in model.modules():
+            if hasattr(m, "relative_position_bias_table"):
+                m.relative_position_bias_table.normal_(0, 1.0)
+    return model
+
+
+THIRD_PARTY = {
+    "vit": lambda: timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3),
+    "eva_rope": lambda: timm.create_model(
+        "vit_small_patch16_rope_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+    "eva_rope_mixed": lambda: timm.create_model(
+        "vit_small_patch16_rope_mixed_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+    "dinov3": lambda: timm.create_model(
+        "vit_small_patch16_dinov3", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+    "beit": _beit_with_visible_bias,
+    "swin": lambda: timm.create_model("swin_tiny_patch4_window7_224", depths=(1, 1), num_heads=(3, 6),
+                                      embed_dim=48, num_classes=3),
+    "relpos_mlp": lambda: timm.create_model(
+        "vit_relpos_small_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+}
+
+
+@pytest.mark.parametrize("key", list(THIRD_PARTY))
+def test_pe_scale_third_party_alpha_one_identity_alpha_zero_changes_and_restores(key):
+    model = THIRD_PARTY[key]().double().eval()
+    size = 224 if key == "swin" else 64
+    x = torch.randn(1, 3, size, size, dtype=torch.float64)
+    ref = model.forward_features(x)
+    before = _state(model)
+    with pe_scale(model, 1.0):
+        torch.testing.assert_close(model.forward_features(x), ref, rtol=0, atol=1e-12)
+    with pe_scale(model, 0.0):
+        zero = model.forward_features(x)
+    assert not torch.allclose(zero, ref, atol=1e-6)
+    _assert_same_state(before, model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with pe_scale(model, 0.3):
+            raise RuntimeError("boom")
+    _assert_same_state(before, model)
+    torch.testing.assert_close(model.forward_features(x), ref, rtol=0, atol=0)
+
+
+def test_pe_scale_zero_equals_the_pe_removed_on_timm_models():
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3).double().eval()
+    vit_none = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3,
+                                 pos_embed="none").double().eval()
+    vit_none.load_state_dict({k: v for k, v in vit.state_dict().items() if k != "pos_embed"})
+    rope = THIRD_PARTY["eva_rope"]().double().eval()
+    rope_none = timm.create_model("vit_small_patch16_rope_224", img_size=64, patch_size=8, depth=2, num_classes=3,
+                                  init_values=1.0, use_rot_pos_emb=False).double().eval()
+    rope_none.load_state_dict(rope.state_dict())
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    for model, removed in ((vit, vit_none), (rope, rope_none)):
+        with pe_scale(model, 0.0):
+            torch.testing.assert_close(model(x), removed(x), rtol=0, atol=1e-10)
+
+
+def test_pe_scale_patch_rows_only():
+    vit = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=1, num_classes=3)
+    table = vit.pos_embed.detach().clone()
+    with pe_scale(vit, 0.5, include_prefix=False):
+        torch.testing.assert_close(vit.pos_embed[:, :1], table[:, :1], rtol=0, atol=0)
+        torch.testing.assert_close(vit.pos_embed[:, 1:], 0.5 * table[:, 1:], rtol=0, atol=0)
+    with pe_scale(vit, 0.5):
+        torch.testing.assert_close(vit.pos_embed, 0.5 * table, rtol=0, atol=0)
+    assert torch.equal(vit.pos_embed, table)
+
+
+def test_pe_scale_on_our_model_matches_constructor_alpha_and_restores():
+    model = timm.create_model("vit_micro_patch8_64_rope", num_classes=3).eval()
+    half = timm.create_model("vit_micro_patch8_64_rope", num_classes=3, alpha=0.5).eval()
+    half.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    ref = model(x)
+    with pe_scale(model, 0.5):
+        torch.testing.assert_close(model(x), half(x), rtol=0, atol=0)
+    assert model.alpha == 1.0
+    torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
+
+
+def test_pe_scale_errors():
+    with pytest.raises(PEScaleError, match="Conv2d.*pos_embed"):
+        with pe_scale(nn.Conv2d(3, 3, 1), 0.5):
+            pass
+    nope = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=1, pos_embed="none")
+    with pytest.raises(PEScaleError, match="VisionTransformer"):
+        with pe_scale(nope, 0.5):
+            pass
+    with pytest.raises(ValueError, match="alpha"):
+        with pe_scale(nope, -1):
+            pass
