@@ -1,0 +1,132 @@
+"""Model cards, export, offline Hub loading, push dry runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import yaml
+from huggingface_hub import ModelCard
+
+from timm_posgeom.cli import main as cli_main
+from timm_posgeom.hub import HubExportError, export_for_hub, push_run, render_card, upload_plan
+
+
+def _run_dir(tmp_path: Path, name: str = "vit_micro_patch8_64_rope", with_eval: bool = True, **kwargs) -> Path:
+    run = tmp_path / "run"
+    model = timm.create_model(name, num_classes=10, **kwargs).eval()
+    export_for_hub(model, run / "export")
+    (run / "recipe.yaml").write_text(yaml.safe_dump({"model": name, "data": "clane9/imagenet-100", "epochs": 3}))
+    (run / "summary.json").write_text(json.dumps(
+        {"steps": 120, "epochs": 3.0, "time_s": 42.5, "processes": 1, "val_top1": 0.6125, "pe_ssdc": None}))
+    if with_eval:
+        (run / "eval.json").write_text(json.dumps({
+            "clean_accuracy": 0.6, "fs": {"jpeg:5": 0.3125, "blur:2.5:5": 0.1875},
+            "ssdc": {"per_layer": [0.5, 0.4, 0.3, 0.2], "rpi_per_layer": [0.1, 0.25, 0.2, 0.2], "rpi_delta": 0.15}}))
+    return run
+
+
+def test_card_renders_with_valid_metadata_and_only_recorded_numbers(tmp_path):
+    run = _run_dir(tmp_path)
+    text = render_card(run, repo_id="me/vit-micro-rope")
+    card = ModelCard(text)
+    data = card.data.to_dict()
+    assert data["library_name"] == "timm" and data["license"] == "apache-2.0"
+    assert {"positional-encoding", "pe-rope", "timm"} <= set(data["tags"])
+    assert data["datasets"] == ["clane9/imagenet-100"]
+    body = card.text
+    assert body.index("import timm_posgeom") < body.index("## Training")  # the import comes first
+    assert "hf-hub:me/vit-micro-rope" in body and "vit_micro_patch8_64_rope" in body
+    for number in ("0.6125", "0.3125", "0.1875", "0.150", "0.500, 0.400, 0.300, 0.200"):
+        assert number in body, number
+    assert "arXiv:2606.00124" in body
+
+
+def test_card_without_eval_has_no_invented_results(tmp_path):
+    run = _run_dir(tmp_path, name="vit_micro_patch8_64_ape_rpt", with_eval=False)
+    card = ModelCard(render_card(run))
+    assert "random-permutation-training" in card.data.tags
+    assert "fragility" not in card.text and "0.3125" not in card.text
+
+
+def test_push_dry_run_lists_the_exact_files_and_sends_nothing(tmp_path, capsys, monkeypatch):
+    run = _run_dir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert push_run(run, "me/model", dry_run=True) == ["config.json", "model.safetensors", "README.md"]
+    assert upload_plan(run) == ["config.json", "model.safetensors", "README.md"]
+    assert cli_main(["push", str(run), "--repo-id", "me/model", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "would upload to me/model" in out and "model.safetensors" in out and ".bin" not in out
+    assert not any(p.suffix in (".bin", ".pth", ".pt") for p in (run / "export").iterdir())
+
+
+def test_push_without_weights_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(HubExportError, match="no exported weights"):
+        push_run(tmp_path / "empty", "me/model", dry_run=True)
+    with pytest.raises(HubExportError, match="ORG/NAME"):
+        push_run(tmp_path / "empty", "model", dry_run=True)
+    with pytest.raises(SystemExit):
+        cli_main(["push", str(tmp_path / "empty"), "--repo-id", "me/model", "--dry-run"])
+
+
+def test_card_command_writes_a_file(tmp_path):
+    run = _run_dir(tmp_path)
+    assert cli_main(["card", str(run), "--repo-id", "me/m", "--out", str(tmp_path / "README.md")]) == 0
+    assert ModelCard.load(tmp_path / "README.md").data.library_name == "timm"
+
+
+def _to_local_hub_cache(export_dir: Path, repo_id: str, cache: Path) -> None:
+    """Lay out an export in a Hugging Face Hub cache as a download would have left it."""
+    commit = "1" * 40
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):
+        (snapshot / f).write_bytes((export_dir / f).read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("vit_micro_patch8_64_nope", {}),
+    ("vit_micro_patch8_64_ape", {"alpha": 0.5}),
+    ("vit_micro_patch8_64_sincos", {"alpha": 0.75}),
+    ("vit_micro_patch8_64_rope", {"alpha": 0.5}),
+    ("vit_micro_patch8_64_ape_rpt", {}),
+    ("vit_small_patch16_224_ape", {"num_heads": 8, "img_size": 64, "depth": 2}),  # the paper's heads
+])
+def test_export_to_hub_cache_and_load_offline_gives_identical_outputs(tmp_path, name, kwargs):
+    model = timm.create_model(name, num_classes=10, **kwargs).eval()
+    export_for_hub(model, tmp_path / "export")
+    _to_local_hub_cache(tmp_path / "export", "posgeom-test/model", tmp_path / "cache")
+    size = model.patch_embed.img_size
+    x = torch.randn(2, 3, *size)
+    torch.save({"x": x, "y": model(x)}, tmp_path / "io.pt")
+    script = textwrap.dedent(f"""
+        import torch, timm, timm_posgeom
+        io = torch.load({str(tmp_path / 'io.pt')!r})
+        m = timm.create_model("hf-hub:posgeom-test/model", pretrained=True).eval()
+        assert (m.pe, m.alpha, m.token_shuffle) == {(model.pe, model.alpha, model.token_shuffle)!r}
+        assert m.blocks[0].attn.num_heads == {model.blocks[0].attn.num_heads} and len(m.blocks) == {len(model.blocks)}
+        torch.testing.assert_close(m(io["x"]), io["y"], rtol=0, atol=0)
+        print("ok")
+    """)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "home"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_without_the_plugin_timm_names_the_unknown_architecture(tmp_path):
+    """What a user sees when they forget `import timm_posgeom` (the card says to import it)."""
+    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=10)
+    export_for_hub(model, tmp_path / "export")
+    script = f"import timm; timm.create_model('local-dir:{tmp_path / 'export'}', pretrained=True)"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode != 0 and "Unknown model (vit_micro_patch8_64_ape)" in out.stderr

@@ -1,0 +1,25 @@
+"""``posgeom card RUN_DIR``: render a run's model card from its recorded results."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("card", help="render the model card (README.md) of a training or study run")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--repo-id", default="ORG/NAME", help="the Hub repo the card will live in")
+    p.add_argument("--weights", default="export", help="export folder inside the run (export or export_ema)")
+    p.add_argument("--out", type=Path, default=None, help="write here (default: print)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..hub import render_card
+
+    card = render_card(args.run_dir, repo_id=args.repo_id, weights=args.weights)
+    if args.out is None:
+        print(card)
+    else:
+        args.out.write_text(card)
+        print(f"wrote {args.out}")
+    return 0

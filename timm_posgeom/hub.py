@@ -1,0 +1,224 @@
+"""Model cards, export and push of trained variants in timm's Hugging Face Hub format.
+
+A run directory (what ``posgeom train`` writes) holds ``export/`` (``config.json`` +
+``model.safetensors``, timm's Hub layout), ``recipe.yaml`` and ``summary.json``; a study adds
+``eval.json`` (clean accuracy, fragility scores, SSDC) and figures. Cards are rendered from those
+files only: a number that no run recorded never appears on a card.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
+           "CARD_TEMPLATE"]
+
+CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "hub_cards" / "model_card.md"
+UPLOAD_FILES = ("config.json", "model.safetensors", "README.md")
+
+_PE_TEXT = {
+    "none": ("no positional encoding", "the patch tokens carry no position information, so the model is "
+             "equivariant to permutations of its patch tokens; any spatial structure it builds comes from content."),
+    "ape": ("a learned absolute position table", "one learned vector per token index (class-token row "
+            "included, as in the paper) is added after the patch embedding."),
+    "sincos": ("a fixed 2-D sine-cosine table", "a fixed table of sines and cosines of the row and column "
+               "index is added to the patch tokens; it is rebuilt (not interpolated) for other grids."),
+    "rope": ("2-D axial rotary position embedding (RoPE)", "queries and keys of the patch tokens are rotated "
+             "by angles proportional to their row and column index (base 10000); prefix tokens are not rotated."),
+}
+
+
+class HubExportError(ValueError):
+    """A run directory that cannot be carded or pushed (missing weights, config or records)."""
+
+
+def architecture_args(model) -> dict[str, Any]:
+    """Every argument that defines a ``PosGeomViT``'s architecture and PE, for config.json's ``model_args``.
+
+    timm records only the kwargs given to ``create_model``; this adds what the registered name
+    implies (PE type, alpha, token shuffle, width, depth, heads, patch and image size), so a config
+    rebuilds the exact model even if a registered default changes later.
+    """
+    from .models import PosGeomViT
+
+    if not isinstance(model, PosGeomViT):
+        return {}
+    patch, img = model.patch_embed.patch_size, model.patch_embed.img_size
+    return dict(
+        pe=model.pe, alpha=model.alpha, token_shuffle=model.token_shuffle,
+        embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
+        patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
+        img_size=int(img[0]) if img[0] == img[1] else list(img),
+        num_classes=model.num_classes, global_pool=model.global_pool,
+    )
+
+
+def export_for_hub(model, directory: str | os.PathLike, model_args: dict[str, Any] | None = None,
+                   pretrained_cfg: dict[str, Any] | None = None) -> Path:
+    """Write ``model`` in timm's Hub layout (config.json + model.safetensors, no pickle) into
+    ``directory``, atomically: a temporary folder renamed into place, so a kill never leaves a
+    half-written export. ``model_args`` extend :func:`architecture_args`."""
+    from timm.models import save_for_hf
+
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if pretrained_cfg:
+        model.pretrained_cfg = dict(getattr(model, "pretrained_cfg", {}) or {}, **pretrained_cfg)
+    args = dict(architecture_args(model), **(model_args or {}))
+    save_for_hf(model, str(tmp), model_args=args, safe_serialization=True)
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+def _weights_dir(run_dir: Path, weights: str) -> Path:
+    d = run_dir / weights
+    if not (d / "model.safetensors").is_file() or not (d / "config.json").is_file():
+        raise HubExportError(
+            f"{run_dir} has no exported weights: expected {d}/config.json and {d}/model.safetensors "
+            "(written by `posgeom train` at the end of a run; an interrupted run resumes with --resume)")
+    return d
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def _results_rows(summary: dict[str, Any], evals: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    if summary.get("val_top1") is not None:
+        rows.append(("validation top-1 (training run)", _fmt(summary["val_top1"])))
+    if summary.get("ema_val_top1") is not None:
+        rows.append(("validation top-1, EMA weights", _fmt(summary["ema_val_top1"])))
+    if evals.get("clean_accuracy") is not None:
+        rows.append(("clean accuracy (robustness eval)", _fmt(evals["clean_accuracy"])))
+    for shift, fs in (evals.get("fs") or {}).items():
+        rows.append((f"fragility score FS, {shift}", _fmt(fs)))
+    ssdc = evals.get("ssdc") or {}
+    for key, label in (("per_layer", "SSDC per layer"), ("rpi_per_layer", "SSDC per layer under RPI")):
+        if ssdc.get(key):
+            rows.append((label, ", ".join(f"{v:.3f}" for v in ssdc[key])))
+    if ssdc.get("rpi_delta") is not None:
+        rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc["rpi_delta"])))
+    if summary.get("pe_ssdc") is not None:
+        rows.append(("SSDC of the learned position table", _fmt(summary["pe_ssdc"])))
+    return rows
+
+
+def _recipe_data(path: Path) -> str | None:
+    """The recipe's ``data`` entry (a Hub id or a path), or None."""
+    import yaml
+
+    if not path.is_file():
+        return None
+    try:
+        recipe = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return None
+    data = recipe.get("data") if isinstance(recipe, dict) else None
+    return data if isinstance(data, str) else None
+
+
+def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: str = "export") -> str:
+    """Render the model card (README.md text) of a run from its recorded files.
+
+    Raises :class:`HubExportError` when the run has no exported weights.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    run = Path(run_dir)
+    wdir = _weights_dir(run, weights)
+    config = _read_json(wdir / "config.json")
+    summary = _read_json(run / "summary.json")
+    evals = _read_json(run / "eval.json")
+    recipe_text = (run / "recipe.yaml").read_text().strip() if (run / "recipe.yaml").is_file() else "(no recipe recorded)"
+    arch = config.get("architecture", "unknown")
+    args = config.get("model_args", {})
+
+    import timm
+
+    import timm_posgeom  # noqa: F401  (registers the architecture)
+
+    model = timm.create_model(arch, pretrained=False, **args)
+    pe = model.pe
+    dataset = _recipe_data(run / "recipe.yaml")
+    tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding", f"pe-{pe}"]
+    if model.token_shuffle == "train":
+        tags.append("random-permutation-training")
+    card_data = ModelCardData(
+        library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
+        # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
+        datasets=[dataset] if dataset and "/" in dataset and not dataset.startswith((".", "/", "~")) else None,
+        metrics=["accuracy"],
+    )
+    pe_title, pe_description = _PE_TEXT[pe]
+    if model.token_shuffle == "train":
+        pe_title += ", trained with random token permutation (RPT)"
+        pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
+    figures = sorted(p.name for p in run.glob("*.png"))
+    card = ModelCard.from_template(
+        card_data, template_path=str(CARD_TEMPLATE),
+        model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
+        pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=model.alpha,
+        token_shuffle=model.token_shuffle, embed_dim=model.embed_dim, depth=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads, img_size=model.patch_embed.img_size[0],
+        patch_size=model.patch_embed.patch_size[0], num_classes=model.num_classes,
+        num_params=f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
+        dataset=dataset, steps=summary.get("steps", "?"), epochs=_fmt(summary.get("epochs", "?")),
+        time_s=summary.get("time_s", "?"), processes=summary.get("processes", 1),
+        recipe_yaml=recipe_text, results=_results_rows(summary, evals), figures=figures,
+    )
+    return str(card)
+
+
+def upload_plan(run_dir: str | os.PathLike, weights: str = "export") -> list[str]:
+    """The exact files a push uploads: config.json, model.safetensors (never pickle weights), README.md."""
+    _weights_dir(Path(run_dir), weights)
+    return list(UPLOAD_FILES)
+
+
+def push_run(
+        run_dir: str | os.PathLike,
+        repo_id: str,
+        *,
+        private: bool = False,
+        dry_run: bool = False,
+        weights: str = "export",
+        token: str | None = None,
+) -> list[str]:
+    """Upload a run's weights and its rendered card to ``repo_id`` on the Hub.
+
+    Returns the uploaded file names. With ``dry_run`` nothing is sent: the staged files are
+    checked and their names returned.
+    """
+    if "/" not in repo_id:
+        raise HubExportError(f"repo_id must look like ORG/NAME, got {repo_id!r}")
+    run = Path(run_dir)
+    wdir = _weights_dir(run, weights)
+    card = render_card(run, repo_id=repo_id, weights=weights)
+    files = upload_plan(run, weights)
+    if dry_run:
+        return files
+    from huggingface_hub import HfApi
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp)
+        shutil.copy2(wdir / "config.json", stage / "config.json")
+        shutil.copy2(wdir / "model.safetensors", stage / "model.safetensors")
+        (stage / "README.md").write_text(card)
+        api = HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message="Add timm-posgeom model")
+    return files
