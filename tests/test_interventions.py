@@ -240,3 +240,14 @@ def test_pe_scale_errors():
     with pytest.raises(ValueError, match="alpha"):
         with pe_scale(nope, -1):
             pass
+
+
+@pytest.mark.parametrize("name", ["vit_micro_patch8_64_rope", "eva_rope"])
+def test_pe_scale_inside_inference_mode_leaves_a_trainable_model(name):
+    model = THIRD_PARTY["eva_rope"]() if name == "eva_rope" else timm.create_model(name, num_classes=3)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.inference_mode():
+        with pe_scale(model, 0.5):
+            model(x)
+    model.train()
+    model(x).sum().backward()  # would fail on inference tensors left in the RoPE caches

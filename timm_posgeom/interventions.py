@@ -176,25 +176,33 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
     nothing to scale raises :class:`PEScaleError` naming its class and what was looked for.
     """
     alpha = check_alpha(alpha)
+    # Rebuilt caches and saved copies must be ordinary tensors even when the context is entered
+    # under torch.inference_mode(), or a later training step could not use them.
+    with torch.inference_mode(False), torch.no_grad():
+        restore = _apply_pe_scale(model, alpha, include_prefix)
+    try:
+        yield model
+    finally:
+        with torch.inference_mode(False), torch.no_grad():
+            restore()
+
+
+def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool):
+    """Scale every PE found in ``model`` in place; return the function that restores them exactly."""
     if hasattr(model, "set_alpha") and hasattr(model, "alpha"):
         old = model.alpha
         model.set_alpha(alpha)
-        try:
-            yield model
-        finally:
-            model.set_alpha(old)
-        return
+        return lambda: model.set_alpha(old)
 
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     restore_fns = []
 
     def scale_(t: torch.Tensor, factor: float, rows: slice | None = None) -> None:
         saved.append((t, t.detach().clone()))
-        with torch.no_grad():
-            if rows is None:
-                t.mul_(factor)
-            else:
-                t[:, rows].mul_(factor)
+        if rows is None:
+            t.mul_(factor)
+        else:
+            t[:, rows].mul_(factor)
 
     num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     for name, table in _abs_tables(model):
@@ -224,14 +232,13 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
             f"pe_scale found no positional encoding in {type(model).__name__}: looked for `pos_embed` "
             "(model or embeds), timm RoPE modules (RotaryEmbedding, RotaryEmbeddingCat, RotaryEmbeddingMixed, "
             "RotaryEmbeddingDinoV3), `relative_position_bias_table` and RelPosMlp")
-    try:
-        yield model
-    finally:
+
+    def restore() -> None:
         for fn in reversed(restore_fns):
             fn()
-        with torch.no_grad():
-            for t, original in reversed(saved):
-                t.copy_(original)
+        for t, original in reversed(saved):
+            t.copy_(original)
+    return restore
 
 
 def _has_prefix_rows(model: nn.Module, table: torch.Tensor) -> bool:
