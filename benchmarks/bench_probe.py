@@ -1,0 +1,144 @@
+"""Benchmark of the SSDC probe (issue 3), all three figures measured in one run on this machine.
+
+(a) ``probe_ssdc`` over all 12 sites of ViT-S/16 (batch 32, 224 px, reduction "both") relative to a
+    plain forward pass of the same batch (both without autograd). Target <= 1.05x.
+(b) per-image SSDC of 256 maps of 196 tokens: ``ssdc`` on the batch relative to a loop of
+    ``scipy.stats.spearmanr`` over the maps. Target >= 50x faster.
+(c) peak memory (max RSS of a fresh process) of a probe over 256 vs 2,048 images, streamed in batches
+    of 32 generated on the fly. Target: flat.
+
+Timings are interleaved and the minimum over ``--repeats`` is reported (medians too): the machine may
+be shared. Run: ``python benchmarks/bench_probe.py`` (about 3-4 minutes on 2 CPU cores).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+import timm
+import torch
+
+import timm_posgeom  # noqa: F401  (registers the models)
+from timm_posgeom.probes import grid_positions, pair_distances, probe_ssdc, ssdc
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, img_size=img).eval()
+    x = torch.randn(batch, 3, img, img)
+
+    def forward():
+        with torch.inference_mode():
+            model(x)
+
+    def probe():
+        probe_ssdc(model, x, reduction="both", batch_size=None, progress=False)
+
+    forward(), probe()  # warm up (allocator, caches, thread pool)
+    fwd, prb = [], []
+    for _ in range(repeats):
+        fwd.append(_timed(forward))
+        prb.append(_timed(probe))
+    return {"forward_min_s": min(fwd), "probe_min_s": min(prb), "ratio_min": min(prb) / min(fwd),
+            "ratio_median": statistics.median(prb) / statistics.median(fwd), "sites": len(model.blocks)}
+
+
+def bench_ssdc_vs_scipy(n_maps: int, grid: int, repeats: int) -> dict:
+    from scipy.stats import spearmanr
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.nn.functional.normalize(torch.randn(n_maps, grid * grid, 384, generator=gen), dim=-1)
+    maps = tokens @ tokens.transpose(1, 2)  # (B, N, N) float32 cosine maps
+    neg_d = -pair_distances(grid_positions((grid, grid))).numpy()
+    iu = np.triu_indices(grid * grid, 1)
+    maps_np = maps.numpy()
+
+    def scipy_loop():
+        return [spearmanr(m[iu], neg_d).statistic for m in maps_np]
+
+    ours = ssdc(maps, (grid, grid))
+    ref = scipy_loop()
+    t_ours, t_scipy = [], []
+    for _ in range(repeats):
+        t_ours.append(_timed(lambda: ssdc(maps, (grid, grid))))
+        if len(t_scipy) < 2:
+            t_scipy.append(_timed(scipy_loop))
+    return {"ours_min_s": min(t_ours), "scipy_min_s": min(t_scipy), "speedup": min(t_scipy) / min(t_ours),
+            "max_abs_diff": float(np.abs(ours.double().numpy() - np.array(ref)).max())}
+
+
+def _memory_child(model_name: str, n_images: int, batch: int, img: int) -> None:
+    """Run in a fresh process: probe n_images random images, print the max RSS in MiB."""
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, img_size=img).eval()
+
+    def batches():
+        gen = torch.Generator().manual_seed(1)
+        for start in range(0, n_images, batch):
+            yield torch.randn(min(batch, n_images - start), 3, img, img, generator=gen)
+
+    result = probe_ssdc(model, batches(), reduction="both", progress=False)
+    assert result.metadata["n_images"] == n_images
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def bench_memory(model_name: str, counts: list[int], batch: int, img: int) -> dict:
+    out = {}
+    for n in counts:
+        proc = subprocess.run([sys.executable, __file__, "--_memory-child", str(n), "--model", model_name,
+                               "--batch", str(batch), "--img", str(img)],
+                              capture_output=True, text=True, check=True)
+        out[n] = float(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="vit_small_patch16_224")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--img", type=int, default=224)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--maps", type=int, default=256)
+    p.add_argument("--mem-images", type=int, nargs="+", default=[256, 2048])
+    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--_memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args._memory_child is not None:
+        _memory_child(args.model, args._memory_child, args.batch, args.img)
+        return
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, timm {timm.__version__}, "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    a = bench_probe_vs_forward(args.model, args.batch, args.img, args.repeats)
+    print(f"(a) probe_ssdc over {a['sites']} sites of {args.model} (batch {args.batch}, {args.img} px, "
+          f"reduction 'both'): {a['probe_min_s']:.3f} s vs forward {a['forward_min_s']:.3f} s -> "
+          f"{a['ratio_min']:.3f}x (median ratio {a['ratio_median']:.3f}x; target <= 1.05x)")
+    b = bench_ssdc_vs_scipy(args.maps, 14, args.repeats)
+    print(f"(b) per-image SSDC of {args.maps} maps of 196 tokens: {b['ours_min_s'] * 1e3:.1f} ms vs scipy loop "
+          f"{b['scipy_min_s'] * 1e3:.0f} ms -> {b['speedup']:.1f}x faster (target >= 50x); "
+          f"max |diff| {b['max_abs_diff']:.1e}")
+    if not args.skip_memory:
+        mem = bench_memory(args.model, args.mem_images, args.batch, args.img)
+        lo, hi = mem[min(mem)], mem[max(mem)]
+        print("(c) peak RSS: " + ", ".join(f"{n} images {v:.0f} MiB" for n, v in mem.items())
+              + f" -> ratio {hi / lo:.3f} (target: flat)")
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The SSDC metric against scipy.stats.spearmanr (ties, grids, distances, dtypes, batches)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import rankdata as scipy_rankdata
+from scipy.stats import spearmanr
+
+from timm_posgeom.probes import ConstantMapWarning, grid_positions, pair_distances, rankdata, ssdc
+
+
+def _reference(sim: np.ndarray, positions: np.ndarray, distance: str) -> float:
+    """Direct formula: scipy Spearman of {S_ij} and {-D_ij} over i < j, distances from scratch."""
+    n = sim.shape[0]
+    i, j = np.triu_indices(n, 1)
+    diff = np.abs(positions[i] - positions[j])
+    d = {"manhattan": diff.sum(1), "euclidean": np.sqrt((diff ** 2).sum(1)), "chebyshev": diff.max(1)}[distance]
+    return spearmanr(sim[i, j], -d).statistic
+
+
+def _grid(h: int, w: int) -> np.ndarray:
+    return np.stack(np.meshgrid(np.arange(h), np.arange(w), indexing="ij"), -1).reshape(-1, 2).astype(float)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("distance", ["manhattan", "euclidean", "chebyshev"])
+@pytest.mark.parametrize("grid", [(4, 4), (3, 5), (1, 6), (14, 14)])
+def test_matches_scipy(dtype, distance, grid):
+    gen = torch.Generator().manual_seed(100 * grid[0] + grid[1] + len(distance))
+    n = grid[0] * grid[1]
+    maps = torch.randn(4, n, n, generator=gen, dtype=torch.float64)
+    maps = maps + maps.transpose(1, 2)
+    maps[1] = torch.round(maps[1] * 2) / 2  # heavy ties
+    maps[2] = torch.round(maps[2] * 50) / 50  # some ties
+    maps[3, 0, 1], maps[3, 0, 2] = -0.0, 0.0  # signed zeros tie
+    maps = maps.to(dtype)
+    got = ssdc(maps, grid, distance)
+    assert got.shape == (4,) and got.dtype == dtype
+    ref = [_reference(m.double().numpy(), _grid(*grid), distance) for m in maps]
+    np.testing.assert_allclose(got.double().numpy(), ref, atol=1e-6, rtol=0)
+    # one map at a time gives the same (0-d) values
+    single = torch.stack([ssdc(m, grid, distance) for m in maps])
+    np.testing.assert_allclose(single.double().numpy(), ref, atol=1e-6, rtol=0)
+    assert ssdc(maps[0], grid, distance).ndim == 0
+
+
+def test_positions_override_matches_scipy():
+    gen = torch.Generator().manual_seed(1)
+    maps = torch.rand(3, 12, 12, generator=gen)
+    positions = torch.randint(0, 5, (12, 2), generator=gen).float()  # repeated positions: ties in D
+    for distance in ("manhattan", "euclidean", "chebyshev"):
+        got = ssdc(maps, (3, 4), distance, positions=positions)
+        ref = [_reference(m.double().numpy(), positions.double().numpy(), distance) for m in maps]
+        np.testing.assert_allclose(got.double().numpy(), ref, atol=1e-6)
+
+
+def test_permuted_positions_equal_unpermuted_map():
+    gen = torch.Generator().manual_seed(2)
+    sim = torch.rand(20, 20, generator=gen, dtype=torch.float64)
+    sim = sim + sim.T
+    perm = torch.randperm(20, generator=gen)
+    permuted = sim[perm][:, perm]  # slot i holds token perm[i]
+    got = ssdc(permuted, (4, 5), positions=grid_positions((4, 5))[perm])
+    assert torch.allclose(got, ssdc(sim, (4, 5)), atol=1e-12)
+
+
+def test_perfect_structure_and_reverse():
+    d = pair_distances(grid_positions((5, 5)), "manhattan")
+    n = 25
+    sim = torch.zeros(n, n, dtype=torch.float64)
+    iu = torch.triu_indices(n, n, 1)
+    sim[iu[0], iu[1]] = -d
+    assert ssdc(sim, (5, 5)).item() == pytest.approx(1.0)
+    sim[iu[0], iu[1]] = d
+    assert ssdc(sim, (5, 5)).item() == pytest.approx(-1.0)
+
+
+def test_rankdata_matches_scipy():
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0, 1.0, 3.0], [0.0, -0.0, 1.0, 1.0, 1.0, -2.0]])
+    np.testing.assert_allclose(rankdata(x).numpy(), scipy_rankdata(x.numpy(), axis=1))
+
+
+def test_constant_map_nan_with_warning():
+    maps = torch.rand(3, 9, 9)
+    maps[1] = 0.5
+    with pytest.warns(ConstantMapWarning):
+        got = ssdc(maps, (3, 3))
+    assert torch.isnan(got[1]) and not torch.isnan(got[[0, 2]]).any()
+    maps[2, 0, 1] = float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConstantMapWarning)
+        assert torch.isnan(ssdc(maps, (3, 3))[2])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="distance"):
+        ssdc(torch.rand(4, 4), (2, 2), "cosine")
+    with pytest.raises(ValueError, match="positions"):
+        ssdc(torch.rand(6, 6), (2, 3), positions=torch.rand(5, 2))
+    with pytest.raises(ValueError, match="grid_size"):
+        ssdc(torch.rand(6, 6), (2, 2))
+    with pytest.raises(ValueError, match=r"\(N, N\)"):
+        ssdc(torch.rand(6, 5), (2, 3))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_matches_cpu(dtype):
+    gen = torch.Generator().manual_seed(3)
+    maps = torch.randn(8, 49, 49, generator=gen).to(dtype)
+    maps[1] = torch.round(maps[1])
+    got = ssdc(maps.cuda(), (7, 7))
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), ssdc(maps, (7, 7)), atol=1e-6, rtol=0)
+
+
+def test_device_path_matches_scipy_on_cpu():
+    """The torch.sort path used off CPU (GPU), exercised on CPU against scipy."""
+    import sys
+
+    module = sys.modules["timm_posgeom.probes.ssdc"]
+    gen = torch.Generator().manual_seed(4)
+    maps = torch.randn(3, 20, 20, generator=gen)
+    maps[1] = torch.round(maps[1])
+    maps[2] = 0.25
+    pairs = module.upper_pairs(maps)
+    d, d_norm = module._distance_ranks((4, 5), "manhattan", None, torch.device("cpu"))
+    nums, norms, nan_rows = module._spearman_torch(pairs, [d])
+    rho = nums[0] / (norms * d_norm)
+    ref = [_reference(m.double().numpy(), _grid(4, 5), "manhattan") for m in maps[:2]]
+    np.testing.assert_allclose(rho[:2].numpy(), ref, atol=1e-9)
+    assert norms[2] == 0 and not nan_rows.any()

@@ -1,0 +1,175 @@
+"""``SSDCResult``: what :func:`~timm_posgeom.probes.probe_ssdc` returns (numbers, maps, metadata, plot)."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["SSDCResult", "PerImageStats"]
+
+
+@dataclass
+class PerImageStats:
+    """Per-image SSDC of one layer over n images: mean, sample std (ddof 1), two-sided 95% CI of the mean
+    (Student t), and how many maps were NaN (constant maps; left out of the statistics)."""
+
+    mean: float
+    std: float
+    ci_low: float
+    ci_high: float
+    n: int
+    n_nan: int = 0
+
+    @classmethod
+    def from_moments(cls, n: int, mean: float, m2: float, n_nan: int = 0) -> PerImageStats:
+        """From a count, a mean and a sum of squared deviations (Chan et al. streaming moments)."""
+        if n == 0:
+            return cls(math.nan, math.nan, math.nan, math.nan, 0, n_nan)
+        if n == 1:
+            return cls(mean, math.nan, math.nan, math.nan, 1, n_nan)
+        from scipy.stats import t
+
+        std = math.sqrt(max(m2, 0.0) / (n - 1))
+        half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+        return cls(mean, std, mean - half, mean + half, n, n_nan)
+
+
+@dataclass
+class SSDCResult:
+    """SSDC of one model at one probe site, layer by layer.
+
+    Attributes:
+        per_layer: SSDC per probed layer in depth order, against the index grid (the token slots'
+            own positions; under RPI the paper's measure). From the mean map when it was computed
+            (``reduction`` "mean_map" or "both"), else the mean of the per-image values.
+        layers: the block index of each entry of ``per_layer``.
+        per_image: per-image statistics per layer (``reduction`` "per_image" or "both"), else None.
+        content_per_layer / content_per_image: under RPI, the same against the content grid (where
+            each token's content came from: slot i holds patch p[i], at grid position p[i]); None
+            without RPI. For a model without PE this equals the unpermuted SSDC.
+        mean_maps: (L, N, N) float32 CPU tensor of the similarity maps averaged over images (in token
+            slot order), when the mean map was computed.
+        permutation: under RPI, the (N,) permutation p used for every batch.
+        metadata: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size...
+    """
+
+    per_layer: list[float]
+    layers: list[int]
+    per_image: list[PerImageStats] | None = None
+    content_per_layer: list[float] | None = None
+    content_per_image: list[PerImageStats] | None = None
+    mean_maps: torch.Tensor | None = field(default=None, repr=False)
+    permutation: torch.Tensor | None = field(default=None, repr=False)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def delta(self) -> float:
+        """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) (NaN unless both were probed)."""
+        if 0 in self.layers and 1 in self.layers:
+            return self.per_layer[self.layers.index(1)] - self.per_layer[self.layers.index(0)]
+        return math.nan
+
+    def to_dict(self, include_maps: bool = False) -> dict[str, Any]:
+        """A JSON-ready dict (NaN kept as float NaN); the mean maps only when ``include_maps``."""
+        out: dict[str, Any] = {
+            "per_layer": list(self.per_layer),
+            "layers": list(self.layers),
+            "delta": self.delta,
+            "per_image": [asdict(s) for s in self.per_image] if self.per_image is not None else None,
+            "content_per_layer": list(self.content_per_layer) if self.content_per_layer is not None else None,
+            "content_per_image": ([asdict(s) for s in self.content_per_image]
+                                  if self.content_per_image is not None else None),
+            "permutation": self.permutation.tolist() if self.permutation is not None else None,
+            "metadata": dict(self.metadata),
+        }
+        if include_maps and self.mean_maps is not None:
+            out["mean_maps"] = self.mean_maps.tolist()
+        return out
+
+    def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
+        """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
+        text = json.dumps(_nan_to_none(self.to_dict(include_maps)), indent=indent)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    def table(self) -> str:
+        """A plain-text per-layer table."""
+        head = ["layer", "ssdc"]
+        if self.per_image is not None:
+            head += ["img_mean", "img_std", "ci95"]
+        if self.content_per_layer is not None:
+            head += ["content"]
+        rows = [head]
+        for k, layer in enumerate(self.layers):
+            row = [str(layer), f"{self.per_layer[k]:.4f}"]
+            if self.per_image is not None:
+                s = self.per_image[k]
+                row += [f"{s.mean:.4f}", f"{s.std:.4f}", f"[{s.ci_low:.4f}, {s.ci_high:.4f}]"]
+            if self.content_per_layer is not None:
+                row.append(f"{self.content_per_layer[k]:.4f}")
+            rows.append(row)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+        if not math.isnan(self.delta):
+            lines.append(f"delta SSDC (layer 1 - layer 0): {self.delta:.4f}")
+        return "\n".join(lines)
+
+    def plot(self, path: str | Path | None = None, maps: bool = True, max_maps: int = 4):
+        """SSDC across depth (with the per-image 95% CI band, and the content grid under RPI) and, when
+        ``maps`` and mean maps exist, up to ``max_maps`` mean similarity maps (first, ..., last layer).
+
+        Uses matplotlib's Agg canvas (no display, global backend untouched). Returns the Figure;
+        saves it to ``path`` when given.
+        """
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        show_maps = maps and self.mean_maps is not None
+        idx = _spread(len(self.layers), max_maps) if show_maps else []
+        fig = Figure(figsize=(4.5 + 2.6 * len(idx), 3.6), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, 1 + len(idx), squeeze=False)[0]
+        ax = axes[0]
+        ax.plot(self.layers, self.per_layer, "o-", label="index grid" if self.content_per_layer else "SSDC")
+        if self.per_image is not None:
+            ax.fill_between(self.layers, [s.ci_low for s in self.per_image], [s.ci_high for s in self.per_image],
+                            alpha=0.25, label="per-image 95% CI")
+        if self.content_per_layer is not None:
+            ax.plot(self.layers, self.content_per_layer, "s--", label="content grid")
+        ax.axhline(0.0, color="0.6", lw=0.8)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("SSDC")
+        md = self.metadata
+        ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(),
+                     fontsize=9)
+        ax.legend(fontsize=7)
+        for a, k in zip(axes[1:], idx):
+            im = a.imshow(self.mean_maps[k].numpy(), cmap="viridis")
+            a.set_title(f"layer {self.layers[k]} mean map", fontsize=8)
+            a.set_xticks([])
+            a.set_yticks([])
+            fig.colorbar(im, ax=a, shrink=0.7)
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
+
+
+def _spread(n: int, k: int) -> list[int]:
+    if n <= k:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _nan_to_none(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nan_to_none(v) for v in obj]
+    return obj
