@@ -1,0 +1,57 @@
+"""``posgeom sweep MODEL --data PATH_OR_HUB_ID --alphas 1,0.9,...``: PE scale vs structure and robustness.
+
+Per alpha: delta SSDC and per-layer SSDC under RPI, clean accuracy, FS per shift. Writes
+``sweep.json``, ``sweep.md`` and ``sweep.png`` (delta SSDC and FS against alpha) under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..robustness import DEFAULT_ALPHAS
+from .fragility import add_model_data_args, load_model_and_data
+
+
+def parse_alphas(text: str) -> list[float]:
+    """``"1,0.9,0.5"`` -> [1.0, 0.9, 0.5]; each alpha a finite number >= 0."""
+    from ..pos.common import check_alpha
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"--alphas needs comma-separated numbers, got {text!r}")
+    return [check_alpha(p) for p in parts]
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("sweep", help="alpha sweep: delta SSDC under RPI and FS as the PE is scaled")
+    add_model_data_args(p)
+    p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
+                   help="comma-separated PE scales (default 1,0.9,...,0.1)")
+    p.add_argument("--probe-images", type=int, default=1000, help="images for SSDC under RPI (paper: 1000)")
+    p.add_argument("--site", default="attn_input", choices=("attn_input", "block_output"))
+    p.add_argument("--patch-only", action="store_true",
+                   help="scale only patch rows of an APE table (default: class row too, as the paper)")
+    p.add_argument("--out", default="sweep_out", help="output folder for sweep.json, sweep.md, sweep.png")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..robustness import alpha_sweep
+    from ..shifts import parse_shift
+
+    alphas = parse_alphas(args.alphas)
+    shifts = args.shift or ["jpeg:5"]
+    for spec in shifts:
+        parse_shift(spec)
+    model, data, device = load_model_and_data(args)
+    result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
+                         include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
+                         num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress)
+    result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.to_json(out / "sweep.json")
+    (out / "sweep.md").write_text(result.to_markdown() + "\n")
+    result.plot(out / "sweep.png")
+    print(result.to_markdown())
+    print(f"wrote {out / 'sweep.json'}, {out / 'sweep.md'} and {out / 'sweep.png'}")
+    return 0

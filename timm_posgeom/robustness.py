@@ -1,0 +1,596 @@
+"""Fragility scores under distribution shifts, and alpha sweeps linking PE strength to robustness.
+
+Definitions (the paper, DESIGN.md):
+
+* top-1 accuracy ``A = k / n``: ``k`` images of ``n`` whose arg-max logit equals the label, counted
+  exactly over every image (never an average of per-batch accuracies);
+* fragility score ``FS = 1 - A_shift / A_clean`` (0: the shift costs nothing; 1: it destroys all
+  correct predictions; negative when the shift helps). ``A_clean = 0`` gives NaN with a warning;
+* 95% intervals: accuracies by the Wilson score interval; FS by a paired percentile bootstrap over
+  images (each image contributes its (clean correct, shifted correct) pair, so the interval
+  accounts for the pairing). Resampling n pairs only changes the counts of the four pair types,
+  so the bootstrap draws those counts from a multinomial: the same distribution, exactly, at
+  no cost per image.
+
+:func:`fragility` runs every shift in the same pass: each batch is decoded and resized once, the
+clean image and each shifted copy go through the model in one forward, clean accuracy is
+computed once. Under RPI (``rpi=True``) each forward draws one token permutation, shared by the
+clean and shifted copies of the batch, from a seeded generator (reproducible).
+
+:func:`alpha_sweep` scales the PE by alpha (``pe_scale``; APE incl. the class row as in the paper,
+sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
+fragility of every shift.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms.v2 import functional as F
+
+from .interventions import pe_scale, token_permutation
+from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
+from .transforms import RESIZE_MODES, eval_transform, normalize_batch, resize_transform, resolve_config
+
+__all__ = [
+    "fragility",
+    "FragilityResult",
+    "alpha_sweep",
+    "AlphaSweepResult",
+    "AlphaSweepRow",
+    "fragility_score",
+    "wilson_interval",
+    "paired_bootstrap_fs",
+    "DEFAULT_ALPHAS",
+]
+
+DEFAULT_ALPHAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+_Z95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+# --------------------------------------------------------------------------------------------
+# formulas
+# --------------------------------------------------------------------------------------------
+def fragility_score(shift_accuracy: float, clean_accuracy: float) -> float:
+    """``FS = 1 - A_shift / A_clean``; NaN (with a RuntimeWarning) when ``A_clean`` is 0."""
+    if clean_accuracy == 0 or math.isnan(clean_accuracy):
+        warnings.warn("clean accuracy is 0: the fragility score 1 - A_shift / A_clean is undefined (NaN)",
+                      RuntimeWarning, stacklevel=2)
+        return math.nan
+    return 1.0 - shift_accuracy / clean_accuracy
+
+
+def wilson_interval(correct: int, total: int, z: float = _Z95) -> tuple[float, float]:
+    """Wilson score interval for a proportion ``correct / total`` (95% for the default ``z``).
+
+    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``; (NaN, NaN) when ``total`` is 0.
+    """
+    if total <= 0:
+        return (math.nan, math.nan)
+    p = correct / total
+    denom = 1.0 + z * z / total
+    centre = (p + z * z / (2 * total)) / denom
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def paired_bootstrap_fs(
+        clean_correct: np.ndarray, shift_correct: np.ndarray, *, num_resamples: int = 2000,
+        confidence: float = 0.95, seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of FS over images, pairs (clean, shifted) resampled together.
+
+    Args:
+        clean_correct, shift_correct: (N,) bool, whether image i is classified correctly.
+
+    Only the 2x2 table of pair types changes between resamples, so each resample's table is drawn
+    from ``Multinomial(N, observed pair frequencies)``, which is exactly the distribution of the
+    table of N pairs drawn with replacement. Resamples with zero clean accuracy are left out.
+    """
+    clean = np.asarray(clean_correct, dtype=bool)
+    shifted = np.asarray(shift_correct, dtype=bool)
+    n = clean.size
+    if n == 0 or not clean.any():
+        return (math.nan, math.nan)
+    table = np.array([np.sum(~clean & ~shifted), np.sum(~clean & shifted),
+                      np.sum(clean & ~shifted), np.sum(clean & shifted)], dtype=np.int64)
+    draws = np.random.default_rng(seed).multinomial(n, table / n, size=num_resamples)
+    a_clean = draws[:, 2] + draws[:, 3]
+    a_shift = draws[:, 1] + draws[:, 3]
+    ok = a_clean > 0
+    if not ok.any():
+        return (math.nan, math.nan)
+    fs = 1.0 - a_shift[ok] / a_clean[ok]
+    tail = (1.0 - confidence) / 2 * 100
+    low, high = np.percentile(fs, [tail, 100 - tail])
+    return (float(low), float(high))
+
+
+# --------------------------------------------------------------------------------------------
+# result
+# --------------------------------------------------------------------------------------------
+@dataclass
+class FragilityResult:
+    """Accuracy of one model on clean and shifted images, and its fragility score per shift.
+
+    Attributes:
+        shifts: the shift names (specs), in order.
+        num_images: n, the number of images evaluated (every one counted).
+        clean_accuracy: A_clean = k_clean / n.
+        accuracy: shift -> A_shift.
+        fs: shift -> FS = 1 - A_shift / A_clean (NaN when A_clean = 0).
+        counts: ``{"clean": {"correct": k, "total": n}, shift: {...}}``.
+        clean_interval, accuracy_interval: Wilson 95% intervals of the accuracies.
+        fs_interval: shift -> paired-bootstrap 95% interval of FS.
+        correct: ``"clean"`` and each shift -> (n,) bool array, per-image correctness (in data
+            order), e.g. for McNemar tests; left out of :meth:`to_dict`.
+        settings: model, resize, rpi, alpha, seed, ... (how the numbers were made).
+    """
+
+    shifts: list[str]
+    num_images: int
+    clean_accuracy: float
+    accuracy: dict[str, float]
+    fs: dict[str, float]
+    counts: dict[str, dict[str, int]]
+    clean_interval: tuple[float, float]
+    accuracy_interval: dict[str, tuple[float, float]]
+    fs_interval: dict[str, tuple[float, float]]
+    correct: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_correct(cls, correct: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None,
+                     seed: int = 0) -> FragilityResult:
+        """Build the result from per-image correctness: ``correct["clean"]`` and one (n,) bool array
+        per shift. All numbers are exact functions of these arrays."""
+        if "clean" not in correct:
+            raise ValueError("correct must hold a 'clean' entry")
+        clean = np.asarray(correct["clean"], dtype=bool)
+        n = int(clean.size)
+        shifts = [k for k in correct if k != "clean"]
+        arrays = {k: np.asarray(v, dtype=bool) for k, v in correct.items()}
+        for k, v in arrays.items():
+            if v.shape != (n,):
+                raise ValueError(f"correct[{k!r}] has shape {v.shape}, expected ({n},)")
+        counts = {k: {"correct": int(v.sum()), "total": n} for k, v in arrays.items()}
+        clean_acc = counts["clean"]["correct"] / n if n else math.nan
+        accuracy = {s: counts[s]["correct"] / n for s in shifts}
+        if n and clean_acc == 0 and shifts:
+            warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            fs = {s: fragility_score(accuracy[s], clean_acc) for s in shifts}
+        return cls(
+            shifts=shifts, num_images=n, clean_accuracy=clean_acc, accuracy=accuracy, fs=fs, counts=counts,
+            clean_interval=wilson_interval(counts["clean"]["correct"], n),
+            accuracy_interval={s: wilson_interval(counts[s]["correct"], n) for s in shifts},
+            fs_interval={s: paired_bootstrap_fs(clean, arrays[s], seed=seed) for s in shifts},
+            correct=arrays, settings=dict(settings or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready numbers (NaN stays float NaN; ``correct`` arrays left out)."""
+        return {
+            "shifts": list(self.shifts),
+            "num_images": self.num_images,
+            "clean_accuracy": self.clean_accuracy,
+            "clean_interval": list(self.clean_interval),
+            "accuracy": dict(self.accuracy),
+            "accuracy_interval": {k: list(v) for k, v in self.accuracy_interval.items()},
+            "fs": dict(self.fs),
+            "fs_interval": {k: list(v) for k, v in self.fs_interval.items()},
+            "counts": {k: dict(v) for k, v in self.counts.items()},
+            "interval_method": "accuracy: Wilson score 95%; FS: paired percentile bootstrap 95% (2000 resamples)",
+            "settings": _jsonable(self.settings),
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
+        """The :meth:`to_dict` numbers as JSON (NaN written as ``NaN``); also written to ``path`` if given."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
+        """Bar chart: clean and shifted accuracy with Wilson 95% error bars, FS written above each
+        shift's bar. Returns the matplotlib Figure; also saved to ``path`` if given."""
+        from matplotlib.figure import Figure
+
+        if ax is None:
+            fig = Figure(figsize=(1.6 + 1.3 * (1 + len(self.shifts)), 3.6), layout="constrained")
+            ax = fig.subplots()
+        else:
+            fig = ax.figure
+        names = ["clean", *self.shifts]
+        values = [self.clean_accuracy, *(self.accuracy[s] for s in self.shifts)]
+        intervals = [self.clean_interval, *(self.accuracy_interval[s] for s in self.shifts)]
+        err = np.array([[max(v - lo, 0), max(hi - v, 0)] for v, (lo, hi) in zip(values, intervals)]).T
+        bars = ax.bar(range(len(names)), values, yerr=err, capsize=4,
+                      color=["0.55", *[f"C{i}" for i in range(len(self.shifts))]])
+        for bar, s in zip(bars[1:], self.shifts):
+            top = self.accuracy_interval[s][1]
+            top = bar.get_height() if math.isnan(top) else top
+            ax.annotate(f"FS {self.fs[s]:.3f}", (bar.get_x() + bar.get_width() / 2, top),
+                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("top-1 accuracy")
+        ax.set_ylim(0, min(1.0, max(values + [0.05]) * 1.25 + 0.05))
+        title = self.settings.get("model") or ""
+        ax.set_title(f"{title} (n={self.num_images})".strip(), fontsize=9)
+        if path is not None:
+            fig.savefig(path, dpi=150)
+        return fig
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+def _split_item(item: Any) -> tuple[PIL.Image.Image, int]:
+    """(image, label) from a (PIL, label) pair or a dict with image/img and label/labels keys."""
+    if isinstance(item, Mapping):
+        image = next((item[k] for k in ("image", "img") if k in item), None)
+        label = next((item[k] for k in ("label", "labels") if k in item), None)
+        if image is None or label is None:
+            raise ValueError(f"a data item dict needs 'image' and 'label' keys, got {sorted(item)}")
+    elif isinstance(item, (tuple, list)) and len(item) >= 2:
+        image, label = item[0], item[1]
+    else:
+        raise TypeError(f"a data item must be (PIL image, label) or {{'image', 'label'}}, got {type(item).__name__}")
+    if not isinstance(image, PIL.Image.Image):
+        raise TypeError(f"data images must be PIL images, got {type(image).__name__}")
+    return image, int(label)
+
+
+def _check_data(data: Any, max_images: int | None) -> int:
+    """Number of images to evaluate: len(data), capped by max_images; clear errors otherwise."""
+    if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
+        raise TypeError("data must be indexable with a length: a Hugging Face dataset or a sequence of "
+                        f"(PIL image, label) / {{'image', 'label'}}; got {type(data).__name__}")
+    if isinstance(data, Mapping):
+        raise TypeError(f"data is a mapping (keys {list(data)[:5]}): pass one split, e.g. data['validation']")
+    n = len(data)
+    if max_images is not None:
+        if max_images < 1:
+            raise ValueError(f"max_images must be >= 1, got {max_images}")
+        n = min(n, int(max_images))
+    if n == 0:
+        raise ValueError("data is empty: no images to evaluate")
+    return n
+
+
+class _ShiftedCopies(Dataset):
+    """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label)."""
+
+    def __init__(self, data: Any, n: int, resize: Any, shifts: Sequence[Shift]):
+        self.data, self.n, self.resize, self.shifts = data, n, resize, list(shifts)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = _split_item(self.data[index])
+        image = self.resize(image)
+        copies = [image, *(shift(image) for shift in self.shifts)]
+        return torch.stack([F.pil_to_tensor(c) for c in copies]), label
+
+
+class _Clean(Dataset):
+    """Item i -> (normalised (3, H, W) float image, label): clean eval transform (for probes)."""
+
+    def __init__(self, data: Any, n: int, transform: Any):
+        self.data, self.n, self.transform = data, n, transform
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = _split_item(self.data[index])
+        return self.transform(image), label
+
+
+def _default_workers() -> int:
+    return min(4, max(0, (os.cpu_count() or 1) - 1))
+
+
+def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        device = torch.device(device)
+        model.to(device)
+        return device
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def _model_name(model: nn.Module) -> str | None:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return cfg.get("architecture") or type(model).__name__
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module):
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+# --------------------------------------------------------------------------------------------
+# fragility
+# --------------------------------------------------------------------------------------------
+def fragility(
+        model: nn.Module,
+        data: Any,
+        shifts: Sequence[str | Shift] = PAPER_SHIFTS,
+        *,
+        resize: str = "paper",
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        rpi: bool = False,
+        alpha: float | None = None,
+        seed: int = 0,
+        max_images: int | None = None,
+        blur_on_device: bool = False,
+        device: str | torch.device | None = None,
+        progress: bool = True,
+) -> FragilityResult:
+    """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
+
+    Each image is resized to the model's input (``resize``: ``paper`` straight to (H, W); ``timm``
+    timm's resize + centre crop), each shift is applied to the resized uint8 image, and every copy
+    is normalised with the model's mean / std (the same values as
+    :func:`~timm_posgeom.transforms.eval_transform` gives, bit for bit). Counts are exact over all
+    images; clean accuracy is computed once. See the module docstring for FS and the intervals.
+
+    Args:
+        model: any timm classifier (its data config gives size, interpolation, mean, std).
+        data: a Hugging Face dataset or any indexable of (PIL image, label) / {"image", "label"}.
+        shifts: specs (``jpeg:5``, ``blur:2.5:5``, ``imagenet-c:gaussian_blur:3``) or Shift objects
+            (one spec alone is accepted too); results are keyed by the spec as given, or ``Shift.spec``.
+        batch_size: images per step; each step forwards ``batch_size * (1 + len(shifts))`` copies.
+        num_workers: DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
+        rpi: random permutation at inference: one permutation per forward, seeded by ``seed``, shared
+            by the clean and shifted copies of the batch.
+        alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
+        max_images: evaluate only the first ``max_images`` images.
+        blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
+            same values) instead of in the loader workers.
+        device: where to run (the model is moved there); default the model's device.
+        progress: show a tqdm bar.
+
+    Returns:
+        A :class:`FragilityResult`.
+    """
+    if isinstance(shifts, (str, Shift)):
+        shifts = (shifts,)
+    shift_list = [parse_shift(s) for s in shifts]
+    names = [s if isinstance(s, str) else p.spec for s, p in zip(shifts, shift_list)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"shifts must be distinct, got {names}")
+    if resize not in RESIZE_MODES:
+        raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = _check_data(data, max_images)
+    dev = _model_device(model, device)
+    cfg = resolve_config(model)
+    on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
+    loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
+    workers = _default_workers() if num_workers is None else int(num_workers)
+    loader = DataLoader(
+        _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts),
+        batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=dev.type == "cuda",
+        persistent_workers=False,
+    )
+    correct = {name: np.zeros(n, dtype=bool) for name in ["clean", *names]}
+    settings = {"model": _model_name(model), "resize": resize, "rpi": rpi, "alpha": alpha, "seed": seed,
+                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
+
+    from tqdm.auto import tqdm
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_eval_mode(model))
+        if alpha is not None:
+            stack.enter_context(pe_scale(model, alpha))
+        if rpi:
+            stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+        # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
+        # tensors (those would break a later backward through the model)
+        stack.enter_context(torch.inference_mode())
+        start = 0
+        for copies, labels in tqdm(loader, desc="fragility", disable=not progress, leave=False):
+            copies = copies.to(dev, non_blocking=True)  # (B, V_loader, C, H, W) uint8
+            variants, it = [copies[:, 0]], iter(range(1, copies.shape[1]))
+            for p, d in zip(shift_list, on_device):
+                variants.append(p.batch(copies[:, 0]) if d else copies[:, next(it)])
+            x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
+            b, v = x.shape[:2]
+            logits = model(normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]))
+            hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
+            for j, name in enumerate(["clean", *names]):
+                correct[name][start:start + b] = hits[:, j]
+            start += b
+    if start != n:
+        raise RuntimeError(f"evaluated {start} images, expected {n}")
+    return FragilityResult.from_correct(correct, settings=settings, seed=seed)
+
+
+# --------------------------------------------------------------------------------------------
+# alpha sweep
+# --------------------------------------------------------------------------------------------
+@dataclass
+class AlphaSweepRow:
+    """One alpha: delta SSDC and per-layer SSDC under RPI, clean accuracy, accuracy and FS per shift."""
+
+    alpha: float
+    delta_ssdc: float
+    ssdc_per_layer: list[float]
+    clean_accuracy: float
+    accuracy: dict[str, float]
+    fs: dict[str, float]
+    fragility: FragilityResult = field(repr=False)
+    ssdc: Any = field(default=None, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha, "delta_ssdc": self.delta_ssdc, "ssdc_per_layer": list(self.ssdc_per_layer),
+            "clean_accuracy": self.clean_accuracy, "accuracy": dict(self.accuracy), "fs": dict(self.fs),
+            "fragility": self.fragility.to_dict(),
+        }
+
+
+@dataclass
+class AlphaSweepResult:
+    """Per alpha (in the order given): delta SSDC under RPI, per-layer SSDC, FS per shift, clean accuracy."""
+
+    rows: list[AlphaSweepRow]
+    shifts: list[str]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alphas(self) -> list[float]:
+        return [r.alpha for r in self.rows]
+
+    @property
+    def delta_ssdc(self) -> list[float]:
+        return [r.delta_ssdc for r in self.rows]
+
+    @property
+    def fs(self) -> dict[str, list[float]]:
+        """shift -> FS per alpha."""
+        return {s: [r.fs[s] for r in self.rows] for s in self.shifts}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shifts": list(self.shifts), "rows": [r.to_dict() for r in self.rows],
+                "settings": _jsonable(self.settings)}
+
+    def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+    def to_markdown(self, digits: int = 3) -> str:
+        """A markdown table: alpha, delta SSDC, clean top-1, FS per shift, per-layer SSDC under RPI."""
+        head = ["alpha", "delta SSDC (RPI)", "clean top-1", *(f"FS {s}" for s in self.shifts), "SSDC per layer (RPI)"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in self.rows:
+            cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", f"{r.clean_accuracy:.{digits}f}",
+                     *(f"{r.fs[s]:.{digits}f}" for s in self.shifts),
+                     ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer)]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    def plot(self, path: str | os.PathLike | None = None) -> Any:
+        """Delta SSDC (left axis) and FS per shift (right axis) against alpha. Returns the matplotlib
+        Figure; also saved to ``path`` if given."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(5.2, 4.0), layout="constrained")
+        ax = fig.subplots()
+        order = np.argsort(self.alphas)
+        alphas = np.asarray(self.alphas)[order]
+        ax.plot(alphas, np.asarray(self.delta_ssdc)[order], "o-", color="k", label="delta SSDC (RPI)")
+        ax.set_xlabel("alpha (PE scale)")
+        ax.set_ylabel("delta SSDC under RPI")
+        right = ax.twinx()
+        for i, s in enumerate(self.shifts):
+            right.plot(alphas, np.asarray(self.fs[s])[order], "s--", color=f"C{i}", label=f"FS {s}")
+        right.set_ylabel("fragility score")
+        handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+        fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=min(3, len(handles)))
+        ax.set_title(str(self.settings.get("model") or ""), fontsize=9)
+        if path is not None:
+            fig.savefig(path, dpi=150)
+        return fig
+
+
+def alpha_sweep(
+        model: nn.Module,
+        data: Any,
+        alphas: Sequence[float] = DEFAULT_ALPHAS,
+        shifts: Sequence[str | Shift] = ("jpeg:5",),
+        *,
+        probe_images: int = 1000,
+        probe_data: Any = None,
+        site: str = "attn_input",
+        include_prefix: bool = True,
+        resize: str = "paper",
+        batch_size: int = 64,
+        num_workers: int | None = None,
+        seed: int = 0,
+        max_images: int | None = None,
+        device: str | torch.device | None = None,
+        progress: bool = True,
+) -> AlphaSweepResult:
+    """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
+
+    Per alpha, inside ``pe_scale(model, alpha, include_prefix)`` (APE table incl. the class row as in
+    the paper, sincos, RoPE angles; any timm ViT ``pe_scale`` supports):
+
+    * SSDC per layer under RPI at ``site`` on the first ``probe_images`` clean images of
+      ``probe_data`` (default: ``data``), via :func:`~timm_posgeom.probes.probe_ssdc` with ``seed``;
+      delta SSDC = SSDC(layer 1) - SSDC(layer 0) (the paper uses 1,000 validation images);
+    * :func:`fragility` of every shift on ``data`` (no RPI), with the same loader settings.
+
+    alpha = 1 reproduces the unscaled model exactly. Returns an :class:`AlphaSweepResult`.
+    """
+    from .probes import probe_ssdc
+
+    alphas = [float(a) for a in alphas]
+    if not alphas:
+        raise ValueError("alphas is empty")
+    if probe_images < 1:
+        raise ValueError(f"probe_images must be >= 1, got {probe_images}")
+    if isinstance(shifts, (str, Shift)):
+        shifts = (shifts,)
+    shift_names = [s if isinstance(s, str) else parse_shift(s).spec for s in shifts]
+    probe_source = data if probe_data is None else probe_data
+    n_probe = _check_data(probe_source, probe_images)
+    dev = _model_device(model, device)
+    probe_loader = DataLoader(
+        _Clean(probe_source, n_probe, eval_transform(model, resize=resize)),
+        batch_size=batch_size, shuffle=False,
+        num_workers=_default_workers() if num_workers is None else int(num_workers))
+    rows = []
+    from tqdm.auto import tqdm
+
+    for alpha in tqdm(alphas, desc="alpha sweep", disable=not progress):
+        with pe_scale(model, alpha, include_prefix=include_prefix):
+            ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, seed=seed, max_images=n_probe,
+                              device=dev, progress=False)
+            frag = fragility(model, data, shifts, resize=resize, batch_size=batch_size, num_workers=num_workers,
+                             seed=seed, max_images=max_images, device=dev, progress=False)
+        rows.append(AlphaSweepRow(
+            alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
+            clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),
+            fragility=frag, ssdc=ssdc))
+    settings = {"model": _model_name(model), "site": site, "probe_images": n_probe, "include_prefix": include_prefix,
+                "resize": resize, "seed": seed, "num_images": rows[0].fragility.num_images}
+    return AlphaSweepResult(rows=rows, shifts=shift_names, settings=settings)

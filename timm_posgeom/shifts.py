@@ -1,0 +1,317 @@
+"""Distribution shifts for fragility scores: JPEG compression and Gaussian blur.
+
+Two corruptions, as the paper and ImageNet-C define them, usable as torchvision v2 transforms on
+PIL images and on uint8 tensors of shape (..., C, H, W):
+
+* :class:`JPEG` ``(quality)``: encode and decode with PIL at ``quality`` (1-100). On a PIL image this
+  is exactly what ``torchvision.transforms.v2.JPEG`` does (PIL save / reload); tensors go through
+  the same PIL round trip, so every input type gets the same bytes.
+* :class:`GaussianBlur` ``(sigma, kernel_size=None)``:
+
+  - with ``kernel_size`` (odd): torchvision's ``GaussianBlur(kernel_size, sigma)`` exactly (kernel
+    truncated to ``kernel_size`` taps, reflect padding, rounded back to uint8). The paper's blur is
+    ``blur:2.5:5`` = sigma 2.5, kernel 5.
+  - without: ImageNet-C's ``gaussian_blur``, i.e. ``skimage.filters.gaussian(x / 255, sigma,
+    channel_axis=-1)``: per channel, kernel radius ``int(4 * sigma + 0.5)`` (truncate 4.0), edges
+    replicated (mode ``nearest``), float64, then ``uint8(clip(y, 0, 1) * 255)`` (truncation, as
+    ImageNet-C's ``np.uint8``). Computed with the same separable sums as
+    ``scipy.ndimage.gaussian_filter``.
+
+Text specs (CLI, recipes), parsed by :func:`parse_shift`::
+
+    jpeg:Q                       JPEG at quality Q, e.g. jpeg:5 (the paper)
+    blur:SIGMA[:KERNEL]          Gaussian blur, e.g. blur:2.5:5 (the paper; torchvision) or blur:3
+    imagenet-c:NAME:SEVERITY     NAME jpeg_compression (quality 25, 18, 15, 10, 7) or
+                                 gaussian_blur (sigma 1, 2, 3, 4, 6); SEVERITY 1-5
+
+:func:`gaussian_blur_batch` is the batched path for a (B, C, H, W) batch already on the model's
+device; it gives the same values as the per-image transform. The ImageNet-C definition uses only
+element-wise float64 operations in a fixed order, so it is bit-identical for any batch size and on
+any device. The torchvision definition (``kernel_size`` given) is torchvision's own float32
+``conv2d``: identical per image and batched on the CPU; on CUDA, cuDNN's summation order may round
+rare pixels the other way (one gray level).
+
+Not reproduced from ImageNet-C: its release re-saves every corrupted image as JPEG (quality 85);
+here shifts are applied on the fly and the image goes straight to the model.
+"""
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import Transform
+from torchvision.transforms.v2 import functional as F
+
+__all__ = [
+    "JPEG",
+    "GaussianBlur",
+    "Shift",
+    "imagenet_c",
+    "parse_shift",
+    "gaussian_blur_batch",
+    "PAPER_SHIFTS",
+    "IMAGENET_C",
+    "SPEC_FORMS",
+]
+
+PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
+"""The paper's two shifts: JPEG quality 5 and Gaussian blur sigma 2.5 with a 5x5 kernel."""
+
+IMAGENET_C: dict[str, tuple[float, ...]] = {
+    "jpeg_compression": (25, 18, 15, 10, 7),  # JPEG quality per severity 1..5
+    "gaussian_blur": (1, 2, 3, 4, 6),  # sigma per severity 1..5
+}
+"""ImageNet-C (Hendrycks & Dietterich, 2019) parameters per severity 1-5."""
+
+SPEC_FORMS = (
+    "jpeg:Q (JPEG quality Q, integer 1-100, e.g. jpeg:5)",
+    "blur:SIGMA[:KERNEL] (Gaussian blur, sigma > 0, optional odd kernel size, e.g. blur:2.5:5)",
+    "imagenet-c:NAME:SEVERITY (NAME one of " + ", ".join(IMAGENET_C) + "; SEVERITY 1-5, "
+    "e.g. imagenet-c:gaussian_blur:3)",
+)
+
+_SKIMAGE_TRUNCATE = 4.0
+
+
+class Shift(Transform):
+    """Base class of the shifts: a torchvision v2 transform with a canonical text ``spec``."""
+
+    spec: str = ""
+
+    def extra_repr(self) -> str:
+        return f"spec={self.spec!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# JPEG
+# --------------------------------------------------------------------------------------------
+def _check_quality(quality: Any) -> int:
+    if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= int(quality) <= 100:
+        raise ValueError(f"JPEG quality must be an integer from 1 to 100, got {quality!r}")
+    return int(quality)
+
+
+def _jpeg_pil(image: PIL.Image.Image, quality: int) -> PIL.Image.Image:
+    """PIL save / reload at ``quality``: the kernel of ``torchvision.transforms.v2.JPEG`` on PIL."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=quality)
+    buffer.seek(0)
+    return PIL.Image.open(buffer).copy()
+
+
+def _jpeg_tensor(image: torch.Tensor, quality: int) -> torch.Tensor:
+    """(..., C, H, W) uint8 with C in {1, 3}, through PIL one image at a time."""
+    if image.dtype != torch.uint8:
+        raise TypeError(f"JPEG needs uint8 images, got a tensor of dtype {image.dtype}")
+    if image.ndim < 3 or image.shape[-3] not in (1, 3):
+        raise ValueError(f"JPEG needs images of shape (..., 1 or 3, H, W), got {tuple(image.shape)}")
+    flat = image.reshape((-1, *image.shape[-3:]))
+    out = torch.empty_like(flat)
+    for i, img in enumerate(flat):
+        out[i] = F.pil_to_tensor(_jpeg_pil(F.to_pil_image(img.cpu()), quality)).to(image.device)
+    return out.reshape(image.shape)
+
+
+class JPEG(Shift):
+    """JPEG compression and decompression at a fixed ``quality`` (1 = worst, 100 = best).
+
+    On PIL images: ``image.save(buf, "JPEG", quality=quality)`` and reload, exactly as
+    ``torchvision.transforms.v2.JPEG`` and ImageNet-C's ``jpeg_compression`` do (4:2:0 chroma
+    subsampling, PIL's libjpeg). uint8 tensors (..., C, H, W), C in {1, 3}, take the same PIL
+    round trip, so a tensor and its PIL image give identical pixels. Returns the input's type.
+    """
+
+    def __init__(self, quality: int):
+        super().__init__()
+        self.quality = _check_quality(quality)
+        self.spec = f"jpeg:{self.quality}"
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if isinstance(inpt, PIL.Image.Image):
+            return _jpeg_pil(inpt, self.quality)
+        if isinstance(inpt, torch.Tensor):
+            out = _jpeg_tensor(inpt.as_subclass(torch.Tensor), self.quality)
+            return tv_tensors.wrap(out, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else out
+        return inpt
+
+
+# --------------------------------------------------------------------------------------------
+# Gaussian blur
+# --------------------------------------------------------------------------------------------
+def _check_sigma(sigma: Any) -> float:
+    try:
+        value = float(sigma)
+    except (TypeError, ValueError):
+        raise ValueError(f"blur sigma must be a number > 0, got {sigma!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"blur sigma must be a finite number > 0, got {sigma!r}")
+    return value
+
+
+def _check_kernel_size(kernel_size: Any) -> int | None:
+    if kernel_size is None:
+        return None
+    if isinstance(kernel_size, bool) or not isinstance(kernel_size, (int, np.integer)) \
+            or kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"blur kernel size must be an odd positive integer, got {kernel_size!r}")
+    return int(kernel_size)
+
+
+def _skimage_kernel1d(sigma: float) -> np.ndarray:
+    """scipy.ndimage's Gaussian taps for truncate 4.0: length 2r+1, r = int(4 sigma + 0.5), sum 1."""
+    radius = int(_SKIMAGE_TRUNCATE * sigma + 0.5)
+    x = np.arange(-radius, radius + 1)
+    phi = np.exp(-0.5 / (sigma * sigma) * x ** 2)
+    return phi / phi.sum()
+
+
+def _blur_axis_nearest(x: torch.Tensor, weights: np.ndarray, dim: int) -> torch.Tensor:
+    """Correlate ``x`` with a symmetric kernel along ``dim``, edges replicated (scipy mode 'nearest').
+
+    Same order of operations as scipy's symmetric ``correlate1d``:
+    ``y[i] = w0 * x[i] + sum_j w_j * (x[i - j] + x[i + j])``, j = r down to 1, element-wise only, so the
+    result does not depend on the batch size or the device.
+    """
+    radius = (len(weights) - 1) // 2
+    n = x.shape[dim]
+    # replicate-pad by gathering clamped indices: works for any radius, even r >= n
+    index = torch.arange(-radius, n + radius, device=x.device).clamp_(0, n - 1)
+    padded = x.index_select(dim, index)
+    out = padded.narrow(dim, radius, n) * float(weights[radius])
+    for j in range(radius, 0, -1):
+        pair = padded.narrow(dim, radius - j, n) + padded.narrow(dim, radius + j, n)
+        out = out + pair * float(weights[radius + j])
+    return out
+
+
+def _blur_skimage(images: torch.Tensor, sigma: float) -> torch.Tensor:
+    """ImageNet-C / skimage Gaussian blur of (..., C, H, W) uint8 (or float in [0, 1]) images."""
+    is_uint8 = images.dtype == torch.uint8
+    if not (is_uint8 or images.is_floating_point()):
+        raise TypeError(f"blur needs uint8 or floating images, got {images.dtype}")
+    x = images.to(torch.float64)
+    if is_uint8:
+        x = x / 255.0
+    weights = _skimage_kernel1d(sigma)
+    x = _blur_axis_nearest(x, weights, dim=-2)  # rows (H), then columns (W), as scipy's axis order
+    x = _blur_axis_nearest(x, weights, dim=-1)
+    x = x.clamp(0.0, 1.0)
+    if is_uint8:
+        return (x * 255.0).to(torch.uint8)  # truncation, as ImageNet-C's np.uint8
+    return x.to(images.dtype)
+
+
+def gaussian_blur_batch(images: torch.Tensor, sigma: float, kernel_size: int | None = None) -> torch.Tensor:
+    """Gaussian blur of a batch (B, C, H, W) (or any (..., C, H, W)) on its own device.
+
+    Args:
+        images: uint8 (0-255) or floating (0-1) tensor, any device.
+        sigma: standard deviation in pixels, > 0.
+        kernel_size: odd size for torchvision's blur (reflect padding, rounded); None for
+            ImageNet-C's definition (truncate 4.0, edges replicated, truncated to uint8).
+
+    Returns:
+        The blurred images, same shape, dtype and device. Equal to :class:`GaussianBlur` applied
+        image by image (tests check it): the ImageNet-C path on any device (element-wise, batch- and
+        device-independent); the torchvision path on the CPU, within one gray level on CUDA.
+    """
+    sigma = _check_sigma(sigma)
+    kernel_size = _check_kernel_size(kernel_size)
+    if images.ndim < 3:
+        raise ValueError(f"blur needs images of shape (..., C, H, W), got {tuple(images.shape)}")
+    if kernel_size is None:
+        return _blur_skimage(images, sigma)
+    return F.gaussian_blur_image(images, kernel_size=[kernel_size, kernel_size], sigma=[sigma, sigma])
+
+
+class GaussianBlur(Shift):
+    """Gaussian blur with standard deviation ``sigma`` (pixels).
+
+    ``kernel_size`` given (odd): torchvision's ``GaussianBlur(kernel_size, sigma)`` (reflect
+    padding; uint8 results rounded). ``kernel_size=None``: ImageNet-C / skimage's definition
+    (radius ``int(4 sigma + 0.5)``, edges replicated, per channel, float64, truncated to uint8).
+    Works on PIL images and on tensors (..., C, H, W), uint8 or float in [0, 1].
+    """
+
+    def __init__(self, sigma: float, kernel_size: int | None = None):
+        super().__init__()
+        self.sigma = _check_sigma(sigma)
+        self.kernel_size = _check_kernel_size(kernel_size)
+        self.spec = f"blur:{self.sigma:g}" + (f":{self.kernel_size}" if self.kernel_size else "")
+
+    def batch(self, images: torch.Tensor) -> torch.Tensor:
+        """The batched path: :func:`gaussian_blur_batch` with this transform's parameters."""
+        return gaussian_blur_batch(images, self.sigma, self.kernel_size)
+
+    def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
+        if isinstance(inpt, PIL.Image.Image):
+            mode = inpt.mode
+            out = self.batch(F.pil_to_tensor(inpt))
+            return F.to_pil_image(out, mode=mode)
+        if isinstance(inpt, torch.Tensor):
+            out = self.batch(inpt.as_subclass(torch.Tensor))
+            return tv_tensors.wrap(out, like=inpt) if isinstance(inpt, tv_tensors.TVTensor) else out
+        return inpt
+
+
+# --------------------------------------------------------------------------------------------
+# presets and specs
+# --------------------------------------------------------------------------------------------
+def imagenet_c(name: str, severity: int) -> Shift:
+    """ImageNet-C's corruption ``name`` at ``severity`` 1-5.
+
+    ``jpeg_compression``: :class:`JPEG` at quality 25, 18, 15, 10, 7 (PIL, as ImageNet-C).
+    ``gaussian_blur``: :class:`GaussianBlur` at sigma 1, 2, 3, 4, 6, ``kernel_size=None``
+    (skimage's definition: truncate 4.0, mode nearest, per channel).
+    """
+    if name not in IMAGENET_C:
+        raise ValueError(f"unknown ImageNet-C corruption {name!r}; supported: {', '.join(IMAGENET_C)}")
+    if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
+        raise ValueError(f"ImageNet-C severity must be an integer from 1 to 5, got {severity!r}")
+    value = IMAGENET_C[name][int(severity) - 1]
+    shift: Shift = JPEG(int(value)) if name == "jpeg_compression" else GaussianBlur(float(value))
+    shift.spec = f"imagenet-c:{name}:{int(severity)}"
+    return shift
+
+
+def _bad_spec(spec: Any, why: str = "") -> ValueError:
+    return ValueError(
+        f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS))
+
+
+def _to_int(text: str, spec: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise _bad_spec(spec, f"{what} must be an integer, got {text!r}") from None
+
+
+def parse_shift(spec: str | Shift) -> Shift:
+    """Parse a text spec (``jpeg:Q``, ``blur:SIGMA[:KERNEL]``, ``imagenet-c:NAME:SEVERITY``).
+
+    A :class:`Shift` passes through unchanged. Raises ValueError listing the valid forms for an
+    unknown spec, and a clear ValueError for an out-of-range quality, sigma, kernel or severity.
+    """
+    if isinstance(spec, Shift):
+        return spec
+    if not isinstance(spec, str):
+        raise _bad_spec(spec, "expected a string")
+    parts = spec.strip().split(":")
+    kind = parts[0].lower()
+    if kind == "jpeg" and len(parts) == 2:
+        return JPEG(_to_int(parts[1], spec, "JPEG quality"))
+    if kind == "blur" and len(parts) in (2, 3):
+        try:
+            sigma = float(parts[1])
+        except ValueError:
+            raise _bad_spec(spec, f"sigma must be a number, got {parts[1]!r}") from None
+        kernel = _to_int(parts[2], spec, "kernel size") if len(parts) == 3 else None
+        return GaussianBlur(sigma, kernel)
+    if kind in ("imagenet-c", "imagenet_c", "imagenetc") and len(parts) == 3:
+        return imagenet_c(parts[1].replace("-", "_"), _to_int(parts[2], spec, "severity"))
+    raise _bad_spec(spec)
