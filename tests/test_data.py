@@ -1,0 +1,210 @@
+"""Tests of timm_posgeom.data and timm_posgeom.synthetic (small, CPU)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from timm_posgeom.data import (
+    CachedEvalDataset,
+    CachedTrainDataset,
+    EpochBatchSampler,
+    TransformDataset,
+    cache_uint8,
+    crop_flip,
+    eval_transform,
+    find_columns,
+    load_split,
+    make_loader,
+    resolve_source,
+    train_transform,
+)
+from timm_posgeom.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
+
+IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic set
+# --------------------------------------------------------------------------------------------
+def test_synthetic_is_deterministic_and_any_resolution():
+    a, b = SyntheticShapes(20, img_size=40, seed=3), SyntheticShapes(20, img_size=40, seed=3)
+    assert torch.equal(a.render(7), b.render(7)) and a.labels == b.labels
+    assert not torch.equal(a.render(7), a.render(8))
+    assert not torch.equal(a.render(0), SyntheticShapes(20, img_size=40, seed=4).render(0))
+    assert not torch.equal(a.render(0), SyntheticShapes(20, img_size=40, seed=3, split="validation").render(0))
+    for size in (24, 97):
+        image = SyntheticShapes(2, img_size=size).render(1)
+        assert image.shape == (3, size, size) and image.dtype == torch.uint8
+    pil, label = a[3]
+    assert pil.mode == "RGB" and pil.size == (40, 40) and label == a.labels[3]
+
+
+def test_synthetic_labels_are_balanced():
+    ds = SyntheticShapes(200)
+    assert len(SYNTHETIC_CLASSES) == 10
+    assert sorted(np.bincount(ds.labels).tolist()) == [20] * 10
+
+
+def test_synthetic_layout_classes_differ_only_in_position():
+    # "disc top" vs "disc bottom": the mean brightness profile of the shape moves, the contents do not
+    ds = SyntheticShapes(200, img_size=32)
+    rows = {0: [], 1: []}
+    for i, label in enumerate(ds.labels):
+        if label in rows:
+            image = ds.render(i).float()
+            rows[label].append((image - image.mean(dim=(1, 2), keepdim=True)).abs().mean(dim=(0, 2)))
+    top, bottom = torch.stack(rows[0]).mean(0), torch.stack(rows[1]).mean(0)
+    assert top[:16].sum() > top[16:].sum() and bottom[16:].sum() > bottom[:16].sum()
+
+
+def test_pink_noise_spectrum_falls():
+    noise = pink_noise(64, 1, torch.Generator().manual_seed(0))[0]
+    power = torch.fft.rfft2(noise).abs() ** 2
+    assert power[1:4, 1:4].mean() > 20 * power[20:30, 20:30].mean()
+    assert abs(noise.std().item() - 1) < 1e-4
+
+
+# --------------------------------------------------------------------------------------------
+# sources
+# --------------------------------------------------------------------------------------------
+def test_resolve_source(tmp_path):
+    assert resolve_source(None) == ("synthetic", None) and resolve_source("synthetic") == ("synthetic", None)
+    assert resolve_source("clane9/imagenet-100") == ("hub", "clane9/imagenet-100")
+    assert resolve_source(tmp_path) == ("local", str(tmp_path))
+    for missing in (tmp_path / "nope", "../no/such/dir", "./nothing", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            resolve_source(missing)
+
+
+def test_find_columns():
+    import datasets
+
+    features = datasets.Features({"img": datasets.Image(), "fine": datasets.ClassLabel(names=["a", "b"])})
+    assert find_columns(features) == ("img", "fine")
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    assert find_columns(features) == ("image", "label")
+    with pytest.raises(ValueError, match="cannot find"):
+        find_columns(datasets.Features({"text": datasets.Value("string")}))
+
+
+@pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
+def test_imagenette_parquet_folder():
+    train = load_split(IMAGENETTE, "train", subset=16)
+    val = load_split(IMAGENETTE, "val", subset=8)  # alias of validation
+    assert len(train) == 16 and len(val) == 8 and train.num_classes == 10 and train.classes[0] == "tench"
+    image, label = train[0]
+    assert image.mode == "RGB" and 0 <= label < 10 and label == train.labels[0]
+    assert train.fingerprint != val.fingerprint
+
+
+def test_image_folder_tree(tmp_path):
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (20, 12), color=40 * i).save(tmp_path / split / cls / f"{i}.png")
+    train = load_split(tmp_path, "train")
+    val = load_split(tmp_path, "validation", subset=4)
+    assert len(train) == 6 and len(val) == 4 and train.classes == ["cat", "dog"]
+    image, label = train[4]
+    assert image.mode == "RGB" and label == 1
+    cache = cache_uint8(train, 16)
+    assert cache.images.shape == (6, 3, 16, 16) and cache.labels.tolist() == train.labels
+
+
+def test_synthetic_split_sizes_and_subset():
+    assert len(load_split(None, "train", subset=30)) == 30
+    assert len(load_split("synthetic", "validation", synthetic_size=12)) == 12
+
+
+# --------------------------------------------------------------------------------------------
+# transforms and the uint8 cache
+# --------------------------------------------------------------------------------------------
+def test_crop_flip():
+    image = torch.arange(2 * 6 * 6, dtype=torch.uint8).reshape(2, 6, 6)
+    assert torch.equal(crop_flip(image, pad=0, hflip=0.0), image)
+    assert torch.equal(crop_flip(image, pad=0, hflip=1.0), image.flip(-1))
+    g = torch.Generator().manual_seed(0)
+    out = [crop_flip(image, pad=2, hflip=0.5, generator=g) for _ in range(20)]
+    assert all(o.shape == image.shape and o.dtype == torch.uint8 for o in out)
+    assert len({o.sum().item() for o in out}) > 1
+
+
+def test_cache_and_cached_datasets(tmp_path):
+    split = load_split(None, "train", subset=12, img_size=16)
+    cache = cache_uint8(split, 16, cache_dir=tmp_path)
+    assert cache.images.dtype == torch.uint8 and cache.images.shape == (12, 3, 16, 16)
+    assert torch.equal(cache.images[5], split.items.render(5))
+    files = list(tmp_path.glob("uint8-16px-*.pt"))
+    assert len(files) == 1
+    again = cache_uint8(split, 16, cache_dir=tmp_path)  # read back from disk
+    assert torch.equal(again.images, cache.images)
+
+    train = CachedTrainDataset(cache, MEAN, STD, crop_pad=4, seed=1)
+    x0, y0 = train[3]
+    assert x0.shape == (3, 16, 16) and x0.dtype == torch.float32 and y0 == split.labels[3]
+    assert torch.equal(train[3][0], x0)  # same (seed, epoch, index): same crop
+    train.set_epoch(1)
+    assert any(not torch.equal(train[i][0], CachedTrainDataset(cache, MEAN, STD, seed=1)[i][0]) for i in range(12))
+    x, _ = CachedEvalDataset(cache, MEAN, STD)[3]
+    expected = (cache.images[3].float() / 255 - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
+    assert torch.allclose(x, expected)
+
+
+def test_transform_dataset_seeding_is_local_and_repeatable():
+    split = load_split(None, "train", subset=6, img_size=32)
+    tf = train_transform(32, "timm", MEAN, STD, auto_augment="rand-m9-mstd0.5-inc1", reprob=0.25)
+    ds = TransformDataset(split, tf, seed=0)
+    states = random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state()
+    first = ds[2][0]
+    assert random.getstate() == states[0] and np.array_equal(np.random.get_state()[1], states[1])
+    assert torch.equal(torch.get_rng_state(), states[2])
+    assert torch.equal(ds[2][0], first) and first.shape == (3, 32, 32)
+    ds.set_epoch(1)
+    assert not torch.equal(ds[2][0], first)
+
+
+def test_eval_transforms():
+    image = Image.new("RGB", (80, 40), color=(255, 0, 0))
+    for resize in ("paper", "timm"):
+        x = eval_transform(32, resize, MEAN, STD)(image)
+        assert x.shape == (3, 32, 32)
+    with pytest.raises(ValueError, match="unknown eval resize"):
+        eval_transform(32, "other")
+    assert train_transform(32, "none", MEAN, STD)(image).shape == (3, 32, 32)
+    assert train_transform(32, "crop_flip", MEAN, STD)(image).shape == (3, 32, 32)
+
+
+# --------------------------------------------------------------------------------------------
+# sampling
+# --------------------------------------------------------------------------------------------
+def test_epoch_batch_sampler_shards_and_resumes():
+    n, bs, world = 50, 4, 2
+    shards = [EpochBatchSampler(n, bs, world, rank, seed=5) for rank in range(world)]
+    batches = [list(s) for s in shards]
+    assert all(len(b) == n // (bs * world) == len(s) for b, s in zip(batches, shards))
+    seen = [i for b in batches for batch in b for i in batch]
+    assert len(seen) == len(set(seen)) == (n // (bs * world)) * bs * world
+    full = list(shards[0])
+    shards[0].set_epoch(0, start_batch=2)
+    assert list(shards[0]) == full[2:] and len(shards[0]) == len(full) - 2
+    shards[0].set_epoch(1)
+    assert list(shards[0]) != full
+    evals = [EpochBatchSampler(11, 4, 3, rank, shuffle=False, drop_last=False) for rank in range(3)]
+    covered = sorted(i for s in evals for batch in s for i in batch)
+    assert covered == list(range(11))
+
+
+def test_loader_leaves_global_rng_alone():
+    split = load_split(None, "train", subset=8, img_size=16)
+    ds = CachedTrainDataset(cache_uint8(split, 16), MEAN, STD, seed=0)
+    state = torch.get_rng_state()
+    batches = list(make_loader(ds, EpochBatchSampler(8, 4), workers=0))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert batches[0][0].shape == (4, 3, 16, 16) and batches[0][1].dtype == torch.int64

@@ -1,0 +1,292 @@
+"""Tests of the training loop and recipes: tiny models (32 px, dim 32, depth 2), a few steps."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+from scipy.stats import spearmanr
+
+import timm_posgeom  # noqa: F401
+from timm_posgeom.recipe import Recipe, RecipeError, apply_overrides, load_recipe, recipes_dir
+from timm_posgeom.train import latest_checkpoint, main, pe_table_ssdc, train
+
+IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "model_kwargs.embed_dim=32", "model_kwargs.depth=2", "model_kwargs.num_heads=2",
+    "img_size=32", "batch_size=16", "workers=0", "synthetic_size=160", "log_every=1",
+]
+
+
+def tiny(*overrides: str) -> Recipe:
+    return load_recipe(None, TINY + list(overrides))
+
+
+def _env() -> dict[str, str]:
+    # one thread per process: deterministic and kind to a shared machine
+    return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _cli(out: Path, *overrides: str, resume: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
+    for item in TINY + list(overrides):
+        cmd += ["--set", item]
+    return cmd + (["--resume"] if resume else [])
+
+
+def _records(out: Path, kind: str) -> list[dict]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+# --------------------------------------------------------------------------------------------
+# runs
+# --------------------------------------------------------------------------------------------
+def test_few_steps_synthetic(tmp_path):
+    summary = train(tiny("max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"), tmp_path, progress=False)
+    assert summary["steps"] == 3 and 0.0 <= summary["val_top1"] <= 1.0
+    steps = [r["step"] for r in _records(tmp_path, "train")]
+    assert steps == [1, 2, 3]
+    rec = _records(tmp_path, "train")[0]
+    assert {"step", "epoch", "loss", "lr", "images_per_s", "pe_ssdc"} <= set(rec)
+    assert -1.0 <= rec["pe_ssdc"] <= 1.0
+    (final_eval,) = _records(tmp_path, "eval")
+    assert len(final_eval["rpi_ssdc"]) == 2 and final_eval["rpi_delta_ssdc"] is not None
+    assert (tmp_path / "export" / "config.json").is_file() and (tmp_path / "export" / "model.safetensors").is_file()
+    assert latest_checkpoint(tmp_path).name == "step_00000003"
+    assert not list((tmp_path / "checkpoints").glob(".tmp*"))
+
+
+@pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
+@pytest.mark.parametrize("cached", [True, False])
+def test_few_steps_imagenette(tmp_path, cached):
+    recipe = tiny(f"data={IMAGENETTE}", "train_subset=48", "val_subset=32", "max_steps=2",
+                  f"cache={cached}", "disk_cache=false", f"workers={0 if cached else 1}")
+    summary = train(recipe, tmp_path, progress=False)
+    assert summary["steps"] == 2 and summary["val_images"] == 32
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["pretrained_cfg"]["label_names"][0] == "tench"
+
+
+def test_loss_falls_on_learnable_subset(tmp_path):
+    # 32 images seen 40 times each, no augmentation or smoothing: the model must fit them
+    recipe = tiny("synthetic_size=32", "epochs=20", "augment=none", "label_smoothing=0", "lr=3e-3",
+                  "weight_decay=0", "cache=true", "disk_cache=false", "warmup_epochs=1", "eval_every=100")
+    train(recipe, tmp_path, progress=False)
+    losses = [r["loss"] for r in _records(tmp_path, "train")]
+    assert len(losses) == 40
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
+
+
+def test_kill_and_resume_is_exact(tmp_path):
+    # RPT (token shuffling), drop path, dropout, mixup, EMA, gradient accumulation and a DataLoader worker:
+    # every RNG stream and counter in play
+    overrides = ("model=vit_micro_patch8_64_ape_rpt", "model_kwargs.drop_path_rate=0.1",
+                 "model_kwargs.proj_drop_rate=0.1", "mixup=0.8", "cutmix=1.0", "ema=true", "ema_decay=0.9",
+                 "epochs=4", "checkpoint_every=3", "workers=1", "rpi_ssdc_images=8", "grad_accum=2")
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = subprocess.Popen(_cli(killed, *overrides), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while latest_checkpoint(killed) is None and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (killed / "summary.json").exists()
+    subprocess.run(_cli(full, *overrides), env=_env(), check=True, capture_output=True)
+    resumed = subprocess.run(_cli(killed, *overrides, resume=True), env=_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from step_" in resumed.stdout
+    for export in ("export", "export_ema"):
+        a = load_file(full / export / "model.safetensors")
+        b = load_file(killed / export / "model.safetensors")
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.allclose(a[key], b[key], rtol=0, atol=1e-6), (export, key)
+    steps = [r["step"] for r in _records(killed, "train")]
+    assert steps == sorted(set(steps)), "metrics.jsonl repeats steps after the resume"
+
+
+def test_two_processes_under_accelerate_launch(tmp_path):
+    # accelerate 1.15's `launch --cpu` starts ONE process (its simple launcher spawns several only with an MPI
+    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set
+    out = tmp_path / "ddp"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "timm_posgeom.train",
+           "--out", str(out), "--no-progress"]
+    for item in TINY + ["max_steps=3", "checkpoint_every=2"]:
+        cmd += ["--set", item]
+    result = subprocess.run(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["steps"] == 3
+    assert summary["val_images"] == 32  # every validation image counted exactly once across processes
+    assert (out / "export" / "model.safetensors").is_file()
+    assert sorted(p.name for p in latest_checkpoint(out).glob("random_states_*")) == [
+        "random_states_0.pkl", "random_states_1.pkl"]
+
+
+def test_export_reloads_identically(tmp_path):
+    recipe = tiny("model=vit_micro_patch8_64_rope", "max_steps=2", "model_kwargs.num_heads=4",
+                  "model_kwargs.drop_path_rate=0.1")
+    train(recipe, tmp_path, progress=False)
+    reloaded = timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True).eval()
+    assert reloaded.pe == "rope" and reloaded.blocks[0].attn.num_heads == 4 and reloaded.embed_dim == 32
+    assert reloaded.pretrained_cfg["input_size"] == (3, 32, 32)
+    # the reference: the same architecture with the weights accelerate checkpointed from the live model
+    reference = timm.create_model(recipe.model, num_classes=10, img_size=32, **recipe.model_kwargs).eval()
+    reference.load_state_dict(load_file(latest_checkpoint(tmp_path) / "model.safetensors"))
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(reloaded(x), reference(x))
+
+
+def test_pe_table_ssdc():
+    ape = timm.create_model("vit_micro_patch8_64_ape", num_classes=2)
+    with torch.no_grad():  # a table whose rows are smooth in the grid position: strongly positive
+        grid = torch.stack(torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij"), -1).reshape(64, 2)
+        freqs = torch.linspace(0.1, 1.0, 64)
+        rows = torch.cat([torch.sin(grid[:, :1] * freqs), torch.sin(grid[:, 1:] * freqs)], dim=1)
+        ape.pos_embed[0, 1:] = rows
+    assert pe_table_ssdc(ape) > 0.5
+    with torch.no_grad():  # the reference: scipy on the same pairs
+        ape.pos_embed.normal_()
+    rows = torch.nn.functional.normalize(ape.pos_embed[0, 1:].detach(), dim=-1)
+    sim = rows @ rows.T
+    yx = torch.stack(torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij"), -1).reshape(64, 2)
+    dist = (yx[:, None] - yx[None]).abs().sum(-1)
+    i, j = torch.triu_indices(64, 64, 1)
+    expected = spearmanr(sim[i, j].numpy(), -dist[i, j].numpy()).statistic
+    assert abs(pe_table_ssdc(ape) - expected) < 1e-5
+    assert pe_table_ssdc(timm.create_model("vit_micro_patch8_64_sincos", num_classes=2)) is None
+    assert pe_table_ssdc(timm.create_model("vit_micro_patch8_64_nope", num_classes=2)) is None
+
+
+# --------------------------------------------------------------------------------------------
+# errors before training
+# --------------------------------------------------------------------------------------------
+def _cli_error(capsys, out: Path, *overrides: str, extra: tuple[str, ...] = ()) -> str:
+    argv = ["--out", str(out), "--no-progress", *extra]
+    for item in TINY + list(overrides):
+        argv += ["--set", item]
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_recipe_key_lists_valid_keys(tmp_path, capsys):
+    err = _cli_error(capsys, tmp_path / "run", "learning_rate=0.1")
+    assert "unknown recipe key 'learning_rate'" in err and "weight_decay" in err and "checkpoint_every" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: vit_micro_patch8_64_ape\nepochz: 3\n")
+    with pytest.raises(RecipeError, match="epochz.*valid keys: model"):
+        load_recipe(bad)
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_data_path(tmp_path, capsys):
+    err = _cli_error(capsys, tmp_path / "run", f"data={tmp_path / 'no_such_dataset'}")
+    assert "does not exist" in err and "no_such_dataset" in err
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_unwritable_output_dir(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    err = _cli_error(capsys, blocker / "run")
+    assert "not writable" in err
+
+
+def test_existing_run_needs_resume(tmp_path, capsys):
+    train(tiny("max_steps=1"), tmp_path, progress=False)
+    err = _cli_error(capsys, tmp_path, "max_steps=1")
+    assert "--resume" in err
+
+
+def test_unknown_model_and_bad_values(tmp_path, capsys):
+    assert "unknown model" in _cli_error(capsys, tmp_path / "r", "model=vit_nonexistent")
+    assert "divisible" in _cli_error(capsys, tmp_path / "r", "batch_size=15", "grad_accum=2")
+    assert "augment must be one of" in _cli_error(capsys, tmp_path / "r", "augment=fancy")
+
+
+# --------------------------------------------------------------------------------------------
+# recipes
+# --------------------------------------------------------------------------------------------
+def test_overrides_are_coerced():
+    r = apply_overrides(Recipe(), ["lr=3e-4", "epochs=7", "ema=yes", "max_steps=none", "clip_grad=1",
+                                   "model_kwargs.alpha=0.5", "scale=[0.5, 1]", "data=../x/y"])
+    assert r.lr == 3e-4 and r.epochs == 7 and r.ema is True and r.max_steps is None and r.clip_grad == 1.0
+    assert r.model_kwargs == {"alpha": 0.5} and r.scale == [0.5, 1.0] and r.data == "../x/y"
+    with pytest.raises(RecipeError, match="epochs"):
+        apply_overrides(Recipe(), ["epochs=1.5"])
+    with pytest.raises(RecipeError, match="key=value"):
+        apply_overrides(Recipe(), ["epochs"])
+
+
+VARIANTS = {"nope": ("none", "none"), "ape": ("ape", "none"), "sincos": ("sincos", "none"),
+            "rope": ("rope", "none"), "rpt": ("ape", "train")}
+
+
+@pytest.mark.parametrize("family", ["in100_paper", "in100_deit", "imagenette_cpu"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_shipped_recipes(family, variant):
+    recipe = load_recipe(f"{family}_{variant}")
+    assert timm.is_model(recipe.model)
+    with torch.device("meta"):  # no memory, no init: only the architecture is checked
+        model = timm.create_model(recipe.model, num_classes=10, img_size=recipe.img_size, **recipe.model_kwargs)
+    assert (model.pe, model.token_shuffle) == VARIANTS[variant]
+    assert recipe.label_smoothing == 0.1
+    if family == "in100_paper":
+        assert (recipe.opt, recipe.lr, recipe.weight_decay, recipe.batch_size, recipe.epochs) == ("adam", 1e-3, 0.05, 128, 60)
+        assert recipe.img_size == 224 and recipe.augment == "none" and recipe.eval_resize == "paper"
+        assert recipe.data == "clane9/imagenet-100" and recipe.sched == "none"
+        assert model.blocks[0].attn.num_heads == 8 and model.embed_dim == 384 and len(model.blocks) == 12
+        kw = recipe.model_kwargs
+        assert kw["drop_rate"] == kw["proj_drop_rate"] == kw["attn_drop_rate"] == kw["pos_drop_rate"] == 0.15
+        assert kw["drop_path_rate"] == 0.2
+    if family == "imagenette_cpu":
+        assert recipe.img_size == 64 and recipe.cache and recipe.augment == "crop_flip" and recipe.crop_pad == 4
+        assert Path(recipe.data).is_dir() or not IMAGENETTE.is_dir()
+
+
+@pytest.mark.parametrize("name", ["in100_paper_rpt", "in100_deit_rope", "imagenette_cpu_sincos"])
+def test_shipped_recipes_run_when_shrunk(tmp_path, name):
+    # the recipe's own optimiser, schedule, augmentation, mixup, EMA and precision; a tiny model on synthetic data
+    recipe = load_recipe(name, ["data=synthetic", "model_kwargs.depth=1", "model_kwargs.embed_dim=32",
+                                "model_kwargs.num_heads=2", "model_kwargs.patch_size=8", "img_size=32",
+                                "batch_size=8", "workers=0", "synthetic_size=40", "max_steps=3",
+                                "rpi_ssdc_images=0", "disk_cache=false"])
+    summary = train(recipe, tmp_path, progress=False)
+    assert summary["steps"] == 3
+    assert (tmp_path / ("export_ema" if recipe.ema else "export") / "model.safetensors").is_file()
+
+
+def test_accelerate_configs_exist():
+    for name in ("1gpu", "8gpu", "2node_8gpu"):
+        assert (recipes_dir() / "accelerate" / f"{name}.yaml").is_file()
+
+
+def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name in ("step_00000004", "step_00000012", ".tmp_step_00000016", "step_x"):
+        (root / name).mkdir(parents=True)
+    assert latest_checkpoint(tmp_path).name == "step_00000012"
+    assert latest_checkpoint(tmp_path / "elsewhere") is None
+
+
+def test_metrics_log_on_resume_drops_later_and_torn_records(tmp_path):
+    from timm_posgeom.train import MetricsLog
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr')
+    MetricsLog(tmp_path, True, resume_step=4).log({"kind": "train", "step": 5})
+    assert [r["step"] for r in _records(tmp_path, "train")] == [2, 5]

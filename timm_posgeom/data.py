@@ -1,0 +1,554 @@
+"""Image-classification data for training and probing: Hub ids, local folders, a synthetic set.
+
+Sources (``load_split``):
+
+* a Hugging Face Hub id, e.g. ``clane9/imagenet-100`` (parquet with ``image`` / ``label`` columns);
+* a local folder in the same parquet layout (e.g. ``../shared/data/imagenette``), or an ImageFolder
+  tree (``root/<split>/<class>/<image>``);
+* ``None`` or ``"synthetic"``: the embedded procedural set of :mod:`timm_posgeom.synthetic`.
+
+The image and label columns are found from the features (``datasets.Image`` / ``ClassLabel``) or
+their usual names. A split is ``(PIL RGB image, int label)`` per item.
+
+Transforms: ``augment="none"`` resizes straight to ``img_size`` (the paper: no augmentation);
+``"crop_flip"`` adds a random crop after reflect padding and a horizontal flip (the CPU pilot);
+``"timm"`` is timm's ``create_transform`` training pipeline (RandomResizedCrop, RandAugment, ...).
+Eval: ``resize="paper"`` resizes straight to ``img_size``; ``"timm"`` resizes the short side to
+``img_size / crop_pct`` and centre-crops.
+
+For small-resolution CPU runs, :func:`cache_uint8` decodes and resizes a split once into a
+``(N, 3, S, S)`` uint8 tensor (optionally kept on disk too), and :class:`CachedTrainDataset`
+augments those tensors directly, so training is not bound by JPEG decoding.
+
+Reproducibility: training augmentation draws its randomness from a seed derived from
+``(seed, epoch, index)``, never from the process RNG, so it is the same with any number of
+workers and after a resume; :class:`EpochBatchSampler` orders each epoch from ``seed + epoch``
+and shards global batches across processes.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .synthetic import SyntheticShapes, seed32
+
+__all__ = [
+    "AUGMENTATIONS", "EVAL_RESIZES",
+    "ImageSplit", "load_split", "resolve_source", "find_columns", "split_name",
+    "train_transform", "eval_transform", "crop_flip",
+    "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
+    "EpochBatchSampler", "make_loader", "default_cache_dir",
+]
+
+AUGMENTATIONS = ("none", "crop_flip", "timm")
+EVAL_RESIZES = ("paper", "timm")
+SPLIT_ALIASES = {
+    "train": ("train", "training"),
+    "validation": ("validation", "val", "valid", "test"),
+}
+_IMAGE_NAMES = ("image", "img", "jpg", "png", "pixel_values")
+_LABEL_NAMES = ("label", "labels", "fine_label", "class", "cls", "target")
+_IMAGE_EXTS = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".tif", ".tiff", ".gif"}
+
+
+# --------------------------------------------------------------------------------------------
+# sources and splits
+# --------------------------------------------------------------------------------------------
+def resolve_source(source: str | os.PathLike | None) -> tuple[str, str | None]:
+    """Classify a data source as ``("synthetic", None)``, ``("local", path)`` or ``("hub", id)``.
+
+    A string that exists on disk is local; one that looks like a path (absolute, ``./``, ``../``,
+    ``~``, or with more than one ``/``) but does not exist raises FileNotFoundError; ``owner/name``
+    is a Hub id.
+    """
+    if source is None or str(source) in ("", "synthetic"):
+        return "synthetic", None
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.exists():
+        return "local", str(path)
+    looks_like_path = (
+        text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or text in (".", "..")
+        or text.count("/") != 1 or os.sep in text.replace("/", "")
+    )
+    if looks_like_path:
+        raise FileNotFoundError(f"data path {text!r} does not exist (resolved to {path.resolve()})")
+    return "hub", text
+
+
+def split_name(available: Sequence[str], split: str) -> str:
+    """The name in ``available`` that serves as ``split``: itself, else an alias (validation / val /
+    valid / test are interchangeable, as are train / training)."""
+    if split in available:
+        return split
+    for group in SPLIT_ALIASES.values():
+        if split in group:
+            for alias in group:
+                if alias in available:
+                    return alias
+    raise ValueError(f"no split {split!r} in the data; available splits: {', '.join(available)}")
+
+
+def find_columns(features: Any) -> tuple[str, str]:
+    """(image column, label column) of a ``datasets.Features``: by feature type, else by usual name."""
+    import datasets
+
+    names = list(features)
+    image = next((n for n in names if isinstance(features[n], datasets.Image)), None)
+    image = image or next((n for n in _IMAGE_NAMES if n in names), None)
+    label = next((n for n in names if isinstance(features[n], datasets.ClassLabel)), None)
+    label = label or next((n for n in _LABEL_NAMES if n in names), None)
+    if image is None or label is None:
+        raise ValueError(f"cannot find the image and label columns among {names}: expected an Image "
+                         f"feature (or one of {_IMAGE_NAMES}) and a ClassLabel (or one of {_LABEL_NAMES})")
+    return image, label
+
+
+class ImageSplit(Dataset):
+    """One split of an image-classification set: ``split[i] -> (PIL RGB image, label)``.
+
+    Attributes: ``classes`` (names), ``labels`` (list of int, one per item), ``fingerprint`` (a
+    string identifying the exact content, used for the on-disk uint8 cache).
+    """
+
+    def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
+                 getter: Callable[[Any, int], tuple[Image.Image, int]]):
+        self.items = items
+        self.classes = list(classes)
+        self.labels = [int(v) for v in labels]
+        self.fingerprint = fingerprint
+        self._get = getter
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        image, label = self._get(self.items, index)
+        return image if image.mode == "RGB" else image.convert("RGB"), label
+
+
+def _hf_getter(image_col: str, label_col: str):
+    def get(ds, index):
+        row = ds[int(index)]
+        return row[image_col], int(row[label_col])
+    return get
+
+
+def _folder_getter(ds, index):
+    return ds[int(index)]
+
+
+def _synthetic_getter(ds, index):
+    return ds[int(index)]
+
+
+def _is_image_folder(root: Path) -> bool:
+    if any(root.glob("*.parquet")) or any(root.glob("*/*.parquet")) or (root / "dataset_info.json").exists():
+        return False
+    return any(
+        p.is_dir() and any(q.is_dir() for q in p.iterdir()) for p in root.iterdir())
+
+
+def load_split(
+        source: str | os.PathLike | None,
+        split: str = "train",
+        *,
+        subset: int | None = None,
+        img_size: int = 64,
+        seed: int = 0,
+        synthetic_size: int | None = None,
+) -> ImageSplit:
+    """Load one split of a classification set (see the module docstring for the sources).
+
+    Args:
+        source: Hub id, local folder, or None / ``"synthetic"``.
+        split: ``train`` or ``validation`` (aliases val/valid/test accepted in the data).
+        subset: keep only the first ``subset`` items (rows of the parquet sets are pre-shuffled).
+        img_size: resolution of the synthetic set (ignored for real data).
+        seed: seed of the synthetic set.
+        synthetic_size: number of synthetic images (default 5000 train, 1000 validation).
+    """
+    kind, where = resolve_source(source)
+    if kind == "synthetic":
+        n = synthetic_size or (5000 if split == "train" else 1000)
+        n = min(n, subset) if subset else n
+        ds = SyntheticShapes(n, img_size=img_size, seed=seed, split="train" if split == "train" else "validation")
+        return ImageSplit(ds, ds.classes, ds.labels, ds.fingerprint, _synthetic_getter)
+    if kind == "local" and _is_image_folder(Path(where)):
+        from torchvision.datasets import ImageFolder
+
+        root = Path(where)
+        name = split_name([p.name for p in root.iterdir() if p.is_dir()], split)
+        folder = ImageFolder(str(root / name))
+        n = min(len(folder), subset) if subset else len(folder)
+        if n < len(folder):
+            folder.samples = folder.samples[:n]
+            folder.targets = folder.targets[:n]
+        digest = hashlib.sha1("\n".join(p for p, _ in folder.samples).encode()).hexdigest()[:16]
+        return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter)
+
+    import datasets
+
+    try:
+        dsd = datasets.load_dataset(where)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"cannot load data {source!r}: {e}") from e
+    ds = dsd[split_name(list(dsd.keys()), split)]
+    image_col, label_col = find_columns(ds.features)
+    ds = ds.select_columns([image_col, label_col])
+    if subset and subset < len(ds):
+        ds = ds.select(range(subset))
+    feature = ds.features[label_col]
+    labels = ds[label_col]
+    labels = list(labels) if not isinstance(labels, list) else labels
+    if isinstance(feature, datasets.ClassLabel):
+        classes = feature.names
+    else:
+        classes = [str(i) for i in range(max(labels) + 1)]
+    return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col))
+
+
+# --------------------------------------------------------------------------------------------
+# transforms
+# --------------------------------------------------------------------------------------------
+def _pil_interp(name: str) -> int:
+    return {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST,
+            "lanczos": Image.LANCZOS, "box": Image.BOX}[name]
+
+
+def _resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
+    """PIL image -> (3, img_size, img_size) uint8 tensor, resized straight (squashed) to the size."""
+    image = image if image.mode == "RGB" else image.convert("RGB")
+    if image.size != (img_size, img_size):
+        image = image.resize((img_size, img_size), _pil_interp(interpolation))
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()
+
+
+def _reflect(index: torch.Tensor, n: int) -> torch.Tensor:
+    """Map indices in [-(n-1), 2(n-1)] into [0, n) as reflect padding does (no edge repeat)."""
+    index = index.abs()
+    return torch.where(index > n - 1, 2 * (n - 1) - index, index)
+
+
+def crop_flip(image: torch.Tensor, pad: int = 4, hflip: float = 0.5,
+              generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random crop of the original size after ``pad``-pixel reflect padding, then a random flip.
+
+    image: (C, H, W) tensor of any dtype; the result has the same shape and dtype. Equal to
+    ``F.pad(image, (pad,) * 4, mode="reflect")`` cropped at a random offset, but done by indexing
+    (no float copy, and no intra-op threads for a tiny tensor, which on a busy CPU cost milliseconds).
+    """
+    C, H, W = image.shape
+    rows, cols = torch.arange(H), torch.arange(W)
+    if pad > 0:
+        top, left = torch.randint(0, 2 * pad + 1, (2,), generator=generator).tolist()
+        rows, cols = _reflect(rows + top - pad, H), _reflect(cols + left - pad, W)
+    if hflip > 0 and torch.rand((), generator=generator).item() < hflip:
+        cols = cols.flip(0)
+    return image.index_select(1, rows).index_select(2, cols)
+
+
+def _normalize(image_u8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    return (image_u8.float().div_(255) - mean) / std
+
+
+def _stats(mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor(mean, dtype=torch.float32).view(3, 1, 1), torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
+
+
+class _CropFlipTransform:
+    """PIL -> resize straight to img_size -> reflect-pad crop + flip -> normalised tensor."""
+
+    def __init__(self, img_size, mean, std, interpolation, pad, hflip):
+        self.img_size, self.interpolation, self.pad, self.hflip = img_size, interpolation, pad, hflip
+        self.mean, self.std = _stats(mean, std)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        u8 = crop_flip(_resize_uint8(image, self.img_size, self.interpolation), self.pad, self.hflip)
+        return _normalize(u8, self.mean, self.std)
+
+
+def eval_transform(
+        img_size: int,
+        resize: str = "paper",
+        mean: Sequence[float] = (0.485, 0.456, 0.406),
+        std: Sequence[float] = (0.229, 0.224, 0.225),
+        interpolation: str = "bicubic",
+        crop_pct: float = 0.875,
+) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL -> normalised (3, img_size, img_size) tensor, without randomness.
+
+    ``resize="paper"``: resize straight to ``img_size`` x ``img_size``; ``"timm"``: timm's eval
+    pipeline (short side to ``img_size / crop_pct``, centre crop).
+    """
+    from timm.data import create_transform
+
+    if resize not in EVAL_RESIZES:
+        raise ValueError(f"unknown eval resize {resize!r}; expected one of {', '.join(EVAL_RESIZES)}")
+    if resize == "paper":
+        return create_transform((3, img_size, img_size), is_training=False, interpolation=interpolation,
+                                mean=tuple(mean), std=tuple(std), crop_pct=1.0, crop_mode="squash")
+    return create_transform((3, img_size, img_size), is_training=False, interpolation=interpolation,
+                            mean=tuple(mean), std=tuple(std), crop_pct=crop_pct)
+
+
+def train_transform(
+        img_size: int,
+        augment: str = "crop_flip",
+        mean: Sequence[float] = (0.485, 0.456, 0.406),
+        std: Sequence[float] = (0.229, 0.224, 0.225),
+        interpolation: str = "bicubic",
+        crop_pad: int = 4,
+        hflip: float = 0.5,
+        auto_augment: str | None = None,
+        color_jitter: float | None = None,
+        reprob: float = 0.0,
+        scale: Sequence[float] = (0.08, 1.0),
+) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL -> normalised tensor for training (see the module docstring for ``augment``)."""
+    if augment not in AUGMENTATIONS:
+        raise ValueError(f"unknown augment {augment!r}; expected one of {', '.join(AUGMENTATIONS)}")
+    if augment == "none":
+        return eval_transform(img_size, "paper", mean, std, interpolation)
+    if augment == "crop_flip":
+        return _CropFlipTransform(img_size, mean, std, interpolation, crop_pad, hflip)
+    from timm.data import create_transform
+
+    return create_transform(
+        (3, img_size, img_size), is_training=True, scale=tuple(scale), hflip=hflip,
+        color_jitter=color_jitter if color_jitter else None, auto_augment=auto_augment,
+        interpolation=interpolation, mean=tuple(mean), std=tuple(std), re_prob=reprob,
+    )
+
+
+def _sample_seed(seed: int, epoch: int, index: int) -> int:
+    return seed32(seed, epoch, index)
+
+
+class TransformDataset(Dataset):
+    """``(PIL, label)`` split + transform -> ``(tensor, label)``.
+
+    With ``seed`` set, each item's randomness (python ``random``, numpy, torch) is seeded from
+    ``(seed, epoch, index)`` and the process RNG states are restored afterwards, so augmentation
+    does not depend on workers, batch composition or resumption. Call :meth:`set_epoch` before
+    each epoch (loaders must not use persistent workers).
+    """
+
+    def __init__(self, split: Dataset, transform: Callable, seed: int | None = None):
+        self.split, self.transform, self.seed, self.epoch = split, transform, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.split[index]
+        if self.seed is None:
+            return self.transform(image), label
+        key = _sample_seed(self.seed, self.epoch, index)
+        states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        try:
+            random.seed(key)
+            np.random.seed(key)
+            torch.manual_seed(key)
+            return self.transform(image), label
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            torch.set_rng_state(states[2])
+
+
+# --------------------------------------------------------------------------------------------
+# uint8 cache
+# --------------------------------------------------------------------------------------------
+class CachedSplit:
+    """A split pre-resized to ``img_size``: ``images`` (N, 3, S, S) uint8, ``labels`` (N,) int64."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, classes: Sequence[str]):
+        self.images, self.labels, self.classes = images, labels, list(classes)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+class _ResizeItems(Dataset):
+    def __init__(self, split, img_size, interpolation):
+        self.split, self.img_size, self.interpolation = split, img_size, interpolation
+
+    def __len__(self):
+        return len(self.split)
+
+    def __getitem__(self, index):
+        items = self.split.items
+        if isinstance(items, SyntheticShapes) and items.img_size == self.img_size:
+            return items.render(index)
+        image, _ = self.split[index]
+        return _resize_uint8(image, self.img_size, self.interpolation)
+
+
+def default_cache_dir() -> Path:
+    """``$TIMM_POSGEOM_CACHE``, else ``~/.cache/timm_posgeom``."""
+    return Path(os.environ.get("TIMM_POSGEOM_CACHE", Path.home() / ".cache" / "timm_posgeom"))
+
+
+def cache_uint8(
+        split: ImageSplit,
+        img_size: int,
+        interpolation: str = "bicubic",
+        workers: int = 0,
+        cache_dir: str | os.PathLike | None = None,
+        progress: bool = False,
+) -> CachedSplit:
+    """Decode and resize ``split`` once (straight to ``img_size``) into a uint8 tensor.
+
+    With ``cache_dir``, the tensor is also stored there (keyed by the split's fingerprint, the size
+    and the interpolation; written atomically) and reused by later runs.
+    """
+    file = None
+    if cache_dir is not None:
+        key = hashlib.sha1(f"{split.fingerprint}|{img_size}|{interpolation}".encode()).hexdigest()[:20]
+        file = Path(cache_dir) / f"uint8-{img_size}px-{key}.pt"
+        if file.is_file():
+            blob = torch.load(file, weights_only=True)
+            return CachedSplit(blob["images"], blob["labels"], split.classes)
+    loader = DataLoader(_ResizeItems(split, img_size, interpolation), batch_size=256, num_workers=workers,
+                        generator=torch.Generator())
+    chunks = loader
+    if progress:
+        from tqdm.auto import tqdm
+
+        chunks = tqdm(loader, desc=f"caching {len(split)} images at {img_size}px", unit="batch")
+    images = torch.cat([c for c in chunks]) if len(split) else torch.empty(0, 3, img_size, img_size, dtype=torch.uint8)
+    labels = torch.tensor(split.labels, dtype=torch.int64)
+    if file is not None:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+        torch.save({"images": images, "labels": labels}, tmp)
+        os.replace(tmp, file)
+    return CachedSplit(images, labels, split.classes)
+
+
+class CachedTrainDataset(Dataset):
+    """Training items from a :class:`CachedSplit`: reflect-pad crop + flip on the uint8 tensor,
+    then normalisation. The randomness of item ``i`` in epoch ``e`` comes from a generator seeded
+    with ``(seed, e, i)``. Call :meth:`set_epoch` before each epoch."""
+
+    def __init__(self, cache: CachedSplit, mean: Sequence[float], std: Sequence[float],
+                 crop_pad: int = 4, hflip: float = 0.5, seed: int = 0, augment: str = "crop_flip"):
+        if augment not in ("none", "crop_flip"):
+            raise ValueError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
+        self.cache, self.crop_pad, self.hflip, self.seed, self.epoch = cache, crop_pad, hflip, seed, 0
+        self.augment = augment
+        self.mean, self.std = _stats(mean, std)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.cache.images[index]
+        if self.augment == "crop_flip":
+            g = torch.Generator().manual_seed(_sample_seed(self.seed, self.epoch, index))
+            image = crop_flip(image, self.crop_pad, self.hflip, generator=g)
+        return _normalize(image, self.mean, self.std), int(self.cache.labels[index])
+
+
+class CachedEvalDataset(Dataset):
+    """Evaluation items from a :class:`CachedSplit` (normalised, no randomness)."""
+
+    def __init__(self, cache: CachedSplit, mean: Sequence[float], std: Sequence[float]):
+        self.cache = cache
+        self.mean, self.std = _stats(mean, std)
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return _normalize(self.cache.images[index], self.mean, self.std), int(self.cache.labels[index])
+
+
+# --------------------------------------------------------------------------------------------
+# sampling and loading
+# --------------------------------------------------------------------------------------------
+class EpochBatchSampler(Sampler[list[int]]):
+    """Batches of one process's share of each global batch, in an order fixed by ``seed + epoch``.
+
+    The epoch's permutation (or ``range`` without shuffle) is cut into global batches of
+    ``batch_size * num_replicas`` items; process ``rank`` gets the ``rank``-th slice of each.
+    ``set_epoch(epoch, start_batch)`` selects the epoch and skips its first ``start_batch``
+    per-process batches (exact resumption). With ``drop_last=False`` (evaluation) the items are
+    instead split into ``num_replicas`` contiguous, disjoint shards that cover the set once.
+    """
+
+    def __init__(self, num_samples: int, batch_size: int, num_replicas: int = 1, rank: int = 0,
+                 seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.num_samples, self.batch_size = int(num_samples), int(batch_size)
+        self.num_replicas, self.rank, self.seed = int(num_replicas), int(rank), int(seed)
+        self.shuffle, self.drop_last = shuffle, drop_last
+        self.epoch, self.start_batch = 0, 0
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch, self.start_batch = int(epoch), int(start_batch)
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        return torch.randperm(self.num_samples, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+
+    def _batches(self) -> list[list[int]]:
+        order = self._order()
+        if self.drop_last:
+            step = self.batch_size * self.num_replicas
+            mine = [order[i + self.rank * self.batch_size: i + (self.rank + 1) * self.batch_size].tolist()
+                    for i in range(0, self.num_samples - step + 1, step)]
+        else:
+            shard = order.tensor_split(self.num_replicas)[self.rank].tolist()
+            mine = [shard[i:i + self.batch_size] for i in range(0, len(shard), self.batch_size)]
+        return mine
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self._batches()[self.start_batch:]
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return max(0, self.num_samples // (self.batch_size * self.num_replicas) - self.start_batch)
+        return len(self._batches()) - self.start_batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Per-process batches in a full epoch (ignores ``start_batch``)."""
+        if self.drop_last:
+            return self.num_samples // (self.batch_size * self.num_replicas)
+        return len(self._batches())
+
+
+def make_loader(dataset: Dataset, batch_sampler: Sampler, workers: int = 0, pin_memory: bool = False) -> DataLoader:
+    """A DataLoader that never draws from the global torch RNG (it has its own generator) and
+    re-creates workers each epoch (so :meth:`set_epoch` on the dataset reaches them)."""
+    return DataLoader(
+        dataset, batch_sampler=batch_sampler, num_workers=workers, pin_memory=pin_memory,
+        generator=torch.Generator(), persistent_workers=False,
+    )

@@ -1,0 +1,275 @@
+"""Training recipes: one dataclass, loaded from YAML, overridden with ``key=value`` strings.
+
+    recipe = load_recipe("imagenette_cpu_ape", overrides=["epochs=2", "model_kwargs.drop_path_rate=0"])
+
+A recipe name without ``.yaml`` is looked up in the repository's ``recipes/`` folder. An unknown
+key (in the file or an override) is an error that lists the valid keys; override values are
+parsed as YAML and coerced to the field's type (``none``/``null`` for optional fields).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrides", "recipes_dir"]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used: unknown key, wrong type, or inconsistent values."""
+
+
+@dataclass
+class Recipe:
+    """Everything a training run needs to know. Defaults give a small CPU run on synthetic data."""
+
+    # model
+    model: str = "vit_micro_patch8_64_ape"  # any timm model name (ours after `import timm_posgeom`)
+    model_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
+    # data
+    data: str | None = None  # Hub id, local folder, or None / "synthetic"
+    train_split: str = "train"
+    val_split: str = "validation"
+    train_subset: int | None = None  # first N training items only
+    val_subset: int | None = None
+    synthetic_size: int | None = None  # images in the synthetic train split (validation: a fifth)
+    img_size: int = 64
+    cache: bool = False  # pre-resize to img_size once, keep as uint8 in memory (augment none|crop_flip)
+    disk_cache: bool = True  # with cache: also keep the uint8 tensor under ~/.cache/timm_posgeom
+    augment: str = "crop_flip"  # none (resize straight, the paper) | crop_flip (the CPU pilot) | timm
+    crop_pad: int = 4  # crop_flip: reflect padding
+    hflip: float = 0.5
+    auto_augment: str | None = None  # timm augment: e.g. rand-m9-mstd0.5-inc1
+    color_jitter: float | None = None  # timm augment
+    reprob: float = 0.0  # timm augment: random erasing probability
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # timm augment: RandomResizedCrop
+    interpolation: str = "bicubic"
+    eval_resize: str = "paper"  # paper (resize straight) | timm (resize + centre crop at crop_pct)
+    crop_pct: float = 0.875
+    workers: int = 2  # DataLoader workers per process
+    # optimisation
+    batch_size: int = 128  # global: per-process batch x processes x grad_accum
+    eval_batch_size: int | None = None  # per process; default: the per-process training batch
+    grad_accum: int = 1
+    epochs: int = 10
+    max_steps: int | None = None  # cap on optimizer steps (the schedule then spans the capped run)
+    opt: str = "adamw"  # timm create_optimizer_v2 name
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    wd_exclude_1d: bool = True  # no weight decay on biases, norms and position tables (timm default)
+    momentum: float = 0.9
+    opt_betas: list[float] | None = None
+    opt_eps: float | None = None
+    sched: str = "cosine"  # timm create_scheduler_v2 name, or none (constant lr), stepped per update
+    warmup_epochs: float = 0.0
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-6
+    label_smoothing: float = 0.1
+    mixup: float = 0.0  # timm Mixup alpha (0 = off)
+    cutmix: float = 0.0  # timm CutMix alpha (0 = off)
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    clip_grad: float | None = None  # max gradient norm
+    ema: bool = False  # timm ModelEmaV3 of the weights, evaluated and exported too
+    ema_decay: float = 0.9998
+    mixed_precision: str | None = None  # no | fp16 | bf16; none: as `accelerate launch` / its config says
+    seed: int = 0
+    # bookkeeping
+    checkpoint_every: int = 500  # optimizer steps; checkpoints are also written at every epoch end
+    keep_checkpoints: int = 2
+    eval_every: int = 1  # epochs
+    log_every: int = 20  # optimizer steps
+    rpi_ssdc_images: int = 0  # at each evaluation: SSDC per layer under RPI on this many val images (0 = off)
+    notes: str = ""  # free text: what the recipe is for
+
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The valid recipe keys."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> Recipe:
+        """Raise RecipeError for values no run could use; return self."""
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise RecipeError(message)
+
+        choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
+                   "mixed_precision": (None, "no", "fp16", "bf16")}
+        for key, allowed in choices.items():
+            need(getattr(self, key) in allowed,
+                 f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(self, key)!r}")
+        for key in ("img_size", "batch_size", "grad_accum", "epochs", "checkpoint_every", "keep_checkpoints",
+                    "eval_every", "log_every"):
+            need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("max_steps", "train_subset", "val_subset", "synthetic_size", "eval_batch_size"):
+            value = getattr(self, key)
+            need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
+        need(self.workers >= 0, f"workers must be >= 0, got {self.workers}")
+        need(self.rpi_ssdc_images >= 0, f"rpi_ssdc_images must be >= 0, got {self.rpi_ssdc_images}")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        need(not (self.cache and self.augment == "timm"),
+             "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm")
+        need(len(self.scale) == 2, f"scale must be [min, max], got {self.scale}")
+        for key in ("img_size", "num_classes", "pretrained"):
+            need(key not in self.model_kwargs,
+                 f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)")
+        return self
+
+
+_FIELD_TYPES = typing.get_type_hints(Recipe)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if (typing.get_origin(tp) in (typing.Union, types.UnionType)) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Coerce a YAML-parsed ``value`` to the annotation ``tp`` of recipe field ``key``."""
+    base, optional = _unwrap_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
+        if optional:
+            return None
+        raise RecipeError(f"{key} may not be none")
+    origin = typing.get_origin(base) or base
+    try:
+        if origin is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+                return value.lower() in ("true", "yes", "on", "1")
+            if isinstance(value, int) and value in (0, 1):
+                return bool(value)
+            raise ValueError
+        if origin is int:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value) if isinstance(value, str) else value
+            if float(number) != int(number):
+                raise ValueError
+            return int(number)
+        if origin is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if origin is str:
+            return str(value)
+        if origin is list:
+            (item,) = typing.get_args(base) or (Any,)
+            if isinstance(value, str):
+                value = yaml.safe_load(value)
+            if not isinstance(value, (list, tuple)):
+                raise ValueError
+            return [_coerce(key, v, item) if item is not Any else v for v in value]
+        if origin is dict:
+            if isinstance(value, str):
+                value = yaml.safe_load(value) or {}
+            if not isinstance(value, dict):
+                raise ValueError
+            return dict(value)
+    except (TypeError, ValueError):
+        raise RecipeError(f"{key}: cannot use {value!r} as {getattr(base, '__name__', base)}") from None
+    return value
+
+
+def _unknown(key: str) -> RecipeError:
+    return RecipeError(f"unknown recipe key {key!r}; valid keys: {', '.join(Recipe.keys())}")
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(recipe: Recipe, overrides: list[str] | None) -> Recipe:
+    """Return a copy of ``recipe`` with ``key=value`` overrides applied (``model_kwargs.name=value``
+    sets one model kwarg; ``model_kwargs={...}`` replaces them all)."""
+    values = recipe.to_dict()
+    for item in overrides or []:
+        if "=" not in item:
+            raise RecipeError(f"override {item!r} is not key=value")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        if key.startswith("model_kwargs."):
+            name = key.split(".", 1)[1]
+            if not name:
+                raise RecipeError(f"override {item!r}: empty model_kwargs name")
+            values["model_kwargs"] = dict(values["model_kwargs"], **{name: _parse_value(text)})
+            continue
+        if key not in _FIELD_TYPES:
+            raise _unknown(key)
+        base, _ = _unwrap_optional(_FIELD_TYPES[key])
+        raw = text if base is str else _parse_value(text)
+        values[key] = _coerce(key, raw, _FIELD_TYPES[key])
+    return Recipe(**values).validate()
+
+
+def recipe_from_dict(values: dict[str, Any]) -> Recipe:
+    """Build and validate a Recipe from a mapping (unknown keys are an error)."""
+    out = {}
+    for key, value in values.items():
+        if key not in _FIELD_TYPES:
+            raise _unknown(key)
+        out[key] = _coerce(key, value, _FIELD_TYPES[key])
+    return Recipe(**out).validate()
+
+
+def recipes_dir() -> Path:
+    """The repository's ``recipes/`` folder (the package is installed editable from the repo)."""
+    return Path(__file__).resolve().parents[1] / "recipes"
+
+
+def find_recipe(name_or_path: str | Path) -> Path:
+    """A recipe file: an existing path, or a bare name looked up in :func:`recipes_dir`."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    candidates = [recipes_dir() / f"{name_or_path}.yaml", recipes_dir() / str(name_or_path)]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    available = sorted(p.stem for p in recipes_dir().glob("*.yaml")) if recipes_dir().is_dir() else []
+    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, and not one of: "
+                            f"{', '.join(available) or 'no recipes found'})")
+
+
+def _data_relative_to_repo(data: str | None, recipe_path: Path) -> str | None:
+    """A relative data path in a recipe under ``<repo>/recipes/`` that does not exist from the
+    working directory is taken relative to the repository root (the recipes' convention)."""
+    if not data or not data.startswith(("./", "../")) or Path(data).exists():
+        return data
+    candidate = recipe_path.resolve().parent.parent / data
+    return str(candidate) if candidate.exists() else data
+
+
+def load_recipe(name_or_path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Load a recipe (YAML file or bare name; None = the defaults) and apply ``key=value`` overrides."""
+    recipe = Recipe()
+    if name_or_path is not None:
+        path = find_recipe(name_or_path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(values, dict):
+            raise RecipeError(f"{path}: a recipe is a mapping of keys to values")
+        try:
+            recipe = recipe_from_dict(values)
+        except RecipeError as e:
+            raise RecipeError(f"{path}: {e}") from None
+        recipe.data = _data_relative_to_repo(recipe.data, path)
+    return apply_overrides(recipe, overrides)
