@@ -1,0 +1,364 @@
+"""Turn a study's ``results.json`` into ``report.md``, ``report.html`` and PNG figures.
+
+Everything here is derived from ``results.json`` (``posgeom report RUN_DIR`` regenerates it), so a
+report can be rebuilt, restyled or re-thresholded without re-running a model.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["write_report", "PAPER", "evaluate_claims"]
+
+LABELS = {"nope": "no PE", "ape": "APE", "sincos": "sincos", "rope": "RoPE", "rpt": "RPT"}
+COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
+
+# The paper's ViT-S/16 on ImageNet-100 (4 seeds, 60 epochs): clean top-1, JPEG q5 FS, blur FS.
+PAPER = {
+    "ape": (0.641, 0.435, 0.184), "sincos": (0.657, 0.435, 0.208), "rope": (0.690, 0.299, 0.147),
+    "nope": (0.568, 0.646, 0.298), "rpt": (0.560, 0.630, 0.243),
+}
+PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
+# Thresholds used to call a claim held (documented in the report).
+NEAR_ZERO = 0.1  # |SSDC| under RPI at every layer
+SUBSTANTIAL = 0.1  # mean SSDC under RPI across layers
+
+
+def _by_condition(results: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for run in results["runs"]:
+        out.setdefault(run["condition"], []).append(run)
+    return out
+
+
+def _stat(values: list[float | None]) -> tuple[float, float]:
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return math.nan, math.nan
+    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+
+
+def _layers(runs: list[dict], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
+    rows = []
+    for r in runs:
+        block = r[source]["ssdc"] if source == "eval" else r[source]
+        if block.get(key):
+            rows.append([np.nan if v is None else v for v in block[key]])
+    if not rows:
+        return np.array([]), np.array([])
+    arr = np.array(rows, dtype=float)
+    return np.nanmean(arr, 0), (np.nanstd(arr, 0, ddof=1) if len(rows) > 1 else np.zeros(arr.shape[1]))
+
+
+def _pm(mean: float, std: float, digits: int = 3) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+# --------------------------------------------------------------------------------------------
+# claims
+# --------------------------------------------------------------------------------------------
+def evaluate_claims(results: dict) -> list[dict[str, Any]]:
+    """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
+    by = _by_condition(results)
+    claims = []
+
+    def rpi(c):
+        return _layers(by.get(c, []), "rpi_per_layer")[0]
+
+    def normal(c):
+        return _layers(by.get(c, []), "per_layer")[0]
+
+    def fs(c, shift):
+        return _stat([r["eval"].get("fs", {}).get(shift) for r in by.get(c, [])])[0]
+
+    # (1) no-PE models build content structure that collapses under RPI
+    if "nope" in by:
+        n, p = normal("nope"), rpi("nope")
+        held = bool(np.nanmean(n) > SUBSTANTIAL and np.all(np.abs(p) < NEAR_ZERO))
+        why = f"no PE: SSDC {np.round(n, 3).tolist()} -> under RPI {np.round(p, 3).tolist()}"
+    else:
+        held, why = None, "no-PE condition not run"
+    claims.append(dict(claim="No-PE models build content-driven structure that collapses to ~0 under RPI",
+                       held=held, evidence=why))
+    # (2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth
+    parts, ok = [], True
+    for c in ("ape", "sincos", "rope"):
+        if c not in by:
+            continue
+        p = rpi(c)
+        keeps = bool(np.nanmean(p) > SUBSTANTIAL)
+        shape = (int(np.nanargmax(p)) < len(p) / 2) if c != "rope" else bool(p[-1] > p[0])
+        ok &= keeps and shape
+        parts.append(f"{LABELS[c]} under RPI {np.round(p, 3).tolist()} "
+                     f"({'keeps' if keeps else 'loses'} structure; "
+                     f"{'peaks early' if c != 'rope' and shape else 'accumulates' if shape else 'other shape'})")
+    claims.append(dict(claim="APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE "
+                             "accumulates with depth)", held=ok if parts else None, evidence="; ".join(parts)))
+    # (3) RPT behaves like no PE
+    if "rpt" in by:
+        p = rpi("rpt")
+        held = bool(np.all(np.abs(p) < NEAR_ZERO))
+        why = f"RPT under RPI {np.round(p, 3).tolist()}"
+    else:
+        held, why = None, "RPT condition not run"
+    claims.append(dict(claim="RPT behaves like no PE (SSDC under RPI ~0)", held=held, evidence=why))
+    # (4) PE models less fragile, RoPE least
+    shift = "jpeg:5"
+    fss = {c: fs(c, shift) for c in by}
+    if {"nope", "rope"} <= set(fss) and not any(math.isnan(v) for v in fss.values()):
+        pe = [c for c in ("ape", "sincos", "rope") if c in fss]
+        nonpe = [c for c in ("nope", "rpt") if c in fss]
+        less = all(fss[a] < fss[b] for a in pe for b in nonpe)
+        least = min(fss, key=fss.get) == "rope"
+        held = bool(less and least)
+        why = ", ".join(f"{LABELS[c]} {v:.3f}" for c, v in sorted(fss.items(), key=lambda kv: kv[1]))
+        why = f"JPEG q5 FS (low to high): {why}"
+    else:
+        held, why = None, "needs no-PE and RoPE with fragility results"
+    claims.append(dict(claim="PE models are less fragile than no-PE/RPT, RoPE least", held=held, evidence=why))
+    # (5) Delta SSDC falls and FS rises as alpha shrinks (APE)
+    sweeps = [r["eval"].get("alpha_sweep") for r in by.get("ape", []) if r["eval"].get("alpha_sweep")]
+    if sweeps:
+        alphas = np.array(sweeps[0]["alphas"], dtype=float)
+        delta = np.nanmean([[np.nan if v is None else v for v in s["delta_ssdc"]] for s in sweeps], 0)
+        fsj = np.nanmean([[np.nan if v is None else v for v in s["fs"][shift]] for s in sweeps], 0)
+        from scipy.stats import spearmanr
+
+        rd = spearmanr(alphas, delta)[0]
+        rf = spearmanr(alphas, fsj)[0]
+        held = bool(rd > 0 and rf < 0)
+        why = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
+               f"{np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, FS {rf:+.2f})")
+    else:
+        held, why = None, "no APE alpha sweep"
+    claims.append(dict(claim="As alpha shrinks, delta SSDC falls and FS rises (APE)", held=held, evidence=why))
+    return claims
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fig_ssdc_depth(results: dict, path: Path) -> None:
+    plt = _plt()
+    by = _by_condition(results)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, key, title in ((axes[0], "per_layer", "SSDC across depth"), (axes[1], "rpi_per_layer", "under RPI")):
+        for c, runs in by.items():
+            m, s = _layers(runs, key)
+            if m.size == 0:
+                continue
+            x = np.arange(len(m))
+            ax.plot(x, m, "-o", color=COLORS.get(c), label=LABELS.get(c, c), ms=4)
+            ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2)
+            u, _ = _layers(runs, key, source="untrained")
+            if key == "per_layer" and u.size:
+                ax.plot(x, u, ":", color=COLORS.get(c), lw=1)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_title(title)
+        ax.set_xlabel("layer (attention input)")
+    axes[0].set_ylabel("SSDC (mean map)")
+    axes[0].legend(fontsize=8, title="dotted: untrained", title_fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fig_fragility(results: dict, path: Path) -> None:
+    plt = _plt()
+    by = _by_condition(results)
+    shifts = sorted({s for r in results["runs"] for s in r["eval"].get("fs", {})},
+                    key=lambda s: (s not in PAPER_SHIFTS, s))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(shifts) + 3), 3.6))
+    width = 0.8 / max(1, len(by))
+    for i, (c, runs) in enumerate(by.items()):
+        stats = [_stat([r["eval"].get("fs", {}).get(s) for r in runs]) for s in shifts]
+        ax.bar(np.arange(len(shifts)) + i * width, [m for m, _ in stats], width, yerr=[s for _, s in stats],
+               color=COLORS.get(c), label=LABELS.get(c, c))
+    ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
+    ax.set_xticklabels(shifts, rotation=20 if len(shifts) > 3 else 0, fontsize=8)
+    ax.set_ylabel("fragility score 1 - A_shift / A_clean")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def fig_alpha_sweep(results: dict, path: Path) -> bool:
+    plt = _plt()
+    by = _by_condition(results)
+    swept = [(c, [r["eval"]["alpha_sweep"] for r in runs if r["eval"].get("alpha_sweep")]) for c, runs in by.items()]
+    swept = [(c, s) for c, s in swept if s]
+    if not swept:
+        return False
+    fig, axes = plt.subplots(1, len(swept), figsize=(4.2 * len(swept), 3.4), squeeze=False)
+    for ax, (c, sweeps) in zip(axes[0], swept):
+        alphas = sweeps[0]["alphas"]
+        delta = np.nanmean([[np.nan if v is None else v for v in s["delta_ssdc"]] for s in sweeps], 0)
+        fsj = np.nanmean([[np.nan if v is None else v for v in s["fs"]["jpeg:5"]] for s in sweeps], 0)
+        ax.plot(alphas, delta, "-o", color="#1f77b4", ms=4)
+        ax.set_xlabel("alpha (PE scale)")
+        ax.set_ylabel("delta SSDC under RPI", color="#1f77b4")
+        ax.invert_xaxis()
+        ax2 = ax.twinx()
+        ax2.plot(alphas, fsj, "-s", color="#d62728", ms=4)
+        ax2.set_ylabel("JPEG q5 fragility", color="#d62728")
+        ax.set_title(LABELS.get(c, c))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def fig_similarity_maps(out: Path, results: dict, path: Path) -> bool:
+    import torch
+
+    plt = _plt()
+    by = _by_condition(results)
+    rows = []
+    for c, runs in by.items():
+        maps_file = out / runs[0]["run_dir"] / "maps.pt"
+        if maps_file.is_file():
+            rows.append((c, torch.load(maps_file, weights_only=True)))
+    if not rows:
+        return False
+    fig, axes = plt.subplots(len(rows), 4, figsize=(8, 2.1 * len(rows)), squeeze=False)
+    for r, (c, maps) in enumerate(rows):
+        panels = [(maps["normal"][0], "layer 0"), (maps["normal"][1], "layer 1"),
+                  (maps["rpi"][0], "layer 0, RPI"), (maps["rpi"][1], "layer 1, RPI")]
+        for k, (m, title) in enumerate(panels):
+            ax = axes[r][k]
+            ax.imshow(m.numpy(), cmap="viridis")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(title, fontsize=8)
+            if k == 0:
+                ax.set_ylabel(LABELS.get(c, c), fontsize=8)
+    fig.suptitle("mean token-similarity maps (token slot order, row-major)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------
+def _tables(results: dict) -> list[str]:
+    by = _by_condition(results)
+    lines = ["## Accuracy and fragility (mean ± std over seeds)", "",
+             "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c, runs in by.items():
+        acc = _stat([r["eval"].get("clean_accuracy") for r in runs])
+        fj = _stat([r["eval"].get("fs", {}).get("jpeg:5") for r in runs])
+        fb = _stat([r["eval"].get("fs", {}).get("blur:2.5:5") for r in runs])
+        pa = PAPER.get(c, (math.nan,) * 3)
+        lines.append(f"| {LABELS.get(c, c)} | {len(runs)} | {_pm(*acc)} | {_pm(*fj)} | {_pm(*fb)} | "
+                     f"{pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |")
+    extra = sorted({s for r in results["runs"] for s in r["eval"].get("fs", {})} - set(PAPER_SHIFTS))
+    if extra:
+        lines += ["", "Other shifts (FS):", "", "| condition | " + " | ".join(extra) + " |",
+                  "|---|" + "---|" * len(extra)]
+        for c, runs in by.items():
+            lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
+                _pm(*_stat([r["eval"].get("fs", {}).get(s) for r in runs])) for s in extra) + " |")
+    lines += ["", "## SSDC across depth (attention input, mean map; mean over seeds)", "",
+              "| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
+              "|---|---|---|---|---|"]
+    for c, runs in by.items():
+        n, _ = _layers(runs, "per_layer")
+        p, _ = _layers(runs, "rpi_per_layer")
+        u, _ = _layers(runs, "per_layer", source="untrained")
+        d = _stat([r["eval"]["ssdc"].get("rpi_delta") for r in runs])
+        lines.append(f"| {LABELS.get(c, c)} | {', '.join(f'{v:.3f}' for v in n)} | "
+                     f"{', '.join(f'{v:.3f}' for v in p)} | {_pm(*d)} | {', '.join(f'{v:.3f}' for v in u)} |")
+    sweeps = [(c, r["eval"]["alpha_sweep"]) for c, runs in by.items() for r in runs[:1] if r["eval"].get("alpha_sweep")]
+    if sweeps:
+        lines += ["", "## Alpha sweep (seed 0): delta SSDC under RPI / JPEG q5 FS", "",
+                  "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in sweeps) + " |",
+                  "|---|" + "---|" * len(sweeps)]
+        for i, a in enumerate(sweeps[0][1]["alphas"]):
+            cells = []
+            for _, s in sweeps:
+                d, f = s["delta_ssdc"][i], s["fs"]["jpeg:5"][i]
+                cells.append(f"{'n/a' if d is None else f'{d:.3f}'} / {'n/a' if f is None else f'{f:.3f}'}")
+            lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def write_report(out: str | os.PathLike) -> Path:
+    """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md."""
+    out = Path(out)
+    results_path = out / "results.json"
+    if not results_path.is_file():
+        raise FileNotFoundError(f"{results_path} not found: run `posgeom study --out {out}` first")
+    results = json.loads(results_path.read_text())
+    if not results.get("runs"):
+        raise ValueError(f"{results_path} has no finished runs yet")
+    figs = out / "figures"
+    figs.mkdir(exist_ok=True)
+    fig_ssdc_depth(results, figs / "ssdc_depth.png")
+    fig_fragility(results, figs / "fragility.png")
+    has_sweep = fig_alpha_sweep(results, figs / "alpha_sweep.png")
+    has_maps = fig_similarity_maps(out, results, figs / "similarity_maps.png")
+    cfg = results["config"]
+    claims = evaluate_claims(results)
+    lines = [f"# PE geometry study: preset `{cfg['preset']}`", "",
+             f"Data: `{results['eval_data']['source']}` ({results['eval_data']['split']}, "
+             f"{results['eval_data']['images']} images); conditions {', '.join(cfg['conditions'])}; "
+             f"{cfg['seeds']} seed(s); SSDC on {cfg['probe_images']} images; "
+             f"{'complete' if results.get('complete') else 'INCOMPLETE (resume with --resume)'}; "
+             f"{results.get('elapsed_s', 0):.0f} s. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".", "",
+             "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (DESIGN.md); this run's scale "
+             "may differ, so compare orderings and shapes rather than values.", ""]
+    lines += _tables(results)
+    lines += ["", "## The paper's five claims in this run", "",
+              f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
+              f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers.", "",
+              "| # | claim | held here | evidence |", "|---|---|---|---|"]
+    for i, c in enumerate(claims, 1):
+        held = {True: "yes", False: "**no**", None: "not measured"}[c["held"]]
+        lines.append(f"| {i} | {c['claim']} | {held} | {c['evidence']} |")
+    lines += ["", "## Figures", "", "![SSDC across depth](figures/ssdc_depth.png)", "",
+              "![Fragility](figures/fragility.png)", ""]
+    if has_sweep:
+        lines += ["![Alpha sweep](figures/alpha_sweep.png)", ""]
+    if has_maps:
+        lines += ["![Similarity maps](figures/similarity_maps.png)", ""]
+    lines += ["Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
+    md = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(md)
+    _write_html(out, md)
+    return out / "report.md"
+
+
+def _write_html(out: Path, md: str) -> None:
+    """A self-contained page: the markdown as preformatted text with the figures inlined."""
+    import html
+
+    parts = ["<!doctype html><meta charset='utf-8'><title>timm-posgeom report</title>",
+             "<body style='font-family:sans-serif;max-width:1100px;margin:auto'>",
+             f"<pre style='white-space:pre-wrap'>{html.escape(md)}</pre>"]
+    for png in sorted((out / "figures").glob("*.png")):
+        data = base64.b64encode(png.read_bytes()).decode()
+        parts.append(f"<h3>{png.stem}</h3><img style='max-width:100%' src='data:image/png;base64,{data}'>")
+    (out / "report.html").write_text("\n".join(parts) + "</body>\n")

@@ -1,0 +1,351 @@
+"""The whole study in one command: train (or reuse) every condition, probe, stress, sweep, report.
+
+For each condition (no PE, APE, sincos, RoPE, RPT) and seed, a run directory
+``<out>/runs/<condition>_s<seed>/`` holds the training run (``posgeom train``, in a subprocess so
+each model starts from fresh memory, resumable from its checkpoints) and ``eval.json``:
+
+* clean accuracy and fragility (the paper's JPEG q5 and blur sigma 2.5 / kernel 5, optionally
+  ImageNet-C severities), exact counts over the evaluation images;
+* SSDC across depth at the attention input, normal and under RPI (one permutation, the paper's),
+  both reductions (mean map and per image), and the mean similarity maps of layers 0 and 1;
+* for APE, sincos and RoPE, an alpha sweep (delta SSDC under RPI and JPEG fragility per alpha);
+* the SSDC of the same architecture untrained (the paper's static prior).
+
+Every stage's result is written as soon as it exists, so an interrupted study resumes where it
+stopped (``--resume``). ``results.json`` collects every number with the exact configuration,
+versions and seeds; :mod:`timm_posgeom.report` turns it into ``report.md`` and figures.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run"]
+
+CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
+SWEPT = ("ape", "sincos", "rope")
+
+
+@dataclass
+class StudyConfig:
+    """What a study does. Presets fill it; the command line overrides parts of it."""
+
+    preset: str
+    recipe_prefix: str  # recipes/<prefix>_<condition>.yaml
+    data: str | None  # None: the embedded synthetic set
+    seeds: int = 1
+    conditions: tuple[str, ...] = CONDITIONS
+    train_overrides: list[str] = field(default_factory=list)  # --set key=value for every training run
+    eval_images: int | None = None  # None: the whole validation split
+    probe_images: int = 1000  # the paper's SSDC batch
+    sweep_images: int | None = None  # fragility images per alpha (None: eval_images)
+    alphas: tuple[float, ...] = (1.0, 0.8, 0.6, 0.5, 0.4, 0.2, 0.0)
+    shifts: tuple[str, ...] = ("jpeg:5", "blur:2.5:5")
+    imagenet_c: bool = False  # add ImageNet-C severities 1-5 of both corruptions
+    batch_size: int = 128
+    workers: int = 0
+    device: str | None = None
+    accelerate_config: str | None = None  # train with `accelerate launch --config_file ...`
+    synthetic_size: int | None = None
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The embedded default: synthetic data, micro models at 32 px (4x4 tokens), a few hundred steps.
+    "demo": dict(
+        recipe_prefix="imagenette_cpu", data=None, eval_images=400, probe_images=200, sweep_images=200,
+        alphas=(1.0, 0.5, 0.0), batch_size=64, synthetic_size=1600,
+        train_overrides=["data=synthetic", "img_size=32", "epochs=6", "batch_size=64", "warmup_epochs=1",
+                         "cache=false", "checkpoint_every=50", "log_every=10", "rpi_ssdc_images=0",
+                         "synthetic_size=1600"],
+    ),
+    # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
+    "imagenette-cpu": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette"),
+    # The paper's protocol on ImageNet-100 through accelerate on GPUs.
+    "in100": dict(recipe_prefix="in100_paper", data="clane9/imagenet-100", batch_size=256, workers=8,
+                  alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
+                  accelerate_config="recipes/accelerate/1gpu.yaml"),
+}
+
+
+def preset_config(preset: str, **overrides: Any) -> StudyConfig:
+    """The :class:`StudyConfig` of a preset, with ``overrides`` (None values ignored)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[preset], preset=preset)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = StudyConfig(**values)
+    bad = [c for c in config.conditions if c not in CONDITIONS]
+    if bad:
+        raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
+    if config.seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {config.seeds}")
+    return config
+
+
+# --------------------------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------------------------
+def _recipe_for(config: StudyConfig, condition: str, seed: int):
+    from .recipe import load_recipe
+
+    overrides = list(config.train_overrides) + [f"seed={seed}"]
+    if config.data is not None:
+        overrides.append(f"data={config.data}")
+    return load_recipe(f"{config.recipe_prefix}_{condition}", overrides)
+
+
+def plan_study(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]:
+    """Validate every recipe and list the runs: what would be trained and evaluated, and how.
+
+    Raises RecipeError / ValueError for a recipe that no run could use.
+    """
+    out = Path(out)
+    plan = []
+    for condition in config.conditions:
+        for seed in range(config.seeds):
+            recipe = _recipe_for(config, condition, seed)
+            run_dir = out / "runs" / f"{condition}_s{seed}"
+            plan.append(dict(condition=condition, seed=seed, run_dir=str(run_dir), model=recipe.model,
+                             recipe=f"{config.recipe_prefix}_{condition}", data=recipe.data or "synthetic",
+                             epochs=recipe.epochs, batch_size=recipe.batch_size, img_size=recipe.img_size,
+                             command=" ".join(_train_command(config, condition, seed, run_dir)).replace(sys.executable, "python")))
+    return plan
+
+
+def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path, resume: bool = False) -> list[str]:
+    args = ["-m", "timm_posgeom.train", "--recipe", f"{config.recipe_prefix}_{condition}", "--out", str(run_dir)]
+    sets = list(config.train_overrides) + [f"seed={seed}"] + ([f"data={config.data}"] if config.data else [])
+    for s in sets:
+        args += ["--set", s]
+    if resume:
+        args.append("--resume")
+    if config.accelerate_config:
+        return ["accelerate", "launch", "--config_file", _accelerate_config(config), *args]
+    return [sys.executable, *args]
+
+
+# --------------------------------------------------------------------------------------------
+# stages
+# --------------------------------------------------------------------------------------------
+def _write_json(path: Path, value: Any) -> None:
+    """Write atomically: a kill never leaves a half-written result."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2, default=_jsonable) + "\n")
+    os.replace(tmp, path)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, tuple):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -> None:
+    from .train import latest_checkpoint
+
+    if (run_dir / "summary.json").is_file() and (run_dir / "export" / "model.safetensors").is_file():
+        log(f"[{condition} s{seed}] trained run found, reused")
+        return
+    resume = latest_checkpoint(run_dir) is not None
+    log(f"[{condition} s{seed}] {'resuming' if resume else 'training'}: {run_dir}")
+    cmd = _train_command(config, condition, seed, run_dir, resume=resume)
+    result = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if result.returncode != 0:
+        raise RuntimeError(f"training {condition} seed {seed} failed (exit {result.returncode}): {' '.join(cmd)}")
+
+
+def _probe_batches(model, split, n: int, batch_size: int):
+    """Normalised (B, 3, H, W) batches of the first ``n`` images, resized straight to the input."""
+    from .transforms import eval_transform
+
+    transform = eval_transform(model, resize="paper")
+    n = min(n, len(split))
+    for start in range(0, n, batch_size):
+        yield torch.stack([transform(split[i][0]) for i in range(start, min(n, start + batch_size))])
+
+
+class _Subset:
+    """The first ``n`` items of an indexable split."""
+
+    def __init__(self, split, n: int | None):
+        self.split, self.n = split, len(split) if n is None else min(n, len(split))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.split[i]
+
+
+def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> dict[str, Any]:
+    from .probes import probe_ssdc
+
+    out: dict[str, Any] = {}
+    maps = {}
+    for rpi in (False, True):
+        res = probe_ssdc(model, _probe_batches(model, split, config.probe_images, config.batch_size),
+                         rpi=rpi, seed=0, reduction="both", device=config.device, progress=False)
+        key = "rpi_" if rpi else ""
+        out[f"{key}per_layer"] = res.per_layer
+        if res.per_image:
+            out[f"{key}per_image_mean"] = [s.mean for s in res.per_image]
+            out[f"{key}per_image_std"] = [s.std for s in res.per_image]
+        out[f"{key}delta"] = res.delta
+        if rpi:
+            out["rpi_content_per_layer"] = res.content_per_layer
+        out["n_images"] = res.metadata.get("n_images")
+        if res.mean_maps is not None:
+            maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
+            if rpi and res.permutation is not None:
+                maps["permutation"] = res.permutation.clone()
+    if maps_path is not None and maps:
+        torch.save(maps, maps_path)
+    return out
+
+
+def _evaluate(config: StudyConfig, condition: str, run_dir: Path, val, log) -> dict[str, Any]:
+    import timm
+
+    from .robustness import alpha_sweep, fragility
+    from .shifts import IMAGENET_C
+
+    eval_path = run_dir / "eval.json"
+    evals = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
+    model = timm.create_model(f"local-dir:{run_dir / 'export'}", pretrained=True).eval()
+    if "fs" not in evals:
+        log(f"[{run_dir.name}] fragility")
+        shifts = list(config.shifts)
+        if config.imagenet_c:
+            shifts += [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
+        res = fragility(model, _Subset(val, config.eval_images), shifts, batch_size=config.batch_size,
+                        num_workers=config.workers, device=config.device, progress=False)
+        evals.update(clean_accuracy=res.clean_accuracy, accuracy=res.accuracy, fs=res.fs,
+                     fs_interval=res.fs_interval, num_images=res.num_images)
+        _write_json(eval_path, _finite(evals))
+    if "ssdc" not in evals:
+        log(f"[{run_dir.name}] SSDC across depth, normal and under RPI")
+        evals["ssdc"] = _ssdc_summary(model, val, config, run_dir / "maps.pt")
+        _write_json(eval_path, _finite(evals))
+    if condition in SWEPT and "alpha_sweep" not in evals:
+        log(f"[{run_dir.name}] alpha sweep {list(config.alphas)}")
+        sweep = alpha_sweep(model, _Subset(val, config.sweep_images or config.eval_images), config.alphas,
+                            shifts=("jpeg:5",), probe_images=config.probe_images, batch_size=config.batch_size,
+                            num_workers=config.workers, device=config.device, progress=False)
+        evals["alpha_sweep"] = dict(
+            alphas=sweep.alphas, delta_ssdc=sweep.delta_ssdc, fs=sweep.fs,
+            clean_accuracy=[r.clean_accuracy for r in sweep.rows],
+            rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows])
+        _write_json(eval_path, _finite(evals))
+    return evals
+
+
+def _untrained(config: StudyConfig, condition: str, seed: int, val, out: Path) -> dict[str, Any]:
+    """SSDC of the architecture untrained (same recipe, same seed): the static prior."""
+    import timm
+
+    path = out / "untrained" / f"{condition}_s{seed}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    recipe = _recipe_for(config, condition, seed)
+    torch.manual_seed(seed)
+    model = timm.create_model(recipe.model, num_classes=len(val.classes), img_size=recipe.img_size,
+                              **recipe.model_kwargs).eval()
+    result = _ssdc_summary(model, val, config, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(path, _finite(result))
+    return result
+
+
+def _versions() -> dict[str, str]:
+    import accelerate
+    import datasets
+    import timm
+
+    from . import __version__
+
+    return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
+                accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
+
+
+def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> dict:
+    """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``."""
+    from tqdm.auto import tqdm
+
+    from .data import load_split
+    from .report import write_report
+
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not resume:
+        raise FileExistsError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise PermissionError(f"cannot write to {out}")
+    plan = plan_study(config, out)  # validates every recipe before anything runs
+    (out / "plan.json").write_text(json.dumps(dict(config=asdict(config), plan=plan), indent=2) + "\n")
+    first = _recipe_for(config, config.conditions[0], 0)
+    val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
+                     synthetic_size=(config.synthetic_size // 5 if config.synthetic_size else None))
+    started = time.time()
+    bar = tqdm(plan, desc="study", unit="run", disable=not progress)
+    log = bar.write if progress else (lambda s: None)
+    runs = []
+    for item in bar:
+        bar.set_postfix_str(f"{item['condition']} s{item['seed']}")
+        run_dir = Path(item["run_dir"])
+        _train(config, item["condition"], item["seed"], run_dir, log)
+        evals = _evaluate(config, item["condition"], run_dir, val, log)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        runs.append(dict(condition=item["condition"], seed=item["seed"], run_dir=os.path.relpath(run_dir, out),
+                         train=summary, eval=evals,
+                         untrained=_untrained(config, item["condition"], item["seed"], val, out)))
+        results = dict(config=asdict(config), plan=plan, versions=_versions(), runs=runs,
+                       recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
+                       eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val)),
+                       elapsed_s=round(time.time() - started, 1), complete=len(runs) == len(plan))
+        _write_json(out / "results.json", _finite(results))
+    write_report(out)
+    return json.loads((out / "results.json").read_text())
+
+
+def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]:
+    """Validate the preset's recipes and launcher config and return the plan (nothing runs)."""
+    plan = plan_study(config, out)
+    if config.accelerate_config:
+        _accelerate_config(config)
+    return plan
+
+
+def _accelerate_config(config: StudyConfig) -> str:
+    """The accelerate config file, as given or relative to the repository (recipes/accelerate/...)."""
+    path = Path(config.accelerate_config)
+    if not path.is_absolute() and not path.is_file():
+        path = Path(__file__).resolve().parents[1] / path
+    if not path.is_file():
+        raise FileNotFoundError(f"accelerate config {config.accelerate_config} not found")
+    return str(path)
