@@ -17,6 +17,15 @@ def _seed_and_threads():
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny tensors: one torch thread is faster than two fighting over a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def imagenette_path() -> Path:
     if not IMAGENETTE.exists():
         pytest.skip("../shared/data/imagenette is not present")

@@ -32,13 +32,7 @@ IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "i
 FAST = dict(num_workers=0, progress=False)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one torch thread is faster than two fighting over a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Brightness(nn.Module):

@@ -27,13 +27,7 @@ from timm_posgeom.shifts import (
 IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: one torch thread is faster than two fighting over a shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _natural_like(h: int, w: int, seed: int = 0, mode: str = "RGB") -> PIL.Image.Image:

@@ -292,17 +292,16 @@ def eval_transform(
     """PIL -> normalised (3, img_size, img_size) tensor, without randomness.
 
     ``resize="paper"``: resize straight to ``img_size`` x ``img_size``; ``"timm"``: timm's eval
-    pipeline (short side to ``img_size / crop_pct``, centre crop).
+    pipeline (short side to ``img_size / crop_pct``, centre crop). The same pipeline the
+    robustness code evaluates with (:func:`timm_posgeom.transforms.eval_transform`), from a config.
     """
-    from timm.data import create_transform
+    from .transforms import eval_transform as _eval_transform
 
     if resize not in EVAL_RESIZES:
         raise ValueError(f"unknown eval resize {resize!r}; expected one of {', '.join(EVAL_RESIZES)}")
-    if resize == "paper":
-        return create_transform((3, img_size, img_size), is_training=False, interpolation=interpolation,
-                                mean=tuple(mean), std=tuple(std), crop_pct=1.0, crop_mode="squash")
-    return create_transform((3, img_size, img_size), is_training=False, interpolation=interpolation,
-                            mean=tuple(mean), std=tuple(std), crop_pct=crop_pct)
+    config = dict(input_size=(3, img_size, img_size), interpolation=interpolation, mean=tuple(mean),
+                  std=tuple(std), crop_pct=crop_pct, crop_mode="center")
+    return _eval_transform(config, resize=resize)
 
 
 def train_transform(

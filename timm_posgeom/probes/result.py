@@ -92,7 +92,7 @@ class SSDCResult:
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
         """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
-        text = json.dumps(_nan_to_none(self.to_dict(include_maps)), indent=indent)
+        text = json.dumps(nan_to_none(self.to_dict(include_maps)), indent=indent)
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
@@ -165,11 +165,12 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def _nan_to_none(obj):
+def nan_to_none(obj: Any) -> Any:
+    """NaN / inf -> None, recursively through dicts, lists and tuples (for strict JSON)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
+        return {k: nan_to_none(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_nan_to_none(v) for v in obj]
+        return [nan_to_none(v) for v in obj]
     return obj

@@ -1,0 +1,115 @@
+"""The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from timm_posgeom import study as study_mod
+from timm_posgeom.cli import main as cli_main
+from timm_posgeom.report import evaluate_claims
+from timm_posgeom.study import dry_run, preset_config, run_study
+
+TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1"]
+
+
+def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
+    config = preset_config("demo", conditions=tuple(conditions), eval_images=48, probe_images=24,
+                           sweep_images=24, alphas=(1.0, 0.0), batch_size=24, synthetic_size=120)
+    config.train_overrides = list(config.train_overrides) + TINY
+    return config
+
+
+def _is_png(path) -> bool:
+    data = path.read_bytes()
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+
+
+@pytest.fixture(scope="module")
+def demo_study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    results = run_study(_tiny(), out, progress=False)
+    return out, results
+
+
+def test_demo_study_end_to_end(demo_study):
+    out, results = demo_study
+    assert results["complete"] and [r["condition"] for r in results["runs"]] == list(study_mod.CONDITIONS)
+    for run in results["runs"]:
+        ev = run["eval"]
+        assert 0.0 <= ev["clean_accuracy"] <= 1.0 and set(ev["fs"]) == {"jpeg:5", "blur:2.5:5"}
+        assert len(ev["ssdc"]["per_layer"]) == 4 and len(ev["ssdc"]["rpi_per_layer"]) == 4
+        assert len(run["untrained"]["per_layer"]) == 4
+        assert ("alpha_sweep" in ev) == (run["condition"] in ("ape", "sincos", "rope"))
+    assert results["versions"]["timm"] and results["config"]["preset"] == "demo"
+    report = (out / "report.md").read_text()
+    for needle in ("Accuracy and fragility", "paper JPEG FS", "five claims", "figures/ssdc_depth.png"):
+        assert needle in report
+    assert len(evaluate_claims(results)) == 5
+    for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps"):
+        assert _is_png(out / "figures" / f"{name}.png"), name
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4
+
+
+def test_no_pe_under_rpi_matches_content_positions_in_the_study(demo_study):
+    """A model without PE is permutation-equivariant: measured against where each token's content
+    came from, its SSDC under RPI equals its unpermuted SSDC."""
+    _, results = demo_study
+    nope = next(r for r in results["runs"] if r["condition"] == "nope")["eval"]["ssdc"]
+    assert nope["rpi_content_per_layer"] == pytest.approx(nope["per_layer"], abs=1e-4)
+
+
+def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
+    out, _ = demo_study
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "results.json").write_text((out / "results.json").read_text())
+    assert cli_main(["report", str(copy)]) == 0
+    assert (copy / "report.md").read_text().split("## Figures")[0] == \
+        (out / "report.md").read_text().split("## Figures")[0].replace(str(out), str(copy))
+    assert _is_png(copy / "figures" / "ssdc_depth.png")
+
+
+def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
+    config = _tiny(conditions=("nope", "ape"))
+    calls = {"n": 0}
+    real = study_mod._evaluate
+
+    def interrupt_second(config, condition, run_dir, val, log):
+        calls["n"] += 1
+        if condition == "ape":
+            raise KeyboardInterrupt
+        return real(config, condition, run_dir, val, log)
+
+    monkeypatch.setattr(study_mod, "_evaluate", interrupt_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, tmp_path, progress=False)
+    partial = json.loads((tmp_path / "results.json").read_text())
+    assert not partial["complete"] and [r["condition"] for r in partial["runs"]] == ["nope"]
+    trained_at = (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns
+    monkeypatch.setattr(study_mod, "_evaluate", real)
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_study(config, tmp_path, progress=False)
+    results = run_study(config, tmp_path, resume=True, progress=False)
+    assert results["complete"] and [r["condition"] for r in results["runs"]] == ["nope", "ape"]
+    assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
+
+
+def test_in100_dry_run_validates_every_recipe(tmp_path, capsys):
+    plan = dry_run(preset_config("in100"), tmp_path)
+    assert [p["condition"] for p in plan] == list(study_mod.CONDITIONS)
+    assert all(p["img_size"] == 224 and p["epochs"] == 60 and "accelerate launch" in p["command"] for p in plan)
+    assert {p["model"] for p in plan} == {f"vit_small_patch16_224_{v}" for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
+    assert cli_main(["study", "--preset", "in100", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert "every recipe valid" in capsys.readouterr().out
+
+
+def test_bad_study_input(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset"):
+        preset_config("imagenet-1k")
+    with pytest.raises(ValueError, match="unknown condition"):
+        preset_config("demo", conditions=("nope", "alibi"))
+    config = preset_config("demo")
+    config.train_overrides = list(config.train_overrides) + ["epochz=3"]
+    with pytest.raises(ValueError, match="epochz"):
+        dry_run(config, tmp_path)
