@@ -46,9 +46,10 @@ import torch
 import torch.nn as nn
 import yaml
 
+from .hub import export_for_hub
 from .recipe import Recipe, RecipeError, load_recipe
 
-__all__ = ["train", "main", "add_arguments", "run_from_args", "pe_table_ssdc", "latest_checkpoint", "export_model"]
+__all__ = ["train", "main", "add_arguments", "run_from_args", "pe_table_ssdc", "latest_checkpoint"]
 
 _CKPT = re.compile(r"^step_(\d{8,})$")
 
@@ -170,37 +171,10 @@ class MetricsLog:
 # --------------------------------------------------------------------------------------------
 # export
 # --------------------------------------------------------------------------------------------
-def _model_args(model: nn.Module, recipe: Recipe, num_classes: int) -> dict[str, Any]:
-    """Every argument that defines the architecture, for config.json's ``model_args``."""
-    from .models import PosGeomViT
-
-    args = dict(recipe.model_kwargs, img_size=recipe.img_size, num_classes=num_classes)
-    if isinstance(model, PosGeomViT):
-        patch = model.patch_embed.patch_size
-        args.update(
-            pe=model.pe, alpha=model.alpha, token_shuffle=model.token_shuffle,
-            embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
-            patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
-        )
-    return args
-
-
-def export_model(model: nn.Module, directory: str | os.PathLike, model_args: dict[str, Any],
-                 pretrained_cfg: dict[str, Any] | None = None) -> Path:
-    """Write ``model`` in timm's Hub layout (config.json + model.safetensors) into ``directory``,
-    atomically (a temporary folder renamed into place)."""
-    from timm.models import save_for_hf
-
-    directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if pretrained_cfg:
-        model.pretrained_cfg = dict(getattr(model, "pretrained_cfg", {}) or {}, **pretrained_cfg)
-    save_for_hf(model, str(tmp), model_args=model_args, safe_serialization=True)
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
-    return directory
+def _model_args(recipe: Recipe, num_classes: int) -> dict[str, Any]:
+    """The run's own model arguments; :func:`timm_posgeom.hub.export_for_hub` adds every argument
+    that defines a PosGeomViT's architecture (PE, alpha, token shuffle, width, depth, heads...)."""
+    return dict(recipe.model_kwargs, img_size=recipe.img_size, num_classes=num_classes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,14 +492,14 @@ def _run(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool) -
         pe_ssdc=eval_result.get("pe_ssdc"), resumed_from=resumed_from,
     )
     if accelerator.is_main_process:
-        model_args = _model_args(raw_model, recipe, num_classes)
+        model_args = _model_args(recipe, num_classes)
         cfg = dict(input_size=(3, recipe.img_size, recipe.img_size), num_classes=num_classes, label_names=list(classes),
                    mean=tuple(mean), std=tuple(std), interpolation=recipe.interpolation,
                    crop_pct=1.0 if recipe.eval_resize == "paper" else recipe.crop_pct,
                    crop_mode="squash" if recipe.eval_resize == "paper" else "center")
-        summary["export"] = str(export_model(raw_model, out / "export", model_args, cfg))
+        summary["export"] = str(export_for_hub(raw_model, out / "export", model_args, cfg))
         if ema is not None:
-            summary["export_ema"] = str(export_model(ema.module, out / "export_ema", model_args, cfg))
+            summary["export_ema"] = str(export_for_hub(ema.module, out / "export_ema", model_args, cfg))
         log.log(dict(summary, kind="final"))
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         accelerator.print(f"done: {state.step} steps in {summary['time_s']:.0f}s, val top-1 {summary['val_top1']:.4f}; "
