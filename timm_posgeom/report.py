@@ -65,6 +65,15 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
 # --------------------------------------------------------------------------------------------
 # claims
 # --------------------------------------------------------------------------------------------
+def _trend(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman correlation of y with x; NaN when either is constant or has missing values."""
+    from scipy.stats import spearmanr
+
+    if np.isnan(y).any() or np.ptp(y) == 0 or np.ptp(x) == 0:
+        return math.nan
+    return float(spearmanr(x, y)[0])
+
+
 def evaluate_claims(results: dict) -> list[dict[str, Any]]:
     """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
     by = _by_condition(results)
@@ -130,10 +139,7 @@ def evaluate_claims(results: dict) -> list[dict[str, Any]]:
         alphas = np.array(sweeps[0]["alphas"], dtype=float)
         delta = np.nanmean([[np.nan if v is None else v for v in s["delta_ssdc"]] for s in sweeps], 0)
         fsj = np.nanmean([[np.nan if v is None else v for v in s["fs"][shift]] for s in sweeps], 0)
-        from scipy.stats import spearmanr
-
-        rd = spearmanr(alphas, delta)[0]
-        rf = spearmanr(alphas, fsj)[0]
+        rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
         held = bool(rd > 0 and rf < 0)
         why = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
                f"{np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, FS {rf:+.2f})")
@@ -165,6 +171,7 @@ def fig_ssdc_depth(results: dict, path: Path) -> None:
             if m.size == 0:
                 continue
             x = np.arange(len(m))
+            ax.set_xticks(x)
             ax.plot(x, m, "-o", color=COLORS.get(c), label=LABELS.get(c, c), ms=4)
             ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2)
             u, _ = _layers(runs, key, source="untrained")
