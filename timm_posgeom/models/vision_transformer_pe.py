@@ -248,10 +248,28 @@ def _name(size: str, variant: str) -> str:
     return f"{stem}_{variant}"
 
 
-default_cfgs = generate_default_cfgs({
-    _name(size, variant): _cfg(input_size=(3, 64, 64), crop_pct=1.0) if size == "micro" else _cfg()
-    for size in _SIZES for variant in _VARIANTS
-})
+# Published weights, "<model>.<tag>": "<hf hub id>", e.g. "vit_small_patch16_224_ape.in100_paper_s0".
+# Only weights that exist on the Hub go here: no placeholders (timm would list them as pretrained).
+PRETRAINED: dict[str, str] = {}
+
+
+def _base_cfg(name: str) -> dict[str, Any]:
+    return _cfg(input_size=(3, 64, 64), crop_pct=1.0) if name.startswith("vit_micro") else _cfg()
+
+
+def build_default_cfgs(pretrained: dict[str, str]) -> dict[str, Any]:
+    """Untagged cfgs for every model, plus one tagged cfg (with its ``hf_hub_id``) per published weight."""
+    cfgs: dict[str, Any] = {_name(size, variant): _base_cfg(_name(size, variant))
+                            for size in _SIZES for variant in _VARIANTS}
+    for tagged, hub_id in pretrained.items():
+        name, _, tag = tagged.partition(".")
+        if name not in cfgs or not tag:
+            raise ValueError(f"pretrained entry {tagged!r} must be '<registered model>.<tag>'")
+        cfgs[tagged] = dict(_base_cfg(name), hf_hub_id=hub_id)
+    return cfgs
+
+
+default_cfgs = generate_default_cfgs(build_default_cfgs(PRETRAINED))
 
 
 def _build(size: str, variant: str, pretrained: bool, kwargs: dict[str, Any]) -> PosGeomViT:
