@@ -251,14 +251,16 @@ def fig_similarity_maps(out: Path, results: dict, path: Path) -> bool:
                   (maps["rpi"][0], "layer 0, RPI"), (maps["rpi"][1], "layer 1, RPI")]
         for k, (m, title) in enumerate(panels):
             ax = axes[r][k]
-            ax.imshow(m.numpy(), cmap="viridis")
+            img = m.numpy().astype(float)
+            np.fill_diagonal(img, np.nan)  # self-similarity (1) would swamp the colour scale
+            ax.imshow(img, cmap="viridis")
             ax.set_xticks([])
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(title, fontsize=8)
             if k == 0:
                 ax.set_ylabel(LABELS.get(c, c), fontsize=8)
-    fig.suptitle("mean token-similarity maps (token slot order, row-major)", fontsize=9)
+    fig.suptitle("mean token-similarity maps (token slot order, row-major; diagonal masked)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
