@@ -65,6 +65,13 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
 # --------------------------------------------------------------------------------------------
 # claims
 # --------------------------------------------------------------------------------------------
+def _sweep_means(sweeps: list[dict], shift: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per alpha, delta SSDC and FS of ``shift`` averaged over seeds (missing values ignored)."""
+    def mean(rows):
+        return np.nanmean([[np.nan if v is None else v for v in row] for row in rows], 0)
+    return mean(s["delta_ssdc"] for s in sweeps), mean(s["fs"][shift] for s in sweeps)
+
+
 def _trend(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman correlation of y with x; NaN when either is constant or has missing values."""
     from scipy.stats import spearmanr
@@ -137,8 +144,7 @@ def evaluate_claims(results: dict) -> list[dict[str, Any]]:
     sweeps = [r["eval"].get("alpha_sweep") for r in by.get("ape", []) if r["eval"].get("alpha_sweep")]
     if sweeps:
         alphas = np.array(sweeps[0]["alphas"], dtype=float)
-        delta = np.nanmean([[np.nan if v is None else v for v in s["delta_ssdc"]] for s in sweeps], 0)
-        fsj = np.nanmean([[np.nan if v is None else v for v in s["fs"][shift]] for s in sweeps], 0)
+        delta, fsj = _sweep_means(sweeps, shift)
         rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
         held = bool(rd > 0 and rf < 0)
         why = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
@@ -217,8 +223,7 @@ def fig_alpha_sweep(results: dict, path: Path) -> bool:
     fig, axes = plt.subplots(1, len(swept), figsize=(4.2 * len(swept), 3.4), squeeze=False)
     for ax, (c, sweeps) in zip(axes[0], swept):
         alphas = sweeps[0]["alphas"]
-        delta = np.nanmean([[np.nan if v is None else v for v in s["delta_ssdc"]] for s in sweeps], 0)
-        fsj = np.nanmean([[np.nan if v is None else v for v in s["fs"]["jpeg:5"]] for s in sweeps], 0)
+        delta, fsj = _sweep_means(sweeps, "jpeg:5")
         ax.plot(alphas, delta, "-o", color="#1f77b4", ms=4)
         ax.set_xlabel("alpha (PE scale)")
         ax.set_ylabel("delta SSDC under RPI", color="#1f77b4")
