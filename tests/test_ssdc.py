@@ -95,6 +95,19 @@ def test_constant_map_nan_with_warning():
         assert torch.isnan(ssdc(maps, (3, 3))[2])
 
 
+def test_infinite_entries_match_scipy():
+    """+-inf are ordinary extreme values for scipy; chunks holding them take the unpacked path."""
+    gen = torch.Generator().manual_seed(7)
+    maps = torch.randn(20, 16, 16, generator=gen)  # float32: more than one chunk of rows
+    maps[3, 0, 5] = float("inf")
+    maps[3, 2, 9] = float("inf")
+    maps[12, 0, 1] = float("-inf")  # sorts first: index 0 of its row
+    maps[17, 4, 6] = float("-inf")
+    got = ssdc(maps, (4, 4))
+    want = [_reference(m, _grid(4, 4), "manhattan") for m in maps.double().numpy()]
+    np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="distance"):
         ssdc(torch.rand(4, 4), (2, 2), "cosine")

@@ -116,13 +116,13 @@ class _Accumulator:
         z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
         if self.want_images:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            pairs = upper_pairs(sim)  # (B, M) the pairs i < j
-            rhos = ssdc_pairs(pairs, self._distance_targets(sim.device))
+            rhos = ssdc_pairs(sim, self._distance_targets(sim.device))  # over the pairs i < j of each map
             self.index_moments[layer].update(rhos[0])
             if self.permutation is not None:
                 self.content_moments[layer].update(rhos[1])
             if self.want_map:
-                self._add_map(layer, pairs.sum(0), sim.diagonal(dim1=1, dim2=2).sum(0))
+                total = sim.sum(0)  # (N, N)
+                self._add_map(layer, upper_pairs(total), total.diagonal())
         else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
             flat = z.transpose(0, 1).reshape(z.shape[1], -1)
             total = flat @ flat.T  # (N, N)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -73,10 +74,34 @@ _INDEX_BITS = 29  # float32 -> float64 leaves 29 zero mantissa bits: room for th
 _ROWS_PER_CHUNK = 8  # 8 rows of 19,110 float64 pairs stay in L2 through every pass
 
 
-def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+_BUFFERS = threading.local()  # per worker thread: the chunk's scratch arrays, reused across calls
+
+
+def _scratch(b: int, M: int) -> tuple[np.ndarray, ...]:
+    """(b, M) float32 pairs, (b, M) float64 keys, (b, M) int64 and (b, M - 1) bool scratch, (b, M) float64.
+
+    Reused per thread: arrays of a few MB would otherwise be mapped and page-faulted on every chunk.
+    """
+    bufs = getattr(_BUFFERS, "arrays", None)
+    if bufs is None or bufs[0].shape[1] != M or bufs[0].shape[0] < b:
+        bufs = (np.empty((b, M), np.float32), np.empty((b, M), np.float64), np.empty((b, M), np.int64),
+                np.empty((b, max(M - 1, 0)), bool), np.empty((b, M), np.float64))
+        _BUFFERS.arrays = bufs
+    return tuple(x[:b] for x in bufs)
+
+
+def _centred_ordinal(M: int) -> np.ndarray:
+    """(M,) float64: ordinal ranks 1..M minus their mean."""
+    return np.arange(1, M + 1, dtype=np.float64) - (M + 1) / 2
+
+
+def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
+                       pair_index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Spearman numerators and rank norms of a few rows on CPU.
 
-    vals: (b, M) float32 or float64. targets: centred distance ranks, each (M,) float64.
+    vals: (b, M) float32 or float64, or with ``pair_index`` (M,) whole maps (b, N * N) whose entries
+    ``pair_index`` (the pairs i < j) are read here, inside the worker, while the chunk is in cache.
+    targets: centred distance ranks, each (M,) float64.
     Returns nums (T, b) = sum_k (rank_k - mean) d_k, norms (b,) = |rank - mean|, where rank is
     the tie-averaged rank of row b's k-th pair, and the rows holding a NaN (b,) bool.
 
@@ -85,27 +110,56 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray]) -> tuple[np.
     both the order and the tie groups. Ranks are ordinal first (a dot product per row); ties, a few
     per row, are then corrected sparsely: an element of a tie group spanning sorted positions
     s..e gets (s + e) / 2 + 1 instead of its position + 1, and the squared norm loses (t^3 - t) / 12
-    per group of size t.
+    per group of size t. Every pass writes into per-thread scratch arrays.
     """
-    b, M = vals.shape
-    nan_rows = np.zeros(b, dtype=bool)
-    if not np.isfinite(vals).all():  # NaN rows -> NaN; +-inf cannot carry index bits: sort as they are
-        nan_rows = np.isnan(vals).any(axis=1)
-        vals = np.where(nan_rows[:, None], 0.0, vals.astype(np.float64))
+    b = vals.shape[0]
+    M = vals.shape[1] if pair_index is None else pair_index.shape[0]
     if vals.dtype == np.float32 and M < 2 ** _INDEX_BITS:
-        keys = np.add(vals, 0.0, dtype=np.float64)  # widen; -0.0 + 0.0 = +0.0, so equal floats have equal bits
+        pairs, keys, high, equal_next, gathered = _scratch(b, M)
+        if pair_index is not None:
+            vals = np.take(vals, pair_index, axis=1, out=pairs, mode="clip")
+        np.add(vals, 0.0, out=keys)  # widen; -0.0 + 0.0 = +0.0, so equal floats have equal bits
         bits = keys.view(np.int64)
-        bits |= np.arange(M, dtype=np.int64)
+        np.bitwise_or(bits, np.arange(M, dtype=np.int64), out=bits)
         keys.sort(axis=1)
-        equal_next = (bits[:, 1:] ^ bits[:, :-1]).view(np.uint64) < (1 << _INDEX_BITS)  # (b, M - 1)
-        bits &= (1 << _INDEX_BITS) - 1
+        # +-inf and NaN turn into NaN keys (inf with index bits is a NaN), which sort last; -inf with
+        # index 0 stays first. A finite chunk therefore has finite first and last columns.
+        if not (np.isfinite(keys[:, 0]).all() and np.isfinite(keys[:, -1]).all()):
+            return _spearman_chunk_generic(np.array(vals), targets)
+        np.right_shift(bits, _INDEX_BITS, out=high)
+        np.equal(high[:, 1:], high[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
+        np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
         order = bits
-    else:
-        order = np.argsort(vals, axis=1)
-        sorted_vals = np.take_along_axis(vals, order, 1)
-        equal_next = sorted_vals[:, 1:] == sorted_vals[:, :-1]
-    centred = np.arange(1, M + 1, dtype=np.float64) - (M + 1) / 2  # ordinal ranks, centred
+        centred = _centred_ordinal(M)
+        nums = np.stack([np.take(d, order, out=gathered, mode="clip") @ centred for d in targets])  # (T, b)
+        nums, norms = _tie_correct(nums, order, equal_next, targets)
+        return nums, norms, np.zeros(b, dtype=bool)
+    if pair_index is not None:
+        vals = np.take(vals, pair_index, axis=1)
+    return _spearman_chunk_generic(vals, targets)
+
+
+def _spearman_chunk_generic(vals: np.ndarray, targets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_spearman_chunk_np` for float64 rows and rows with NaN or +-inf (argsort, no packing)."""
+    b, M = vals.shape
+    nan_rows = np.isnan(vals).any(axis=1)
+    vals = np.where(nan_rows[:, None], 0.0, vals.astype(np.float64))
+    order = np.argsort(vals, axis=1)
+    sorted_vals = np.take_along_axis(vals, order, 1)
+    equal_next = sorted_vals[:, 1:] == sorted_vals[:, :-1]
+    centred = _centred_ordinal(M)
     nums = np.stack([np.take(d, order) @ centred for d in targets])  # (T, b)
+    nums, norms = _tie_correct(nums, order, equal_next, targets)
+    return nums, norms, nan_rows
+
+
+def _tie_correct(nums: np.ndarray, order: np.ndarray, equal_next: np.ndarray,
+                 targets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Turn ordinal-rank numerators (T, b) into tie-averaged ones; return them and the rank norms (b,).
+
+    order: (b, M) pair index at each sorted position; equal_next: (b, M - 1) sorted k, k + 1 tie.
+    """
+    b, M = order.shape
     norm2 = np.full(b, M * (M * M - 1) / 12)
     rows, pos = np.divmod(np.flatnonzero(equal_next), M - 1)  # sorted positions pos, pos + 1 of row `rows` tie
     if rows.size:
@@ -123,7 +177,7 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray]) -> tuple[np.
             nums[t] += np.bincount(el_row, weights=shift * d[order[el_row, el_pos]], minlength=b)
         size = (g_end - g_start + 1).astype(np.float64)
         norm2 -= np.bincount(g_row, weights=(size ** 3 - size) / 12, minlength=b)
-    return nums, np.sqrt(np.maximum(norm2, 0.0)), nan_rows
+    return nums, np.sqrt(np.maximum(norm2, 0.0))
 
 
 _POOL: ThreadPoolExecutor | None = None
@@ -152,31 +206,38 @@ def _spearman_torch(pairs: torch.Tensor, targets: list[torch.Tensor]) -> tuple[t
     return nums, norms, nan_rows
 
 
-def _spearman_rows(pairs: torch.Tensor, targets: Sequence[tuple[torch.Tensor, float]]) -> list[torch.Tensor]:
-    """Spearman correlation of each row of ``pairs`` (B, M) with each target (centred ranks (M,), norm).
+def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, float]]) -> list[torch.Tensor]:
+    """Spearman correlation of each pair vector with each target (centred ranks (M,), norm).
 
-    Returns one (B,) float64 tensor per target on the pairs' device; NaN for rows that are constant
-    or hold a NaN, as scipy. CPU: numpy, in chunks of rows (cache-sized) over a thread pool (numpy
-    releases the GIL). Other devices: torch.sort.
+    values: (B, M) pair vectors, or (B, N, N) maps whose pairs i < j are used. Returns one (B,)
+    float64 tensor per target on the input's device; NaN for rows that are constant or hold a NaN,
+    as scipy. CPU: numpy, in chunks of rows (cache-sized) over a thread pool (numpy releases the
+    GIL); maps are read pair by pair inside each chunk, so the (B, M) copy never exists. Other
+    devices: torch.sort.
     """
-    B, M = pairs.shape
+    B = values.shape[0]
     if B == 0:
-        return [torch.empty(0, dtype=torch.float64, device=pairs.device) for _ in targets]
-    if pairs.device.type == "cpu":
-        vals = pairs.detach()
+        return [torch.empty(0, dtype=torch.float64, device=values.device) for _ in targets]
+    if values.device.type == "cpu":
+        vals = values.detach()
         if vals.dtype not in (torch.float32, torch.float64):
             vals = vals.float()
+        pair_index = None
+        if vals.ndim == 3:
+            pair_index = _upper_pairs(vals.shape[-1], "cpu").numpy()
+            vals = vals.reshape(B, -1)
         vals = vals.contiguous().numpy()
         d_np = [d.cpu().numpy() for d, _ in targets]
         chunks = [vals[i:i + _ROWS_PER_CHUNK] for i in range(0, B, _ROWS_PER_CHUNK)]
         if len(chunks) > 1 and torch.get_num_threads() > 1:
-            parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np), chunks))
+            parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index), chunks))
         else:
-            parts = [_spearman_chunk_np(c, d_np) for c in chunks]
+            parts = [_spearman_chunk_np(c, d_np, pair_index) for c in chunks]
         nums = torch.from_numpy(np.concatenate([p[0] for p in parts], axis=1))  # (T, B)
         norms = torch.from_numpy(np.concatenate([p[1] for p in parts]))  # (B,)
         nan_rows = torch.from_numpy(np.concatenate([p[2] for p in parts]))  # (B,)
     else:
+        pairs = upper_pairs(values) if values.ndim == 3 else values
         nums, norms, nan_rows = _spearman_torch(pairs, [d for d, _ in targets])
     out = []
     for t, (_, d_norm) in enumerate(targets):
@@ -264,10 +325,11 @@ def _check_args(shape: torch.Size, grid_size, distance: str, positions) -> tuple
 
 
 def ssdc_pairs(pairs: torch.Tensor, d_centred_list: Sequence[tuple[torch.Tensor, float]]) -> list[torch.Tensor]:
-    """SSDC of a batch of pair vectors against one or more centred distance-rank vectors.
+    """SSDC of a batch of pair vectors (or maps) against one or more centred distance-rank vectors.
 
-    pairs: (B, M) similarities over the pairs i < j. Returns one (B,) float64 tensor per entry of
-    ``d_centred_list`` (NaN for constant or non-finite rows). Shares one sort across the entries.
+    pairs: (B, M) similarities over the pairs i < j, or (B, N, N) maps (only i < j is read).
+    Returns one (B,) float64 tensor per entry of ``d_centred_list`` (NaN for constant or non-finite
+    rows). Shares one sort across the entries.
     """
     return _spearman_rows(pairs, d_centred_list)
 
@@ -320,7 +382,7 @@ def ssdc(
     if d_norm == 0:
         warnings.warn("the grid distance is constant over the pairs i < j: SSDC is undefined (NaN)",
                       ConstantMapWarning, stacklevel=2)
-    (rho,) = ssdc_pairs(upper_pairs(maps), [(d_centred, d_norm)])
+    (rho,) = ssdc_pairs(maps, [(d_centred, d_norm)])
     if d_norm > 0:
         _warn_constant(rho, maps)
     rho = rho.to(out_dtype)
