@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
-from timm_posgeom.report import evaluate_claims
+from timm_posgeom.report import _formed_at, _training_table, evaluate_claims
 from timm_posgeom.study import dry_run, preset_config, run_study
 
-TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1"]
+TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
+        "rpi_ssdc_images=16"]
 
 
 def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
@@ -41,14 +43,17 @@ def test_demo_study_end_to_end(demo_study):
         assert len(ev["ssdc"]["per_layer"]) == 4 and len(ev["ssdc"]["rpi_per_layer"]) == 4
         assert len(run["untrained"]["per_layer"]) == 4
         assert ("alpha_sweep" in ev) == (run["condition"] in ("ape", "sincos", "rope"))
+        assert run["history"] and len(run["history"][-1]["rpi_ssdc"]) == 4  # from the training log
+        assert run["history"][-1]["val_top1"] == pytest.approx(run["train"]["val_top1"])
     assert results["versions"]["timm"] and results["config"]["preset"] == "demo"
     report = (out / "report.md").read_text()
     for needle in ("Accuracy and fragility", "paper JPEG FS", "five claims", "figures/ssdc_depth.png"):
         assert needle in report
     assert len(evaluate_claims(results)) == 5
-    for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps"):
+    for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps", "training"):
         assert _is_png(out / "figures" / f"{name}.png"), name
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 5
+    assert "During training: SSDC under RPI" in report
 
 
 def test_no_pe_under_rpi_matches_content_positions_in_the_study(demo_study):
@@ -93,6 +98,19 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     results = run_study(config, tmp_path, resume=True, progress=False)
     assert results["complete"] and [r["condition"] for r in results["runs"]] == ["nope", "ape"]
     assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
+
+
+def test_training_table_finds_when_the_anchor_forms():
+    """'Stays above the threshold from epoch' ignores an early excursion; seeds average per epoch."""
+    def run(seed, curve):
+        return dict(condition="ape", seed=seed, history=[
+            dict(step=e, epoch=float(e), val_top1=0.1 * e, rpi_ssdc=[v, v], pe_ssdc=None) for e, v in curve])
+    assert _formed_at(np.array([2.0, 4.0, 6.0, 8.0]), np.array([0.2, 0.05, 0.15, 0.3])) == 6.0
+    assert _formed_at(np.array([2.0, 4.0]), np.array([0.3, 0.05])) is None
+    results = dict(runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]),
+                         run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])])  # mean 0, .09, .2, .3
+    row = next(line for line in _training_table(results) if line.startswith("| APE"))
+    assert row.split("|")[-3].strip() == "6" and "0.300 (ep 8)" in row and row.split("|")[-2].strip() == "0.800"
 
 
 def test_in100_dry_run_validates_every_recipe(tmp_path, capsys):

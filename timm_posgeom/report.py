@@ -275,6 +275,84 @@ def fig_similarity_maps(out: Path, results: dict, path: Path) -> bool:
 # --------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------
+def _history(runs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training curves averaged over seeds at the epochs they share.
+
+    Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,); empty arrays when
+    no run logged SSDC under RPI during training.
+    """
+    by_epoch: dict[float, list[dict]] = {}
+    for r in runs:
+        for rec in r.get("history") or []:
+            if rec.get("rpi_ssdc"):
+                by_epoch.setdefault(rec["epoch"], []).append(rec)
+    if not by_epoch:
+        return np.array([]), np.zeros((0, 0)), np.array([])
+    epochs = sorted(by_epoch)
+    width = max(len(rec["rpi_ssdc"]) for recs in by_epoch.values() for rec in recs)
+    ssdc = np.array([np.nanmean([[np.nan if v is None else v for v in rec["rpi_ssdc"]] + [np.nan] *
+                                 (width - len(rec["rpi_ssdc"])) for rec in by_epoch[e]], 0) for e in epochs])
+    top1 = np.array([np.nanmean([np.nan if rec["val_top1"] is None else rec["val_top1"] for rec in by_epoch[e]])
+                     for e in epochs])
+    return np.array(epochs), ssdc, top1
+
+
+def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
+    """First logged epoch from which the mean SSDC under RPI stays above SUBSTANTIAL, or None."""
+    above = mean_ssdc > SUBSTANTIAL
+    for i in range(len(epochs)):
+        if above[i:].all():
+            return float(epochs[i])
+    return None
+
+
+def fig_training(results: dict, path: Path) -> bool:
+    """SSDC under RPI per layer across training (one panel per condition), with validation top-1."""
+    plt = _plt()
+    curves = [(c, _history(runs)) for c, runs in _by_condition(results).items()]
+    curves = [(c, h) for c, h in curves if h[0].size]
+    if not curves:
+        return False
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.3 * len(curves), 3.3), sharey=True, squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for ax, (c, (epochs, ssdc_l, top1)) in zip(axes[0], curves):
+        L = ssdc_l.shape[1]
+        for layer in range(L):
+            ax.plot(epochs, ssdc_l[:, layer], color=cmap(layer / max(1, L - 1)), lw=1.3,
+                    label=f"layer {layer}" if layer in (0, L - 1) else None)
+        ax.plot(epochs, top1, "--", color="0.45", lw=1, label="val top-1")
+        ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_title(LABELS.get(c, c))
+        ax.set_xlabel("epoch")
+    axes[0][0].set_ylabel("SSDC under RPI (lines) / top-1")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _training_table(results: dict) -> list[str]:
+    rows = []
+    for c, runs in _by_condition(results).items():
+        epochs, ssdc_l, top1 = _history(runs)
+        if not epochs.size:
+            continue
+        mean = np.nanmean(ssdc_l, 1)
+        marks = [int(round(q * (len(epochs) - 1))) for q in (0.25, 0.5, 0.75, 1.0)]
+        formed = _formed_at(epochs, mean)
+        rows.append(f"| {LABELS.get(c, c)} | " + " | ".join(f"{mean[i]:.3f} (ep {epochs[i]:g})" for i in marks)
+                    + f" | {'never' if formed is None else f'{formed:g}'} | {top1[-1]:.3f} |")
+    if not rows:
+        return []
+    return ["", "## During training: SSDC under RPI (mean over layers; training log, mean over seeds)", "",
+            "Logged by the training loop on the first validation images (`rpi_ssdc_images` in the recipe): "
+            "when the index anchor forms, and whether it is still moving at the end of training.", "",
+            "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
+            "|---|---|---|---|---|---|---|"] + rows
+
+
 def _tables(results: dict) -> list[str]:
     by = _by_condition(results)
     lines = ["## Accuracy and fragility (mean ± std over seeds)", "",
@@ -333,6 +411,7 @@ def write_report(out: str | os.PathLike) -> Path:
     fig_fragility(results, figs / "fragility.png")
     has_sweep = fig_alpha_sweep(results, figs / "alpha_sweep.png")
     has_maps = fig_similarity_maps(out, results, figs / "similarity_maps.png")
+    has_training = fig_training(results, figs / "training.png")
     cfg = results["config"]
     claims = evaluate_claims(results)
     lines = [f"# PE geometry study: preset `{cfg['preset']}`", "",
@@ -340,11 +419,12 @@ def write_report(out: str | os.PathLike) -> Path:
              f"{results['eval_data']['images']} images); conditions {', '.join(cfg['conditions'])}; "
              f"{cfg['seeds']} seed(s); SSDC on {cfg['probe_images']} images; "
              f"{'complete' if results.get('complete') else 'INCOMPLETE (resume with --resume)'}; "
-             f"{results.get('elapsed_s', 0):.0f} s. Versions: "
+             f"{results.get('elapsed_s', 0):.0f} s (all invocations). Versions: "
              + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".", "",
              "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (DESIGN.md); this run's scale "
              "may differ, so compare orderings and shapes rather than values.", ""]
     lines += _tables(results)
+    lines += _training_table(results)
     lines += ["", "## The paper's five claims in this run", "",
               f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
               f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers.", "",
@@ -358,6 +438,8 @@ def write_report(out: str | os.PathLike) -> Path:
         lines += ["![Alpha sweep](figures/alpha_sweep.png)", ""]
     if has_maps:
         lines += ["![Similarity maps](figures/similarity_maps.png)", ""]
+    if has_training:
+        lines += ["![SSDC under RPI during training](figures/training.png)", ""]
     lines += ["Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
     md = "\n".join(lines) + "\n"
     (out / "report.md").write_text(md)

@@ -170,6 +170,29 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -
         raise RuntimeError(f"training {condition} seed {seed} failed (exit {result.returncode}): {' '.join(cmd)}")
 
 
+def _training_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in step order.
+
+    Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
+    ``rpi_ssdc_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
+    A step logged twice (a resumed run replays from its checkpoint) keeps its last record.
+    """
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by an interrupt
+            continue
+        if rec.get("kind") == "eval":
+            by_step[int(rec["step"])] = dict(step=int(rec["step"]), epoch=round(float(rec["epoch"]), 3),
+                                             val_top1=rec.get("val_top1"), rpi_ssdc=rec.get("rpi_ssdc"),
+                                             pe_ssdc=rec.get("pe_ssdc"))
+    return [by_step[k] for k in sorted(by_step)]
+
+
 def _probe_batches(model, split, n: int, batch_size: int):
     """Normalised (B, 3, H, W) batches of the first ``n`` images, resized straight to the input."""
     from .transforms import eval_transform
@@ -304,6 +327,9 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=(config.synthetic_size // 5 if config.synthetic_size else None))
     started = time.time()
+    earlier = 0.0  # time spent by the invocations this one resumes
+    if resume and (out / "results.json").is_file():
+        earlier = float(json.loads((out / "results.json").read_text()).get("elapsed_s") or 0.0)
     bar = tqdm(plan, desc="study", unit="run", disable=not progress)
     log = bar.write if progress else (lambda s: None)
     runs = []
@@ -314,12 +340,12 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
         evals = _evaluate(config, item["condition"], run_dir, val, log)
         summary = json.loads((run_dir / "summary.json").read_text())
         runs.append(dict(condition=item["condition"], seed=item["seed"], run_dir=os.path.relpath(run_dir, out),
-                         train=summary, eval=evals,
+                         train=summary, eval=evals, history=_training_history(run_dir),
                          untrained=_untrained(config, item["condition"], item["seed"], val, out)))
         results = dict(config=asdict(config), plan=plan, versions=_versions(), runs=runs,
                        recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
                        eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val)),
-                       elapsed_s=round(time.time() - started, 1), complete=len(runs) == len(plan))
+                       elapsed_s=round(earlier + time.time() - started, 1), complete=len(runs) == len(plan))
         _write_json(out / "results.json", nan_to_none(results))
     write_report(out)
     return json.loads((out / "results.json").read_text())
