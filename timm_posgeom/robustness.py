@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
 from .interventions import pe_scale, token_permutation
+from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import RESIZE_MODES, eval_transform, normalize_batch, resize_transform, resolve_config
 
@@ -324,11 +325,6 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
         return device
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
-
-
-def _model_name(model: nn.Module) -> str | None:
-    cfg = getattr(model, "pretrained_cfg", None) or {}
-    return cfg.get("architecture") or type(model).__name__
 
 
 @contextlib.contextmanager
