@@ -111,6 +111,8 @@ def test_infinite_entries_match_scipy():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="distance"):
         ssdc(torch.rand(4, 4), (2, 2), "cosine")
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        ssdc(torch.rand(3, 1, 1), (1, 1))
     with pytest.raises(ValueError, match="positions"):
         ssdc(torch.rand(6, 6), (2, 3), positions=torch.rand(5, 2))
     with pytest.raises(ValueError, match="grid_size"):

@@ -316,6 +316,8 @@ def _check_args(shape: torch.Size, grid_size, distance: str, positions) -> tuple
     except (TypeError, ValueError):
         raise ValueError(f"grid_size must be (H, W), got {grid_size!r}") from None
     n = shape[-1]
+    if n < 2:
+        raise ValueError(f"SSDC needs at least 2 tokens (one pair i < j), got a {n} x {n} map")
     if positions is not None:
         if tuple(positions.shape) != (n, 2):
             raise ValueError(f"positions must be ({n}, 2) for {n} tokens, got {tuple(positions.shape)}")
