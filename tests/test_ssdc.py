@@ -108,6 +108,16 @@ def test_infinite_entries_match_scipy():
     np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
 
 
+def test_large_grid_matches_scipy():
+    """600 tokens: 179,700 pairs per map, one map per work item."""
+    gen = torch.Generator().manual_seed(3)
+    z = torch.nn.functional.normalize(torch.randn(3, 600, 32, generator=gen), dim=-1)
+    maps = z @ z.transpose(1, 2)
+    got = ssdc(maps, (25, 24))
+    want = [_reference(m, _grid(25, 24), "manhattan") for m in maps.double().numpy()]
+    np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="distance"):
         ssdc(torch.rand(4, 4), (2, 2), "cosine")

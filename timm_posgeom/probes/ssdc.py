@@ -71,7 +71,13 @@ def rankdata(values: torch.Tensor) -> torch.Tensor:
 
 
 _INDEX_BITS = 29  # float32 -> float64 leaves 29 zero mantissa bits: room for the pair index
-_ROWS_PER_CHUNK = 8  # 8 rows of 19,110 float64 pairs stay in L2 through every pass
+_PAIRS_PER_CHUNK = 160_000  # 8 rows of 19,110 float64 pairs (14 x 14 grids) stay in L2 through every pass
+
+
+def _rows_per_chunk(M: int) -> int:
+    """Rows per CPU work item: about _PAIRS_PER_CHUNK pairs (1 row for grids of 24 x 24 and up), so a
+    worker's scratch arrays stay cache-sized and bounded (29 bytes per pair) whatever the grid."""
+    return max(1, _PAIRS_PER_CHUNK // max(M, 1))
 
 
 _BUFFERS = threading.local()  # per worker thread: the chunk's scratch arrays, reused across calls
@@ -228,7 +234,8 @@ def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, f
             vals = vals.reshape(B, -1)
         vals = vals.contiguous().numpy()
         d_np = [d.cpu().numpy() for d, _ in targets]
-        chunks = [vals[i:i + _ROWS_PER_CHUNK] for i in range(0, B, _ROWS_PER_CHUNK)]
+        rows = _rows_per_chunk(vals.shape[1] if pair_index is None else pair_index.shape[0])
+        chunks = [vals[i:i + rows] for i in range(0, B, rows)]
         if len(chunks) > 1 and torch.get_num_threads() > 1:
             parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index), chunks))
         else:
