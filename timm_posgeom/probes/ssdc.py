@@ -96,9 +96,13 @@ def _scratch(b: int, M: int) -> tuple[np.ndarray, ...]:
     return tuple(x[:b] for x in bufs)
 
 
-def _centred_ordinal(M: int) -> np.ndarray:
-    """(M,) float64: ordinal ranks 1..M minus their mean."""
-    return np.arange(1, M + 1, dtype=np.float64) - (M + 1) / 2
+@functools.lru_cache(maxsize=16)
+def _ordinal(M: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read-only (M,) int64 pair indices 0..M-1 and (M,) float64 ordinal ranks 1..M minus their mean."""
+    index = np.arange(M, dtype=np.int64)
+    centred = np.arange(1, M + 1, dtype=np.float64) - (M + 1) / 2
+    index.flags.writeable = centred.flags.writeable = False
+    return index, centred
 
 
 def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
@@ -126,7 +130,8 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
             vals = np.take(vals, pair_index, axis=1, out=pairs, mode="clip")
         np.add(vals, 0.0, out=keys)  # widen; -0.0 + 0.0 = +0.0, so equal floats have equal bits
         bits = keys.view(np.int64)
-        np.bitwise_or(bits, np.arange(M, dtype=np.int64), out=bits)
+        index, centred = _ordinal(M)
+        np.bitwise_or(bits, index, out=bits)
         keys.sort(axis=1)
         # +-inf and NaN turn into NaN keys (inf with index bits is a NaN), which sort last; -inf with
         # index 0 stays first. A finite chunk therefore has finite first and last columns.
@@ -136,7 +141,6 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
         np.equal(high[:, 1:], high[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
         np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
         order = bits
-        centred = _centred_ordinal(M)
         nums = np.stack([np.take(d, order, out=gathered, mode="clip") @ centred for d in targets])  # (T, b)
         nums, norms = _tie_correct(nums, order, equal_next, targets)
         return nums, norms, np.zeros(b, dtype=bool)
@@ -153,7 +157,7 @@ def _spearman_chunk_generic(vals: np.ndarray, targets: list[np.ndarray]) -> tupl
     order = np.argsort(vals, axis=1)
     sorted_vals = np.take_along_axis(vals, order, 1)
     equal_next = sorted_vals[:, 1:] == sorted_vals[:, :-1]
-    centred = _centred_ordinal(M)
+    centred = _ordinal(M)[1]
     nums = np.stack([np.take(d, order) @ centred for d in targets])  # (T, b)
     nums, norms = _tie_correct(nums, order, equal_next, targets)
     return nums, norms, nan_rows
