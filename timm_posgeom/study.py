@@ -171,26 +171,20 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -
 
 
 def _training_history(run_dir: Path) -> list[dict[str, Any]]:
-    """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in step order.
+    """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in order.
 
     Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
     ``rpi_ssdc_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
-    A step logged twice (a resumed run replays from its checkpoint) keeps its last record.
+    A resumed run has already dropped the records logged after its checkpoint (``MetricsLog``).
     """
+    from .train import read_metrics
+
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    by_step: dict[int, dict[str, Any]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by an interrupt
-            continue
-        if rec.get("kind") == "eval":
-            by_step[int(rec["step"])] = dict(step=int(rec["step"]), epoch=round(float(rec["epoch"]), 3),
-                                             val_top1=rec.get("val_top1"), rpi_ssdc=rec.get("rpi_ssdc"),
-                                             pe_ssdc=rec.get("pe_ssdc"))
-    return [by_step[k] for k in sorted(by_step)]
+    return [dict(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
+                 rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"))
+            for r in read_metrics(path) if r.get("kind") == "eval"]
 
 
 def _probe_batches(model, split, n: int, batch_size: int):

@@ -124,6 +124,17 @@ class TrainState:
         self.elapsed = float(state.get("elapsed", 0.0))
 
 
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, in file order; a torn line (an interrupted write) is skipped."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 class MetricsLog:
     """metrics.jsonl (+ TensorBoard when installed), written by the main process only."""
 
@@ -135,15 +146,8 @@ class MetricsLog:
             return
         if resume_step is not None and self.file.exists():
             # keep what the interrupted run logged up to its checkpoint; drop later records and a torn last line
-            kept = []
-            for line in self.file.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if record.get("step", 0) <= resume_step and record.get("kind") != "final":
-                    kept.append(line)
-            self.file.write_text("".join(line + "\n" for line in kept))
+            kept = [r for r in read_metrics(self.file) if r.get("step", 0) <= resume_step and r.get("kind") != "final"]
+            self.file.write_text("".join(json.dumps(r) + "\n" for r in kept))
         elif resume_step is None and self.file.exists():
             self.file.unlink()
         try:
