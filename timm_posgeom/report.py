@@ -44,12 +44,17 @@ def _stat(values: list[float | None]) -> tuple[float, float]:
     return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
 
 
+def _floats(values) -> list[float]:
+    """JSON numbers with None (a NaN written by ``nan_to_none``) back to NaN."""
+    return [np.nan if v is None else v for v in values]
+
+
 def _layers(runs: list[dict], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
     rows = []
     for r in runs:
         block = r[source]["ssdc"] if source == "eval" else r[source]
         if block.get(key):
-            rows.append([np.nan if v is None else v for v in block[key]])
+            rows.append(_floats(block[key]))
     if not rows:
         return np.array([]), np.array([])
     arr = np.array(rows, dtype=float)
@@ -68,7 +73,7 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
 def _sweep_means(sweeps: list[dict], shift: str) -> tuple[np.ndarray, np.ndarray]:
     """Per alpha, delta SSDC and FS of ``shift`` averaged over seeds (missing values ignored)."""
     def mean(rows):
-        return np.nanmean([[np.nan if v is None else v for v in row] for row in rows], 0)
+        return np.nanmean([_floats(row) for row in rows], 0)
     return mean(s["delta_ssdc"] for s in sweeps), mean(s["fs"][shift] for s in sweeps)
 
 
@@ -288,12 +293,9 @@ def _history(runs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 by_epoch.setdefault(rec["epoch"], []).append(rec)
     if not by_epoch:
         return np.array([]), np.zeros((0, 0)), np.array([])
-    epochs = sorted(by_epoch)
-    width = max(len(rec["rpi_ssdc"]) for recs in by_epoch.values() for rec in recs)
-    ssdc = np.array([np.nanmean([[np.nan if v is None else v for v in rec["rpi_ssdc"]] + [np.nan] *
-                                 (width - len(rec["rpi_ssdc"])) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean([np.nan if rec["val_top1"] is None else rec["val_top1"] for rec in by_epoch[e]])
-                     for e in epochs])
+    epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
+    ssdc = np.array([np.nanmean([_floats(rec["rpi_ssdc"]) for rec in by_epoch[e]], 0) for e in epochs])
+    top1 = np.array([np.nanmean(_floats(rec["val_top1"] for rec in by_epoch[e])) for e in epochs])
     return np.array(epochs), ssdc, top1
 
 
