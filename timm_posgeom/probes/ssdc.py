@@ -136,7 +136,7 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
         # +-inf and NaN turn into NaN keys (inf with index bits is a NaN), which sort last; -inf with
         # index 0 stays first. A finite chunk therefore has finite first and last columns.
         if not (np.isfinite(keys[:, 0]).all() and np.isfinite(keys[:, -1]).all()):
-            return _spearman_chunk_generic(np.array(vals), targets)
+            return _spearman_chunk_generic(vals, targets)  # reads vals (this thread's scratch) before anything reuses it
         np.right_shift(bits, _INDEX_BITS, out=high)
         np.equal(high[:, 1:], high[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
         np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
