@@ -108,6 +108,24 @@ def test_infinite_entries_match_scipy():
     np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
 
 
+def test_two_targets_share_one_sort():
+    """Grid and content targets in one call (the probe under RPI): pair-index keys, ties included."""
+    import sys
+
+    module = sys.modules["timm_posgeom.probes.ssdc"]
+    gen = torch.Generator().manual_seed(8)
+    maps = torch.randn(12, 16, 16, generator=gen)
+    maps[1] = torch.round(maps[1] * 2) / 2  # heavy ties
+    maps[5, 0, 1], maps[5, 0, 2] = -0.0, 0.0
+    positions = _grid(4, 4)[torch.randperm(16, generator=gen).numpy()]
+    targets = [module._distance_ranks((4, 4), "manhattan", None, torch.device("cpu")),
+               module._distance_ranks((4, 4), "manhattan", torch.from_numpy(positions), torch.device("cpu"))]
+    on_grid, on_positions = module.ssdc_pairs(maps, targets)
+    for got, pos in ((on_grid, _grid(4, 4)), (on_positions, positions)):
+        want = [_reference(m, pos, "manhattan") for m in maps.double().numpy()]
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-6)
+
+
 def test_large_grid_matches_scipy():
     """600 tokens: 179,700 pairs per map, one map per work item."""
     gen = torch.Generator().manual_seed(3)

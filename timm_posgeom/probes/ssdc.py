@@ -21,7 +21,7 @@ import functools
 import math
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -105,44 +105,62 @@ def _ordinal(M: int) -> tuple[np.ndarray, np.ndarray]:
     return index, centred
 
 
-def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray],
-                       pair_index: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _rank_payload(d: np.ndarray) -> np.ndarray | None:
+    """(M,) int64 payload 2 d + M of centred tie-averaged ranks d (half-integers in [-M/2, M/2]), or None
+    when that does not fit the spare key bits or ``d`` is not such a rank vector."""
+    M = d.shape[0]
+    if 2 * M >= 2 ** _INDEX_BITS:
+        return None
+    payload = np.rint(2 * d + M)
+    if payload.min() < 0 or payload.max() > 2 * M or not np.array_equal(payload, 2 * d + M):
+        return None
+    return payload.astype(np.int64)
+
+
+def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: np.ndarray | None = None,
+                       payload: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Spearman numerators and rank norms of a few rows on CPU.
 
     vals: (b, M) float32 or float64, or with ``pair_index`` (M,) whole maps (b, N * N) whose entries
     ``pair_index`` (the pairs i < j) are read here, inside the worker, while the chunk is in cache.
-    targets: centred distance ranks, each (M,) float64.
+    targets: centred distance ranks, each (M,) float64. payload: optional :func:`_rank_payload` of the
+    single target.
     Returns nums (T, b) = sum_k (rank_k - mean) d_k, norms (b,) = |rank - mean|, where rank is
     the tie-averaged rank of row b's k-th pair, and the rows holding a NaN (b,) bool.
 
-    float32 rows are sorted as float64 keys whose 29 spare low mantissa bits hold the pair index:
-    the keys sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort gives
-    both the order and the tie groups. Ranks are ordinal first (a dot product per row); ties, a few
-    per row, are then corrected sparsely: an element of a tie group spanning sorted positions
-    s..e gets (s + e) / 2 + 1 instead of its position + 1, and the squared norm loses (t^3 - t) / 12
-    per group of size t. Every pass writes into per-thread scratch arrays.
+    float32 rows are sorted as float64 keys whose 29 spare low mantissa bits carry a payload: the keys
+    sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort gives the order
+    and the tie groups at once. With one target the payload is that target's rank itself (2 d + M), so
+    the numerator is a dot product of the sorted payloads with the ordinal ranks, no gather; otherwise
+    it is the pair index, and each target is gathered through it. Ranks are ordinal first; ties, a few
+    per row, are then corrected sparsely: an element of a tie group spanning sorted positions s..e gets
+    (s + e) / 2 + 1 instead of its position + 1, and the squared norm loses (t^3 - t) / 12 per group of
+    size t. Every pass writes into per-thread scratch arrays.
     """
     b = vals.shape[0]
     M = vals.shape[1] if pair_index is None else pair_index.shape[0]
     if vals.dtype == np.float32 and M < 2 ** _INDEX_BITS:
-        pairs, keys, high, equal_next, gathered = _scratch(b, M)
+        pairs, keys, high, equal_next, sorted_d = _scratch(b, M)
         if pair_index is not None:
             vals = np.take(vals, pair_index, axis=1, out=pairs, mode="clip")
         np.add(vals, 0.0, out=keys)  # widen; -0.0 + 0.0 = +0.0, so equal floats have equal bits
         bits = keys.view(np.int64)
         index, centred = _ordinal(M)
-        np.bitwise_or(bits, index, out=bits)
+        np.bitwise_or(bits, index if payload is None else payload, out=bits)
         keys.sort(axis=1)
-        # +-inf and NaN turn into NaN keys (inf with index bits is a NaN), which sort last; -inf with
-        # index 0 stays first. A finite chunk therefore has finite first and last columns.
+        # +-inf and NaN turn into NaN keys (inf with payload bits is a NaN), which sort last; -inf with
+        # payload 0 stays first. A finite chunk therefore has finite first and last columns.
         if not (np.isfinite(keys[:, 0]).all() and np.isfinite(keys[:, -1]).all()):
             return _spearman_chunk_generic(vals, targets)  # reads vals (this thread's scratch) before anything reuses it
         np.right_shift(bits, _INDEX_BITS, out=high)
         np.equal(high[:, 1:], high[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
-        np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
-        order = bits
-        nums = np.stack([np.take(d, order, out=gathered, mode="clip") @ centred for d in targets])  # (T, b)
-        nums, norms = _tie_correct(nums, order, equal_next, targets)
+        if payload is not None:
+            np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=sorted_d, casting="unsafe")  # 2 d + M, sorted
+            nums = (sorted_d @ centred)[None] / 2  # (1, b): sum_k c_k (2 d_k + M) / 2, and sum_k c_k = 0
+            return (*_tie_correct(nums, equal_next, lambda r, p: [(sorted_d[r, p] - M) / 2]), np.zeros(b, dtype=bool))
+        order = np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
+        nums = np.stack([np.take(d, order, out=sorted_d, mode="clip") @ centred for d in targets])  # (T, b)
+        nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
         return nums, norms, np.zeros(b, dtype=bool)
     if pair_index is not None:
         vals = np.take(vals, pair_index, axis=1)
@@ -159,17 +177,18 @@ def _spearman_chunk_generic(vals: np.ndarray, targets: list[np.ndarray]) -> tupl
     equal_next = sorted_vals[:, 1:] == sorted_vals[:, :-1]
     centred = _ordinal(M)[1]
     nums = np.stack([np.take(d, order) @ centred for d in targets])  # (T, b)
-    nums, norms = _tie_correct(nums, order, equal_next, targets)
+    nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
     return nums, norms, nan_rows
 
 
-def _tie_correct(nums: np.ndarray, order: np.ndarray, equal_next: np.ndarray,
-                 targets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _tie_correct(nums: np.ndarray, equal_next: np.ndarray,
+                 d_at: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Turn ordinal-rank numerators (T, b) into tie-averaged ones; return them and the rank norms (b,).
 
-    order: (b, M) pair index at each sorted position; equal_next: (b, M - 1) sorted k, k + 1 tie.
+    equal_next: (b, M - 1), sorted positions k and k + 1 of a row hold one value. d_at(rows, pos): the T
+    targets' values at those sorted positions, each (n,).
     """
-    b, M = order.shape
+    b, M = equal_next.shape[0], equal_next.shape[1] + 1
     norm2 = np.full(b, M * (M * M - 1) / 12)
     rows, pos = np.divmod(np.flatnonzero(equal_next), M - 1)  # sorted positions pos, pos + 1 of row `rows` tie
     if rows.size:
@@ -183,8 +202,8 @@ def _tie_correct(nums: np.ndarray, order: np.ndarray, equal_next: np.ndarray,
         el_pos = np.concatenate([pos, g_end])
         el_group = np.concatenate([group, np.arange(g_row.size)])
         shift = (g_start + g_end)[el_group] / 2 - el_pos  # averaged minus ordinal rank
-        for t, d in enumerate(targets):
-            nums[t] += np.bincount(el_row, weights=shift * d[order[el_row, el_pos]], minlength=b)
+        for t, d in enumerate(d_at(el_row, el_pos)):
+            nums[t] += np.bincount(el_row, weights=shift * d, minlength=b)
         size = (g_end - g_start + 1).astype(np.float64)
         norm2 -= np.bincount(g_row, weights=(size ** 3 - size) / 12, minlength=b)
     return nums, np.sqrt(np.maximum(norm2, 0.0))
@@ -238,12 +257,13 @@ def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, f
             vals = vals.reshape(B, -1)
         vals = vals.contiguous().numpy()
         d_np = [d.cpu().numpy() for d, _ in targets]
-        rows = _rows_per_chunk(vals.shape[1] if pair_index is None else pair_index.shape[0])
+        payload = _rank_payload(d_np[0]) if len(d_np) == 1 and vals.dtype == np.float32 else None
+        rows = _rows_per_chunk(d_np[0].shape[0])
         chunks = [vals[i:i + rows] for i in range(0, B, rows)]
         if len(chunks) > 1 and torch.get_num_threads() > 1:
-            parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index), chunks))
+            parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index, payload), chunks))
         else:
-            parts = [_spearman_chunk_np(c, d_np, pair_index) for c in chunks]
+            parts = [_spearman_chunk_np(c, d_np, pair_index, payload) for c in chunks]
         nums = torch.from_numpy(np.concatenate([p[0] for p in parts], axis=1))  # (T, B)
         norms = torch.from_numpy(np.concatenate([p[1] for p in parts]))  # (B,)
         nan_rows = torch.from_numpy(np.concatenate([p[2] for p in parts]))  # (B,)
