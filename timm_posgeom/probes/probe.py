@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..interventions import token_permutation
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, find_sites
-from .ssdc import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, upper_pairs
+from .ssdc import DISTANCES, _distance_ranks, _upper_pairs, grid_positions, ssdc, ssdc_pairs, upper_pairs
 
 __all__ = ["probe_ssdc", "REDUCTIONS"]
 
@@ -73,6 +73,8 @@ class _Accumulator:
         self.index_moments = {layer: _Moments() for layer in layers}
         self.content_moments = {layer: _Moments() for layer in layers}
         self._targets: list | None = None
+        self._slot = {layer: k for k, layer in enumerate(layers)}
+        self._pairs: torch.Tensor | None = None  # (L, B, M) this batch's per-image pairs i < j, per layer
 
     def start_batch(self, grid: tuple[int, int]) -> None:
         if self.want_map and self.map_grid is not None and grid != self.map_grid:
@@ -116,10 +118,7 @@ class _Accumulator:
         z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
         if self.want_images:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            rhos = ssdc_pairs(sim, self._distance_targets(sim.device))  # over the pairs i < j of each map
-            self.index_moments[layer].update(rhos[0])
-            if self.permutation is not None:
-                self.content_moments[layer].update(rhos[1])
+            self._keep_pairs(layer, sim)
             if self.want_map:
                 total = sim.sum(0)  # (N, N)
                 self._add_map(layer, upper_pairs(total), total.diagonal())
@@ -129,6 +128,31 @@ class _Accumulator:
             self._add_map(layer, upper_pairs(total), total.diagonal())
         if layer == self.last_layer:
             raise _StopForward
+
+    def _keep_pairs(self, layer: int, sim: torch.Tensor) -> None:
+        """Keep the pairs i < j of this batch's maps (B, N, N) for :meth:`end_batch`."""
+        B, n = sim.shape[0], sim.shape[-1]
+        shape = (len(self.layers), B, n * (n - 1) // 2)
+        if self._pairs is None or self._pairs.shape != shape or self._pairs.device != sim.device:
+            self._pairs = torch.empty(shape, dtype=sim.dtype, device=sim.device)
+        torch.index_select(sim.reshape(B, n * n), 1, _upper_pairs(n, str(sim.device)),
+                           out=self._pairs[self._slot[layer]])
+
+    def end_batch(self) -> None:
+        """Per-image SSDC of every probed layer of the batch, in one call after its forward pass.
+
+        Deferred on purpose: between two layers the CPU's OpenMP threads of the forward still spin
+        (up to milliseconds after each parallel op) and would halve the speed of the sort-bound SSDC;
+        one call per batch also spreads L * B maps over the thread pool at once.
+        """
+        if not self.want_images or self._pairs is None:
+            return
+        L, B, M = self._pairs.shape
+        rhos = ssdc_pairs(self._pairs.view(L * B, M), self._distance_targets(self._pairs.device))
+        for layer, k in self._slot.items():
+            self.index_moments[layer].update(rhos[0][k * B:(k + 1) * B])
+            if self.permutation is not None:
+                self.content_moments[layer].update(rhos[1][k * B:(k + 1) * B])
 
     def _add_map(self, layer: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
         """Accumulate (in float64) the batch's summed similarities: pairs i < j (M,) and diagonal (N,)."""
@@ -295,6 +319,7 @@ def probe_ssdc(
                     model(images.to(device=device, dtype=dtype, non_blocking=True))
                 except _StopForward:
                     pass
+                acc.end_batch()
                 n_images += len(images)
                 bar.update(len(images))
                 if max_images is not None and n_images >= max_images:
