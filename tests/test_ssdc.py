@@ -108,6 +108,22 @@ def test_infinite_entries_match_scipy():
     np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
 
 
+def test_neighbouring_floats_and_subnormals_match_scipy():
+    """Values one float32 ulp apart stay distinct, equal ones tie, subnormals and zeros keep their order."""
+    gen = torch.Generator().manual_seed(9)
+    maps = torch.randn(4, 16, 16, generator=gen)
+    v = torch.tensor(0.3)
+    up = torch.nextafter(v, torch.tensor(1.0))
+    maps[0, 0, 1:6] = torch.stack([v, up, v, up, torch.nextafter(up, torch.tensor(1.0))])
+    maps[1, 0, 1:7] = torch.tensor([1.4e-45, 2.9e-45, -1.4e-45, 0.0, -0.0, 1e-40])  # float32 subnormals
+    maps[2] = torch.where(maps[2] > 0, v, up)  # two values one ulp apart
+    maps[3, 2, 3:9] = -v
+    maps[3, 4, 5:9] = torch.nextafter(-v, torch.tensor(0.0))
+    got = ssdc(maps, (4, 4))
+    want = [_reference(m, _grid(4, 4), "manhattan") for m in maps.double().numpy()]
+    np.testing.assert_allclose(got.double().numpy(), want, atol=1e-6)
+
+
 def test_two_targets_share_one_sort():
     """Grid and content targets in one call (the probe under RPI): pair-index keys, ties included."""
     import sys

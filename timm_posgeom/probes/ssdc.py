@@ -10,10 +10,11 @@ ranks). Only the upper triangle of S is read.
 
 How it is fast: the distance vector depends only on the grid, so its centred ranks are computed once
 and cached. The ranks of S come from one sort per map, vectorised over the batch. On CPU, float32
-maps are widened to float64 whose 29 spare low mantissa bits hold the pair index, so one
-values-only SIMD sort (numpy) yields the order and the tie groups at once; rows are processed in
-cache-sized chunks over a small thread pool. On other devices ``torch.sort`` is used. Ties among
-similarities are averaged exactly; Spearman is then a dot product with the distance ranks.
+maps are widened to float64 whose spare low mantissa bits carry a payload (the distance rank of the
+pair, or its index when several distance vectors share the sort), so one values-only SIMD sort
+(numpy) yields the order, the tie groups and the distance ranks in sorted order at once; rows are
+processed in cache-sized chunks over a small thread pool. On other devices ``torch.sort`` is used.
+Ties among similarities are averaged exactly; Spearman is then a dot product with the distance ranks.
 """
 from __future__ import annotations
 
@@ -71,12 +72,13 @@ def rankdata(values: torch.Tensor) -> torch.Tensor:
 
 
 _INDEX_BITS = 29  # float32 -> float64 leaves 29 zero mantissa bits: room for the pair index
+_PAYLOAD_LIMIT = 2 ** (_INDEX_BITS - 1)  # payloads below half a float32 ulp: a key rounds back to its float32
 _PAIRS_PER_CHUNK = 160_000  # 8 rows of 19,110 float64 pairs (14 x 14 grids) stay in L2 through every pass
 
 
 def _rows_per_chunk(M: int) -> int:
     """Rows per CPU work item: about _PAIRS_PER_CHUNK pairs (1 row for grids of 24 x 24 and up), so a
-    worker's scratch arrays stay cache-sized and bounded (29 bytes per pair) whatever the grid."""
+    worker's scratch arrays stay cache-sized and bounded (21 bytes per pair) whatever the grid."""
     return max(1, _PAIRS_PER_CHUNK // max(M, 1))
 
 
@@ -84,14 +86,14 @@ _BUFFERS = threading.local()  # per worker thread: the chunk's scratch arrays, r
 
 
 def _scratch(b: int, M: int) -> tuple[np.ndarray, ...]:
-    """(b, M) float32 pairs, (b, M) float64 keys, (b, M) int64 and (b, M - 1) bool scratch, (b, M) float64.
+    """(b, M) float32 pairs, (b, M) float64 keys, (b, M - 1) bool and (b, M) float64 scratch.
 
     Reused per thread: arrays of a few MB would otherwise be mapped and page-faulted on every chunk.
     """
     bufs = getattr(_BUFFERS, "arrays", None)
     if bufs is None or bufs[0].shape[1] != M or bufs[0].shape[0] < b:
-        bufs = (np.empty((b, M), np.float32), np.empty((b, M), np.float64), np.empty((b, M), np.int64),
-                np.empty((b, max(M - 1, 0)), bool), np.empty((b, M), np.float64))
+        bufs = (np.empty((b, M), np.float32), np.empty((b, M), np.float64), np.empty((b, max(M - 1, 0)), bool),
+                np.empty((b, M), np.float64))
         _BUFFERS.arrays = bufs
     return tuple(x[:b] for x in bufs)
 
@@ -109,7 +111,7 @@ def _rank_payload(d: np.ndarray) -> np.ndarray | None:
     """(M,) int64 payload 2 d + M of centred tie-averaged ranks d (half-integers in [-M/2, M/2]), or None
     when that does not fit the spare key bits or ``d`` is not such a rank vector."""
     M = d.shape[0]
-    if 2 * M >= 2 ** _INDEX_BITS:
+    if 2 * M >= _PAYLOAD_LIMIT:
         return None
     payload = np.rint(2 * d + M)
     if payload.min() < 0 or payload.max() > 2 * M or not np.array_equal(payload, 2 * d + M):
@@ -128,9 +130,9 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
     Returns nums (T, b) = sum_k (rank_k - mean) d_k, norms (b,) = |rank - mean|, where rank is
     the tie-averaged rank of row b's k-th pair, and the rows holding a NaN (b,) bool.
 
-    float32 rows are sorted as float64 keys whose 29 spare low mantissa bits carry a payload: the keys
-    sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort gives the order
-    and the tie groups at once. With one target the payload is that target's rank itself (2 d + M), so
+    float32 rows are sorted as float64 keys whose 29 spare low mantissa bits carry a payload below
+    2^28: the keys sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort gives
+    the order, and rounding the sorted keys back to float32 gives the tie groups. With one target the payload is that target's rank itself (2 d + M), so
     the numerator is a dot product of the sorted payloads with the ordinal ranks, no gather; otherwise
     it is the pair index, and each target is gathered through it. Ranks are ordinal first; ties, a few
     per row, are then corrected sparsely: an element of a tie group spanning sorted positions s..e gets
@@ -139,8 +141,8 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
     """
     b = vals.shape[0]
     M = vals.shape[1] if pair_index is None else pair_index.shape[0]
-    if vals.dtype == np.float32 and M < 2 ** _INDEX_BITS:
-        pairs, keys, high, equal_next, sorted_d = _scratch(b, M)
+    if vals.dtype == np.float32 and M < _PAYLOAD_LIMIT:
+        pairs, keys, equal_next, sorted_d = _scratch(b, M)
         if pair_index is not None:
             vals = np.take(vals, pair_index, axis=1, out=pairs, mode="clip")
         np.add(vals, 0.0, out=keys)  # widen; -0.0 + 0.0 = +0.0, so equal floats have equal bits
@@ -152,8 +154,10 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
         # payload 0 stays first. A finite chunk therefore has finite first and last columns.
         if not (np.isfinite(keys[:, 0]).all() and np.isfinite(keys[:, -1]).all()):
             return _spearman_chunk_generic(vals, targets)  # reads vals (this thread's scratch) before anything reuses it
-        np.right_shift(bits, _INDEX_BITS, out=high)
-        np.equal(high[:, 1:], high[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
+        # back to float32 (vals is not read again): rounding to nearest drops the payload, which is
+        # below half a float32 ulp, so each sorted key gives back exactly its float
+        np.copyto(pairs, keys, casting="same_kind")
+        np.equal(pairs[:, 1:], pairs[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
         if payload is not None:
             np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=sorted_d, casting="unsafe")  # 2 d + M, sorted
             nums = (sorted_d @ centred)[None] / 2  # (1, b): sum_k c_k (2 d_k + M) / 2, and sum_k c_k = 0
