@@ -251,3 +251,18 @@ def test_pe_scale_inside_inference_mode_leaves_a_trainable_model(name):
             model(x)
     model.train()
     model(x).sum().backward()  # would fail on inference tensors left in the RoPE caches
+
+
+def test_eval_mode_restores_the_mode_even_on_error():
+    from timm_posgeom.interventions import eval_mode
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with eval_mode(model):
+            assert not model.training and not model[1].training
+            raise RuntimeError("boom")
+    assert model.training and model[1].training
+    model.eval()
+    with eval_mode(model):
+        pass
+    assert not model.training

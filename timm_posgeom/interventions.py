@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from .pos.common import check_alpha
 
-__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module"]
+__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,3 +300,14 @@ def _scale_dinov3_rope(module: nn.Module, alpha: float):
         if cache is not None:
             module.pos_embed_cached = cache
     return restore
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block; its train / eval mode is restored after, even on error."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

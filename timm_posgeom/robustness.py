@@ -40,7 +40,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
-from .interventions import pe_scale, token_permutation
+from .interventions import eval_mode, pe_scale, token_permutation
 from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import RESIZE_MODES, eval_transform, normalize_batch, resize_transform, resolve_config
@@ -327,16 +327,6 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
     return param.device if param is not None else torch.device("cpu")
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module):
-    was_training = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was_training)
-
-
 # --------------------------------------------------------------------------------------------
 # fragility
 # --------------------------------------------------------------------------------------------
@@ -411,7 +401,7 @@ def fragility(
     from tqdm.auto import tqdm
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_eval_mode(model))
+        stack.enter_context(eval_mode(model))
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
         if rpi:

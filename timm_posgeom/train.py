@@ -47,6 +47,7 @@ import torch.nn as nn
 import yaml
 
 from .hub import export_for_hub
+from .interventions import eval_mode
 from .recipe import Recipe, RecipeError, load_recipe
 
 __all__ = ["train", "main", "add_arguments", "run_from_args", "pe_table_ssdc", "latest_checkpoint"]
@@ -219,17 +220,15 @@ def _build_data(recipe: Recipe, accelerator, mean, std, world: int, rank: int, p
 
 @torch.no_grad()
 def _evaluate(model: nn.Module, loader, accelerator) -> dict[str, float]:
-    was_training = model.training
-    model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # correct, count, loss sum
-    for images, targets in loader:
-        images, targets = images.to(accelerator.device), targets.to(accelerator.device)
-        logits = model(images).float()
-        totals[0] += (logits.argmax(-1) == targets).sum()
-        totals[1] += targets.numel()
-        totals[2] += nn.functional.cross_entropy(logits, targets, reduction="sum")
+    with eval_mode(model):
+        for images, targets in loader:
+            images, targets = images.to(accelerator.device), targets.to(accelerator.device)
+            logits = model(images).float()
+            totals[0] += (logits.argmax(-1) == targets).sum()
+            totals[1] += targets.numel()
+            totals[2] += nn.functional.cross_entropy(logits, targets, reduction="sum")
     totals = accelerator.reduce(totals, reduction="sum")
-    model.train(was_training)
     count = max(totals[1].item(), 1.0)
     return {"top1": totals[0].item() / count, "loss": totals[2].item() / count, "count": int(totals[1].item())}
 

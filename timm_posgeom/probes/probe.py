@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..interventions import token_permutation
+from ..interventions import eval_mode, token_permutation
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, find_sites
 from .ssdc import DISTANCES, _distance_ranks, _upper_pairs, grid_positions, ssdc, ssdc_pairs, upper_pairs
@@ -290,7 +290,6 @@ def probe_ssdc(
     home = param.device if param is not None else torch.device("cpu")
     device = torch.device(device) if device is not None else home
     dtype = param.dtype if param is not None else torch.float32
-    was_training = model.training
 
     total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
     from tqdm.auto import tqdm
@@ -302,9 +301,8 @@ def probe_ssdc(
     try:
         if device != home:
             model.to(device)
-        model.eval()
         rpi_ctx = token_permutation(model, seed=seed, per="call") if rpi else contextlib.nullcontext()
-        with torch.no_grad(), rpi_ctx as handle:
+        with torch.no_grad(), eval_mode(model), rpi_ctx as handle:
             acc = _Accumulator(sites, layer_ids, reduction, distance, handle)
             hooks = sites.register(site, layer_ids, acc)
             for images in _batches(data, batch_size):
@@ -328,7 +326,6 @@ def probe_ssdc(
         for h in hooks:
             h.remove()
         bar.close()
-        model.train(was_training)
         if device != home:
             model.to(home)
     if n_images == 0:
