@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..interventions import eval_mode, token_permutation
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, find_sites
-from .ssdc import DISTANCES, _distance_ranks, _upper_pairs, grid_positions, ssdc, ssdc_pairs, upper_pairs
+from .ssdc import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, upper_pairs
 
 __all__ = ["probe_ssdc", "REDUCTIONS"]
 
@@ -135,8 +135,7 @@ class _Accumulator:
         shape = (len(self.layers), B, n * (n - 1) // 2)
         if self._pairs is None or self._pairs.shape != shape or self._pairs.device != sim.device:
             self._pairs = torch.empty(shape, dtype=sim.dtype, device=sim.device)
-        torch.index_select(sim.reshape(B, n * n), 1, _upper_pairs(n, str(sim.device)),
-                           out=self._pairs[self._slot[layer]])
+        upper_pairs(sim, out=self._pairs[self._slot[layer]])
 
     def end_batch(self) -> None:
         """Per-image SSDC of every probed layer of the batch, in one call after its forward pass.

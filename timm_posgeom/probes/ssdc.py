@@ -13,7 +13,7 @@ and cached. The ranks of S come from one sort per map, vectorised over the batch
 maps are widened to float64 whose spare low mantissa bits carry a payload (the distance rank of the
 pair, or its index when several distance vectors share the sort), so one values-only SIMD sort
 (numpy) yields the order, the tie groups and the distance ranks in sorted order at once; rows are
-processed in cache-sized chunks over a small thread pool. On other devices ``torch.sort`` is used.
+processed in chunks of bounded size over a small thread pool. On other devices ``torch.sort`` is used.
 Ties among similarities are averaged exactly; Spearman is then a dot product with the distance ranks.
 """
 from __future__ import annotations
@@ -113,8 +113,9 @@ def _rank_payload(d: np.ndarray) -> np.ndarray | None:
     M = d.shape[0]
     if 2 * M >= _PAYLOAD_LIMIT:
         return None
-    payload = np.rint(2 * d + M)
-    if payload.min() < 0 or payload.max() > 2 * M or not np.array_equal(payload, 2 * d + M):
+    exact = 2 * d + M
+    payload = np.rint(exact)
+    if payload.min() < 0 or payload.max() > 2 * M or not np.array_equal(payload, exact):
         return None
     return payload.astype(np.int64)
 
@@ -131,11 +132,12 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
     the tie-averaged rank of row b's k-th pair, and the rows holding a NaN (b,) bool.
 
     float32 rows are sorted as float64 keys whose 29 spare low mantissa bits carry a payload below
-    2^28: the keys sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort gives
-    the order, and rounding the sorted keys back to float32 gives the tie groups. With one target the payload is that target's rank itself (2 d + M), so
-    the numerator is a dot product of the sorted payloads with the ordinal ranks, no gather; otherwise
-    it is the pair index, and each target is gathered through it. Ranks are ordinal first; ties, a few
-    per row, are then corrected sparsely: an element of a tie group spanning sorted positions s..e gets
+    2^28: the keys sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort
+    gives the order, and rounding the sorted keys back to float32 gives the tie groups. With one
+    target the payload is that target's rank itself (2 d + M), so the numerator is a dot product of
+    the sorted payloads with the ordinal ranks, no gather; otherwise it is the pair index, and each
+    target is gathered through it. Ranks are ordinal first; ties, a few per row, are then corrected
+    sparsely: an element of a tie group spanning sorted positions s..e gets
     (s + e) / 2 + 1 instead of its position + 1, and the squared norm loses (t^3 - t) / 12 per group of
     size t. Every pass writes into per-thread scratch arrays.
     """
@@ -158,13 +160,14 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
         # below half a float32 ulp, so each sorted key gives back exactly its float
         np.copyto(pairs, keys, casting="same_kind")
         np.equal(pairs[:, 1:], pairs[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
-        if payload is not None:
-            np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=sorted_d, casting="unsafe")  # 2 d + M, sorted
+        if payload is not None:  # the sorted payloads are the target's 2 d + M
+            np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=sorted_d, casting="unsafe")
             nums = (sorted_d @ centred)[None] / 2  # (1, b): sum_k c_k (2 d_k + M) / 2, and sum_k c_k = 0
-            return (*_tie_correct(nums, equal_next, lambda r, p: [(sorted_d[r, p] - M) / 2]), np.zeros(b, dtype=bool))
-        order = np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
-        nums = np.stack([np.take(d, order, out=sorted_d, mode="clip") @ centred for d in targets])  # (T, b)
-        nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
+            nums, norms = _tie_correct(nums, equal_next, lambda r, p: [(sorted_d[r, p] - M) / 2])
+        else:  # the sorted payloads are pair indices
+            order = np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
+            nums = np.stack([np.take(d, order, out=sorted_d, mode="clip") @ centred for d in targets])  # (T, b)
+            nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
         return nums, norms, np.zeros(b, dtype=bool)
     if pair_index is not None:
         vals = np.take(vals, pair_index, axis=1)
@@ -371,11 +374,11 @@ def ssdc_pairs(pairs: torch.Tensor, d_centred_list: Sequence[tuple[torch.Tensor,
     return _spearman_rows(pairs, d_centred_list)
 
 
-def upper_pairs(similarity: torch.Tensor) -> torch.Tensor:
-    """(..., N, N) -> (..., M): the entries i < j, row-major."""
+def upper_pairs(similarity: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., N, N) -> (..., M): the entries i < j, row-major (written into ``out`` when given)."""
     n = similarity.shape[-1]
     flat = similarity.reshape(*similarity.shape[:-2], n * n)
-    return flat.index_select(-1, _upper_pairs(n, str(similarity.device)))
+    return torch.index_select(flat, -1, _upper_pairs(n, str(similarity.device)), out=out)
 
 
 def ssdc(
