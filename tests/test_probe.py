@@ -89,6 +89,27 @@ def test_streaming_equals_one_batch(nope, images):
     assert streamed.metadata["n_images"] == len(images)
 
 
+def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch):
+    """Per-image SSDC kept for one call after the forward (small batches) or computed at each layer
+    (batches over the memory budget) gives the same numbers, also when both happen in one probe."""
+    import sys
+
+    module = sys.modules["timm_posgeom.probes.probe"]
+    sincos = timm.create_model("vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
+    results = {}
+    per_image_bytes = 4 * 64 * 63 // 2 * 4  # 4 layers of 2,016 float32 pairs
+    for name, budget in (("after", 10 ** 9), ("per layer", 0), ("mixed", 4 * per_image_bytes)):
+        monkeypatch.setattr(module, "_DEFER_BYTES", budget)
+        chunks = [images[:4], images[4:]]  # with "mixed": 4 images kept, 6 computed per layer
+        results[name] = probe_ssdc(sincos, iter(chunks), rpi=True, seed=3, reduction="per_image", progress=False)
+    for name in ("per layer", "mixed"):
+        for field in ("per_image", "content_per_image"):
+            got, want = getattr(results[name], field), getattr(results["after"], field)
+            np.testing.assert_allclose([s.mean for s in got], [s.mean for s in want], atol=1e-9)
+            np.testing.assert_allclose([s.std for s in got], [s.std for s in want], atol=1e-9)
+            assert [s.n for s in got] == [s.n for s in want] == [len(images)] * 4
+
+
 def test_rpi_without_pe_is_zero_and_equivariant(nope, images):
     plain = probe_ssdc(nope, images, reduction="both", progress=False)
     rpi = probe_ssdc(nope, images, rpi=True, seed=1, reduction="both", progress=False)

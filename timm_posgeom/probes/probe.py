@@ -8,6 +8,7 @@ edge: hooks, data, devices, progress.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -23,6 +24,9 @@ from .ssdc import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, 
 __all__ = ["probe_ssdc", "REDUCTIONS"]
 
 REDUCTIONS = ("mean_map", "per_image", "both")
+
+
+_DEFER_BYTES = 256 * 2 ** 20  # per batch, the pairs of all layers kept for one SSDC call after the forward
 
 
 class _StopForward(Exception):
@@ -75,6 +79,7 @@ class _Accumulator:
         self._targets: list | None = None
         self._slot = {layer: k for k, layer in enumerate(layers)}
         self._pairs: torch.Tensor | None = None  # (L, B, M) this batch's per-image pairs i < j, per layer
+        self._pending = False  # _pairs holds this batch's maps, for end_batch
 
     def start_batch(self, grid: tuple[int, int]) -> None:
         if self.want_map and self.map_grid is not None and grid != self.map_grid:
@@ -83,6 +88,7 @@ class _Accumulator:
         self.grid = grid
         self.map_grid = self.map_grid or grid
         self._targets = None
+        self._pending = False
 
     def _distance_targets(self, device: torch.device) -> list:
         if self._targets is None:  # after the patch embedding ran: the permutation of this batch is known
@@ -118,7 +124,7 @@ class _Accumulator:
         z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
         if self.want_images:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            self._keep_pairs(layer, sim)
+            self._per_image(layer, sim)
             if self.want_map:
                 total = sim.sum(0)  # (N, N)
                 self._add_map(layer, upper_pairs(total), total.diagonal())
@@ -129,29 +135,41 @@ class _Accumulator:
         if layer == self.last_layer:
             raise _StopForward
 
-    def _keep_pairs(self, layer: int, sim: torch.Tensor) -> None:
-        """Keep the pairs i < j of this batch's maps (B, N, N) for :meth:`end_batch`."""
+    def _per_image(self, layer: int, sim: torch.Tensor) -> None:
+        """Per-image SSDC of ``layer``'s maps sim (B, N, N): their pairs i < j are kept for
+        :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
+        computed now."""
         B, n = sim.shape[0], sim.shape[-1]
         shape = (len(self.layers), B, n * (n - 1) // 2)
+        if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
+            self._update(layer, ssdc_pairs(sim, self._distance_targets(sim.device)))
+            return
         if self._pairs is None or self._pairs.shape != shape or self._pairs.device != sim.device:
             self._pairs = torch.empty(shape, dtype=sim.dtype, device=sim.device)
         upper_pairs(sim, out=self._pairs[self._slot[layer]])
+        self._pending = True
 
     def end_batch(self) -> None:
-        """Per-image SSDC of every probed layer of the batch, in one call after its forward pass.
+        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, in one call
+        after the batch's forward pass.
 
         Deferred on purpose: between two layers the CPU's OpenMP threads of the forward still spin
         (up to milliseconds after each parallel op) and would halve the speed of the sort-bound SSDC;
         one call per batch also spreads L * B maps over the thread pool at once.
         """
-        if not self.want_images or self._pairs is None:
+        if not self._pending:
             return
         L, B, M = self._pairs.shape
         rhos = ssdc_pairs(self._pairs.view(L * B, M), self._distance_targets(self._pairs.device))
         for layer, k in self._slot.items():
-            self.index_moments[layer].update(rhos[0][k * B:(k + 1) * B])
-            if self.permutation is not None:
-                self.content_moments[layer].update(rhos[1][k * B:(k + 1) * B])
+            self._update(layer, [r[k * B:(k + 1) * B] for r in rhos])
+        self._pending = False
+
+    def _update(self, layer: int, rhos: list[torch.Tensor]) -> None:
+        """Add one batch's per-image SSDC of ``layer``: against the index grid, and the content grid."""
+        self.index_moments[layer].update(rhos[0])
+        if self.permutation is not None:
+            self.content_moments[layer].update(rhos[1])
 
     def _add_map(self, layer: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
         """Accumulate (in float64) the batch's summed similarities: pairs i < j (M,) and diagonal (N,)."""
