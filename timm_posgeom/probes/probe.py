@@ -124,10 +124,9 @@ class _Accumulator:
         z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
         if self.want_images:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            self._per_image(layer, sim)
+            pairs = self._per_image(layer, sim)  # (B, M) the pairs i < j
             if self.want_map:
-                total = sim.sum(0)  # (N, N)
-                self._add_map(layer, upper_pairs(total), total.diagonal())
+                self._add_map(layer, pairs.sum(0), sim.diagonal(dim1=1, dim2=2).sum(0))
         else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
             flat = z.transpose(0, 1).reshape(z.shape[1], -1)
             total = flat @ flat.T  # (N, N)
@@ -135,19 +134,20 @@ class _Accumulator:
         if layer == self.last_layer:
             raise _StopForward
 
-    def _per_image(self, layer: int, sim: torch.Tensor) -> None:
+    def _per_image(self, layer: int, sim: torch.Tensor) -> torch.Tensor:
         """Per-image SSDC of ``layer``'s maps sim (B, N, N): their pairs i < j are kept for
         :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
-        computed now."""
+        computed now. Returns the pairs (B, M)."""
         B, n = sim.shape[0], sim.shape[-1]
         shape = (len(self.layers), B, n * (n - 1) // 2)
         if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
-            self._update(layer, ssdc_pairs(sim, self._distance_targets(sim.device)))
-            return
+            pairs = upper_pairs(sim)
+            self._update(layer, ssdc_pairs(pairs, self._distance_targets(sim.device)))
+            return pairs
         if self._pairs is None or self._pairs.shape != shape or self._pairs.device != sim.device:
             self._pairs = torch.empty(shape, dtype=sim.dtype, device=sim.device)
-        upper_pairs(sim, out=self._pairs[self._slot[layer]])
         self._pending = True
+        return upper_pairs(sim, out=self._pairs[self._slot[layer]])
 
     def end_batch(self) -> None:
         """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, in one call
