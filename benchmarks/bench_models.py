@@ -24,10 +24,10 @@ import torch.nn.functional as F
 import timm_posgeom  # noqa: F401
 
 PAIRS = [
-    ("vit_small_patch16_224_ape", {}, "vit_small_patch16_224", {}),
-    ("vit_small_patch16_224_nope", {}, "vit_small_patch16_224", {"pos_embed": "none"}),
-    ("vit_small_patch16_224_rope", {}, "vit_small_patch16_rope_224", {}),
-    ("vit_small_patch16_224_sincos", {}, "vit_small_patch16_224", {}),
+    ("posgeom_vit_small_patch16_224_ape", {}, "vit_small_patch16_224", {}),
+    ("posgeom_vit_small_patch16_224_nope", {}, "vit_small_patch16_224", {"pos_embed": "none"}),
+    ("posgeom_vit_small_patch16_224_rope", {}, "vit_small_patch16_rope_224", {}),
+    ("posgeom_vit_small_patch16_224_sincos", {}, "vit_small_patch16_224", {}),
 ]
 
 

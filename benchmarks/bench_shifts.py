@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--split", default="validation")
     parser.add_argument("--images", type=int, default=48, help="images to time each shift on")
     parser.add_argument("--batch", type=int, default=32, help="forward batch size")
-    parser.add_argument("--model", default="vit_small_patch16_224_ape")
+    parser.add_argument("--model", default="posgeom_vit_small_patch16_224_ape")
     args = parser.parse_args()
 
     import timm

@@ -5,7 +5,7 @@ against what a training step consumes.
     python benchmarks/bench_train.py --variants ape rope --steps 10 --data synthetic
 
 Part 1 runs the same training step (forward, label-smoothed cross-entropy, backward, AdamW) on
-each ``vit_micro_patch8_64_<variant>`` and on its stock timm equivalent of the same size
+each ``posgeom_vit_micro_patch8_64_<variant>`` and on its stock timm equivalent of the same size
 (``vit_small_patch16_224`` / ``vit_small_patch16_rope_224`` with img_size=64, patch_size=8,
 embed_dim=128, depth=4, num_heads=4), interleaving the two so that load on a shared machine
 affects both alike, and prints images/s and the ratio ours / stock.
@@ -59,7 +59,7 @@ def bench_models(variants: list[str], batch_size: int, steps: int, warmup: int =
     results = {}
     for variant in variants:
         name, extra = STOCK[variant]
-        ours = timm.create_model(f"vit_micro_patch8_64_{variant}", num_classes=10, drop_path_rate=0.1)
+        ours = timm.create_model(f"posgeom_vit_micro_patch8_64_{variant}", num_classes=10, drop_path_rate=0.1)
         stock = timm.create_model(name, num_classes=10, drop_path_rate=0.1, **MICRO, **extra)
         steps_fn = {"ours": _step_fn(ours, batch_size), "stock": _step_fn(stock, batch_size)}
         times: dict[str, list[float]] = {"ours": [], "stock": []}

@@ -14,7 +14,7 @@ Nothing is excluded by hand: every test of the suite whose parametrisation inclu
 Usage::
 
     python scripts/run_timm_model_tests.py                       # tiny and micro variants (what CI runs)
-    python scripts/run_timm_model_tests.py --models 'vit_*_patch16_224_*' -- -x
+    python scripts/run_timm_model_tests.py --models 'posgeom_vit_*_patch16_224_*' -- -x
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def patch_source(source: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="vit_tiny_patch16_224_* or vit_micro_patch8_64_*",
+    parser.add_argument("--models", default="posgeom_vit_tiny_patch16_224_* or posgeom_vit_micro_patch8_64_*",
                         help="which of our models, as `or`-joined name patterns (default: tiny and micro)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,9 @@ import torch
 
 import timm_posgeom  # noqa: F401  (registers the models)
 
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
+# Real images: the project's shared Imagenette copy beside the checkout, or POSGEOM_IMAGENETTE (e.g. when
+# the tests run from an unpacked sdist).
+IMAGENETTE = Path(os.environ.get("POSGEOM_IMAGENETTE") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette")
 
 
 @pytest.fixture(autouse=True)

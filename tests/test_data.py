@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import IMAGENETTE
 from PIL import Image
 
 from timm_posgeom.data import (
@@ -25,7 +25,6 @@ from timm_posgeom.data import (
 )
 from timm_posgeom.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
 
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 

@@ -18,7 +18,7 @@ from timm_posgeom.cli import main as cli_main
 from timm_posgeom.hub import HubExportError, export_for_hub, push_run, render_card, upload_plan
 
 
-def _run_dir(tmp_path: Path, name: str = "vit_micro_patch8_64_rope", with_eval: bool = True, **kwargs) -> Path:
+def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", with_eval: bool = True, **kwargs) -> Path:
     run = tmp_path / "run"
     model = timm.create_model(name, num_classes=10, **kwargs).eval()
     export_for_hub(model, run / "export")
@@ -42,14 +42,14 @@ def test_card_renders_with_valid_metadata_and_only_recorded_numbers(tmp_path):
     assert data["datasets"] == ["clane9/imagenet-100"]
     body = card.text
     assert body.index("import timm_posgeom") < body.index("## Training")  # the import comes first
-    assert "hf-hub:me/vit-micro-rope" in body and "vit_micro_patch8_64_rope" in body
+    assert "hf-hub:me/vit-micro-rope" in body and "posgeom_vit_micro_patch8_64_rope" in body
     for number in ("0.6125", "0.3125", "0.1875", "0.150", "0.500, 0.400, 0.300, 0.200"):
         assert number in body, number
     assert "arXiv:2606.00124" in body
 
 
 def test_card_without_eval_has_no_invented_results(tmp_path):
-    run = _run_dir(tmp_path, name="vit_micro_patch8_64_ape_rpt", with_eval=False)
+    run = _run_dir(tmp_path, name="posgeom_vit_micro_patch8_64_ape_rpt", with_eval=False)
     card = ModelCard(render_card(run))
     assert "random-permutation-training" in card.data.tags
     assert "fragility" not in card.text and "0.3125" not in card.text
@@ -95,12 +95,12 @@ def _to_local_hub_cache(export_dir: Path, repo_id: str, cache: Path) -> None:
 
 
 @pytest.mark.parametrize("name,kwargs", [
-    ("vit_micro_patch8_64_nope", {}),
-    ("vit_micro_patch8_64_ape", {"alpha": 0.5}),
-    ("vit_micro_patch8_64_sincos", {"alpha": 0.75}),
-    ("vit_micro_patch8_64_rope", {"alpha": 0.5}),
-    ("vit_micro_patch8_64_ape_rpt", {}),
-    ("vit_small_patch16_224_ape", {"num_heads": 8, "img_size": 64, "depth": 2}),  # the paper's heads
+    ("posgeom_vit_micro_patch8_64_nope", {}),
+    ("posgeom_vit_micro_patch8_64_ape", {"alpha": 0.5}),
+    ("posgeom_vit_micro_patch8_64_sincos", {"alpha": 0.75}),
+    ("posgeom_vit_micro_patch8_64_rope", {"alpha": 0.5}),
+    ("posgeom_vit_micro_patch8_64_ape_rpt", {}),
+    ("posgeom_vit_small_patch16_224_ape", {"num_heads": 8, "img_size": 64, "depth": 2}),  # the paper's heads
 ])
 def test_export_to_hub_cache_and_load_offline_gives_identical_outputs(tmp_path, name, kwargs):
     model = timm.create_model(name, num_classes=10, **kwargs).eval()
@@ -125,11 +125,11 @@ def test_export_to_hub_cache_and_load_offline_gives_identical_outputs(tmp_path, 
 
 def test_without_the_plugin_timm_names_the_unknown_architecture(tmp_path):
     """What a user sees when they forget `import timm_posgeom` (the card says to import it)."""
-    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=10)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10)
     export_for_hub(model, tmp_path / "export")
     script = f"import timm; timm.create_model('local-dir:{tmp_path / 'export'}', pretrained=True)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert out.returncode != 0 and "Unknown model (vit_micro_patch8_64_ape)" in out.stderr
+    assert out.returncode != 0 and "Unknown model (posgeom_vit_micro_patch8_64_ape)" in out.stderr
 
 
 def test_pretrained_tags_only_for_published_weights():
@@ -137,10 +137,10 @@ def test_pretrained_tags_only_for_published_weights():
 
     from timm_posgeom.models.vision_transformer_pe import PRETRAINED, build_default_cfgs
 
-    assert not timm.list_pretrained("vit_micro_patch8_64_*") and not PRETRAINED  # nothing published yet
-    cfgs = generate_default_cfgs(build_default_cfgs({"vit_small_patch16_224_ape.in100_paper_s0": "org/vit-s-ape"}))
-    tagged = cfgs["vit_small_patch16_224_ape"].cfgs["in100_paper_s0"]
+    assert not timm.list_pretrained("posgeom_vit_micro_patch8_64_*") and not PRETRAINED  # nothing published yet
+    cfgs = generate_default_cfgs(build_default_cfgs({"posgeom_vit_small_patch16_224_ape.in100_paper_s0": "org/vit-s-ape"}))
+    tagged = cfgs["posgeom_vit_small_patch16_224_ape"].cfgs["in100_paper_s0"]
     assert tagged.hf_hub_id == "org/vit-s-ape" and tagged.input_size == (3, 224, 224)
-    assert cfgs["vit_small_patch16_224_ape"].tags[0] == "in100_paper_s0"  # a tag with weights is the default
+    assert cfgs["posgeom_vit_small_patch16_224_ape"].tags[0] == "in100_paper_s0"  # a tag with weights is the default
     with pytest.raises(ValueError, match="registered model"):
         build_default_cfgs({"vit_huge_patch14_224_ape.x": "org/x"})

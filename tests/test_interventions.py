@@ -23,8 +23,8 @@ def _block_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
 def _no_pe_models() -> dict[str, nn.Module]:
     kw = dict(num_classes=3, depth=2)
     return {
-        "ours": timm.create_model("vit_micro_patch8_64_nope", **kw),
-        "ours_dynamic_nhwc": timm.create_model("vit_micro_patch8_64_nope", dynamic_img_size=True, **kw),
+        "ours": timm.create_model("posgeom_vit_micro_patch8_64_nope", **kw),
+        "ours_dynamic_nhwc": timm.create_model("posgeom_vit_micro_patch8_64_nope", dynamic_img_size=True, **kw),
         "timm_vit_none": timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", **kw),
         "timm_vit_none_reg": timm.create_model(
             "vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", reg_tokens=2, **kw),
@@ -48,7 +48,7 @@ def test_exact_equivariance_without_pe(key):
         torch.testing.assert_close(o[:, :npre], r[:, :npre], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["vit_micro_patch8_64_ape", "vit_micro_patch8_64_sincos", "vit_micro_patch8_64_rope"])
+@pytest.mark.parametrize("name", ["posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_sincos", "posgeom_vit_micro_patch8_64_rope"])
 def test_outputs_change_with_a_pe(name):
     model = timm.create_model(name, num_classes=3).double().eval()
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
@@ -60,7 +60,7 @@ def test_outputs_change_with_a_pe(name):
 
 
 def test_seeded_reproducible_per_call_and_per_batch():
-    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3).eval()
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=3).eval()
     x = torch.randn(1, 3, 64, 64)
     with token_permutation(model, seed=0) as a:
         ya1, ya2 = model(x), model(x)
@@ -77,7 +77,7 @@ def test_seeded_reproducible_per_call_and_per_batch():
 
 
 def test_hook_removed_on_exit_even_after_an_exception():
-    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3).eval()
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=3).eval()
     x = torch.randn(1, 3, 64, 64)
     ref = model(x)
     with pytest.raises(RuntimeError, match="boom"):
@@ -88,7 +88,7 @@ def test_hook_removed_on_exit_even_after_an_exception():
 
 
 def test_training_mode_permutes_only_in_training():
-    model = timm.create_model("vit_micro_patch8_64_ape", num_classes=3)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=3)
     x = torch.randn(1, 3, 64, 64)
     ref = model.eval()(x)
     with token_permutation(model, mode="training") as h:
@@ -218,8 +218,8 @@ def test_pe_scale_patch_rows_only():
 
 
 def test_pe_scale_on_our_model_matches_constructor_alpha_and_restores():
-    model = timm.create_model("vit_micro_patch8_64_rope", num_classes=3).eval()
-    half = timm.create_model("vit_micro_patch8_64_rope", num_classes=3, alpha=0.5).eval()
+    model = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=3).eval()
+    half = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=3, alpha=0.5).eval()
     half.load_state_dict(model.state_dict())
     x = torch.randn(1, 3, 64, 64)
     ref = model(x)
@@ -242,7 +242,7 @@ def test_pe_scale_errors():
             pass
 
 
-@pytest.mark.parametrize("name", ["vit_micro_patch8_64_rope", "eva_rope"])
+@pytest.mark.parametrize("name", ["posgeom_vit_micro_patch8_64_rope", "eva_rope"])
 def test_pe_scale_inside_inference_mode_leaves_a_trainable_model(name):
     model = THIRD_PARTY["eva_rope"]() if name == "eva_rope" else timm.create_model(name, num_classes=3)
     x = torch.randn(2, 3, 64, 64)

@@ -8,18 +8,18 @@ import torch
 import timm_posgeom
 from timm_posgeom.pos import sincos_2d
 
-MICRO = ["vit_micro_patch8_64_nope", "vit_micro_patch8_64_ape", "vit_micro_patch8_64_sincos",
-         "vit_micro_patch8_64_rope", "vit_micro_patch8_64_ape_rpt"]
+MICRO = ["posgeom_vit_micro_patch8_64_nope", "posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_sincos",
+         "posgeom_vit_micro_patch8_64_rope", "posgeom_vit_micro_patch8_64_ape_rpt"]
 
 
 def _micro(pe: str, **kwargs) -> timm_posgeom.PosGeomViT:
     name = {"none": "nope"}.get(pe, pe)
-    return timm.create_model(f"vit_micro_patch8_64_{name}", num_classes=7, **kwargs).eval()
+    return timm.create_model(f"posgeom_vit_micro_patch8_64_{name}", num_classes=7, **kwargs).eval()
 
 
 def test_every_name_is_registered_with_a_cfg_and_docstring():
     names = timm_posgeom.list_models()
-    expected = {f"vit_{s}_patch16_224_{v}" for s in ("tiny", "small", "base")
+    expected = {f"posgeom_vit_{s}_patch16_224_{v}" for s in ("tiny", "small", "base")
                 for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
     expected |= set(MICRO)
     assert set(names) == expected
@@ -29,8 +29,8 @@ def test_every_name_is_registered_with_a_cfg_and_docstring():
 
 
 @pytest.mark.parametrize("name,dim,depth,heads", [
-    ("vit_tiny_patch16_224_ape", 192, 12, 3), ("vit_small_patch16_224_rope", 384, 12, 6),
-    ("vit_base_patch16_224_sincos", 768, 12, 12), ("vit_micro_patch8_64_nope", 128, 4, 4)])
+    ("posgeom_vit_tiny_patch16_224_ape", 192, 12, 3), ("posgeom_vit_small_patch16_224_rope", 384, 12, 6),
+    ("posgeom_vit_base_patch16_224_sincos", 768, 12, 12), ("posgeom_vit_micro_patch8_64_nope", 128, 4, 4)])
 def test_standard_widths(name, dim, depth, heads):
     with torch.device("meta"):
         m = timm.create_model(name)
@@ -41,14 +41,14 @@ def test_micro_models_are_small_and_only_the_pe_differs():
     params = {n: {k: v.shape for k, v in timm.create_model(n).state_dict().items()} for n in MICRO}
     for p in params.values():
         assert sum(s.numel() for s in p.values()) < 5e6
-    base = params["vit_micro_patch8_64_nope"]
+    base = params["posgeom_vit_micro_patch8_64_nope"]
     for n, p in params.items():
         assert {k: v for k, v in p.items() if k != "pos_embed"} == base, n
-    assert params["vit_micro_patch8_64_ape"]["pos_embed"] == (1, 65, 128)  # class-token row included
+    assert params["posgeom_vit_micro_patch8_64_ape"]["pos_embed"] == (1, 65, 128)  # class-token row included
 
 
 def test_paper_configuration_through_kwargs():
-    m = timm.create_model("vit_small_patch16_224_ape", num_classes=100, num_heads=8, drop_rate=0.15,
+    m = timm.create_model("posgeom_vit_small_patch16_224_ape", num_classes=100, num_heads=8, drop_rate=0.15,
                           proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2)
     assert m.blocks[0].attn.num_heads == 8
     assert m.blocks[0].attn.attn_drop.p == 0.15 and m.blocks[0].attn.proj_drop.p == 0.15
@@ -106,13 +106,13 @@ def test_bad_alpha(bad):
 
 def test_bad_pe_and_shuffle_and_image_size():
     with pytest.raises(ValueError, match="unknown positional encoding 'learned'.*none, ape, sincos, rope"):
-        timm.create_model("vit_micro_patch8_64_ape", pe="learned")
+        timm.create_model("posgeom_vit_micro_patch8_64_ape", pe="learned")
     with pytest.raises(ValueError, match="token_shuffle"):
-        timm.create_model("vit_micro_patch8_64_ape", token_shuffle="sometimes")
+        timm.create_model("posgeom_vit_micro_patch8_64_ape", token_shuffle="sometimes")
     with pytest.raises(ValueError, match="not divisible by the patch size"):
-        timm.create_model("vit_micro_patch8_64_ape", img_size=60)
+        timm.create_model("posgeom_vit_micro_patch8_64_ape", img_size=60)
     with pytest.raises(ValueError, match="not divisible by the patch size"):
-        timm.create_model("vit_micro_patch8_64_sincos").set_input_size(img_size=(70, 64))
+        timm.create_model("posgeom_vit_micro_patch8_64_sincos").set_input_size(img_size=(70, 64))
 
 
 def test_rpt_permutes_in_training_and_never_in_eval():
@@ -140,10 +140,10 @@ def test_sincos_is_rebuilt_for_a_new_grid_never_interpolated():
     model = _micro("sincos")
     model.set_input_size(img_size=(96, 64))
     torch.testing.assert_close(model.sincos_embed, sincos_2d((12, 8), 128), rtol=0, atol=0)
-    fresh = timm.create_model("vit_micro_patch8_64_sincos", img_size=(96, 64), num_classes=7).eval()
+    fresh = timm.create_model("posgeom_vit_micro_patch8_64_sincos", img_size=(96, 64), num_classes=7).eval()
     torch.testing.assert_close(fresh.sincos_embed, model.sincos_embed, rtol=0, atol=0)
     # dynamic image size: the table for each input's own grid
-    dyn = timm.create_model("vit_micro_patch8_64_sincos", dynamic_img_size=True, num_classes=7).eval()
+    dyn = timm.create_model("posgeom_vit_micro_patch8_64_sincos", dynamic_img_size=True, num_classes=7).eval()
     fresh.load_state_dict(dyn.state_dict())
     x = torch.randn(1, 3, 96, 64)
     torch.testing.assert_close(dyn(x), fresh(x), rtol=1e-5, atol=1e-6)

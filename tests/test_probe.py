@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from conftest import IMAGENETTE
 from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401  (registers the models)
 from timm_posgeom.probes import SSDCResult, UnsupportedModelError, probe_ssdc
-
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 
 
 def smooth_images(n: int, size: int = 64, seed: int = 0) -> torch.Tensor:
@@ -27,7 +25,7 @@ def smooth_images(n: int, size: int = 64, seed: int = 0) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def nope():
     torch.manual_seed(0)
-    return timm.create_model("vit_micro_patch8_64_nope").eval()
+    return timm.create_model("posgeom_vit_micro_patch8_64_nope").eval()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +93,7 @@ def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch)
     import sys
 
     module = sys.modules["timm_posgeom.probes.probe"]
-    sincos = timm.create_model("vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
+    sincos = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
     results = {}
     per_image_bytes = 4 * 64 * 63 // 2 * 4  # 4 layers of 2,016 float32 pairs
     for name, budget in (("after", 10 ** 9), ("per layer", 0), ("mixed", 4 * per_image_bytes)):
@@ -124,7 +122,7 @@ def test_rpi_without_pe_is_zero_and_equivariant(nope, images):
 
 def test_rpi_with_pe_keeps_index_structure():
     torch.manual_seed(0)
-    model = timm.create_model("vit_micro_patch8_64_sincos").eval()  # fixed 2-D sincos table dominates at init
+    model = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # fixed 2-D sincos table dominates at init
     result = probe_ssdc(model, smooth_images(4), rpi=True, progress=False)
     assert result.per_layer[0] > 0.3
 
@@ -177,7 +175,7 @@ FAMILIES = {
     "vit_relpos_small_patch16_224": SMALL,
     "cait_xxs24_224": SMALL,  # class token joins only in blocks_token_only
     "naflexvit_base_patch16_gap": SMALL,
-    "vit_micro_patch8_64_rope": dict(img_size=32),
+    "posgeom_vit_micro_patch8_64_rope": dict(img_size=32),
 }
 
 
@@ -219,7 +217,7 @@ def test_bad_inputs(nope, images):
 def test_cli_probe_on_imagenette(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    code = main(["probe", "vit_micro_patch8_64_nope", "--data", str(IMAGENETTE), "--max-images", "4",
+    code = main(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(IMAGENETTE), "--max-images", "4",
                  "--batch-size", "2", "--rpi", "--alpha", "0.5", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import PIL.Image
@@ -12,6 +11,7 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from conftest import IMAGENETTE
 from timm.data import create_transform
 from torchvision import transforms
 
@@ -28,7 +28,6 @@ from timm_posgeom.robustness import (
 from timm_posgeom.shifts import JPEG, Shift, parse_shift
 from timm_posgeom.transforms import eval_transform
 
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 FAST = dict(num_workers=0, progress=False)
 
 
@@ -205,7 +204,7 @@ def test_zero_clean_accuracy_gives_nan_fs_with_warning():
 # ------------------------------------------------------------------------------------------
 # PE interventions: RPI, alpha, the sweep
 # ------------------------------------------------------------------------------------------
-def _visible_pe_model(name: str = "vit_micro_patch8_64_ape", n: int = 8):
+def _visible_pe_model(name: str = "posgeom_vit_micro_patch8_64_ape", n: int = 8):
     """A micro ViT whose PE visibly matters, and data labelled by its own clean predictions.
 
     Random init hides PE effects (every image gets the same class), so on purpose: a unit-scale PE
@@ -240,7 +239,7 @@ def test_alpha_and_rpi_change_predictions_and_restore_the_model():
     assert np.array_equal(again.correct["jpeg:5"], rpi.correct["jpeg:5"])  # seeded
     assert torch.equal(model.pos_embed, table) and model.alpha == 1.0 and not model.training
     # control: without a PE the model is permutation-invariant, so RPI and alpha change nothing
-    nope, nope_data = _visible_pe_model("vit_micro_patch8_64_nope")
+    nope, nope_data = _visible_pe_model("posgeom_vit_micro_patch8_64_nope")
     assert fragility(nope, nope_data, shifts=(), rpi=True, batch_size=4, **FAST).clean_accuracy == 1.0
 
 
@@ -274,7 +273,7 @@ def test_alpha_sweep_at_one_equals_unscaled_model():
 def test_fragility_on_real_images():
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset(str(IMAGENETTE), split="validation")
-    model = timm.create_model("vit_micro_patch8_64_nope", num_classes=10)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=10)
     r = fragility(model, ds, shifts=[parse_shift("imagenet-c:jpeg_compression:5")], max_images=10, batch_size=4, **FAST)
     assert r.num_images == 10 and r.shifts == ["imagenet-c:jpeg_compression:5"]
     one = fragility(model, ds, "jpeg:5", max_images=3, **FAST)  # a single spec is accepted too
@@ -286,7 +285,7 @@ def test_fragility_on_real_images():
 def test_cli_fragility_and_sweep(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    common = ["vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "6", "--batch-size", "4",
+    common = ["posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "6", "--batch-size", "4",
               "--num-workers", "0", "--no-progress", "--device", "cpu"]
     assert main(["fragility", *common, "--shift", "jpeg:5", "--shift", "blur:2.5:5", "--rpi", "--alpha", "0.5",
                  "--out", str(tmp_path / "f")]) == 0

@@ -3,13 +3,13 @@ per-image, specs parse, bad input fails clearly."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import numpy as np
 import PIL.Image
 import pytest
 import torch
 import torchvision.transforms.v2 as T
+from conftest import IMAGENETTE
 from scipy.ndimage import gaussian_filter
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
@@ -23,9 +23,6 @@ from timm_posgeom.shifts import (
     imagenet_c,
     parse_shift,
 )
-
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -117,7 +117,7 @@ def test_in100_dry_run_validates_every_recipe(tmp_path, capsys):
     plan = dry_run(preset_config("in100"), tmp_path)
     assert [p["condition"] for p in plan] == list(study_mod.CONDITIONS)
     assert all(p["img_size"] == 224 and p["epochs"] == 60 and "accelerate launch" in p["command"] for p in plan)
-    assert {p["model"] for p in plan} == {f"vit_small_patch16_224_{v}" for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
+    assert {p["model"] for p in plan} == {f"posgeom_vit_small_patch16_224_{v}" for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
     assert cli_main(["study", "--preset", "in100", "--dry-run", "--out", str(tmp_path)]) == 0
     assert "every recipe valid" in capsys.readouterr().out
 

@@ -12,14 +12,23 @@ from pathlib import Path
 import pytest
 import timm
 import torch
+from conftest import IMAGENETTE
 from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.recipe import Recipe, RecipeError, apply_overrides, load_recipe, recipes_dir
+from timm_posgeom.recipe import (
+    Recipe,
+    RecipeError,
+    accelerate_configs,
+    apply_overrides,
+    find_accelerate_config,
+    find_recipe,
+    load_recipe,
+    shipped_recipes,
+)
 from timm_posgeom.train import latest_checkpoint, main, pe_table_ssdc, train
 
-IMAGENETTE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = [
@@ -91,7 +100,7 @@ def test_loss_falls_on_learnable_subset(tmp_path):
 def test_kill_and_resume_is_exact(tmp_path):
     # RPT (token shuffling), drop path, dropout, mixup, EMA, gradient accumulation and a DataLoader worker:
     # every RNG stream and counter in play
-    overrides = ("model=vit_micro_patch8_64_ape_rpt", "model_kwargs.drop_path_rate=0.1",
+    overrides = ("model=posgeom_vit_micro_patch8_64_ape_rpt", "model_kwargs.drop_path_rate=0.1",
                  "model_kwargs.proj_drop_rate=0.1", "mixup=0.8", "cutmix=1.0", "ema=true", "ema_decay=0.9",
                  "epochs=4", "checkpoint_every=3", "workers=1", "rpi_ssdc_images=8", "grad_accum=2")
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -137,7 +146,7 @@ def test_two_processes_under_accelerate_launch(tmp_path):
 
 
 def test_export_reloads_identically(tmp_path):
-    recipe = tiny("model=vit_micro_patch8_64_rope", "max_steps=2", "model_kwargs.num_heads=4",
+    recipe = tiny("model=posgeom_vit_micro_patch8_64_rope", "max_steps=2", "model_kwargs.num_heads=4",
                   "model_kwargs.drop_path_rate=0.1")
     train(recipe, tmp_path, progress=False)
     reloaded = timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True).eval()
@@ -152,7 +161,7 @@ def test_export_reloads_identically(tmp_path):
 
 
 def test_pe_table_ssdc():
-    ape = timm.create_model("vit_micro_patch8_64_ape", num_classes=2)
+    ape = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=2)
     with torch.no_grad():  # a table whose rows are smooth in the grid position: strongly positive
         grid = torch.stack(torch.meshgrid(torch.arange(8.0), torch.arange(8.0), indexing="ij"), -1).reshape(64, 2)
         freqs = torch.linspace(0.1, 1.0, 64)
@@ -168,8 +177,8 @@ def test_pe_table_ssdc():
     i, j = torch.triu_indices(64, 64, 1)
     expected = spearmanr(sim[i, j].numpy(), -dist[i, j].numpy()).statistic
     assert abs(pe_table_ssdc(ape) - expected) < 1e-5
-    assert pe_table_ssdc(timm.create_model("vit_micro_patch8_64_sincos", num_classes=2)) is None
-    assert pe_table_ssdc(timm.create_model("vit_micro_patch8_64_nope", num_classes=2)) is None
+    assert pe_table_ssdc(timm.create_model("posgeom_vit_micro_patch8_64_sincos", num_classes=2)) is None
+    assert pe_table_ssdc(timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=2)) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,7 +196,7 @@ def test_bad_recipe_key_lists_valid_keys(tmp_path, capsys):
     err = _cli_error(capsys, tmp_path / "run", "learning_rate=0.1")
     assert "unknown recipe key 'learning_rate'" in err and "weight_decay" in err and "checkpoint_every" in err
     bad = tmp_path / "bad.yaml"
-    bad.write_text("model: vit_micro_patch8_64_ape\nepochz: 3\n")
+    bad.write_text("model: posgeom_vit_micro_patch8_64_ape\nepochz: 3\n")
     with pytest.raises(RecipeError, match="epochz.*valid keys: model"):
         load_recipe(bad)
     assert not (tmp_path / "run").exists()
@@ -270,9 +279,27 @@ def test_shipped_recipes_run_when_shrunk(tmp_path, name):
     assert (tmp_path / ("export_ema" if recipe.ema else "export") / "model.safetensors").is_file()
 
 
-def test_accelerate_configs_exist():
-    for name in ("1gpu", "8gpu", "2node_8gpu"):
-        assert (recipes_dir() / "accelerate" / f"{name}.yaml").is_file()
+def test_accelerate_configs_are_shipped():
+    assert set(accelerate_configs()) == {"1gpu", "8gpu", "2node_8gpu"}
+    for name in accelerate_configs():
+        path = find_accelerate_config(name)
+        assert path.is_file() and "distributed_type" in path.read_text()
+    with pytest.raises(FileNotFoundError, match="1gpu, 2node_8gpu, 8gpu|shipped configs"):
+        find_accelerate_config("3gpu")
+
+
+def test_shipped_recipes_are_found_by_name_and_user_files_still_work(tmp_path):
+    names = set(shipped_recipes())
+    assert {f"{f}_{v}" for f in ("imagenette_cpu", "in100_paper", "in100_deit")
+            for v in ("nope", "ape", "sincos", "rope", "rpt")} == names
+    # found through the package (importlib.resources), not through the working directory
+    assert find_recipe("imagenette_cpu_ape").parent.name == "recipes"
+    own = tmp_path / "mine.yaml"
+    own.write_text("model: posgeom_vit_micro_patch8_64_rope\nepochs: 3\n")
+    recipe = load_recipe(str(own))
+    assert (recipe.model, recipe.epochs) == ("posgeom_vit_micro_patch8_64_rope", 3)
+    with pytest.raises(FileNotFoundError, match="not one of the shipped recipes: imagenette_cpu_ape"):
+        load_recipe("imagenette_cpu_nosuch")
 
 
 def test_checkpoint_discovery_ignores_partial_saves(tmp_path):

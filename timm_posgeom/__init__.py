@@ -3,7 +3,7 @@
 Importing the package registers the PE-variant ViTs with timm::
 
     import timm, timm_posgeom
-    model = timm.create_model("vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
+    model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 Data flows one way: data -> model (+ interventions) -> probes / robustness -> study -> report.
 Training (``timm_posgeom.train``) is a client of the library and is not imported here.
@@ -18,8 +18,7 @@ from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragilit
 from .shifts import JPEG, GaussianBlur, imagenet_c, parse_shift
 from .synthetic import SyntheticShapes
 from .transforms import eval_transform
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "__version__",

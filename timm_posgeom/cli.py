@@ -6,7 +6,7 @@ import importlib
 import sys
 
 # One module per sub-command under timm_posgeom/commands, each with add_parser() and run().
-COMMANDS = ("models", "probe", "fragility", "sweep", "train", "study", "report", "card", "push")
+COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "report", "card", "push")
 
 
 def _command_modules():
@@ -18,8 +18,24 @@ def _command_modules():
                 raise
 
 
+def version_line() -> str:
+    """``posgeom X (timm Y, torch Z)``, from the installed distributions' metadata (nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .version import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"posgeom {__version__} (timm {installed('timm')}, torch {installed('torch')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posgeom", description=__doc__)
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for _, module in _command_modules():
         module.add_parser(sub)

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
-           "CARD_TEMPLATE"]
+           "card_template"]
 
-CARD_TEMPLATE = Path(__file__).resolve().parents[1] / "hub_cards" / "model_card.md"
 UPLOAD_FILES = ("config.json", "model.safetensors", "README.md")
 
 _PE_TEXT = {
@@ -30,6 +29,16 @@ _PE_TEXT = {
     "rope": ("2-D axial rotary position embedding (RoPE)", "queries and keys of the patch tokens are rotated "
              "by angles proportional to their row and column index (base 10000); prefix tokens are not rotated."),
 }
+
+
+def card_template() -> Path:
+    """The model-card template shipped in the package (``timm_posgeom.hub_cards/model_card.md``)."""
+    from importlib.resources import files
+
+    path = Path(str(files("timm_posgeom.hub_cards") / "model_card.md"))
+    if not path.is_file():
+        raise FileNotFoundError(f"the packaged model-card template is missing: {path}")
+    return path
 
 
 class HubExportError(ValueError):
@@ -169,7 +178,7 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
     figures = sorted(p.name for p in run.glob("*.png"))
     card = ModelCard.from_template(
-        card_data, template_path=str(CARD_TEMPLATE),
+        card_data, template_path=str(card_template()),
         model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
         pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=model.alpha,
         token_shuffle=model.token_shuffle, embed_dim=model.embed_dim, depth=len(model.blocks),

@@ -2,22 +2,28 @@
 
     recipe = load_recipe("imagenette_cpu_ape", overrides=["epochs=2", "model_kwargs.drop_path_rate=0"])
 
-A recipe name without ``.yaml`` is looked up in the repository's ``recipes/`` folder. An unknown
+A bare recipe name is one of the recipes shipped in the package (``posgeom recipes`` lists them). An unknown
 key (in the file or an override) is an error that lists the valid keys; override values are
 parsed as YAML and coerced to the field's type (``none``/``null`` for optional fields).
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-__all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrides", "recipes_dir"]
+if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
+    from importlib.resources.abc import Traversable
+
+__all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrides", "shipped_recipes",
+           "accelerate_configs", "find_accelerate_config"]
 
 
 class RecipeError(ValueError):
@@ -29,7 +35,7 @@ class Recipe:
     """Everything a training run needs to know. Defaults give a small CPU run on synthetic data."""
 
     # model
-    model: str = "vit_micro_patch8_64_ape"  # any timm model name (ours after `import timm_posgeom`)
+    model: str = "posgeom_vit_micro_patch8_64_ape"  # any timm model name (ours after `import timm_posgeom`)
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
     # data
     data: str | None = None  # Hub id, local folder, or None / "synthetic"
@@ -228,23 +234,52 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     return Recipe(**out).validate()
 
 
-def recipes_dir() -> Path:
-    """The repository's ``recipes/`` folder (the package is installed editable from the repo)."""
-    return Path(__file__).resolve().parents[1] / "recipes"
+def shipped_recipes() -> dict[str, Traversable]:
+    """The recipes shipped inside the package (``timm_posgeom.recipes``): name -> file, sorted by name."""
+    root = files("timm_posgeom.recipes")
+    return {entry.name[:-len(".yaml")]: entry for entry in sorted(root.iterdir(), key=lambda e: e.name)
+            if entry.is_file() and entry.name.endswith(".yaml")}
 
 
-def find_recipe(name_or_path: str | Path) -> Path:
-    """A recipe file: an existing path, or a bare name looked up in :func:`recipes_dir`."""
+def accelerate_configs() -> dict[str, Traversable]:
+    """The accelerate launcher configs shipped inside the package: name (e.g. ``1gpu``) -> file."""
+    root = files("timm_posgeom.recipes") / "accelerate"
+    return {entry.name[:-len(".yaml")]: entry for entry in sorted(root.iterdir(), key=lambda e: e.name)
+            if entry.is_file() and entry.name.endswith(".yaml")}
+
+
+def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
+    """An accelerate config: an existing file, or the name of a shipped one (``1gpu``, ``8gpu``, ...)."""
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    candidates = [recipes_dir() / f"{name_or_path}.yaml", recipes_dir() / str(name_or_path)]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    available = sorted(p.stem for p in recipes_dir().glob("*.yaml")) if recipes_dir().is_dir() else []
-    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, and not one of: "
-                            f"{', '.join(available) or 'no recipes found'})")
+    shipped = accelerate_configs()
+    name = Path(name_or_path).name.removesuffix(".yaml")
+    if name in shipped:
+        return _as_path(shipped[name])
+    raise FileNotFoundError(f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
+                            f"shipped configs: {', '.join(shipped) or 'none'})")
+
+
+def _as_path(entry: Traversable) -> Path:
+    """A shipped resource as a filesystem path (wheels and editable installs keep them as files)."""
+    path = Path(str(entry))
+    if not path.is_file():
+        raise FileNotFoundError(f"packaged resource {entry} is not a file on disk (a zipped install?)")
+    return path
+
+
+def find_recipe(name_or_path: str | os.PathLike) -> Path:
+    """A recipe file: an existing path, or the name of a shipped recipe (``posgeom recipes`` lists them)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path
+    shipped = shipped_recipes()
+    name = str(name_or_path).removesuffix(".yaml")
+    if name in shipped:
+        return _as_path(shipped[name])
+    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
+                            f"recipes: {', '.join(shipped) or 'none'})")
 
 
 def _data_relative_to_repo(data: str | None, recipe_path: Path) -> str | None:

@@ -423,7 +423,7 @@ def write_report(out: str | os.PathLike) -> Path:
              f"{'complete' if results.get('complete') else 'INCOMPLETE (resume with --resume)'}; "
              f"{results.get('elapsed_s', 0):.0f} s (all invocations). Versions: "
              + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".", "",
-             "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (DESIGN.md); this run's scale "
+             "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
              "may differ, so compare orderings and shapes rather than values.", ""]
     lines += _tables(results)
     lines += _training_table(results)

@@ -1,6 +1,6 @@
 """Fragility scores under distribution shifts, and alpha sweeps linking PE strength to robustness.
 
-Definitions (the paper, DESIGN.md):
+Definitions (the paper; docs/method.md#fragility-score-and-shifts):
 
 * top-1 accuracy ``A = k / n``: ``k`` images of ``n`` whose arg-max logit equals the label, counted
   exactly over every image (never an average of per-batch accuracies);

@@ -56,7 +56,7 @@ class StudyConfig:
     batch_size: int = 128
     workers: int = 0
     device: str | None = None
-    accelerate_config: str | None = None  # train with `accelerate launch --config_file ...`
+    accelerate_config: str | None = None  # `accelerate launch --config_file`: a file or a shipped config name
     synthetic_size: int | None = None
 
 
@@ -75,7 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's protocol on ImageNet-100 through accelerate on GPUs.
     "in100": dict(recipe_prefix="in100_paper", data="clane9/imagenet-100", batch_size=256, workers=8,
                   alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
-                  accelerate_config="recipes/accelerate/1gpu.yaml"),
+                  accelerate_config="1gpu"),
 }
 
 
@@ -354,10 +354,7 @@ def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]
 
 
 def _accelerate_config(config: StudyConfig) -> str:
-    """The accelerate config file, as given or relative to the repository (recipes/accelerate/...)."""
-    path = Path(config.accelerate_config)
-    if not path.is_absolute() and not path.is_file():
-        path = Path(__file__).resolve().parents[1] / path
-    if not path.is_file():
-        raise FileNotFoundError(f"accelerate config {config.accelerate_config} not found")
-    return str(path)
+    """The accelerate config file: a path, or the name of one shipped with the package (``1gpu``)."""
+    from .recipe import find_accelerate_config
+
+    return str(find_accelerate_config(config.accelerate_config))

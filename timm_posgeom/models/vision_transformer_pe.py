@@ -230,7 +230,7 @@ _SIZES = {
     "tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    # CPU scale: 64 px, 8x8 grid, 0.8M parameters; the pilot in DESIGN.md found this width and depth
+    # CPU scale: 64 px, 8x8 grid, 0.8M parameters; a pilot with stock timm ViTs found this width and depth
     # forms a PE reference frame in ~40 epochs of Imagenette on 2 cores.
     "micro": dict(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4),
 }
@@ -244,17 +244,17 @@ _VARIANTS = {
 
 
 def _name(size: str, variant: str) -> str:
-    stem = "vit_micro_patch8_64" if size == "micro" else f"vit_{size}_patch16_224"
+    stem = "posgeom_vit_micro_patch8_64" if size == "micro" else f"posgeom_vit_{size}_patch16_224"
     return f"{stem}_{variant}"
 
 
-# Published weights, "<model>.<tag>": "<hf hub id>", e.g. "vit_small_patch16_224_ape.in100_paper_s0".
+# Published weights, "<model>.<tag>": "<hf hub id>", e.g. "posgeom_vit_small_patch16_224_ape.in100_paper_s0".
 # Only weights that exist on the Hub go here: no placeholders (timm would list them as pretrained).
 PRETRAINED: dict[str, str] = {}
 
 
 def _base_cfg(name: str) -> dict[str, Any]:
-    return _cfg(input_size=(3, 64, 64), crop_pct=1.0) if name.startswith("vit_micro") else _cfg()
+    return _cfg(input_size=(3, 64, 64), crop_pct=1.0) if name.startswith("posgeom_vit_micro") else _cfg()
 
 
 def build_default_cfgs(pretrained: dict[str, str]) -> dict[str, Any]:
@@ -278,121 +278,121 @@ def _build(size: str, variant: str, pretrained: bool, kwargs: dict[str, Any]) ->
 
 
 @register_model
-def vit_tiny_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_tiny_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-Ti/16 without positional encoding."""
     return _build("tiny", "nope", pretrained, kwargs)
 
 
 @register_model
-def vit_tiny_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_tiny_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-Ti/16 with a learned absolute position table (class-token row included)."""
     return _build("tiny", "ape", pretrained, kwargs)
 
 
 @register_model
-def vit_tiny_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_tiny_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-Ti/16 with a fixed 2-D sincos table on the patch tokens."""
     return _build("tiny", "sincos", pretrained, kwargs)
 
 
 @register_model
-def vit_tiny_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_tiny_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-Ti/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
     return _build("tiny", "rope", pretrained, kwargs)
 
 
 @register_model
-def vit_tiny_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_tiny_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-Ti/16, learned absolute PE, random patch-token permutation in training (RPT)."""
     return _build("tiny", "ape_rpt", pretrained, kwargs)
 
 
 @register_model
-def vit_small_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_small_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-S/16 without positional encoding. The paper's setup: ``num_heads=8, drop_rate=0.15,
     proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2``."""
     return _build("small", "nope", pretrained, kwargs)
 
 
 @register_model
-def vit_small_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_small_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-S/16 with a learned absolute position table (class-token row included)."""
     return _build("small", "ape", pretrained, kwargs)
 
 
 @register_model
-def vit_small_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_small_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-S/16 with a fixed 2-D sincos table on the patch tokens."""
     return _build("small", "sincos", pretrained, kwargs)
 
 
 @register_model
-def vit_small_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_small_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-S/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
     return _build("small", "rope", pretrained, kwargs)
 
 
 @register_model
-def vit_small_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_small_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-S/16, learned absolute PE, random patch-token permutation in training (RPT)."""
     return _build("small", "ape_rpt", pretrained, kwargs)
 
 
 @register_model
-def vit_base_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_base_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-B/16 without positional encoding."""
     return _build("base", "nope", pretrained, kwargs)
 
 
 @register_model
-def vit_base_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_base_patch16_224_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-B/16 with a learned absolute position table (class-token row included)."""
     return _build("base", "ape", pretrained, kwargs)
 
 
 @register_model
-def vit_base_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_base_patch16_224_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-B/16 with a fixed 2-D sincos table on the patch tokens."""
     return _build("base", "sincos", pretrained, kwargs)
 
 
 @register_model
-def vit_base_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_base_patch16_224_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-B/16 with 2-D axial RoPE (base 10000) on the patch tokens' queries and keys."""
     return _build("base", "rope", pretrained, kwargs)
 
 
 @register_model
-def vit_base_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_base_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """ViT-B/16, learned absolute PE, random patch-token permutation in training (RPT)."""
     return _build("base", "ape_rpt", pretrained, kwargs)
 
 
 @register_model
-def vit_micro_patch8_64_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_micro_patch8_64_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) without positional encoding."""
     return _build("micro", "nope", pretrained, kwargs)
 
 
 @register_model
-def vit_micro_patch8_64_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_micro_patch8_64_ape(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with a learned absolute table."""
     return _build("micro", "ape", pretrained, kwargs)
 
 
 @register_model
-def vit_micro_patch8_64_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_micro_patch8_64_sincos(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with a fixed 2-D sincos table."""
     return _build("micro", "sincos", pretrained, kwargs)
 
 
 @register_model
-def vit_micro_patch8_64_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_micro_patch8_64_rope(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads) with 2-D axial RoPE."""
     return _build("micro", "rope", pretrained, kwargs)
 
 
 @register_model
-def vit_micro_patch8_64_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
+def posgeom_vit_micro_patch8_64_ape_rpt(pretrained: bool = False, **kwargs) -> PosGeomViT:
     """CPU-scale ViT (64 px, patch 8, dim 128, depth 4, 4 heads), learned absolute PE, trained with RPT."""
     return _build("micro", "ape_rpt", pretrained, kwargs)

@@ -1,6 +1,6 @@
 """SSDC: spatial structure of a token-similarity map, as a rank correlation with grid distance.
 
-Definition (the paper's, see DESIGN.md): for a similarity map S (N x N) over N patch tokens laid out
+Definition (the paper's; docs/method.md#ssdc): for a similarity map S (N x N) over N patch tokens laid out
 row-major on an H x W grid, and D the grid distance between token positions,
 
     SSDC(S) = spearman({S_ij}, {-D_ij})  over the M = N (N - 1) / 2 pairs i < j,

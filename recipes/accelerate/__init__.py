@@ -1,0 +1,1 @@
+"""Accelerate launcher configs shipped with timm-posgeom (YAML)."""
