@@ -23,7 +23,7 @@ import PIL.Image
 import torch
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.robustness import _default_workers
+from timm_posgeom.eval_data import default_workers
 from timm_posgeom.shifts import parse_shift
 from timm_posgeom.transforms import resize_transform
 
@@ -97,7 +97,7 @@ def main() -> None:
             model(x)
         forward_rate = reps * args.batch / (time.perf_counter() - start)
 
-    workers = _default_workers()
+    workers = default_workers()
     print(f"CPU: {os.cpu_count()} cores, torch {torch.__version__}, forward threads {threads}; "
           f"images: {'synthetic 256 px JPEG' if not args.data else args.data} ({len(raw)})")
     print(f"default loader: {workers} worker(s), 1 torch thread each")

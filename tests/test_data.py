@@ -16,7 +16,7 @@ from timm_posgeom.data import (
     TransformDataset,
     cache_uint8,
     crop_flip,
-    eval_transform,
+    eval_config,
     find_columns,
     load_split,
     make_loader,
@@ -24,6 +24,7 @@ from timm_posgeom.data import (
     train_transform,
 )
 from timm_posgeom.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
+from timm_posgeom.transforms import eval_transform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -172,10 +173,12 @@ def test_transform_dataset_seeding_is_local_and_repeatable():
 def test_eval_transforms():
     image = Image.new("RGB", (80, 40), color=(255, 0, 0))
     for resize in ("paper", "timm"):
-        x = eval_transform(32, resize, MEAN, STD)(image)
+        x = eval_transform(eval_config(32, MEAN, STD), resize)(image)
         assert x.shape == (3, 32, 32)
-    with pytest.raises(ValueError, match="unknown eval resize"):
-        eval_transform(32, "other")
+    with pytest.raises(ValueError, match="resize must be one of paper, timm"):
+        eval_transform(eval_config(32), "other")
+    # augment "none" is the paper's eval pipeline, from the one owner of eval transforms
+    assert torch.equal(train_transform(32, "none", MEAN, STD)(image), eval_transform(eval_config(32, MEAN, STD))(image))
     assert train_transform(32, "none", MEAN, STD)(image).shape == (3, 32, 32)
     assert train_transform(32, "crop_flip", MEAN, STD)(image).shape == (3, 32, 32)
 

@@ -16,6 +16,7 @@ from huggingface_hub import ModelCard
 
 from timm_posgeom.cli import main as cli_main
 from timm_posgeom.hub import HubExportError, export_for_hub, push_run, render_card, upload_plan
+from timm_posgeom.records import RecordError, RunEval, RunSummary, SSDCSummary
 
 
 def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", with_eval: bool = True, **kwargs) -> Path:
@@ -23,12 +24,12 @@ def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", wit
     model = timm.create_model(name, num_classes=10, **kwargs).eval()
     export_for_hub(model, run / "export")
     (run / "recipe.yaml").write_text(yaml.safe_dump({"model": name, "data": "clane9/imagenet-100", "epochs": 3}))
-    (run / "summary.json").write_text(json.dumps(
-        {"steps": 120, "epochs": 3.0, "time_s": 42.5, "processes": 1, "val_top1": 0.6125, "pe_ssdc": None}))
+    RunSummary(model=name, steps=120, epochs=3.0, train_images=5120, val_images=640, processes=1, time_s=42.5,
+               val_top1=0.6125).write(run / "summary.json")
     if with_eval:
-        (run / "eval.json").write_text(json.dumps({
-            "clean_accuracy": 0.6, "fs": {"jpeg:5": 0.3125, "blur:2.5:5": 0.1875},
-            "ssdc": {"per_layer": [0.5, 0.4, 0.3, 0.2], "rpi_per_layer": [0.1, 0.25, 0.2, 0.2], "rpi_delta": 0.15}}))
+        ssdc = SSDCSummary(n_images=64, per_layer=[0.5, 0.4, 0.3, 0.2], delta=-0.1, rpi_per_layer=[0.1, 0.25, 0.2, 0.2],
+                           rpi_delta=0.15, rpi_content_per_layer=[0.5, 0.4, 0.3, 0.2])
+        RunEval(clean_accuracy=0.6, fs={"jpeg:5": 0.3125, "blur:2.5:5": 0.1875}, ssdc=ssdc).write(run / "eval.json")
     return run
 
 
@@ -46,6 +47,27 @@ def test_card_renders_with_valid_metadata_and_only_recorded_numbers(tmp_path):
     for number in ("0.6125", "0.3125", "0.1875", "0.150", "0.500, 0.400, 0.300, 0.200"):
         assert number in body, number
     assert "arXiv:2606.00124" in body
+
+
+def test_card_reads_config_json_not_the_package(tmp_path):
+    """The card's architecture rows come from config.json and the safetensors header (no model is built)."""
+    run = _run_dir(tmp_path, name="posgeom_vit_micro_patch8_64_ape", alpha=0.5)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10)
+    body = ModelCard(render_card(run)).text
+    assert f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M" in body and "alpha 0.5" in body
+    assert "| width / depth / heads | 128 / 4 / 4 |" in body and "64 px, patch 8" in body
+    config = json.loads((run / "export" / "config.json").read_text())
+    del config["model_args"]["pe"]
+    (run / "export" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HubExportError, match="not an export of a timm-posgeom model"):
+        render_card(run)
+
+
+def test_card_refuses_a_summary_of_another_schema(tmp_path):
+    run = _run_dir(tmp_path)
+    (run / "summary.json").write_text(json.dumps({"steps": 120, "val_top1": 0.6125}))  # an old, untagged file
+    with pytest.raises(RecordError, match="summary.json: not a timm-posgeom run-summary record"):
+        render_card(run)
 
 
 def test_card_without_eval_has_no_invented_results(tmp_path):

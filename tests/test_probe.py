@@ -90,9 +90,8 @@ def test_streaming_equals_one_batch(nope, images):
 def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch):
     """Per-image SSDC kept for one call after the forward (small batches) or computed at each layer
     (batches over the memory budget) gives the same numbers, also when both happen in one probe."""
-    import sys
+    from timm_posgeom.probes import probe as module
 
-    module = sys.modules["timm_posgeom.probes.probe"]
     sincos = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
     results = {}
     per_image_bytes = 4 * 64 * 63 // 2 * 4  # 4 layers of 2,016 float32 pairs

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import rankdata as scipy_rankdata
 from scipy.stats import spearmanr
 
-from timm_posgeom.probes import ConstantMapWarning, grid_positions, pair_distances, rankdata, ssdc
+from timm_posgeom.probes import ConstantMapWarning, grid_positions, pair_distances, rankdata, spearman, ssdc
 
 
 def _reference(sim: np.ndarray, positions: np.ndarray, distance: str) -> float:
@@ -126,9 +126,7 @@ def test_neighbouring_floats_and_subnormals_match_scipy():
 
 def test_two_targets_share_one_sort():
     """Grid and content targets in one call (the probe under RPI): pair-index keys, ties included."""
-    import sys
-
-    module = sys.modules["timm_posgeom.probes.ssdc"]
+    module = spearman
     gen = torch.Generator().manual_seed(8)
     maps = torch.randn(12, 16, 16, generator=gen)
     maps[1] = torch.round(maps[1] * 2) / 2  # heavy ties
@@ -178,9 +176,7 @@ def test_gpu_matches_cpu(dtype):
 
 def test_device_path_matches_scipy_on_cpu():
     """The torch.sort path used off CPU (GPU), exercised on CPU against scipy."""
-    import sys
-
-    module = sys.modules["timm_posgeom.probes.ssdc"]
+    module = spearman
     gen = torch.Generator().manual_seed(4)
     maps = torch.randn(3, 20, 20, generator=gen)
     maps[1] = torch.round(maps[1])

@@ -1,13 +1,14 @@
 """The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
 from __future__ import annotations
 
-import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
+from timm_posgeom.records import HistoryPoint, StudyResults
 from timm_posgeom.report import _formed_at, _training_table, evaluate_claims
 from timm_posgeom.study import dry_run, preset_config, run_study
 
@@ -36,16 +37,18 @@ def demo_study(tmp_path_factory):
 
 def test_demo_study_end_to_end(demo_study):
     out, results = demo_study
-    assert results["complete"] and [r["condition"] for r in results["runs"]] == list(study_mod.CONDITIONS)
-    for run in results["runs"]:
-        ev = run["eval"]
-        assert 0.0 <= ev["clean_accuracy"] <= 1.0 and set(ev["fs"]) == {"jpeg:5", "blur:2.5:5"}
-        assert len(ev["ssdc"]["per_layer"]) == 4 and len(ev["ssdc"]["rpi_per_layer"]) == 4
-        assert len(run["untrained"]["per_layer"]) == 4
-        assert ("alpha_sweep" in ev) == (run["condition"] in ("ape", "sincos", "rope"))
-        assert run["history"] and len(run["history"][-1]["rpi_ssdc"]) == 4  # from the training log
-        assert run["history"][-1]["val_top1"] == pytest.approx(run["train"]["val_top1"])
-    assert results["versions"]["timm"] and results["config"]["preset"] == "demo"
+    assert results.complete and [r.condition for r in results.runs] == list(study_mod.CONDITIONS)
+    for run in results.runs:
+        ev = run.eval
+        assert 0.0 <= ev.clean_accuracy <= 1.0 and set(ev.fs) == {"jpeg:5", "blur:2.5:5"}
+        assert len(ev.ssdc.per_layer) == 4 and len(ev.ssdc.rpi_per_layer) == 4
+        assert len(run.untrained.per_layer) == 4
+        assert (ev.alpha_sweep is not None) == (run.condition in ("ape", "sincos", "rope"))
+        assert run.history and len(run.history[-1].rpi_ssdc) == 4  # from the training log
+        assert run.history[-1].val_top1 == pytest.approx(run.train.val_top1)
+    assert results.versions["timm"] and results.config["preset"] == "demo"
+    # what was written is what was returned: one schema, read back through the records
+    assert StudyResults.read(out / "results.json").to_dict() == results.to_dict()
     report = (out / "report.md").read_text()
     for needle in ("Accuracy and fragility", "paper JPEG FS", "five claims", "figures/ssdc_depth.png"):
         assert needle in report
@@ -60,8 +63,8 @@ def test_no_pe_under_rpi_matches_content_positions_in_the_study(demo_study):
     """A model without PE is permutation-equivariant: measured against where each token's content
     came from, its SSDC under RPI equals its unpermuted SSDC."""
     _, results = demo_study
-    nope = next(r for r in results["runs"] if r["condition"] == "nope")["eval"]["ssdc"]
-    assert nope["rpi_content_per_layer"] == pytest.approx(nope["per_layer"], abs=1e-4)
+    nope = next(r for r in results.runs if r.condition == "nope").eval.ssdc
+    assert nope.rpi_content_per_layer == pytest.approx(nope.per_layer, abs=1e-4)
 
 
 def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
@@ -78,7 +81,7 @@ def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
 def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     config = _tiny(conditions=("nope", "ape"))
     calls = {"n": 0}
-    real = study_mod._evaluate
+    real = study_mod._measure_run
 
     def interrupt_second(config, condition, run_dir, val, log):
         calls["n"] += 1
@@ -86,28 +89,28 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(config, condition, run_dir, val, log)
 
-    monkeypatch.setattr(study_mod, "_evaluate", interrupt_second)
+    monkeypatch.setattr(study_mod, "_measure_run", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path, progress=False)
-    partial = json.loads((tmp_path / "results.json").read_text())
-    assert not partial["complete"] and [r["condition"] for r in partial["runs"]] == ["nope"]
+    partial = StudyResults.read(tmp_path / "results.json")
+    assert not partial.complete and [r.condition for r in partial.runs] == ["nope"]
     trained_at = (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns
-    monkeypatch.setattr(study_mod, "_evaluate", real)
+    monkeypatch.setattr(study_mod, "_measure_run", real)
     with pytest.raises(FileExistsError, match="--resume"):
         run_study(config, tmp_path, progress=False)
     results = run_study(config, tmp_path, resume=True, progress=False)
-    assert results["complete"] and [r["condition"] for r in results["runs"]] == ["nope", "ape"]
+    assert results.complete and [r.condition for r in results.runs] == ["nope", "ape"]
     assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
 
 
 def test_training_table_finds_when_the_anchor_forms():
     """'Stays above the threshold from epoch' ignores an early excursion; seeds average per epoch."""
     def run(seed, curve):
-        return dict(condition="ape", seed=seed, history=[
-            dict(step=e, epoch=float(e), val_top1=0.1 * e, rpi_ssdc=[v, v], pe_ssdc=None) for e, v in curve])
+        return SimpleNamespace(condition="ape", seed=seed, history=[
+            HistoryPoint(step=e, epoch=float(e), val_top1=0.1 * e, rpi_ssdc=[v, v], pe_ssdc=None) for e, v in curve])
     assert _formed_at(np.array([2.0, 4.0, 6.0, 8.0]), np.array([0.2, 0.05, 0.15, 0.3])) == 6.0
     assert _formed_at(np.array([2.0, 4.0]), np.array([0.3, 0.05])) is None
-    results = dict(runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]),
+    results = SimpleNamespace(runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]),
                          run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])])  # mean 0, .09, .2, .3
     row = next(line for line in _training_table(results) if line.startswith("| APE"))
     assert row.split("|")[-3].strip() == "6" and "0.300 (ep 8)" in row and row.split("|")[-2].strip() == "0.800"

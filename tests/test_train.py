@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401
+from timm_posgeom.probes import pe_table_ssdc
 from timm_posgeom.recipe import (
     Recipe,
     RecipeError,
@@ -27,7 +28,8 @@ from timm_posgeom.recipe import (
     load_recipe,
     shipped_recipes,
 )
-from timm_posgeom.train import latest_checkpoint, main, pe_table_ssdc, train
+from timm_posgeom.records import RunSummary
+from timm_posgeom.train import latest_checkpoint, main, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +65,7 @@ def _records(out: Path, kind: str) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 def test_few_steps_synthetic(tmp_path):
     summary = train(tiny("max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"), tmp_path, progress=False)
-    assert summary["steps"] == 3 and 0.0 <= summary["val_top1"] <= 1.0
+    assert summary.steps == 3 and 0.0 <= summary.val_top1 <= 1.0
     steps = [r["step"] for r in _records(tmp_path, "train")]
     assert steps == [1, 2, 3]
     rec = _records(tmp_path, "train")[0]
@@ -82,7 +84,7 @@ def test_few_steps_imagenette(tmp_path, cached):
     recipe = tiny(f"data={IMAGENETTE}", "train_subset=48", "val_subset=32", "max_steps=2",
                   f"cache={cached}", "disk_cache=false", f"workers={0 if cached else 1}")
     summary = train(recipe, tmp_path, progress=False)
-    assert summary["steps"] == 2 and summary["val_images"] == 32
+    assert summary.steps == 2 and summary.val_images == 32
     config = json.loads((tmp_path / "export" / "config.json").read_text())
     assert config["pretrained_cfg"]["label_names"][0] == "tench"
 
@@ -137,9 +139,9 @@ def test_two_processes_under_accelerate_launch(tmp_path):
         cmd += ["--set", item]
     result = subprocess.run(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["steps"] == 3
-    assert summary["val_images"] == 32  # every validation image counted exactly once across processes
+    summary = RunSummary.read(out / "summary.json")
+    assert summary.processes == 2 and summary.steps == 3
+    assert summary.val_images == 32  # every validation image counted exactly once across processes
     assert (out / "export" / "model.safetensors").is_file()
     assert sorted(p.name for p in latest_checkpoint(out).glob("random_states_*")) == [
         "random_states_0.pkl", "random_states_1.pkl"]
@@ -275,7 +277,7 @@ def test_shipped_recipes_run_when_shrunk(tmp_path, name):
                                 "batch_size=8", "workers=0", "synthetic_size=40", "max_steps=3",
                                 "rpi_ssdc_images=0", "disk_cache=false"])
     summary = train(recipe, tmp_path, progress=False)
-    assert summary["steps"] == 3
+    assert summary.steps == 3
     assert (tmp_path / ("export_ema" if recipe.ema else "export") / "model.safetensors").is_file()
 
 

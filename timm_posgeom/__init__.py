@@ -5,15 +5,19 @@ Importing the package registers the PE-variant ViTs with timm::
     import timm, timm_posgeom
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
-Data flows one way: data -> model (+ interventions) -> probes / robustness -> study -> report.
-Training (``timm_posgeom.train``) is a client of the library and is not imported here.
+This package root is the library: models, positional encodings, interventions, probes, shifts,
+transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.train``,
+``timm_posgeom.study``, ``timm_posgeom.report``, ``timm_posgeom.hub`` and the ``posgeom`` command)
+is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
+-> probes / robustness -> study -> report. Definitions: docs/method.md.
 """
 from . import models  # noqa: F401  (registers the models with timm)
 from .data import ImageSplit, load_split
-from .hub import export_for_hub, push_run, render_card
+from .eval_data import eval_loader
+from .factory import create_model
 from .interventions import PEScaleError, TokenPermutation, find_embed_module, pe_scale, token_permutation
 from .models import PosGeomViT, list_models
-from .probes import SSDCResult, probe_ssdc, ssdc
+from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
 from .shifts import JPEG, GaussianBlur, imagenet_c, parse_shift
 from .synthetic import SyntheticShapes
@@ -34,6 +38,7 @@ __all__ = [
     # probes
     "ssdc",
     "probe_ssdc",
+    "pe_table_ssdc",
     "SSDCResult",
     # robustness
     "JPEG",
@@ -46,11 +51,9 @@ __all__ = [
     "AlphaSweepResult",
     # data
     "load_split",
+    "eval_loader",
+    "create_model",
     "ImageSplit",
     "SyntheticShapes",
     "eval_transform",
-    # hub
-    "export_for_hub",
-    "render_card",
-    "push_run",
 ]

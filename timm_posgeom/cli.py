@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # One module per sub-command under timm_posgeom/commands, each with add_parser() and run().
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(module.run(args) or 0)
     except (ValueError, FileNotFoundError, PermissionError, TypeError) as e:
         parser.exit(2, f"posgeom {args.command}: error: {e}\n")
+    except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ their usual names. A split is ``(PIL RGB image, int label)`` per item.
 Transforms: ``augment="none"`` resizes straight to ``img_size`` (the paper: no augmentation);
 ``"crop_flip"`` adds a random crop after reflect padding and a horizontal flip (the CPU pilot);
 ``"timm"`` is timm's ``create_transform`` training pipeline (RandomResizedCrop, RandAugment, ...).
-Eval: ``resize="paper"`` resizes straight to ``img_size``; ``"timm"`` resizes the short side to
-``img_size / crop_pct`` and centre-crops.
+Evaluation transforms have one owner, :func:`timm_posgeom.transforms.eval_transform` (``resize="paper"``
+straight to the input size; ``"timm"``: short side to ``size / crop_pct``, centre crop).
 
 For small-resolution CPU runs, :func:`cache_uint8` decodes and resizes a split once into a
 ``(N, 3, S, S)`` uint8 tensor (optionally kept on disk too), and :class:`CachedTrainDataset`
@@ -40,17 +40,17 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .synthetic import SyntheticShapes, seed32
+from .transforms import eval_transform
 
 __all__ = [
-    "AUGMENTATIONS", "EVAL_RESIZES",
+    "AUGMENTATIONS",
     "ImageSplit", "load_split", "resolve_source", "find_columns", "split_name",
-    "train_transform", "eval_transform", "crop_flip",
+    "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
 ]
 
 AUGMENTATIONS = ("none", "crop_flip", "timm")
-EVAL_RESIZES = ("paper", "timm")
 SPLIT_ALIASES = {
     "train": ("train", "training"),
     "validation": ("validation", "val", "valid", "test"),
@@ -281,27 +281,17 @@ class _CropFlipTransform:
         return _normalize(u8, self.mean, self.std)
 
 
-def eval_transform(
+def eval_config(
         img_size: int,
-        resize: str = "paper",
         mean: Sequence[float] = (0.485, 0.456, 0.406),
         std: Sequence[float] = (0.229, 0.224, 0.225),
         interpolation: str = "bicubic",
         crop_pct: float = 0.875,
-) -> Callable[[Image.Image], torch.Tensor]:
-    """PIL -> normalised (3, img_size, img_size) tensor, without randomness.
-
-    ``resize="paper"``: resize straight to ``img_size`` x ``img_size``; ``"timm"``: timm's eval
-    pipeline (short side to ``img_size / crop_pct``, centre crop). The same pipeline the
-    robustness code evaluates with (:func:`timm_posgeom.transforms.eval_transform`), from a config.
-    """
-    from .transforms import eval_transform as _eval_transform
-
-    if resize not in EVAL_RESIZES:
-        raise ValueError(f"unknown eval resize {resize!r}; expected one of {', '.join(EVAL_RESIZES)}")
-    config = dict(input_size=(3, img_size, img_size), interpolation=interpolation, mean=tuple(mean),
-                  std=tuple(std), crop_pct=crop_pct, crop_mode="center")
-    return _eval_transform(config, resize=resize)
+) -> dict[str, Any]:
+    """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.transforms.eval_transform`
+    (the one owner of evaluation transforms): ``eval_transform(eval_config(64), resize="paper")``."""
+    return dict(input_size=(3, img_size, img_size), interpolation=interpolation, mean=tuple(mean),
+                std=tuple(std), crop_pct=crop_pct, crop_mode="center")
 
 
 def train_transform(
@@ -320,8 +310,8 @@ def train_transform(
     """PIL -> normalised tensor for training (see the module docstring for ``augment``)."""
     if augment not in AUGMENTATIONS:
         raise ValueError(f"unknown augment {augment!r}; expected one of {', '.join(AUGMENTATIONS)}")
-    if augment == "none":
-        return eval_transform(img_size, "paper", mean, std, interpolation)
+    if augment == "none":  # the paper: no augmentation, resized straight to the input
+        return eval_transform(eval_config(img_size, mean, std, interpolation), resize="paper")
     if augment == "crop_flip":
         return _CropFlipTransform(img_size, mean, std, interpolation, crop_pad, hflip)
     from timm.data import create_transform

@@ -8,11 +8,14 @@ files only: a number that no run recorded never appears on a card.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
            "card_template"]
@@ -105,25 +108,30 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _results_rows(summary: dict[str, Any], evals: dict[str, Any]) -> list[tuple[str, str]]:
+def _results_rows(summary: RunSummary | None, evals: RunEval | None) -> list[tuple[str, str]]:
+    """(what, value) rows of the card's results table: only numbers the run's records hold."""
     rows = []
-    if summary.get("val_top1") is not None:
-        rows.append(("validation top-1 (training run)", _fmt(summary["val_top1"])))
-    if summary.get("ema_val_top1") is not None:
-        rows.append(("validation top-1, EMA weights", _fmt(summary["ema_val_top1"])))
-    if evals.get("clean_accuracy") is not None:
-        rows.append(("clean accuracy (robustness eval)", _fmt(evals["clean_accuracy"])))
-    for shift, fs in (evals.get("fs") or {}).items():
+    if summary is not None and summary.val_top1 is not None:
+        rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
+    if summary is not None and summary.ema_val_top1 is not None:
+        rows.append(("validation top-1, EMA weights", _fmt(summary.ema_val_top1)))
+    if evals is not None and evals.clean_accuracy is not None:
+        rows.append(("clean accuracy (robustness eval)", _fmt(evals.clean_accuracy)))
+    for shift, fs in ((evals.fs if evals is not None else None) or {}).items():
         rows.append((f"fragility score FS, {shift}", _fmt(fs)))
-    ssdc = evals.get("ssdc") or {}
-    for key, label in (("per_layer", "SSDC per layer"), ("rpi_per_layer", "SSDC per layer under RPI")):
-        if ssdc.get(key):
-            rows.append((label, ", ".join(f"{v:.3f}" for v in ssdc[key])))
-    if ssdc.get("rpi_delta") is not None:
-        rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc["rpi_delta"])))
-    if summary.get("pe_ssdc") is not None:
-        rows.append(("SSDC of the learned position table", _fmt(summary["pe_ssdc"])))
+    ssdc = evals.ssdc if evals is not None else None
+    if ssdc is not None:
+        rows.append(("SSDC per layer", ", ".join(_fmt3(v) for v in ssdc.per_layer)))
+        rows.append(("SSDC per layer under RPI", ", ".join(_fmt3(v) for v in ssdc.rpi_per_layer)))
+        if ssdc.rpi_delta is not None:
+            rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc.rpi_delta)))
+    if summary is not None and summary.pe_ssdc is not None:
+        rows.append(("SSDC of the learned position table", _fmt(summary.pe_ssdc)))
     return rows
+
+
+def _fmt3(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
 
 
 def _recipe_data(path: Path) -> str | None:
@@ -140,6 +148,34 @@ def _recipe_data(path: Path) -> str | None:
     return data if isinstance(data, str) else None
 
 
+_CARD_ARGS = ("pe", "alpha", "token_shuffle", "embed_dim", "depth", "num_heads", "img_size", "patch_size",
+              "num_classes")
+
+
+def _card_args(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The architecture arguments a card shows, from config.json's ``model_args`` (written by
+    :func:`export_for_hub` for every timm-posgeom model); a clear error for any other export."""
+    args = config.get("model_args") or {}
+    missing = [k for k in _CARD_ARGS if k not in args]
+    if missing or args.get("pe") not in _PE_TEXT:
+        raise HubExportError(f"{path}: model_args lacks {', '.join(missing) or 'a known pe'}: not an export of a "
+                             "timm-posgeom model (posgeom train writes them)")
+    return args
+
+
+def _side(size: Any) -> Any:
+    """One number for a square size (``224`` or ``[224, 224]``), else the pair."""
+    return size[0] if isinstance(size, (list, tuple)) and len(set(size)) == 1 else size
+
+
+def _num_params(path: Path) -> int:
+    """Parameter count of a safetensors file, from its header (no tensor is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+
+
 def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: str = "export") -> str:
     """Render the model card (README.md text) of a run from its recorded files.
 
@@ -150,21 +186,15 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     run = Path(run_dir)
     wdir = _weights_dir(run, weights)
     config = _read_json(wdir / "config.json")
-    summary = _read_json(run / "summary.json")
-    evals = _read_json(run / "eval.json")
+    summary = RunSummary.read(run / "summary.json") if (run / "summary.json").is_file() else None
+    evals = RunEval.read(run / "eval.json") if (run / "eval.json").is_file() else None
     recipe_text = (run / "recipe.yaml").read_text().strip() if (run / "recipe.yaml").is_file() else "(no recipe recorded)"
     arch = config.get("architecture", "unknown")
-    args = config.get("model_args", {})
-
-    import timm
-
-    import timm_posgeom  # noqa: F401  (registers the architecture)
-
-    model = timm.create_model(arch, pretrained=False, **args)
-    pe = model.pe
+    args = _card_args(wdir / "config.json", config)
+    pe, token_shuffle = args["pe"], args["token_shuffle"]
     dataset = _recipe_data(run / "recipe.yaml")
     tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding", f"pe-{pe}"]
-    if model.token_shuffle == "train":
+    if token_shuffle == "train":
         tags.append("random-permutation-training")
     card_data = ModelCardData(
         library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
@@ -173,20 +203,19 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         metrics=["accuracy"],
     )
     pe_title, pe_description = _PE_TEXT[pe]
-    if model.token_shuffle == "train":
+    if token_shuffle == "train":
         pe_title += ", trained with random token permutation (RPT)"
         pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
     figures = sorted(p.name for p in run.glob("*.png"))
     card = ModelCard.from_template(
         card_data, template_path=str(card_template()),
         model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
-        pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=model.alpha,
-        token_shuffle=model.token_shuffle, embed_dim=model.embed_dim, depth=len(model.blocks),
-        num_heads=model.blocks[0].attn.num_heads, img_size=model.patch_embed.img_size[0],
-        patch_size=model.patch_embed.patch_size[0], num_classes=model.num_classes,
-        num_params=f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M",
-        dataset=dataset, steps=summary.get("steps", "?"), epochs=_fmt(summary.get("epochs", "?")),
-        time_s=summary.get("time_s", "?"), processes=summary.get("processes", 1),
+        pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=args["alpha"],
+        token_shuffle=token_shuffle, embed_dim=args["embed_dim"], depth=args["depth"],
+        num_heads=args["num_heads"], img_size=_side(args["img_size"]), patch_size=_side(args["patch_size"]),
+        num_classes=args["num_classes"], num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
+        dataset=dataset, steps=summary.steps if summary else "?", epochs=_fmt(summary.epochs) if summary else "?",
+        time_s=summary.time_s if summary else "?", processes=summary.processes if summary else "?",
         recipe_yaml=recipe_text, results=_results_rows(summary, evals), figures=figures,
     )
     return str(card)

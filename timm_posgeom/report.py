@@ -6,13 +6,15 @@ report can be rebuilt, restyled or re-thresholded without re-running a model.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
+from .shifts import PAPER_SHIFTS
 
 __all__ = ["write_report", "PAPER", "evaluate_claims"]
 
@@ -24,17 +26,21 @@ PAPER = {
     "ape": (0.641, 0.435, 0.184), "sincos": (0.657, 0.435, 0.208), "rope": (0.690, 0.299, 0.147),
     "nope": (0.568, 0.646, 0.298), "rpt": (0.560, 0.630, 0.243),
 }
-PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
 # Thresholds used to call a claim held (documented in the report).
 NEAR_ZERO = 0.1  # |SSDC| under RPI at every layer
 SUBSTANTIAL = 0.1  # mean SSDC under RPI across layers
 
 
-def _by_condition(results: dict) -> dict[str, list[dict]]:
-    out: dict[str, list[dict]] = {}
-    for run in results["runs"]:
-        out.setdefault(run["condition"], []).append(run)
+def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
+    out: dict[str, list[StudyRun]] = {}
+    for run in results.runs:
+        out.setdefault(run.condition, []).append(run)
     return out
+
+
+def _fs(run: StudyRun, shift: str) -> float | None:
+    """The run's fragility score under ``shift`` (None when not measured)."""
+    return (run.eval.fs or {}).get(shift)
 
 
 def _stat(values: list[float | None]) -> tuple[float, float]:
@@ -45,16 +51,16 @@ def _stat(values: list[float | None]) -> tuple[float, float]:
 
 
 def _floats(values) -> list[float]:
-    """JSON numbers with None (a NaN written by ``nan_to_none``) back to NaN."""
+    """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
     return [np.nan if v is None else v for v in values]
 
 
-def _layers(runs: list[dict], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
+def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
     rows = []
     for r in runs:
-        block = r[source]["ssdc"] if source == "eval" else r[source]
-        if block.get(key):
-            rows.append(_floats(block[key]))
+        block = r.eval.ssdc if source == "eval" else getattr(r, source)
+        if block is not None and getattr(block, key):
+            rows.append(_floats(getattr(block, key)))
     if not rows:
         return np.array([]), np.array([])
     arr = np.array(rows, dtype=float)
@@ -70,11 +76,11 @@ def _pm(mean: float, std: float, digits: int = 3) -> str:
 # --------------------------------------------------------------------------------------------
 # claims
 # --------------------------------------------------------------------------------------------
-def _sweep_means(sweeps: list[dict], shift: str) -> tuple[np.ndarray, np.ndarray]:
+def _sweep_means(sweeps: list[SweepSummary], shift: str) -> tuple[np.ndarray, np.ndarray]:
     """Per alpha, delta SSDC and FS of ``shift`` averaged over seeds (missing values ignored)."""
     def mean(rows):
         return np.nanmean([_floats(row) for row in rows], 0)
-    return mean(s["delta_ssdc"] for s in sweeps), mean(s["fs"][shift] for s in sweeps)
+    return mean(s.delta_ssdc for s in sweeps), mean(s.fs[shift] for s in sweeps)
 
 
 def _trend(x: np.ndarray, y: np.ndarray) -> float:
@@ -86,7 +92,7 @@ def _trend(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearmanr(x, y)[0])
 
 
-def evaluate_claims(results: dict) -> list[dict[str, Any]]:
+def evaluate_claims(results: StudyResults) -> list[dict[str, Any]]:
     """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
     by = _by_condition(results)
     claims = []
@@ -98,7 +104,7 @@ def evaluate_claims(results: dict) -> list[dict[str, Any]]:
         return _layers(by.get(c, []), "per_layer")[0]
 
     def fs(c, shift):
-        return _stat([r["eval"].get("fs", {}).get(shift) for r in by.get(c, [])])[0]
+        return _stat([_fs(r, shift) for r in by.get(c, [])])[0]
 
     # (1) no-PE models build content structure that collapses under RPI
     if "nope" in by:
@@ -146,9 +152,9 @@ def evaluate_claims(results: dict) -> list[dict[str, Any]]:
         held, why = None, "needs no-PE and RoPE with fragility results"
     claims.append(dict(claim="PE models are less fragile than no-PE/RPT, RoPE least", held=held, evidence=why))
     # (5) Delta SSDC falls and FS rises as alpha shrinks (APE)
-    sweeps = [r["eval"].get("alpha_sweep") for r in by.get("ape", []) if r["eval"].get("alpha_sweep")]
+    sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
     if sweeps:
-        alphas = np.array(sweeps[0]["alphas"], dtype=float)
+        alphas = np.array(sweeps[0].alphas, dtype=float)
         delta, fsj = _sweep_means(sweeps, shift)
         rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
         held = bool(rd > 0 and rf < 0)
@@ -172,7 +178,7 @@ def _plt():
     return plt
 
 
-def fig_ssdc_depth(results: dict, path: Path) -> None:
+def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
     plt = _plt()
     by = _by_condition(results)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
@@ -198,15 +204,15 @@ def fig_ssdc_depth(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def fig_fragility(results: dict, path: Path) -> None:
+def fig_fragility(results: StudyResults, path: Path) -> None:
     plt = _plt()
     by = _by_condition(results)
-    shifts = sorted({s for r in results["runs"] for s in r["eval"].get("fs", {})},
+    shifts = sorted({s for r in results.runs for s in r.eval.fs or {}},
                     key=lambda s: (s not in PAPER_SHIFTS, s))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(shifts) + 3), 3.6))
     width = 0.8 / max(1, len(by))
     for i, (c, runs) in enumerate(by.items()):
-        stats = [_stat([r["eval"].get("fs", {}).get(s) for r in runs]) for s in shifts]
+        stats = [_stat([_fs(r, s) for r in runs]) for s in shifts]
         ax.bar(np.arange(len(shifts)) + i * width, [m for m, _ in stats], width, yerr=[s for _, s in stats],
                color=COLORS.get(c), label=LABELS.get(c, c))
     ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
@@ -218,16 +224,16 @@ def fig_fragility(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def fig_alpha_sweep(results: dict, path: Path) -> bool:
+def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
     plt = _plt()
     by = _by_condition(results)
-    swept = [(c, [r["eval"]["alpha_sweep"] for r in runs if r["eval"].get("alpha_sweep")]) for c, runs in by.items()]
+    swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if not swept:
         return False
     fig, axes = plt.subplots(1, len(swept), figsize=(4.2 * len(swept), 3.4), squeeze=False)
     for ax, (c, sweeps) in zip(axes[0], swept):
-        alphas = sweeps[0]["alphas"]
+        alphas = sweeps[0].alphas
         delta, fsj = _sweep_means(sweeps, "jpeg:5")
         ax.plot(alphas, delta, "-o", color="#1f77b4", ms=4)
         ax.set_xlabel("alpha (PE scale)")
@@ -243,14 +249,14 @@ def fig_alpha_sweep(results: dict, path: Path) -> bool:
     return True
 
 
-def fig_similarity_maps(out: Path, results: dict, path: Path) -> bool:
+def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     import torch
 
     plt = _plt()
     by = _by_condition(results)
     rows = []
     for c, runs in by.items():
-        maps_file = out / runs[0]["run_dir"] / "maps.pt"
+        maps_file = out / runs[0].run_dir / "maps.pt"
         if maps_file.is_file():
             rows.append((c, torch.load(maps_file, weights_only=True)))
     if not rows:
@@ -280,22 +286,22 @@ def fig_similarity_maps(out: Path, results: dict, path: Path) -> bool:
 # --------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------
-def _history(runs: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Training curves averaged over seeds at the epochs they share.
 
     Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,); empty arrays when
     no run logged SSDC under RPI during training.
     """
-    by_epoch: dict[float, list[dict]] = {}
+    by_epoch: dict[float, list[HistoryPoint]] = {}
     for r in runs:
-        for rec in r.get("history") or []:
-            if rec.get("rpi_ssdc"):
-                by_epoch.setdefault(rec["epoch"], []).append(rec)
+        for rec in r.history or []:
+            if rec.rpi_ssdc:
+                by_epoch.setdefault(rec.epoch, []).append(rec)
     if not by_epoch:
         return np.array([]), np.zeros((0, 0)), np.array([])
     epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
-    ssdc = np.array([np.nanmean([_floats(rec["rpi_ssdc"]) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(_floats(rec["val_top1"] for rec in by_epoch[e])) for e in epochs])
+    ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
+    top1 = np.array([np.nanmean(_floats(rec.val_top1 for rec in by_epoch[e])) for e in epochs])
     return np.array(epochs), ssdc, top1
 
 
@@ -308,7 +314,7 @@ def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
     return None
 
 
-def fig_training(results: dict, path: Path) -> bool:
+def fig_training(results: StudyResults, path: Path) -> bool:
     """SSDC under RPI per layer across training (one panel per condition), with validation top-1."""
     plt = _plt()
     curves = [(c, _history(runs)) for c, runs in _by_condition(results).items()]
@@ -335,7 +341,7 @@ def fig_training(results: dict, path: Path) -> bool:
     return True
 
 
-def _training_table(results: dict) -> list[str]:
+def _training_table(results: StudyResults) -> list[str]:
     rows = []
     for c, runs in _by_condition(results).items():
         epochs, ssdc_l, top1 = _history(runs)
@@ -355,25 +361,25 @@ def _training_table(results: dict) -> list[str]:
             "|---|---|---|---|---|---|---|"] + rows
 
 
-def _tables(results: dict) -> list[str]:
+def _tables(results: StudyResults) -> list[str]:
     by = _by_condition(results)
     lines = ["## Accuracy and fragility (mean ± std over seeds)", "",
              "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
              "|---|---|---|---|---|---|---|---|"]
     for c, runs in by.items():
-        acc = _stat([r["eval"].get("clean_accuracy") for r in runs])
-        fj = _stat([r["eval"].get("fs", {}).get("jpeg:5") for r in runs])
-        fb = _stat([r["eval"].get("fs", {}).get("blur:2.5:5") for r in runs])
+        acc = _stat([r.eval.clean_accuracy for r in runs])
+        fj = _stat([_fs(r, "jpeg:5") for r in runs])
+        fb = _stat([_fs(r, "blur:2.5:5") for r in runs])
         pa = PAPER.get(c, (math.nan,) * 3)
         lines.append(f"| {LABELS.get(c, c)} | {len(runs)} | {_pm(*acc)} | {_pm(*fj)} | {_pm(*fb)} | "
                      f"{pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |")
-    extra = sorted({s for r in results["runs"] for s in r["eval"].get("fs", {})} - set(PAPER_SHIFTS))
+    extra = sorted({s for r in results.runs for s in r.eval.fs or {}} - set(PAPER_SHIFTS))
     if extra:
         lines += ["", "Other shifts (FS):", "", "| condition | " + " | ".join(extra) + " |",
                   "|---|" + "---|" * len(extra)]
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
-                _pm(*_stat([r["eval"].get("fs", {}).get(s) for r in runs])) for s in extra) + " |")
+                _pm(*_stat([_fs(r, s) for r in runs])) for s in extra) + " |")
     lines += ["", "## SSDC across depth (attention input, mean map; mean over seeds)", "",
               "| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
               "|---|---|---|---|---|"]
@@ -381,18 +387,18 @@ def _tables(results: dict) -> list[str]:
         n, _ = _layers(runs, "per_layer")
         p, _ = _layers(runs, "rpi_per_layer")
         u, _ = _layers(runs, "per_layer", source="untrained")
-        d = _stat([r["eval"]["ssdc"].get("rpi_delta") for r in runs])
+        d = _stat([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs])
         lines.append(f"| {LABELS.get(c, c)} | {', '.join(f'{v:.3f}' for v in n)} | "
                      f"{', '.join(f'{v:.3f}' for v in p)} | {_pm(*d)} | {', '.join(f'{v:.3f}' for v in u)} |")
-    sweeps = [(c, r["eval"]["alpha_sweep"]) for c, runs in by.items() for r in runs[:1] if r["eval"].get("alpha_sweep")]
+    sweeps = [(c, r.eval.alpha_sweep) for c, runs in by.items() for r in runs[:1] if r.eval.alpha_sweep]
     if sweeps:
         lines += ["", "## Alpha sweep (seed 0): delta SSDC under RPI / JPEG q5 FS", "",
                   "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in sweeps) + " |",
                   "|---|" + "---|" * len(sweeps)]
-        for i, a in enumerate(sweeps[0][1]["alphas"]):
+        for i, a in enumerate(sweeps[0][1].alphas):
             cells = []
             for _, s in sweeps:
-                d, f = s["delta_ssdc"][i], s["fs"]["jpeg:5"][i]
+                d, f = s.delta_ssdc[i], s.fs["jpeg:5"][i]
                 cells.append(f"{'n/a' if d is None else f'{d:.3f}'} / {'n/a' if f is None else f'{f:.3f}'}")
             lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
     return lines
@@ -401,12 +407,9 @@ def _tables(results: dict) -> list[str]:
 def write_report(out: str | os.PathLike) -> Path:
     """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md."""
     out = Path(out)
-    results_path = out / "results.json"
-    if not results_path.is_file():
-        raise FileNotFoundError(f"{results_path} not found: run `posgeom study --out {out}` first")
-    results = json.loads(results_path.read_text())
-    if not results.get("runs"):
-        raise ValueError(f"{results_path} has no finished runs yet")
+    results = StudyResults.read(out / "results.json")
+    if not results.runs:
+        raise ValueError(f"{out / 'results.json'} has no finished runs yet")
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
     fig_ssdc_depth(results, figs / "ssdc_depth.png")
@@ -414,15 +417,15 @@ def write_report(out: str | os.PathLike) -> Path:
     has_sweep = fig_alpha_sweep(results, figs / "alpha_sweep.png")
     has_maps = fig_similarity_maps(out, results, figs / "similarity_maps.png")
     has_training = fig_training(results, figs / "training.png")
-    cfg = results["config"]
+    cfg = results.config
     claims = evaluate_claims(results)
     lines = [f"# PE geometry study: preset `{cfg['preset']}`", "",
-             f"Data: `{results['eval_data']['source']}` ({results['eval_data']['split']}, "
-             f"{results['eval_data']['images']} images); conditions {', '.join(cfg['conditions'])}; "
+             f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
+             f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
              f"{cfg['seeds']} seed(s); SSDC on {cfg['probe_images']} images; "
-             f"{'complete' if results.get('complete') else 'INCOMPLETE (resume with --resume)'}; "
-             f"{results.get('elapsed_s', 0):.0f} s (all invocations). Versions: "
-             + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".", "",
+             f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
+             f"{results.elapsed_s:.0f} s (all invocations). Versions: "
+             + ", ".join(f"{k} {v}" for k, v in results.versions.items()) + ".", "",
              "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
              "may differ, so compare orderings and shapes rather than values.", ""]
     lines += _tables(results)

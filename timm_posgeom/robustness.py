@@ -24,7 +24,6 @@ fragility of every shift.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import warnings
@@ -34,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import PIL.Image
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
+from .eval_data import check_split, default_workers, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
+from .jsonio import dumps, to_jsonable
 from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
-from .transforms import RESIZE_MODES, eval_transform, normalize_batch, resize_transform, resolve_config
+from .transforms import RESIZE_MODES, normalize_batch, resize_transform, resolve_config
 
 __all__ = [
     "fragility",
@@ -195,12 +195,12 @@ class FragilityResult:
             "fs_interval": {k: list(v) for k, v in self.fs_interval.items()},
             "counts": {k: dict(v) for k, v in self.counts.items()},
             "interval_method": "accuracy: Wilson score 95%; FS: paired percentile bootstrap 95% (2000 resamples)",
-            "settings": _jsonable(self.settings),
+            "settings": to_jsonable(self.settings),
         }
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as JSON (NaN written as ``NaN``); also written to ``path`` if given."""
-        text = json.dumps(self.to_dict(), indent=indent)
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
+        text = dumps(self.to_dict(), indent=indent)
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
@@ -236,54 +236,9 @@ class FragilityResult:
         return fig
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
-def _split_item(item: Any) -> tuple[PIL.Image.Image, int]:
-    """(image, label) from a (PIL, label) pair or a dict with image/img and label/labels keys."""
-    if isinstance(item, Mapping):
-        image = next((item[k] for k in ("image", "img") if k in item), None)
-        label = next((item[k] for k in ("label", "labels") if k in item), None)
-        if image is None or label is None:
-            raise ValueError(f"a data item dict needs 'image' and 'label' keys, got {sorted(item)}")
-    elif isinstance(item, (tuple, list)) and len(item) >= 2:
-        image, label = item[0], item[1]
-    else:
-        raise TypeError(f"a data item must be (PIL image, label) or {{'image', 'label'}}, got {type(item).__name__}")
-    if not isinstance(image, PIL.Image.Image):
-        raise TypeError(f"data images must be PIL images, got {type(image).__name__}")
-    return image, int(label)
-
-
-def _check_data(data: Any, max_images: int | None) -> int:
-    """Number of images to evaluate: len(data), capped by max_images; clear errors otherwise."""
-    if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise TypeError("data must be indexable with a length: a Hugging Face dataset or a sequence of "
-                        f"(PIL image, label) / {{'image', 'label'}}; got {type(data).__name__}")
-    if isinstance(data, Mapping):
-        raise TypeError(f"data is a mapping (keys {list(data)[:5]}): pass one split, e.g. data['validation']")
-    n = len(data)
-    if max_images is not None:
-        if max_images < 1:
-            raise ValueError(f"max_images must be >= 1, got {max_images}")
-        n = min(n, int(max_images))
-    if n == 0:
-        raise ValueError("data is empty: no images to evaluate")
-    return n
-
-
 class _ShiftedCopies(Dataset):
     """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label)."""
 
@@ -294,28 +249,10 @@ class _ShiftedCopies(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = _split_item(self.data[index])
+        image, label = split_item(self.data[index])
         image = self.resize(image)
         copies = [image, *(shift(image) for shift in self.shifts)]
         return torch.stack([F.pil_to_tensor(c) for c in copies]), label
-
-
-class _Clean(Dataset):
-    """Item i -> (normalised (3, H, W) float image, label): clean eval transform (for probes)."""
-
-    def __init__(self, data: Any, n: int, transform: Any):
-        self.data, self.n, self.transform = data, n, transform
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = _split_item(self.data[index])
-        return self.transform(image), label
-
-
-def _default_workers() -> int:
-    return min(4, max(0, (os.cpu_count() or 1) - 1))
 
 
 def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -383,12 +320,12 @@ def fragility(
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n = _check_data(data, max_images)
+    n = check_split(data, max_images)
     dev = _model_device(model, device)
     cfg = resolve_config(model)
     on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
     loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
-    workers = _default_workers() if num_workers is None else int(num_workers)
+    workers = default_workers() if num_workers is None else int(num_workers)
     loader = DataLoader(
         _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts),
         batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=dev.type == "cuda",
@@ -474,10 +411,11 @@ class AlphaSweepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"shifts": list(self.shifts), "rows": [r.to_dict() for r in self.rows],
-                "settings": _jsonable(self.settings)}
+                "settings": to_jsonable(self.settings)}
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        text = json.dumps(self.to_dict(), indent=indent)
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
+        text = dumps(self.to_dict(), indent=indent)
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
@@ -558,12 +496,10 @@ def alpha_sweep(
         shifts = (shifts,)
     shift_names = [s if isinstance(s, str) else parse_shift(s).spec for s in shifts]
     probe_source = data if probe_data is None else probe_data
-    n_probe = _check_data(probe_source, probe_images)
+    n_probe = check_split(probe_source, probe_images)
     dev = _model_device(model, device)
-    probe_loader = DataLoader(
-        _Clean(probe_source, n_probe, eval_transform(model, resize=resize)),
-        batch_size=batch_size, shuffle=False,
-        num_workers=_default_workers() if num_workers is None else int(num_workers))
+    probe_loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=batch_size, resize=resize,
+                               num_workers=num_workers)
     rows = []
     from tqdm.auto import tqdm
 

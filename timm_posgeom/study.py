@@ -17,7 +17,6 @@ versions and seeds; :mod:`timm_posgeom.report` turns it into ``report.md`` and f
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -29,7 +28,8 @@ from typing import Any
 
 import torch
 
-from .probes.result import nan_to_none
+from .jsonio import write_json
+from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run"]
 
@@ -139,23 +139,6 @@ def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path
 # --------------------------------------------------------------------------------------------
 # stages
 # --------------------------------------------------------------------------------------------
-def _write_json(path: Path, value: Any) -> None:
-    """Write atomically: a kill never leaves a half-written result."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(value, indent=2, default=_jsonable) + "\n")
-    os.replace(tmp, path)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
 def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -> None:
     from .train import latest_checkpoint
 
@@ -170,7 +153,7 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -
         raise RuntimeError(f"training {condition} seed {seed} failed (exit {result.returncode}): {' '.join(cmd)}")
 
 
-def _training_history(run_dir: Path) -> list[dict[str, Any]]:
+def _training_history(run_dir: Path) -> list[HistoryPoint]:
     """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in order.
 
     Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
@@ -182,112 +165,94 @@ def _training_history(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [dict(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
-                 rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"))
+    return [HistoryPoint(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
+                         rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"))
             for r in read_metrics(path) if r.get("kind") == "eval"]
 
 
-def _probe_batches(model, split, n: int, batch_size: int):
-    """Normalised (B, 3, H, W) batches of the first ``n`` images, resized straight to the input."""
-    from .transforms import eval_transform
-
-    transform = eval_transform(model, resize="paper")
-    n = min(n, len(split))
-    for start in range(0, n, batch_size):
-        yield torch.stack([transform(split[i][0]) for i in range(start, min(n, start + batch_size))])
-
-
-class _Subset:
-    """The first ``n`` items of an indexable split."""
-
-    def __init__(self, split, n: int | None):
-        self.split, self.n = split, len(split) if n is None else min(n, len(split))
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        return self.split[i]
-
-
-def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> dict[str, Any]:
+def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
+    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``."""
+    from .eval_data import eval_loader
     from .probes import probe_ssdc
 
-    out: dict[str, Any] = {}
-    maps = {}
+    results, maps = {}, {}
     for rpi in (False, True):
-        res = probe_ssdc(model, _probe_batches(model, split, config.probe_images, config.batch_size),
-                         rpi=rpi, seed=0, reduction="both", device=config.device, progress=False)
-        key = "rpi_" if rpi else ""
-        out[f"{key}per_layer"] = res.per_layer
-        if res.per_image:
-            out[f"{key}per_image_mean"] = [s.mean for s in res.per_image]
-            out[f"{key}per_image_std"] = [s.std for s in res.per_image]
-        out[f"{key}delta"] = res.delta
-        if rpi:
-            out["rpi_content_per_layer"] = res.content_per_layer
-        out["n_images"] = res.metadata.get("n_images")
+        loader = eval_loader(model, split, max_images=config.probe_images, batch_size=config.batch_size,
+                             resize="paper", num_workers=config.workers)
+        res = probe_ssdc(model, loader, rpi=rpi, seed=0, reduction="both", device=config.device, progress=False)
+        results[rpi] = res
         if res.mean_maps is not None:
             maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
             if rpi and res.permutation is not None:
                 maps["permutation"] = res.permutation.clone()
     if maps_path is not None and maps:
         torch.save(maps, maps_path)
-    return out
+    normal, rpi = results[False], results[True]
+
+    def means(res):
+        return [s.mean for s in res.per_image] if res.per_image else None
+
+    def stds(res):
+        return [s.std for s in res.per_image] if res.per_image else None
+
+    return SSDCSummary(
+        n_images=int(rpi.metadata["n_images"]), per_layer=list(normal.per_layer), delta=normal.delta,
+        rpi_per_layer=list(rpi.per_layer), rpi_delta=rpi.delta, rpi_content_per_layer=list(rpi.content_per_layer),
+        per_image_mean=means(normal), per_image_std=stds(normal), rpi_per_image_mean=means(rpi),
+        rpi_per_image_std=stds(rpi))
 
 
-def _evaluate(config: StudyConfig, condition: str, run_dir: Path, val, log) -> dict[str, Any]:
-    import timm
-
+def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log) -> RunEval:
+    """Fragility, SSDC and (for PE models) the alpha sweep of a trained run; each part is written to
+    ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
+    from .factory import create_model
     from .robustness import alpha_sweep, fragility
     from .shifts import IMAGENET_C
 
     eval_path = run_dir / "eval.json"
-    evals = json.loads(eval_path.read_text()) if eval_path.is_file() else {}
-    model = timm.create_model(f"local-dir:{run_dir / 'export'}", pretrained=True).eval()
-    if "fs" not in evals:
+    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval()
+    model = create_model(f"local-dir:{run_dir / 'export'}").eval()
+    if evals.fs is None:
         log(f"[{run_dir.name}] fragility")
         shifts = list(config.shifts)
         if config.imagenet_c:
             shifts += [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
-        res = fragility(model, _Subset(val, config.eval_images), shifts, batch_size=config.batch_size,
+        res = fragility(model, val, shifts, batch_size=config.batch_size, max_images=config.eval_images,
                         num_workers=config.workers, device=config.device, progress=False)
-        evals.update(clean_accuracy=res.clean_accuracy, accuracy=res.accuracy, fs=res.fs,
-                     fs_interval=res.fs_interval, num_images=res.num_images)
-        _write_json(eval_path, nan_to_none(evals))
-    if "ssdc" not in evals:
+        evals.clean_accuracy, evals.accuracy, evals.fs = res.clean_accuracy, dict(res.accuracy), dict(res.fs)
+        evals.fs_interval = {k: list(v) for k, v in res.fs_interval.items()}
+        evals.num_images = res.num_images
+        evals.write(eval_path)
+    if evals.ssdc is None:
         log(f"[{run_dir.name}] SSDC across depth, normal and under RPI")
-        evals["ssdc"] = _ssdc_summary(model, val, config, run_dir / "maps.pt")
-        _write_json(eval_path, nan_to_none(evals))
-    if condition in SWEPT and "alpha_sweep" not in evals:
+        evals.ssdc = _ssdc_summary(model, val, config, run_dir / "maps.pt")
+        evals.write(eval_path)
+    if condition in SWEPT and evals.alpha_sweep is None:
         log(f"[{run_dir.name}] alpha sweep {list(config.alphas)}")
-        sweep = alpha_sweep(model, _Subset(val, config.sweep_images or config.eval_images), config.alphas,
-                            shifts=("jpeg:5",), probe_images=config.probe_images, batch_size=config.batch_size,
+        sweep = alpha_sweep(model, val, config.alphas, shifts=("jpeg:5",), probe_images=config.probe_images,
+                            batch_size=config.batch_size, max_images=config.sweep_images or config.eval_images,
                             num_workers=config.workers, device=config.device, progress=False)
-        evals["alpha_sweep"] = dict(
-            alphas=sweep.alphas, delta_ssdc=sweep.delta_ssdc, fs=sweep.fs,
-            clean_accuracy=[r.clean_accuracy for r in sweep.rows],
-            rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows])
-        _write_json(eval_path, nan_to_none(evals))
+        evals.alpha_sweep = SweepSummary(
+            alphas=list(sweep.alphas), delta_ssdc=list(sweep.delta_ssdc), fs=sweep.fs,
+            clean_accuracy=[r.clean_accuracy for r in sweep.rows], rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows])
+        evals.write(eval_path)
     return evals
 
 
-def _untrained(config: StudyConfig, condition: str, seed: int, val, out: Path) -> dict[str, Any]:
+def _untrained(config: StudyConfig, condition: str, seed: int, val, out: Path) -> SSDCSummary:
     """SSDC of the architecture untrained (same recipe, same seed): the static prior."""
     import timm
 
     path = out / "untrained" / f"{condition}_s{seed}.json"
     if path.is_file():
-        return json.loads(path.read_text())
+        return SSDCSummary.read(path)
     recipe = _recipe_for(config, condition, seed)
     torch.manual_seed(seed)
     model = timm.create_model(recipe.model, num_classes=len(val.classes), img_size=recipe.img_size,
                               **recipe.model_kwargs).eval()
     result = _ssdc_summary(model, val, config, None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(path, nan_to_none(result))
+    result.write(path)
     return result
 
 
@@ -296,13 +261,13 @@ def _versions() -> dict[str, str]:
     import datasets
     import timm
 
-    from . import __version__
+    from .version import __version__
 
     return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
                 accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
 
 
-def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> dict:
+def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> StudyResults:
     """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``."""
     from tqdm.auto import tqdm
 
@@ -316,33 +281,33 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
     plan = plan_study(config, out)  # validates every recipe before anything runs
-    (out / "plan.json").write_text(json.dumps(dict(config=asdict(config), plan=plan), indent=2) + "\n")
+    write_json(out / "plan.json", dict(config=asdict(config), plan=plan))
     first = _recipe_for(config, config.conditions[0], 0)
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=(config.synthetic_size // 5 if config.synthetic_size else None))
     started = time.time()
     earlier = 0.0  # time spent by the invocations this one resumes
     if resume and (out / "results.json").is_file():
-        earlier = float(json.loads((out / "results.json").read_text()).get("elapsed_s") or 0.0)
+        earlier = StudyResults.read(out / "results.json").elapsed_s
     bar = tqdm(plan, desc="study", unit="run", disable=not progress)
     log = bar.write if progress else (lambda s: None)
-    runs = []
+    results = StudyResults(config=asdict(config), plan=plan, versions=_versions(),
+                           recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
+                           eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val)))
     for item in bar:
         bar.set_postfix_str(f"{item['condition']} s{item['seed']}")
         run_dir = Path(item["run_dir"])
         _train(config, item["condition"], item["seed"], run_dir, log)
-        evals = _evaluate(config, item["condition"], run_dir, val, log)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        runs.append(dict(condition=item["condition"], seed=item["seed"], run_dir=os.path.relpath(run_dir, out),
-                         train=summary, eval=evals, history=_training_history(run_dir),
-                         untrained=_untrained(config, item["condition"], item["seed"], val, out)))
-        results = dict(config=asdict(config), plan=plan, versions=_versions(), runs=runs,
-                       recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
-                       eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val)),
-                       elapsed_s=round(earlier + time.time() - started, 1), complete=len(runs) == len(plan))
-        _write_json(out / "results.json", nan_to_none(results))
+        evals = _measure_run(config, item["condition"], run_dir, val, log)
+        results.runs.append(StudyRun(
+            condition=item["condition"], seed=item["seed"], run_dir=os.path.relpath(run_dir, out),
+            train=RunSummary.read(run_dir / "summary.json"), eval=evals, history=_training_history(run_dir),
+            untrained=_untrained(config, item["condition"], item["seed"], val, out)))
+        results.elapsed_s = round(earlier + time.time() - started, 1)
+        results.complete = len(results.runs) == len(plan)
+        results.write(out / "results.json")
     write_report(out)
-    return json.loads((out / "results.json").read_text())
+    return results
 
 
 def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]:

@@ -16,10 +16,10 @@ from typing import Any
 import PIL.Image
 import torch
 import torch.nn as nn
+import torchvision.transforms as T
 from timm.data import resolve_data_config, resolve_model_data_config
 from timm.data.transforms import MaybePILToTensor, str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_eval
-from torchvision import transforms
 
 from .shifts import Shift, parse_shift
 
@@ -59,14 +59,14 @@ class _ToRGB:
         return "ToRGB()"
 
 
-def resize_transform(data_config_or_model: Mapping[str, Any] | nn.Module, resize: str = "paper") -> transforms.Compose:
+def resize_transform(data_config_or_model: Mapping[str, Any] | nn.Module, resize: str = "paper") -> T.Compose:
     """PIL -> PIL RGB image of the model's input size ``(H, W)`` (``resize`` = paper or timm)."""
     if resize not in RESIZE_MODES:
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
     cfg = resolve_config(data_config_or_model)
     _, height, width = cfg["input_size"]
     if resize == "paper":
-        steps = [transforms.Resize((height, width), interpolation=str_to_interp_mode(cfg["interpolation"]))]
+        steps = [T.Resize((height, width), interpolation=str_to_interp_mode(cfg["interpolation"]))]
     else:
         timm_eval = transforms_imagenet_eval(
             img_size=(height, width),
@@ -78,7 +78,7 @@ def resize_transform(data_config_or_model: Mapping[str, Any] | nn.Module, resize
             std=cfg["std"],
         )
         steps = [t for t in timm_eval.transforms if not isinstance(t, MaybePILToTensor)]
-    return transforms.Compose([_ToRGB(), *steps])
+    return T.Compose([_ToRGB(), *steps])
 
 
 def eval_transform(
@@ -101,8 +101,8 @@ def eval_transform(
     steps: list[Callable] = list(resize_transform(cfg, resize).transforms)
     if shift is not None:
         steps.append(parse_shift(shift))
-    steps += [transforms.ToTensor(), transforms.Normalize(mean=cfg["mean"], std=cfg["std"])]
-    return transforms.Compose(steps)
+    steps += [T.ToTensor(), T.Normalize(mean=cfg["mean"], std=cfg["std"])]
+    return T.Compose(steps)
 
 
 def normalize_batch(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:

@@ -8,62 +8,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from ..shifts import PAPER_SHIFTS, SPEC_FORMS
-
-
-def add_model_data_args(p: argparse.ArgumentParser) -> None:
-    """Arguments shared by ``fragility`` and ``sweep``: model, data, loader, device."""
-    p.add_argument("model", help="timm model name, hf-hub:ORG/NAME or local-dir:PATH")
-    p.add_argument("--data", required=True, help="dataset folder or Hugging Face Hub id")
-    p.add_argument("--split", default="validation", help="dataset split (default: validation)")
-    p.add_argument("--checkpoint", default=None, help="a checkpoint file to load into the model")
-    p.add_argument("--pretrained", action="store_true",
-                   help="load the timm name's pretrained weights (always on for hf-hub: / local-dir:)")
-    p.add_argument("--num-classes", type=int, default=None,
-                   help="classifier size (default with --checkpoint: the dataset's number of classes)")
-    p.add_argument("--img-size", type=int, default=None, help="input size S (model built for S x S)")
-    p.add_argument("--shift", action="append", default=None, metavar="SPEC",
-                   help="a shift, repeatable; forms: " + "; ".join(SPEC_FORMS))
-    p.add_argument("--resize", default="paper", choices=("paper", "timm"),
-                   help="paper: straight to the input size (default); timm: timm's resize + centre crop")
-    p.add_argument("--max-images", type=int, default=None, help="evaluate only the first N images")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
-    p.add_argument("--seed", type=int, default=0, help="seed of RPI permutations and bootstrap (default 0)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--no-progress", action="store_true")
+from ..shifts import PAPER_SHIFTS
+from ._options import add_data_args, add_model_args, add_run_args, add_shift_arg, load_model_and_data
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts")
-    add_model_data_args(p)
+    add_model_args(p)
+    add_data_args(p, max_images_help="evaluate only the first N images")
+    add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
-    p.add_argument("--out", default="fragility_out", help="output folder for fragility.json and fragility.png")
-
-
-def load_model_and_data(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """(model on its device, the data split, device) from the shared arguments."""
-    import torch
-
-    from ..data import load_split
-    from .probe import create_model
-
-    if args.max_images is not None and args.max_images < 1:
-        raise ValueError(f"--max-images must be >= 1, got {args.max_images}")
-    data = load_split(args.data, args.split, subset=args.max_images)
-    if len(data) == 0:
-        raise ValueError(f"the {args.split!r} split of {args.data} is empty")
-    num_classes = args.num_classes
-    if num_classes is None and args.checkpoint is not None:
-        num_classes = data.num_classes
-    model = create_model(args.model, args.pretrained, args.checkpoint, args.img_size, num_classes)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    return model, data, device
+    add_run_args(p, out="fragility_out", seed_help="seed of RPI permutations and the bootstrap (default 0)")
 
 
 def _fmt_interval(lo: float, hi: float) -> str:

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {item['command']}")
         return 0
     results = run_study(config, out, resume=args.resume)
-    print(f"\nstudy finished: {len(results['runs'])} runs; report: {out / 'report.md'}")
+    print(f"\nstudy finished: {len(results.runs)} runs; report: {out / 'report.md'}")
     from ..report import evaluate_claims
 
     for i, c in enumerate(evaluate_claims(results), 1):

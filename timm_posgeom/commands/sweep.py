@@ -9,7 +9,14 @@ import argparse
 from pathlib import Path
 
 from ..robustness import DEFAULT_ALPHAS
-from .fragility import add_model_data_args, load_model_and_data
+from ._options import (
+    add_data_args,
+    add_model_args,
+    add_run_args,
+    add_shift_arg,
+    add_site_arg,
+    load_model_and_data,
+)
 
 
 def parse_alphas(text: str) -> list[float]:
@@ -24,14 +31,16 @@ def parse_alphas(text: str) -> list[float]:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="alpha sweep: delta SSDC under RPI and FS as the PE is scaled")
-    add_model_data_args(p)
+    add_model_args(p)
+    add_data_args(p, max_images_help="fragility on the first N images (SSDC: --probe-images)")
+    add_shift_arg(p, default_help="jpeg:5")
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
                    help="comma-separated PE scales (default 1,0.9,...,0.1)")
     p.add_argument("--probe-images", type=int, default=1000, help="images for SSDC under RPI (paper: 1000)")
-    p.add_argument("--site", default="attn_input", choices=("attn_input", "block_output"))
+    add_site_arg(p)
     p.add_argument("--patch-only", action="store_true",
                    help="scale only patch rows of an APE table (default: class row too, as the paper)")
-    p.add_argument("--out", default="sweep_out", help="output folder for sweep.json, sweep.md, sweep.png")
+    add_run_args(p, out="sweep_out", seed_help="seed of the RPI permutation and the bootstrap (default 0)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ..interventions import eval_mode, token_permutation
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, find_sites
-from .ssdc import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, upper_pairs
+from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, upper_pairs
 
 __all__ = ["probe_ssdc", "REDUCTIONS"]
 
@@ -265,7 +265,7 @@ def probe_ssdc(
 
     For each probed layer, the patch tokens at ``site`` (prefix tokens dropped) are unit-normalised
     and their cosine-similarity map S (N x N) formed per image; SSDC = Spearman({S_ij}, {-D_ij}) over
-    i < j with D the grid distance (see :func:`~timm_posgeom.probes.ssdc`).
+    i < j with D the grid distance (see :func:`~timm_posgeom.probes.spearman.ssdc`).
 
     Args:
         model: a flat timm ViT (see :mod:`.sites` for the families). Put in eval mode for the probe;

@@ -1,13 +1,14 @@
 """``SSDCResult``: what :func:`~timm_posgeom.probes.probe_ssdc` returns (numbers, maps, metadata, plot)."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..jsonio import dumps
 
 __all__ = ["SSDCResult", "PerImageStats"]
 
@@ -92,7 +93,7 @@ class SSDCResult:
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
         """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
-        text = json.dumps(nan_to_none(self.to_dict(include_maps)), indent=indent)
+        text = dumps(self.to_dict(include_maps), indent=indent)
         if path is not None:
             Path(path).write_text(text + "\n")
         return text
@@ -163,14 +164,3 @@ def _spread(n: int, k: int) -> list[int]:
     if n <= k:
         return list(range(n))
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
-
-
-def nan_to_none(obj: Any) -> Any:
-    """NaN / inf -> None, recursively through dicts, lists and tuples (for strict JSON)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [nan_to_none(v) for v in obj]
-    return obj

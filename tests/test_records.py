@@ -1,0 +1,110 @@
+"""One record schema: typed records round-trip through one strict JSON writer; foreign files are refused."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from timm_posgeom.jsonio import dumps, write_json
+from timm_posgeom.records import (
+    SCHEMA_VERSION,
+    HistoryPoint,
+    RecordError,
+    RunEval,
+    RunSummary,
+    SSDCSummary,
+    StudyResults,
+    StudyRun,
+    SweepSummary,
+)
+
+
+def _ssdc(nan: bool = False) -> SSDCSummary:
+    return SSDCSummary(n_images=8, per_layer=[0.5, math.nan if nan else 0.4], delta=-0.1, rpi_per_layer=[0.1, 0.2],
+                       rpi_delta=0.1, rpi_content_per_layer=[0.5, 0.4], per_image_mean=[0.4, 0.3],
+                       per_image_std=[0.1, 0.1])
+
+
+def _study() -> StudyResults:
+    summary = RunSummary(model="posgeom_vit_micro_patch8_64_ape", steps=10, epochs=1.0, train_images=64,
+                         val_images=16, processes=1, time_s=3.5, val_top1=0.25)
+    sweep = SweepSummary(alphas=[1.0, 0.0], delta_ssdc=[0.2, 0.0], fs={"jpeg:5": [0.1, 0.3]},
+                         clean_accuracy=[0.5, 0.4], rpi_per_layer=[[0.1, 0.3], [0.1, 0.1]])
+    run = StudyRun(condition="ape", seed=0, run_dir="runs/ape_s0", train=summary,
+                   eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.1}, ssdc=_ssdc(), alpha_sweep=sweep),
+                   history=[HistoryPoint(step=10, epoch=1.0, val_top1=0.25, rpi_ssdc=[0.1, 0.2])],
+                   untrained=_ssdc())
+    return StudyResults(config={"preset": "demo"}, plan=[{"condition": "ape"}], versions={"timm": "x"}, runs=[run],
+                        elapsed_s=4.0, complete=True)
+
+
+def test_round_trip_through_the_files(tmp_path):
+    results = _study()
+    path = results.write(tmp_path / "results.json")
+    raw = json.loads(path.read_text())
+    assert raw["schema"] == "timm-posgeom/study-results" and raw["schema_version"] == SCHEMA_VERSION
+    again = StudyResults.read(path)
+    assert again == results
+    assert isinstance(again.runs[0].eval.alpha_sweep, SweepSummary) and isinstance(again.runs[0].history[0], HistoryPoint)
+
+
+def test_nan_is_written_one_way_and_the_json_is_strict(tmp_path):
+    path = _ssdc(nan=True).write(tmp_path / "u.json")
+    text = path.read_text()
+    assert "NaN" not in text and json.loads(text)["per_layer"] == [0.5, None]
+    assert SSDCSummary.read(path).per_layer == [0.5, None]
+    # tensors and numpy values become plain JSON; an unknown type is an error, never a silent str()
+    assert json.loads(dumps({"t": torch.tensor([1.0, float("inf")]), "n": np.float32(0.5), "k": (1, 2)})) == \
+        {"t": [1.0, None], "n": 0.5, "k": [1, 2]}
+    with pytest.raises(TypeError, match="no JSON form for object"):
+        dumps({"x": object()})
+
+
+def test_write_is_atomic(tmp_path, monkeypatch):
+    path = write_json(tmp_path / "a.json", {"v": 1})
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        write_json(path, {"v": 2})
+    assert json.loads(path.read_text()) == {"v": 1}  # the old file is intact
+
+
+def test_foreign_and_other_version_files_are_refused_naming_the_file(tmp_path):
+    summary = RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0)
+    path = summary.write(tmp_path / "summary.json")
+    with pytest.raises(RecordError, match=r"summary.json: a 'timm-posgeom/run-summary' record, not timm-posgeom/run-eval"):
+        RunEval.read(path)
+    raw = json.loads(path.read_text())
+    (tmp_path / "v2.json").write_text(json.dumps(dict(raw, schema_version=SCHEMA_VERSION + 1)))
+    with pytest.raises(RecordError, match=f"v2.json: schema version {SCHEMA_VERSION + 1}"):
+        RunSummary.read(tmp_path / "v2.json")
+    (tmp_path / "old.json").write_text(json.dumps({"steps": 3}))
+    with pytest.raises(RecordError, match="old.json: not a timm-posgeom run-summary record"):
+        RunSummary.read(tmp_path / "old.json")
+    (tmp_path / "extra.json").write_text(json.dumps(dict(raw, surprise=1)))
+    with pytest.raises(RecordError, match=r"extra.json: unknown keys \['surprise'\]"):
+        RunSummary.read(tmp_path / "extra.json")
+    (tmp_path / "torn.json").write_text(path.read_text()[:20])
+    with pytest.raises(RecordError, match="torn.json: not valid JSON"):
+        RunSummary.read(tmp_path / "torn.json")
+    missing = {k: v for k, v in raw.items() if k != "steps"}
+    (tmp_path / "missing.json").write_text(json.dumps(missing))
+    with pytest.raises(RecordError, match=r"missing.json: missing keys \['steps'\]"):
+        RunSummary.read(tmp_path / "missing.json")
+    with pytest.raises(RecordError, match="nowhere.json: no such file"):
+        RunSummary.read(tmp_path / "nowhere.json")
+
+
+def test_report_refuses_a_foreign_results_file(tmp_path):
+    from timm_posgeom.cli import main
+
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [], "config": {}}))
+    with pytest.raises(SystemExit) as e:
+        main(["report", str(tmp_path)])
+    assert e.value.code == 2

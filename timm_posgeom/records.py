@@ -1,0 +1,227 @@
+"""One schema for what runs and studies write: typed records, a schema version, one JSON writer.
+
+=================  ======================================  ===========================================
+file               record                                  written by / read by
+=================  ======================================  ===========================================
+``summary.json``   :class:`RunSummary`                      ``posgeom train`` / study, report, hub
+``eval.json``      :class:`RunEval`                         ``posgeom study`` / study (resume), hub
+``untrained/*``    :class:`SSDCSummary`                     ``posgeom study`` / study
+``results.json``   :class:`StudyResults`                    ``posgeom study`` / ``posgeom report``
+=================  ======================================  ===========================================
+
+Every file carries ``"schema": "timm-posgeom/<kind>"`` and ``"schema_version"``; :meth:`Record.read`
+refuses, with one line naming the file, a file of another kind, of another schema version, with
+unknown or missing keys, or that is not JSON. Files are written through
+:func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
+number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
+back into NaN.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from .jsonio import to_jsonable, write_json
+
+__all__ = ["SCHEMA_VERSION", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
+           "HistoryPoint", "StudyRun", "StudyResults"]
+
+SCHEMA_VERSION = 1
+R = TypeVar("R", bound="Record")
+Num = typing.Optional[float]  # a number, or None for NaN
+
+
+class RecordError(ValueError):
+    """A record file that is missing, foreign, of another schema version or malformed."""
+
+
+@dataclass
+class Record:
+    """Base of the typed records: ``to_dict`` / ``from_dict``, ``write`` / ``read`` with a schema tag."""
+
+    KIND: ClassVar[str] = ""
+
+    def to_dict(self, tagged: bool = True) -> dict[str, Any]:
+        body = to_jsonable(dataclasses.asdict(self))
+        return {"schema": f"timm-posgeom/{self.KIND}", "schema_version": SCHEMA_VERSION, **body} if tagged else body
+
+    @classmethod
+    def from_dict(cls: type[R], values: Any, source: str = "record") -> R:
+        """Build the record from its dict (schema tags, if present, checked); RecordError names ``source``."""
+        if not isinstance(values, dict):
+            raise RecordError(f"{source}: expected a JSON object for {cls.__name__}, got {type(values).__name__}")
+        values = dict(values)
+        schema, version = values.pop("schema", None), values.pop("schema_version", None)
+        if schema is not None and schema != f"timm-posgeom/{cls.KIND}":
+            raise RecordError(f"{source}: a {schema!r} record, not timm-posgeom/{cls.KIND}")
+        if version is not None and version != SCHEMA_VERSION:
+            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads version {SCHEMA_VERSION} "
+                              "(re-run the command that wrote it with this version)")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise RecordError(f"{source}: unknown keys {unknown} for {cls.__name__}")
+        missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise RecordError(f"{source}: missing keys {missing} for {cls.__name__}")
+        return cls(**{k: _build(hints[k], v, f"{source}: {k}") for k, v in values.items()})
+
+    def write(self, path: str | os.PathLike) -> Path:
+        """Write the tagged record as strict JSON, atomically."""
+        return write_json(path, self.to_dict())
+
+    @classmethod
+    def read(cls: type[R], path: str | os.PathLike) -> R:
+        """Read a file written by :meth:`write`; RecordError (one line naming the file) otherwise."""
+        path = Path(path)
+        if not path.is_file():
+            raise RecordError(f"{path}: no such file (a {cls.KIND} record)")
+        try:
+            values = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RecordError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(values, dict) or "schema" not in values:
+            raise RecordError(f"{path}: not a timm-posgeom {cls.KIND} record (no schema tag; written by another "
+                              "program or an older timm-posgeom)")
+        return cls.from_dict(values, source=str(path))
+
+
+def _build(tp: Any, value: Any, source: str) -> Any:
+    """``value`` as annotation ``tp``: nested records (also in lists and Optionals) are built; the rest kept."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, source) if len(inner) == 1 else value
+    if isinstance(tp, type) and issubclass(tp, Record):
+        return tp.from_dict(value, source)
+    if origin is list and args and isinstance(args[0], type) and issubclass(args[0], Record):
+        if not isinstance(value, list):
+            raise RecordError(f"{source}: expected a list, got {type(value).__name__}")
+        return [args[0].from_dict(v, f"{source}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# a training run
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RunSummary(Record):
+    """``summary.json`` of a training run: what was trained, for how long, how well."""
+
+    KIND: ClassVar[str] = "run-summary"
+    model: str
+    steps: int
+    epochs: float
+    train_images: int
+    val_images: int
+    processes: int
+    time_s: float
+    val_top1: Num = None
+    ema_val_top1: Num = None
+    pe_ssdc: Num = None  # SSDC of the learned position table itself (None: no learned table)
+    resumed_from: str | None = None
+    export: str | None = None
+    export_ema: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# measurements of a trained run (the study)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class SSDCSummary(Record):
+    """SSDC across depth at the attention input, normal and under RPI (docs/method.md#ssdc).
+
+    Lists hold one value per layer; ``per_image_*`` are the per-image reduction's mean and std.
+    """
+
+    KIND: ClassVar[str] = "ssdc-summary"
+    n_images: int
+    per_layer: list[Num]
+    delta: Num
+    rpi_per_layer: list[Num]
+    rpi_delta: Num  # delta SSDC under RPI: layer 1 - layer 0 (docs/method.md#delta-ssdc)
+    rpi_content_per_layer: list[Num]  # under RPI, against where each token's content came from
+    per_image_mean: list[Num] | None = None
+    per_image_std: list[Num] | None = None
+    rpi_per_image_mean: list[Num] | None = None
+    rpi_per_image_std: list[Num] | None = None
+
+
+@dataclass
+class SweepSummary(Record):
+    """An alpha sweep: per alpha, delta SSDC under RPI, clean accuracy and FS per shift."""
+
+    KIND: ClassVar[str] = "alpha-sweep"
+    alphas: list[float]
+    delta_ssdc: list[Num]
+    fs: dict[str, list[Num]]
+    clean_accuracy: list[Num]
+    rpi_per_layer: list[list[Num]]
+
+
+@dataclass
+class RunEval(Record):
+    """``eval.json``: a trained run measured by the study; each part is written as soon as it exists."""
+
+    KIND: ClassVar[str] = "run-eval"
+    clean_accuracy: Num = None
+    accuracy: dict[str, Num] | None = None
+    fs: dict[str, Num] | None = None
+    fs_interval: dict[str, list[Num]] | None = None
+    num_images: int | None = None
+    ssdc: SSDCSummary | None = None
+    alpha_sweep: SweepSummary | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# a study
+# --------------------------------------------------------------------------------------------
+@dataclass
+class HistoryPoint(Record):
+    """One evaluation of the training log (``metrics.jsonl``)."""
+
+    KIND: ClassVar[str] = "history-point"
+    step: int
+    epoch: float
+    val_top1: Num = None
+    rpi_ssdc: list[Num] | None = None
+    pe_ssdc: Num = None
+
+
+@dataclass
+class StudyRun(Record):
+    """One condition x seed of a study: its training, its measurements, its training log, untrained."""
+
+    KIND: ClassVar[str] = "study-run"
+    condition: str
+    seed: int
+    run_dir: str
+    train: RunSummary
+    eval: RunEval
+    history: list[HistoryPoint]
+    untrained: SSDCSummary
+
+
+@dataclass
+class StudyResults(Record):
+    """``results.json``: every number of a study with its configuration, plan and versions."""
+
+    KIND: ClassVar[str] = "study-results"
+    config: dict[str, Any]  # the StudyConfig
+    plan: list[dict[str, Any]]
+    versions: dict[str, str]
+    runs: list[StudyRun] = field(default_factory=list)
+    recipes: dict[str, Any] = field(default_factory=dict)
+    eval_data: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    complete: bool = False

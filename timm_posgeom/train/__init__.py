@@ -1,0 +1,86 @@
+"""Train a timm ViT from a recipe, with accelerate: one readable loop (a client of the library).
+
+    python -m timm_posgeom.train --recipe imagenette_cpu_ape --out runs/ape
+    accelerate launch -m timm_posgeom.train --recipe in100_paper_ape --out runs/in100_ape
+    posgeom train --recipe recipes/in100_deit_rope.yaml --out runs/x --set epochs=100 --resume
+
+What a run writes under ``--out``:
+
+* ``recipe.yaml``       the resolved recipe;
+* ``metrics.jsonl``     one JSON record per log step (``kind: train``: step, epoch, loss, lr,
+                        images/s, and ``pe_ssdc``, the learned position table's own SSDC), per
+                        evaluation (``kind: eval``: val top-1 / loss, EMA top-1) and at the end;
+                        TensorBoard event files too when ``tensorboard`` is installed;
+* ``checkpoints/step_XXXXXXXX``  ``accelerator.save_state`` every ``checkpoint_every`` steps and
+                        at every epoch end, written to a temporary folder and renamed into place
+                        (a kill never leaves a broken checkpoint), the last ``keep_checkpoints`` kept;
+* ``export/`` (and ``export_ema/``)  the final weights in timm's Hub layout (``config.json`` with
+                        every architecture argument in ``model_args``, ``model.safetensors``):
+                        ``timm.create_model("local-dir:<out>/export", pretrained=True)`` after
+                        ``import timm_posgeom`` (without pretrained=True: the architecture only);
+* ``summary.json``      final accuracy, steps, time.
+
+Exact resumption (``--resume``): the checkpoint holds model, optimizer, grad scaler, EMA, the
+step / epoch / batch counters and every process's python, numpy and torch RNG states. The data
+order of an epoch is a function of ``seed + epoch`` (:class:`~timm_posgeom.data.EpochBatchSampler`,
+which skips the batches already seen) and the augmentation of an item a function of
+``(seed, epoch, index)``, so a resumed run repeats the uninterrupted one exactly.
+
+The package: :mod:`.build` (checks, data, model, optimisation, resume -> one ``Session``),
+:mod:`.loop` (the loop as plain functions over the session), :mod:`.checkpoints`, :mod:`.metrics`
+(the training log) and :mod:`.cli` (arguments). Nothing in the library imports it.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..recipe import Recipe
+from ..records import RunSummary
+from .checkpoints import TrainState, latest_checkpoint
+from .cli import add_arguments, main, run_from_args
+from .metrics import MetricsLog, read_metrics
+
+__all__ = ["train", "main", "add_arguments", "run_from_args", "latest_checkpoint", "read_metrics", "MetricsLog",
+           "TrainState"]
+
+
+def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress: bool = True) -> RunSummary:
+    """Run ``recipe`` into ``out`` (see the package docstring); returns the run summary.
+
+    Raises RecipeError / ValueError, FileNotFoundError or PermissionError before any training
+    step for a bad recipe, a missing data path, an unknown model or an unwritable ``out``.
+    """
+    import timm
+    import torch
+    from accelerate import Accelerator
+
+    from .. import models  # noqa: F401  (registers our models with timm)
+    from ..data import resolve_source
+    from ..recipe import RecipeError
+    from .build import build_session
+    from .loop import finish, run_epochs
+
+    recipe = recipe.validate()
+    if not timm.is_model(recipe.model):
+        raise RecipeError(f"unknown model {recipe.model!r}: not a timm model name (see `posgeom models` or timm.list_models)")
+    resolve_source(recipe.data)
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
+    cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
+                              cpu=cpu or None)
+    try:
+        session = build_session(accelerator, recipe, Path(out), resume, progress)
+        run_epochs(session)
+        return finish(session)
+    finally:  # let a later train() in this process choose another precision / accumulation
+        _reset_accelerate_state()
+
+
+def _reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide singletons (a private API: tests/test_package.py guards its shape)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()

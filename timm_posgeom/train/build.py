@@ -1,0 +1,230 @@
+"""Set-up of a training run: checks, data, model, optimisation, resume -> one :class:`Session`.
+
+Everything here runs before the first training step, so a bad recipe, a missing data path, an
+unknown model or an unwritable output folder fails in seconds, not after an epoch.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import yaml
+
+from ..recipe import Recipe, RecipeError
+from .checkpoints import TrainState, check_writable, latest_checkpoint, remove_partial_saves
+from .metrics import MetricsLog
+
+__all__ = ["Session", "build_session", "build_data"]
+
+
+@dataclass
+class Session:
+    """Everything one training run holds; the loop's functions read and update it."""
+
+    accelerator: Any
+    recipe: Recipe
+    out: Path
+    progress: bool
+    model: nn.Module  # wrapped by accelerate (DDP, ...)
+    raw_model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    ema: Any
+    mixup: Any
+    loss_fn: nn.Module
+    classes: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    train_ds: Any
+    train_sampler: Any
+    val_size: int
+    val_loader: Any
+    rpi_loader: Any
+    steps_per_epoch: int
+    total_steps: int
+    state: TrainState
+    log: MetricsLog
+    resumed_from: str | None
+    started: float = field(default_factory=time.perf_counter)
+    last_saved: int = -1
+    last_eval: int = -1
+    eval_result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    def elapsed(self) -> float:
+        """Training seconds of this run, over every invocation that resumed it."""
+        return self.state.elapsed + time.perf_counter() - self.started
+
+
+def per_process_batch(accelerator: Any, recipe: Recipe) -> int:
+    """The per-process batch, after checking the launch and the recipe agree."""
+    world = accelerator.num_processes
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if world != launched:
+        raise RuntimeError(f"{launched} processes were launched but accelerate set up {world}: every process would "
+                           "train alone into the same --out (for CPU processes set ACCELERATE_USE_CPU=1)")
+    if recipe.batch_size % (world * recipe.grad_accum):
+        raise RecipeError(f"batch_size {recipe.batch_size} (global) is not divisible by processes x grad_accum "
+                          f"= {world} x {recipe.grad_accum}")
+    batch = recipe.batch_size // (world * recipe.grad_accum)
+    if (recipe.mixup or recipe.cutmix) and batch % 2:
+        raise RecipeError(f"mixup/cutmix need an even per-process batch, got {batch}")
+    return batch
+
+
+def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
+    """(classes, train dataset, val dataset, train sampler, val sampler) of the recipe's data."""
+    from .. import data as D
+    from ..transforms import eval_transform
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    with accelerator.main_process_first():
+        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.train_subset,
+                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.synthetic_size)
+        val_size = max(1, recipe.synthetic_size // 5) if recipe.synthetic_size else None
+        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.val_subset,
+                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=val_size)
+        if recipe.cache:
+            cache_dir = D.default_cache_dir() if recipe.disk_cache else None
+            show = progress and accelerator.is_main_process
+            train_cache = D.cache_uint8(train_split, recipe.img_size, recipe.interpolation, recipe.workers,
+                                        cache_dir, progress=show)
+            val_cache = D.cache_uint8(val_split, recipe.img_size, recipe.interpolation, recipe.workers,
+                                      cache_dir, progress=show)
+    if recipe.cache:
+        train_ds = D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
+                                        augment=recipe.augment)
+        val_ds = D.CachedEvalDataset(val_cache, mean, std)
+    else:
+        tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
+                               recipe.hflip, recipe.auto_augment, recipe.color_jitter, recipe.reprob, recipe.scale)
+        train_ds = D.TransformDataset(train_split, tf, seed=recipe.seed)
+        config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
+        val_ds = D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize))
+    train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
+    val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
+                                      shuffle=False, drop_last=False)
+    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler
+
+
+def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The model's normalisation (mean, std), from a meta-device model: no memory, no init, and bad
+    model kwargs surface before any data is loaded."""
+    import timm
+    from timm.data import resolve_data_config
+
+    with torch.device("meta"):
+        probe = timm.create_model(recipe.model, pretrained=False, num_classes=0, img_size=recipe.img_size,
+                                  **recipe.model_kwargs)
+    cfg = resolve_data_config({}, model=probe)
+    return tuple(cfg["mean"]), tuple(cfg["std"])
+
+
+def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_steps: int, steps_per_epoch: int):
+    """(optimizer, scheduler, mixup, loss) from timm's factories; the schedule is stepped per update."""
+    from timm.data import Mixup
+    from timm.loss import SoftTargetCrossEntropy
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+
+    opt_kwargs = {k: v for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
+                  if v is not None}
+    optimizer = create_optimizer_v2(model, opt=recipe.opt, lr=recipe.lr, weight_decay=recipe.weight_decay,
+                                    momentum=recipe.momentum, filter_bias_and_bn=recipe.wd_exclude_1d, **opt_kwargs)
+    # one timm scheduler "epoch" = one optimizer update
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=recipe.sched, num_epochs=total_steps, warmup_epochs=round(recipe.warmup_epochs * steps_per_epoch),
+        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr)
+    if recipe.mixup > 0 or recipe.cutmix > 0:
+        mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
+                      switch_prob=recipe.mixup_switch_prob, label_smoothing=recipe.label_smoothing,
+                      num_classes=num_classes)
+        return optimizer, scheduler, mixup, SoftTargetCrossEntropy()
+    return optimizer, scheduler, None, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+
+
+def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
+    """The validation loader and, with ``rpi_ssdc_images``, the loader of the first validation images
+    on which SSDC under RPI is logged at each evaluation (main process only)."""
+    from ..data import EpochBatchSampler, make_loader
+
+    val_loader = make_loader(val_ds, val_sampler, recipe.workers, pin_memory=pin)
+    rpi_loader = None
+    if recipe.rpi_ssdc_images:
+        first = EpochBatchSampler(min(recipe.rpi_ssdc_images, len(val_ds)), val_sampler.batch_size,
+                                  shuffle=False, drop_last=False)
+        rpi_loader = make_loader(val_ds, first, 0)
+    return val_loader, rpi_loader
+
+
+def _resume(accelerator, recipe: Recipe, out: Path, resume: bool, checkpoint: Path | None) -> str | None:
+    """Load the newest checkpoint when resuming (else record the recipe); the checkpoint's name or None."""
+    if accelerator.is_main_process:
+        remove_partial_saves(out)
+    if resume and checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        saved = out / "recipe.yaml"
+        if saved.exists() and yaml.safe_load(saved.read_text()) != recipe.to_dict():
+            accelerator.print(f"warning: the recipe differs from the one {out} was started with")
+        return checkpoint.name
+    if accelerator.is_main_process:
+        (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    return None
+
+
+def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool) -> Session:
+    """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
+    import timm
+    from accelerate.utils import set_seed
+    from timm.utils import ModelEmaV3
+
+    batch = per_process_batch(accelerator, recipe)
+    check_writable(out)
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None and not resume:
+        raise FileExistsError(f"{out} already holds checkpoints ({checkpoint.name}): pass --resume to continue "
+                              f"that run, or choose another --out")
+    mean, std = _data_stats(recipe)
+    classes, train_ds, val_ds, train_sampler, val_sampler = build_data(recipe, accelerator, mean, std, batch, progress)
+    steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
+    if steps_per_epoch == 0:
+        raise RecipeError(f"the training split ({len(train_ds)} items) is smaller than one global batch "
+                          f"({recipe.batch_size})")
+    total_steps = steps_per_epoch * recipe.epochs
+    total_steps = min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
+
+    set_seed(recipe.seed, device_specific=True)
+    model = timm.create_model(recipe.model, pretrained=False, num_classes=len(classes), img_size=recipe.img_size,
+                              **recipe.model_kwargs)
+    optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, len(classes), total_steps, steps_per_epoch)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    raw_model = accelerator.unwrap_model(model)
+    ema = ModelEmaV3(raw_model, decay=recipe.ema_decay) if recipe.ema else None
+    state = TrainState()
+    accelerator.register_for_checkpointing(state)
+    if ema is not None:
+        accelerator.register_for_checkpointing(ema)
+    resumed_from = _resume(accelerator, recipe, out, resume, checkpoint)
+    if scheduler is not None:
+        scheduler.step(state.step)
+    log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None)
+    val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
+    accelerator.print(
+        f"{recipe.model}: {sum(p.numel() for p in raw_model.parameters()) / 1e6:.2f}M params, {len(classes)} classes, "
+        f"{len(train_ds)} train / {len(val_ds)} val images, {accelerator.num_processes} process(es) x batch {batch} x "
+        f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
+        + (f", resumed from {resumed_from}" if resumed_from else ""))
+    return Session(accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
+                   raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
+                   loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
+                   train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
+                   steps_per_epoch=steps_per_epoch, total_steps=total_steps, state=state, log=log,
+                   resumed_from=resumed_from)

@@ -1,0 +1,210 @@
+"""The training loop: plain functions over one :class:`~timm_posgeom.train.build.Session`.
+
+    session = build_session(...)          # build.py
+    run_epochs(session)                   # train, evaluate at epoch ends, checkpoint
+    summary = finish(session)             # final evaluation, export, summary.json
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..interventions import eval_mode
+from ..probes import pe_table_ssdc
+from ..records import RunSummary
+from .build import Session
+from .checkpoints import save_checkpoint
+
+__all__ = ["evaluate_top1", "evaluate_now", "checkpoint_now", "run_epochs", "finish"]
+
+
+@dataclass
+class _Window:
+    """Training loss and throughput since the last log record (the loss stays on the device)."""
+
+    loss: Any = 0.0
+    batches: int = 0
+    images: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+
+@torch.no_grad()
+def evaluate_top1(model: nn.Module, loader, accelerator) -> dict[str, float]:
+    """Top-1 accuracy and mean loss over a sharded loader, counts reduced across processes."""
+    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # correct, count, loss sum
+    with eval_mode(model):
+        for images, targets in loader:
+            images, targets = images.to(accelerator.device), targets.to(accelerator.device)
+            logits = model(images).float()
+            totals[0] += (logits.argmax(-1) == targets).sum()
+            totals[1] += targets.numel()
+            totals[2] += nn.functional.cross_entropy(logits, targets, reduction="sum")
+    totals = accelerator.reduce(totals, reduction="sum")
+    count = max(totals[1].item(), 1.0)
+    return {"top1": totals[0].item() / count, "loss": totals[2].item() / count, "count": int(totals[1].item())}
+
+
+def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
+    """SSDC per layer under RPI (one fixed permutation, seed 0) on the first ``max_images`` images."""
+    from ..probes import probe_ssdc
+
+    result = probe_ssdc(model, loader, rpi=True, seed=0, max_images=max_images, progress=False)
+
+    def rounded(v: float) -> float | None:
+        return round(float(v), 4) if math.isfinite(v) else None
+
+    return {"rpi_ssdc": [rounded(v) for v in result.per_layer], "rpi_delta_ssdc": rounded(result.delta)}
+
+
+def evaluate_now(s: Session) -> dict[str, Any]:
+    """Evaluate (and EMA, PE-table SSDC, SSDC under RPI), log one ``eval`` record, return it."""
+    result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
+    if s.ema is not None:
+        result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
+    result.update(kind="eval", step=s.state.step, epoch=s.state.step / s.steps_per_epoch,
+                  pe_ssdc=pe_table_ssdc(s.raw_model))
+    if s.rpi_loader is not None and s.accelerator.is_main_process:
+        result.update(_rpi_ssdc(s.raw_model, s.rpi_loader, s.recipe.rpi_ssdc_images))
+    result["time_s"] = round(s.elapsed(), 1)
+    s.log.log(result)
+    s.accelerator.print(f"step {s.state.step}: val top-1 {result['val_top1']:.4f}"
+                        + (f", EMA {result['ema_val_top1']:.4f}" if s.ema is not None else "")
+                        + (f", PE-table SSDC {result['pe_ssdc']:.3f}" if result["pe_ssdc"] is not None else "")
+                        + (f", SSDC under RPI {result['rpi_ssdc']}" if "rpi_ssdc" in result else ""))
+    s.last_eval = s.state.step
+    s.eval_result = result
+    return result
+
+
+def checkpoint_now(s: Session) -> None:
+    """Save a checkpoint of the current step (once per step); its elapsed time is the run's so far."""
+    if s.last_saved == s.state.step:
+        return
+    before, s.state.elapsed = s.state.elapsed, s.elapsed()
+    save_checkpoint(s.accelerator, s.out, s.state.step, s.recipe.keep_checkpoints)
+    s.state.elapsed = before
+    s.last_saved = s.state.step
+
+
+def _paused(window: _Window, work, *args) -> Any:
+    """Run ``work`` without counting its time as training time (images/s)."""
+    begin = time.perf_counter()
+    try:
+        return work(*args)
+    finally:
+        window.start += time.perf_counter() - begin
+
+
+def _log_train(s: Session, window: _Window, bar) -> _Window:
+    """Log one ``train`` record for the window since the last one; return a fresh window."""
+    seconds = time.perf_counter() - window.start
+    mean_loss = s.accelerator.reduce(window.loss / window.batches, reduction="mean").item()
+    record = dict(kind="train", step=s.state.step, epoch=s.state.step / s.steps_per_epoch, loss=mean_loss,
+                  lr=s.optimizer.param_groups[0]["lr"], images_per_s=window.images / max(seconds, 1e-9),
+                  pe_ssdc=pe_table_ssdc(s.raw_model), time_s=round(s.elapsed(), 1))
+    s.log.log(record)
+    bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{record['lr']:.2e}", img_s=f"{record['images_per_s']:.0f}")
+    return _Window()
+
+
+def _forward_backward(s: Session, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """One micro-batch: forward, backward and (when accumulation is complete) the optimizer step."""
+    images = images.to(s.accelerator.device, non_blocking=True)
+    targets = targets.to(s.accelerator.device, non_blocking=True)
+    if s.mixup is not None:
+        images, targets = s.mixup(images, targets)
+    with s.accelerator.accumulate(s.model):
+        loss = s.loss_fn(s.model(images), targets)
+        s.accelerator.backward(loss)
+        if s.recipe.clip_grad and s.accelerator.sync_gradients:
+            s.accelerator.clip_grad_norm_(s.model.parameters(), s.recipe.clip_grad)
+        s.optimizer.step()
+        s.optimizer.zero_grad(set_to_none=True)
+    return loss.detach().float()
+
+
+def _train_epoch(s: Session, bar, window: _Window) -> _Window:
+    """Train from ``state.batch`` to the end of the current epoch (or to the last step)."""
+    from ..data import make_loader
+
+    batches_per_epoch = s.steps_per_epoch * s.recipe.grad_accum
+    s.train_sampler.set_epoch(s.state.epoch, start_batch=s.state.batch)
+    s.train_ds.set_epoch(s.state.epoch)
+    pin = s.accelerator.device.type == "cuda"
+    for images, targets in make_loader(s.train_ds, s.train_sampler, s.recipe.workers, pin_memory=pin):
+        if s.state.batch >= batches_per_epoch:
+            break
+        window.loss = window.loss + _forward_backward(s, images, targets)  # no device sync per step
+        window.batches += 1
+        window.images += images.shape[0] * s.world
+        s.state.batch += 1
+        if not s.accelerator.sync_gradients:
+            continue
+        s.state.step += 1
+        if s.scheduler is not None:
+            s.scheduler.step(s.state.step)
+        if s.ema is not None:
+            s.ema.update(s.raw_model, step=s.state.step)
+        bar.update(1)
+        if s.state.step % s.recipe.log_every == 0 or s.state.step == s.total_steps:
+            window = _log_train(s, window, bar)
+        if s.state.step >= s.total_steps:
+            break
+        if s.state.step % s.recipe.checkpoint_every == 0 and s.state.batch < batches_per_epoch:
+            _paused(window, checkpoint_now, s)
+    return window
+
+
+def run_epochs(s: Session) -> None:
+    """Train until ``total_steps``: evaluate every ``eval_every`` epochs, checkpoint at epoch ends."""
+    from tqdm.auto import tqdm
+
+    batches_per_epoch = s.steps_per_epoch * s.recipe.grad_accum
+    bar = tqdm(total=s.total_steps, initial=s.state.step, unit="step", dynamic_ncols=True,
+               disable=not (s.progress and s.accelerator.is_main_process))
+    s.model.train()
+    window = _Window()
+    while s.state.step < s.total_steps:
+        epoch = s.state.epoch
+        window = _train_epoch(s, bar, window)
+        if s.state.batch >= batches_per_epoch:  # the epoch is complete
+            s.state.epoch, s.state.batch = epoch + 1, 0
+            if s.state.epoch % s.recipe.eval_every == 0 or s.state.step >= s.total_steps:
+                _paused(window, evaluate_now, s)
+        _paused(window, checkpoint_now, s)
+    bar.close()
+
+
+def finish(s: Session) -> RunSummary:
+    """Final evaluation (unless the last step was evaluated), export, ``summary.json``; the summary."""
+    from ..hub import export_for_hub
+
+    if s.last_eval != s.state.step:
+        evaluate_now(s)
+    r, ev = s.recipe, s.eval_result
+    summary = RunSummary(
+        model=r.model, steps=s.state.step, epochs=s.state.step / s.steps_per_epoch, train_images=len(s.train_ds),
+        val_images=s.val_size, processes=s.world, time_s=round(s.elapsed(), 1), val_top1=ev.get("val_top1"),
+        ema_val_top1=ev.get("ema_val_top1"), pe_ssdc=ev.get("pe_ssdc"), resumed_from=s.resumed_from)
+    if s.accelerator.is_main_process:
+        model_args = dict(r.model_kwargs, img_size=r.img_size, num_classes=len(s.classes))
+        paper = r.eval_resize == "paper"
+        cfg = dict(input_size=(3, r.img_size, r.img_size), num_classes=len(s.classes), label_names=s.classes,
+                   mean=s.mean, std=s.std, interpolation=r.interpolation, crop_pct=1.0 if paper else r.crop_pct,
+                   crop_mode="squash" if paper else "center")
+        summary.export = str(export_for_hub(s.raw_model, s.out / "export", model_args, cfg))
+        if s.ema is not None:
+            summary.export_ema = str(export_for_hub(s.ema.module, s.out / "export_ema", model_args, cfg))
+        s.log.log(dict(summary.to_dict(tagged=False), kind="final"))
+        summary.write(s.out / "summary.json")
+        s.accelerator.print(f"done: {s.state.step} steps in {summary.time_s:.0f}s, val top-1 "
+                            f"{summary.val_top1:.4f}; exported to {summary.export}")
+    s.log.close()
+    s.accelerator.wait_for_everyone()
+    s.accelerator.end_training()
+    return summary
