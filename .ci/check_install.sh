@@ -46,9 +46,9 @@ posgeom --version
 posgeom recipes | head -3
 
 step "posgeom study --dry-run, every preset"
-for preset in demo imagenette-cpu in100; do
-  posgeom study --preset "$preset" --dry-run --out "$WORK/user/study-$preset" | head -2
-done
+posgeom study --preset demo --dry-run --out "$WORK/user/study-demo" | head -2
+posgeom study --preset imagenette-cpu --data "$IMAGENETTE" --dry-run --out "$WORK/user/study-imagenette" | head -2
+posgeom study --preset in100 --dry-run --out "$WORK/user/study-in100" | head -2
 
 step "3-step posgeom train with the shipped imagenette_cpu_ape recipe"
 posgeom train --recipe imagenette_cpu_ape --out "$WORK/user/run" --data "$IMAGENETTE" --no-progress \
@@ -59,6 +59,14 @@ step "posgeom card and push --dry-run on that run"
 posgeom card "$WORK/user/run" --repo-id ORG/NAME --out "$WORK/user/card.md"
 grep -q "posgeom_vit_micro_patch8_64_ape" "$WORK/user/card.md"
 posgeom push "$WORK/user/run" --repo-id ORG/NAME --dry-run
+
+if [ "${CHECK_DEMO:-0}" = 1 ]; then
+  step "the main job: posgeom study (the embedded demo)"
+  posgeom study --out "$WORK/user/study-demo"
+  for f in report.md report.html results.json figures/ssdc_depth.png figures/fragility.png; do
+    test -s "$WORK/user/study-demo/$f" || { echo "missing $f"; exit 1; }
+  done
+fi
 
 step "the sdist's tests, against the installed wheel"
 tar xzf "$SDIST" -C "$WORK"

@@ -134,3 +134,6 @@ def test_bad_study_input(tmp_path):
     config.train_overrides = list(config.train_overrides) + ["epochz=3"]
     with pytest.raises(ValueError, match="epochz"):
         dry_run(config, tmp_path)
+    # a local data path that does not exist is refused by the dry run, not an hour later
+    with pytest.raises(FileNotFoundError, match="nowhere/imagenette.*pass --data"):
+        dry_run(preset_config("imagenette-cpu", data=str(tmp_path / "nowhere" / "imagenette")), tmp_path)

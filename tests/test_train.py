@@ -266,7 +266,8 @@ def test_shipped_recipes(family, variant):
         assert kw["drop_path_rate"] == 0.2
     if family == "imagenette_cpu":
         assert recipe.img_size == 64 and recipe.cache and recipe.augment == "crop_flip" and recipe.crop_pad == 4
-        assert Path(recipe.data).is_dir() or not IMAGENETTE.is_dir()
+        # relative to the working directory (the repository root for a checkout); users pass --data
+        assert Path(recipe.data).as_posix().endswith("shared/data/imagenette")
 
 
 @pytest.mark.parametrize("name", ["in100_paper_rpt", "in100_deit_rope", "imagenette_cpu_sincos"])

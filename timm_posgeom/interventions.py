@@ -1,6 +1,7 @@
 """Interventions on any timm ViT: random token permutation (RPI / RPT) and PE scaling (alpha).
 
 Both are context managers that leave the model exactly as they found it, exceptions included.
+Definitions: docs/method.md#rpi-and-rpt and docs/method.md#pe-scaling-alpha.
 """
 from __future__ import annotations
 

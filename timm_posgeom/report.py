@@ -92,77 +92,85 @@ def _trend(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearmanr(x, y)[0])
 
 
-def evaluate_claims(results: StudyResults) -> list[dict[str, Any]]:
-    """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
-    by = _by_condition(results)
-    claims = []
+def _rpi(by: dict[str, list[StudyRun]], c: str) -> np.ndarray:
+    return _layers(by.get(c, []), "rpi_per_layer")[0]
 
-    def rpi(c):
-        return _layers(by.get(c, []), "rpi_per_layer")[0]
 
-    def normal(c):
-        return _layers(by.get(c, []), "per_layer")[0]
+def _claim_collapse(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
+    """(1) no-PE models build content structure that collapses under RPI."""
+    if "nope" not in by:
+        return None, "no-PE condition not run"
+    n, p = _layers(by["nope"], "per_layer")[0], _rpi(by, "nope")
+    held = bool(np.nanmean(n) > SUBSTANTIAL and np.all(np.abs(p) < NEAR_ZERO))
+    return held, f"no PE: SSDC {np.round(n, 3).tolist()} -> under RPI {np.round(p, 3).tolist()}"
 
-    def fs(c, shift):
-        return _stat([_fs(r, shift) for r in by.get(c, [])])[0]
 
-    # (1) no-PE models build content structure that collapses under RPI
-    if "nope" in by:
-        n, p = normal("nope"), rpi("nope")
-        held = bool(np.nanmean(n) > SUBSTANTIAL and np.all(np.abs(p) < NEAR_ZERO))
-        why = f"no PE: SSDC {np.round(n, 3).tolist()} -> under RPI {np.round(p, 3).tolist()}"
-    else:
-        held, why = None, "no-PE condition not run"
-    claims.append(dict(claim="No-PE models build content-driven structure that collapses to ~0 under RPI",
-                       held=held, evidence=why))
-    # (2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth
+def _claim_anchor(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
+    """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth."""
     parts, ok = [], True
     for c in ("ape", "sincos", "rope"):
         if c not in by:
             continue
-        p = rpi(c)
+        p = _rpi(by, c)
         keeps = bool(np.nanmean(p) > SUBSTANTIAL)
         shape = (int(np.nanargmax(p)) < len(p) / 2) if c != "rope" else bool(p[-1] > p[0])
         ok &= keeps and shape
         parts.append(f"{LABELS[c]} under RPI {np.round(p, 3).tolist()} "
                      f"({'keeps' if keeps else 'loses'} structure; "
                      f"{'peaks early' if c != 'rope' and shape else 'accumulates' if shape else 'other shape'})")
-    claims.append(dict(claim="APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE "
-                             "accumulates with depth)", held=ok if parts else None, evidence="; ".join(parts)))
-    # (3) RPT behaves like no PE
-    if "rpt" in by:
-        p = rpi("rpt")
-        held = bool(np.all(np.abs(p) < NEAR_ZERO))
-        why = f"RPT under RPI {np.round(p, 3).tolist()}"
-    else:
-        held, why = None, "RPT condition not run"
-    claims.append(dict(claim="RPT behaves like no PE (SSDC under RPI ~0)", held=held, evidence=why))
-    # (4) PE models less fragile, RoPE least
-    shift = "jpeg:5"
-    fss = {c: fs(c, shift) for c in by}
-    if {"nope", "rope"} <= set(fss) and not any(math.isnan(v) for v in fss.values()):
-        pe = [c for c in ("ape", "sincos", "rope") if c in fss]
-        nonpe = [c for c in ("nope", "rpt") if c in fss]
-        less = all(fss[a] < fss[b] for a in pe for b in nonpe)
-        least = min(fss, key=fss.get) == "rope"
-        held = bool(less and least)
-        why = ", ".join(f"{LABELS[c]} {v:.3f}" for c, v in sorted(fss.items(), key=lambda kv: kv[1]))
-        why = f"JPEG q5 FS (low to high): {why}"
-    else:
-        held, why = None, "needs no-PE and RoPE with fragility results"
-    claims.append(dict(claim="PE models are less fragile than no-PE/RPT, RoPE least", held=held, evidence=why))
-    # (5) Delta SSDC falls and FS rises as alpha shrinks (APE)
+    return (ok if parts else None), "; ".join(parts)
+
+
+def _claim_rpt(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
+    """(3) RPT behaves like no PE."""
+    if "rpt" not in by:
+        return None, "RPT condition not run"
+    p = _rpi(by, "rpt")
+    return bool(np.all(np.abs(p) < NEAR_ZERO)), f"RPT under RPI {np.round(p, 3).tolist()}"
+
+
+def _claim_fragility(by: dict[str, list[StudyRun]], shift: str = "jpeg:5") -> tuple[bool | None, str]:
+    """(4) PE models are less fragile than no-PE / RPT, RoPE least."""
+    fss = {c: _stat([_fs(r, shift) for r in runs])[0] for c, runs in by.items()}
+    if not {"nope", "rope"} <= set(fss) or any(math.isnan(v) for v in fss.values()):
+        return None, "needs no-PE and RoPE with fragility results"
+    pe = [c for c in ("ape", "sincos", "rope") if c in fss]
+    nonpe = [c for c in ("nope", "rpt") if c in fss]
+    held = all(fss[a] < fss[b] for a in pe for b in nonpe) and min(fss, key=fss.get) == "rope"
+    order = ", ".join(f"{LABELS[c]} {v:.3f}" for c, v in sorted(fss.items(), key=lambda kv: kv[1]))
+    return bool(held), f"JPEG q5 FS (low to high): {order}"
+
+
+def _claim_alpha(by: dict[str, list[StudyRun]], shift: str = "jpeg:5") -> tuple[bool | None, str]:
+    """(5) delta SSDC falls and FS rises as alpha shrinks (APE)."""
     sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
-    if sweeps:
-        alphas = np.array(sweeps[0].alphas, dtype=float)
-        delta, fsj = _sweep_means(sweeps, shift)
-        rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
-        held = bool(rd > 0 and rf < 0)
-        why = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
-               f"{np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, FS {rf:+.2f})")
-    else:
-        held, why = None, "no APE alpha sweep"
-    claims.append(dict(claim="As alpha shrinks, delta SSDC falls and FS rises (APE)", held=held, evidence=why))
+    if not sweeps:
+        return None, "no APE alpha sweep"
+    alphas = np.array(sweeps[0].alphas, dtype=float)
+    delta, fsj = _sweep_means(sweeps, shift)
+    rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
+    return bool(rd > 0 and rf < 0), (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, "
+                                     f"JPEG FS {np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, "
+                                     f"FS {rf:+.2f})")
+
+
+CLAIMS = (
+    ("No-PE models build content-driven structure that collapses to ~0 under RPI", _claim_collapse),
+    ("APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE accumulates with depth)",
+     _claim_anchor),
+    ("RPT behaves like no PE (SSDC under RPI ~0)", _claim_rpt),
+    ("PE models are less fragile than no-PE/RPT, RoPE least", _claim_fragility),
+    ("As alpha shrinks, delta SSDC falls and FS rises (APE)", _claim_alpha),
+)
+
+
+def evaluate_claims(results: StudyResults) -> list[dict[str, Any]]:
+    """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
+    by = _by_condition(results)
+    claims = []
+    for claim, check in CLAIMS:
+        held, evidence = check(by)
+        claims.append(dict(claim=claim, held=held, evidence=evidence))
     return claims
 
 

@@ -1,6 +1,6 @@
 """Distribution shifts for fragility scores: JPEG compression and Gaussian blur.
 
-Two corruptions, as the paper and ImageNet-C define them, usable as torchvision v2 transforms on
+Two corruptions (docs/method.md#fragility-score-and-shifts), as the paper and ImageNet-C define them, usable as torchvision v2 transforms on
 PIL images and on uint8 tensors of shape (..., C, H, W):
 
 * :class:`JPEG` ``(quality)``: encode and decode with PIL at ``quality`` (1-100). On a PIL image this

@@ -311,8 +311,18 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
 
 
 def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]:
-    """Validate the preset's recipes and launcher config and return the plan (nothing runs)."""
+    """Validate the preset's recipes, data sources and launcher config; return the plan (nothing runs).
+
+    A local data path that does not exist is an error here (a Hub id is checked when it is loaded)."""
+    from .data import resolve_source
+
     plan = plan_study(config, out)
+    for item in plan:
+        if item["data"] != "synthetic":
+            try:
+                resolve_source(item["data"])
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
     if config.accelerate_config:
         _accelerate_config(config)
     return plan

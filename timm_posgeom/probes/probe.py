@@ -2,8 +2,8 @@
 
 Per batch and probed layer: patch tokens (B, N, C) -> unit-normalised -> cosine maps (B, N, N).
 Only running sums are kept (the summed map per layer, and streaming per-image moments), so memory
-does not grow with the number of images. The SSDC formula lives in :mod:`.ssdc`; this module is the
-edge: hooks, data, devices, progress.
+does not grow with the number of images. The SSDC formula lives in :mod:`.spearman`; this module is
+the edge: hooks, data, devices, progress. Definitions: docs/method.md#similarity-maps-and-probe-sites.
 """
 from __future__ import annotations
 

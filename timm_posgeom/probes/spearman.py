@@ -368,8 +368,8 @@ def ssdc_pairs(pairs: torch.Tensor, d_centred_list: Sequence[tuple[torch.Tensor,
     """SSDC of a batch of pair vectors (or maps) against one or more centred distance-rank vectors.
 
     pairs: (B, M) similarities over the pairs i < j, or (B, N, N) maps (only i < j is read).
-    Returns one (B,) float64 tensor per entry of ``d_centred_list`` (NaN for constant or non-finite
-    rows). Shares one sort across the entries.
+    Returns one (B,) float64 tensor per entry of ``d_centred_list`` (NaN for constant rows or rows
+    with a NaN; +-inf rank as extremes, as in scipy). Shares one sort across the entries.
     """
     return _spearman_rows(pairs, d_centred_list)
 
@@ -404,7 +404,8 @@ def ssdc(
     Returns:
         A 0-d tensor for one map, (B,) for a batch, in the input's floating dtype (float32 for
         integer input) on its device. NaN (with a :class:`ConstantMapWarning`) for a map that is
-        constant over the pairs, and NaN for a map with non-finite entries, like scipy.
+        constant over the pairs, and NaN for a map with a NaN entry, like scipy; +-inf entries rank
+        as the largest / smallest values, as in scipy (a finite result).
     """
     if not isinstance(similarity, torch.Tensor):
         similarity = torch.as_tensor(similarity)
