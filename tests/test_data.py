@@ -118,6 +118,22 @@ def test_image_folder_tree(tmp_path):
     assert cache.images.shape == (6, 3, 16, 16) and cache.labels.tolist() == train.labels
 
 
+def test_disk_cache_of_an_image_folder_follows_its_content(tmp_path):
+    """Issue 14, item 3: the cache key covered paths and count only; overwritten images were read stale."""
+    root = tmp_path / "data"
+    for cls in ("cat", "dog"):
+        (root / "train" / cls).mkdir(parents=True)
+        for i in range(2):
+            Image.new("RGB", (16, 16), color=(10, 10, 10)).save(root / "train" / cls / f"{i}.png")
+    first = cache_uint8(load_split(root, "train"), 16, cache_dir=tmp_path / "cache")
+    assert int(first.images.max()) == 10
+    for path in (root / "train").rglob("*.png"):  # same paths, same count, new pixels
+        Image.new("RGB", (16, 16), color=(200, 200, 200)).save(path)
+    second = cache_uint8(load_split(root, "train"), 16, cache_dir=tmp_path / "cache")
+    assert int(second.images.min()) == 200
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == 2
+
+
 def test_synthetic_split_sizes_and_subset():
     assert len(load_split(None, "train", subset=30)) == 30
     assert len(load_split("synthetic", "validation", synthetic_size=12)) == 12

@@ -98,6 +98,18 @@ def test_push_without_weights_is_a_clear_error(tmp_path):
         cli_main(["push", str(tmp_path / "empty"), "--repo-id", "me/model", "--dry-run"])
 
 
+def test_push_without_network_is_one_line(tmp_path):
+    """Issue 14, item 7: a push with no reachable Hub printed a connection traceback."""
+    run = _run_dir(tmp_path)
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_TOKEN="hf_not_a_token", HF_HUB_DISABLE_TELEMETRY="1")
+    env.pop("HF_HUB_OFFLINE", None)
+    out = subprocess.run([sys.executable, "-m", "timm_posgeom.cli", "push", str(run), "--repo-id", "me/model"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "could not push to the Hub repo me/model" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_card_command_writes_a_file(tmp_path):
     run = _run_dir(tmp_path)
     assert cli_main(["card", str(run), "--repo-id", "me/m", "--out", str(tmp_path / "README.md")]) == 0

@@ -266,3 +266,9 @@ def test_eval_mode_restores_the_mode_even_on_error():
     with eval_mode(model):
         pass
     assert not model.training
+    # each module's own mode comes back, not the top-level one spread over the tree (issue 14, item 8)
+    model.train()
+    model[1].eval()
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+    assert model.training and model[0].training and not model[1].training

@@ -148,6 +148,10 @@ def test_mode_and_hooks_restored(nope, images):
             probe_ssdc(nope, [images[:2], "not a batch"], rpi=True, progress=False)
         assert nope.training
         assert not any(m._forward_hooks or m._forward_pre_hooks for m in nope.modules())
+        nope.blocks[1].eval()  # a submodule's own mode (e.g. a frozen block) comes back as it was
+        probe_ssdc(nope, images[:2], progress=False)
+        assert nope.training and nope.blocks[0].training and not nope.blocks[1].training
+        assert not any(m.training for m in nope.blocks[1].modules())
     finally:
         nope.eval()
 

@@ -223,6 +223,20 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     assert "--resume" in err
 
 
+def test_diverging_training_stops_and_exports_nothing(tmp_path, capsys):
+    """Issue 14, item 2: lr=1e6 gave NaN loss, exited 0 and exported all-NaN weights as a result."""
+    err = _cli_error(capsys, tmp_path / "r", "lr=1e6", "max_steps=12", "checkpoint_every=4", "log_every=100")
+    assert "training diverged: non-finite loss first at step" in err and "learning rate" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "r" / "export").exists() and not (tmp_path / "r" / "summary.json").exists()
+    checkpoints = sorted((tmp_path / "r" / "checkpoints").glob("step_*"))  # only steps before the divergence
+    first = int(err.split("first at step ")[1].split(" ")[0])
+    assert all(int(c.name[5:]) < first for c in checkpoints)
+    for bad in ("lr=inf", "lr=nan", "warmup_lr=inf"):  # passed the lr > 0 check before
+        assert "must be a finite number" in _cli_error(capsys, tmp_path / "r2", bad)
+    assert "interpolation must be one of bicubic" in _cli_error(capsys, tmp_path / "r2", "interpolation=nosuch")
+
+
 def test_unknown_model_and_bad_values(tmp_path, capsys):
     assert "unknown model" in _cli_error(capsys, tmp_path / "r", "model=vit_nonexistent")
     assert "divisible" in _cli_error(capsys, tmp_path / "r", "batch_size=15", "grad_accum=2")

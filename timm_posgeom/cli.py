@@ -43,13 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input (a user error), not a bug: reported as one line, exit 2.
+
+    Evaluated only when an exception is raised, so ``posgeom --help`` imports nothing for it."""
+    from .interventions import PEScaleError
+    from .probes import UnsupportedModelError
+    from .train.loop import TrainingDiverged
+
+    return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
+            TrainingDiverged)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     module = importlib.import_module(f"timm_posgeom.commands.{args.command}")
     try:
         return int(module.run(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError, TypeError) as e:
+    except user_errors() as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         parser.exit(2, f"posgeom {args.command}: error: {e}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -155,6 +155,12 @@ def _synthetic_getter(ds, index):
     return ds[int(index)]
 
 
+def _file_key(path: str) -> str:
+    """``path|size|mtime_ns``: what identifies a file's content for the on-disk cache (no read needed)."""
+    stat = os.stat(path)
+    return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
 def _is_image_folder(root: Path) -> bool:
     if any(root.glob("*.parquet")) or any(root.glob("*/*.parquet")) or (root / "dataset_info.json").exists():
         return False
@@ -197,7 +203,8 @@ def load_split(
         if n < len(folder):
             folder.samples = folder.samples[:n]
             folder.targets = folder.targets[:n]
-        digest = hashlib.sha1("\n".join(p for p, _ in folder.samples).encode()).hexdigest()[:16]
+        # the cache key must change when any file changes: path, size and modification time of each
+        digest = hashlib.sha1("\n".join(_file_key(p) for p, _ in folder.samples).encode()).hexdigest()[:16]
         return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter)
 
     import datasets

@@ -12,10 +12,22 @@ import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 
-__all__ = ["create_model", "WEIGHTED_PREFIXES"]
+__all__ = ["create_model", "unknown_model_message", "WEIGHTED_PREFIXES"]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
 WEIGHTED_PREFIXES = ("hf-hub:", "hf_hub:", "local-dir:")
+
+
+def unknown_model_message(name: str) -> str:
+    """One line for a name timm does not know, with the closest known names (ours included)."""
+    import difflib
+
+    import timm
+
+    close = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    return (f"unknown model {name!r}: {hint}(timm.list_models('*pattern*') lists timm's names, `posgeom models` "
+            "ours; hf-hub:ORG/NAME and local-dir:PATH load saved models)")
 
 
 def create_model(
@@ -51,8 +63,7 @@ def create_model(
             raise FileNotFoundError(f"{name}: no config.json in {folder} (an exported run holds config.json and "
                                     "model.safetensors, e.g. RUN_DIR/export)")
     elif not weighted and not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}: not a timm model name (timm.list_models('*pattern*') lists "
-                         "them; ours: posgeom models), nor hf-hub:ORG/NAME or local-dir:PATH")
+        raise ValueError(unknown_model_message(name))
     if img_size is not None:
         kwargs["img_size"] = img_size
     if num_classes is not None:

@@ -257,6 +257,11 @@ def push_run(
         shutil.copy2(wdir / "model.safetensors", stage / "model.safetensors")
         (stage / "README.md").write_text(card)
         api = HfApi(token=token)
-        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message="Add timm-posgeom model")
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message="Add timm-posgeom model")
+        except Exception as e:  # network, auth and Hub errors differ across huggingface_hub versions: one line
+            raise HubExportError(f"could not push to the Hub repo {repo_id}: {type(e).__name__}: {e} "
+                                 "(nothing or only part was uploaded; check the network and `hf auth login`, "
+                                 "then push again)") from e
     return files

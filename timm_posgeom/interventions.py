@@ -305,10 +305,12 @@ def _scale_dinov3_rope(module: nn.Module, alpha: float):
 
 @contextlib.contextmanager
 def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """``model`` in eval mode inside the block; its train / eval mode is restored after, even on error."""
-    was_training = model.training
+    """``model`` in eval mode inside the block; every module's own train / eval mode is restored after,
+    even on error (a submodule kept in eval mode, e.g. a frozen norm, stays in eval mode)."""
+    modes = [(module, module.training) for module in model.modules()]
     model.eval()
     try:
         yield model
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training

@@ -9,6 +9,7 @@ parsed as YAML and coerced to the field's type (``none``/``null`` for optional f
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -24,6 +25,10 @@ if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
 
 __all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrides", "shipped_recipes",
            "accelerate_configs", "find_accelerate_config"]
+
+
+# the resampling filters both PIL (the uint8 cache) and timm's transforms know
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box")
 
 
 class RecipeError(ValueError):
@@ -108,7 +113,7 @@ class Recipe:
                 raise RecipeError(message)
 
         choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
-                   "mixed_precision": (None, "no", "fp16", "bf16")}
+                   "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS}
         for key, allowed in choices.items():
             need(getattr(self, key) in allowed,
                  f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(self, key)!r}")
@@ -120,6 +125,10 @@ class Recipe:
             need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
         need(self.workers >= 0, f"workers must be >= 0, got {self.workers}")
         need(self.rpi_ssdc_images >= 0, f"rpi_ssdc_images must be >= 0, got {self.rpi_ssdc_images}")
+        for f in dataclasses.fields(self):  # inf / nan pass every comparison below: refuse them first
+            values = getattr(self, f.name)
+            for v in values if isinstance(values, list) else [values]:
+                need(not isinstance(v, float) or math.isfinite(v), f"{f.name} must be a finite number, got {values}")
         need(self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         need(not (self.cache and self.augment == "timm"),

@@ -12,12 +12,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from ..train import run_from_args
 
-    try:
-        return run_from_args(args)
-    except FileExistsError as e:  # an existing run without --resume (the CLI reports the other errors)
-        print(f"posgeom train: error: {e}", file=sys.stderr)
-        return 2
+    return run_from_args(args)  # errors: one line each, reported by timm_posgeom.cli

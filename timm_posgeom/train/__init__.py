@@ -57,13 +57,14 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
 
     from .. import models  # noqa: F401  (registers our models with timm)
     from ..data import resolve_source
+    from ..factory import unknown_model_message
     from ..recipe import RecipeError
     from .build import build_session
     from .loop import finish, run_epochs
 
     recipe = recipe.validate()
     if not timm.is_model(recipe.model):
-        raise RecipeError(f"unknown model {recipe.model!r}: not a timm model name (see `posgeom models` or timm.list_models)")
+        raise RecipeError(unknown_model_message(recipe.model))
     resolve_source(recipe.data)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU

@@ -54,6 +54,8 @@ class Session:
     last_saved: int = -1
     last_eval: int = -1
     eval_result: dict[str, Any] = field(default_factory=dict)
+    first_bad_step: Any = None  # (device int64 scalar) the first step whose loss was not finite, or -1
+    step_lrs: dict[int, float] = field(default_factory=dict)  # learning rate of recent steps, for messages
 
     @property
     def world(self) -> int:
@@ -222,7 +224,8 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
         f"{len(train_ds)} train / {len(val_ds)} val images, {accelerator.num_processes} process(es) x batch {batch} x "
         f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
         + (f", resumed from {resumed_from}" if resumed_from else ""))
-    return Session(accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
+    first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
+    return Session(first_bad_step=first_bad_step, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,

@@ -38,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = add_arguments(argparse.ArgumentParser(prog="python -m timm_posgeom.train",
                                                    description="Train a timm ViT from a recipe, with accelerate."))
     args = parser.parse_args(argv)
+    from .loop import TrainingDiverged
+
     try:
         return run_from_args(args)
-    except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError) as e:
+    except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

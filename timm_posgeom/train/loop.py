@@ -20,7 +20,27 @@ from ..records import RunSummary
 from .build import Session
 from .checkpoints import save_checkpoint
 
-__all__ = ["evaluate_top1", "evaluate_now", "checkpoint_now", "run_epochs", "finish"]
+__all__ = ["evaluate_top1", "evaluate_now", "checkpoint_now", "run_epochs", "finish", "TrainingDiverged"]
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the weights became non-finite: the run stops, nothing diverged is saved or exported."""
+
+
+def check_finite(s: Session) -> None:
+    """Raise :class:`TrainingDiverged` if any step so far had a non-finite loss (tracked on the device,
+    without a sync per step) or the weights are non-finite; called before anything is logged as a
+    result, checkpointed, evaluated or exported."""
+    first = s.accelerator.gather(s.first_bad_step.reshape(1)).max().item()
+    if first < 0 and all(torch.isfinite(p).all() for p in s.raw_model.parameters()):
+        s.step_lrs.clear()  # only the steps since the last check can be the first bad one
+        return
+    where = f"first at step {first}" if first >= 0 else f"in the weights at step {s.state.step}"
+    lr = s.step_lrs.get(first, s.optimizer.param_groups[0]["lr"])
+    raise TrainingDiverged(
+        f"training diverged: non-finite loss {where} (learning rate {lr:.3g}; the recipe's lr is {s.recipe.lr:g}); "
+        f"nothing of it was checkpointed or exported. Lower lr (--set lr=...), add warmup or clip_grad, and "
+        f"start again in a new --out")
 
 
 @dataclass
@@ -63,6 +83,7 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
 
 def evaluate_now(s: Session) -> dict[str, Any]:
     """Evaluate (and EMA, PE-table SSDC, SSDC under RPI), log one ``eval`` record, return it."""
+    check_finite(s)
     result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
@@ -85,6 +106,7 @@ def checkpoint_now(s: Session) -> None:
     """Save a checkpoint of the current step (once per step); its elapsed time is the run's so far."""
     if s.last_saved == s.state.step:
         return
+    check_finite(s)
     before, s.state.elapsed = s.state.elapsed, s.elapsed()
     save_checkpoint(s.accelerator, s.out, s.state.step, s.recipe.keep_checkpoints)
     s.state.elapsed = before
@@ -102,6 +124,7 @@ def _paused(window: _Window, work, *args) -> Any:
 
 def _log_train(s: Session, window: _Window, bar) -> _Window:
     """Log one ``train`` record for the window since the last one; return a fresh window."""
+    check_finite(s)
     seconds = time.perf_counter() - window.start
     mean_loss = s.accelerator.reduce(window.loss / window.batches, reduction="mean").item()
     record = dict(kind="train", step=s.state.step, epoch=s.state.step / s.steps_per_epoch, loss=mean_loss,
@@ -139,12 +162,16 @@ def _train_epoch(s: Session, bar, window: _Window) -> _Window:
     for images, targets in make_loader(s.train_ds, s.train_sampler, s.recipe.workers, pin_memory=pin):
         if s.state.batch >= batches_per_epoch:
             break
-        window.loss = window.loss + _forward_backward(s, images, targets)  # no device sync per step
+        loss = _forward_backward(s, images, targets)
+        window.loss = window.loss + loss  # no device sync per step, for the loss nor the divergence check
+        s.first_bad_step = torch.where(~torch.isfinite(loss) & (s.first_bad_step < 0),
+                                       torch.full_like(s.first_bad_step, s.state.step + 1), s.first_bad_step)
         window.batches += 1
         window.images += images.shape[0] * s.world
         s.state.batch += 1
         if not s.accelerator.sync_gradients:
             continue
+        s.step_lrs[s.state.step + 1] = s.optimizer.param_groups[0]["lr"]
         s.state.step += 1
         if s.scheduler is not None:
             s.scheduler.step(s.state.step)
@@ -186,6 +213,7 @@ def finish(s: Session) -> RunSummary:
 
     if s.last_eval != s.state.step:
         evaluate_now(s)
+    check_finite(s)
     r, ev = s.recipe, s.eval_result
     summary = RunSummary(
         model=r.model, steps=s.state.step, epochs=s.state.step / s.steps_per_epoch, train_images=len(s.train_ds),
