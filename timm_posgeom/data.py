@@ -44,7 +44,7 @@ from .transforms import eval_transform
 
 __all__ = [
     "AUGMENTATIONS",
-    "ImageSplit", "load_split", "resolve_source", "find_columns", "split_name",
+    "ImageSplit", "RelabeledSplit", "relabel_by_name", "load_split", "resolve_source", "find_columns", "split_name",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
@@ -138,6 +138,30 @@ class ImageSplit(Dataset):
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, label = self._get(self.items, index)
         return image if image.mode == "RGB" else image.convert("RGB"), label
+
+
+class RelabeledSplit(ImageSplit):
+    """A split whose labels are mapped to another class list by name (see :func:`relabel_by_name`)."""
+
+    def __init__(self, split: ImageSplit, classes: Sequence[str], mapping: Sequence[int]):
+        self.split, self.mapping = split, list(mapping)
+        super().__init__(split.items, classes, [self.mapping[v] for v in split.labels],
+                         f"{split.fingerprint}-relabeled", split._get)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        image, label = self.split[index]
+        return image, self.mapping[label]
+
+
+def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit:
+    """``split`` with each label replaced by the index of its class name in ``classes`` (a model's label
+    names). Raises ValueError naming the classes of the data that ``classes`` lacks."""
+    index = {name: i for i, name in enumerate(classes)}
+    missing = [c for c in split.classes if c not in index]
+    if missing:
+        raise ValueError(f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
+                         f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name")
+    return RelabeledSplit(split, classes, [index[c] for c in split.classes])
 
 
 def _hf_getter(image_col: str, label_col: str):

@@ -355,6 +355,9 @@ def fragility(
             x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
             b, v = x.shape[:2]
             logits = model(normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]))
+            if labels.numel() and int(labels.max()) >= logits.shape[-1]:
+                raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
+                                 "outputs: the data's labels do not index this model's classes")
             hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
             for j, name in enumerate(["clean", *names]):
                 correct[name][start:start + b] = hits[:, j]

@@ -33,6 +33,42 @@ def add_data_args(p: argparse.ArgumentParser, max_images_help: str = "use only t
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
 
 
+def add_labels_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--labels", default="check", choices=("check", "by-name", "as-is"),
+                   help="how the data's labels meet the model's classes: check (default: refuse a different "
+                        "number of classes, or different class names when the model records them), by-name (map "
+                        "the data's class names onto the model's), as-is (use the indices unchecked)")
+
+
+def match_labels(model: Any, data: Any, policy: str) -> Any:
+    """The data split whose labels index the model's classes, or ValueError (one line) for a mismatch.
+
+    An accuracy computed with mismatched labels is a silent wrong number: a 10-class model scored on
+    a 3-class folder gives an accuracy and an FS that mean nothing."""
+    from ..data import relabel_by_name
+
+    if policy == "as-is":
+        return data
+    names = list((getattr(model, "pretrained_cfg", None) or {}).get("label_names") or [])
+    model_classes = getattr(model, "num_classes", None)
+    if policy == "by-name":
+        if not names:
+            raise ValueError("--labels by-name needs the model's class names (an export of posgeom train records "
+                             "them in config.json); this model has none")
+        return relabel_by_name(data, names)
+    data_names = list(getattr(data, "classes", []) or [])
+    if model_classes and data_names and model_classes != len(data_names):
+        raise ValueError(f"the model has {model_classes} classes but the data has {len(data_names)}: accuracy and "
+                         "FS would be meaningless; use the data the model was trained on, --labels by-name to map "
+                         "classes by name, or --labels as-is if the indices match")
+    if names and data_names and names != data_names:
+        same_set = sorted(names) == sorted(data_names)
+        raise ValueError(f"the model's class names differ from the data's ({names[:3]}... vs {data_names[:3]}...)"
+                         + ("; the same classes in another order: --labels by-name maps them" if same_set else
+                            "; pass --labels by-name to map them or --labels as-is to use the indices unchecked"))
+    return data
+
+
 def add_run_args(p: argparse.ArgumentParser, out: str, seed_help: str) -> None:
     p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")

@@ -10,12 +10,21 @@ import argparse
 from pathlib import Path
 
 from ..shifts import PAPER_SHIFTS
-from ._options import add_data_args, add_model_args, add_run_args, add_shift_arg, load_model_and_data
+from ._options import (
+    add_data_args,
+    add_labels_arg,
+    add_model_args,
+    add_run_args,
+    add_shift_arg,
+    load_model_and_data,
+    match_labels,
+)
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts")
     add_model_args(p)
+    add_labels_arg(p)
     add_data_args(p, max_images_help="evaluate only the first N images")
     add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
@@ -36,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in shifts:
         parse_shift(spec)  # fail on a bad spec before loading anything
     model, data, device = load_model_and_data(args)
+    data = match_labels(model, data, args.labels)
     result = fragility(model, data, shifts, resize=args.resize, batch_size=args.batch_size,
                        num_workers=args.num_workers, rpi=args.rpi, alpha=args.alpha, seed=args.seed,
                        blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress)

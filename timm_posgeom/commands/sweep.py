@@ -11,11 +11,13 @@ from pathlib import Path
 from ..robustness import DEFAULT_ALPHAS
 from ._options import (
     add_data_args,
+    add_labels_arg,
     add_model_args,
     add_run_args,
     add_shift_arg,
     add_site_arg,
     load_model_and_data,
+    match_labels,
 )
 
 
@@ -32,6 +34,7 @@ def parse_alphas(text: str) -> list[float]:
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="alpha sweep: delta SSDC under RPI and FS as the PE is scaled")
     add_model_args(p)
+    add_labels_arg(p)
     add_data_args(p, max_images_help="fragility on the first N images (SSDC: --probe-images)")
     add_shift_arg(p, default_help="jpeg:5")
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     for spec in shifts:
         parse_shift(spec)
     model, data, device = load_model_and_data(args)
+    data = match_labels(model, data, args.labels)
     result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
                          include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
                          num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress)
