@@ -65,3 +65,108 @@ def test_library_fragility_refuses_labels_beyond_the_model_outputs():
     data = [(Image.new("RGB", (32, 32)), 7)]
     with pytest.raises(ValueError, match="label 7 is out of range for a model with 3 outputs"):
         fragility(model, data, shifts=("jpeg:50",), num_workers=0, progress=False)
+
+
+# --------------------------------------------------------------------------------------------
+# run directories (issue 14, item 4)
+# --------------------------------------------------------------------------------------------
+TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
+        "batch_size=16", "workers=0", "synthetic_size=160", "log_every=1", "max_steps=6", "checkpoint_every=2",
+        "keep_checkpoints=3"]
+
+
+def _tiny(*overrides):
+    from timm_posgeom.recipe import load_recipe
+
+    return load_recipe(None, TINY + list(overrides))
+
+
+def test_a_second_training_into_a_locked_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    from timm_posgeom.train import RunDirError, train
+
+    out = tmp_path / "run"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": os.uname().nodename, "started": "x"}))
+        with pytest.raises(RunDirError, match=f"in use by process {sleeper.pid}"):
+            train(_tiny(), out, progress=False)
+        assert not (out / "metrics.jsonl").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    summary = train(_tiny(), out, progress=False)  # the holder is dead now: taken over, with a message
+    assert summary.steps == 6 and "taking over the lock" in capsys.readouterr().out
+    assert not (out / ".lock").exists()  # released at the end
+
+
+def test_resume_with_another_recipe_is_refused_unless_allowed(tmp_path, capsys):
+    from timm_posgeom.train import RunDirError, train
+
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):  # stop after the first checkpoint, as a Ctrl-C would
+        _interrupt_after_checkpoint(lambda: train(_tiny(), out, progress=False))
+    with pytest.raises(RunDirError, match=r"another recipe \(lr: 0.001 -> 0.01\).*--allow-changes"):
+        train(_tiny("lr=0.01"), out, resume=True, progress=False)
+    with pytest.raises(RunDirError, match="model: 'posgeom_vit_micro_patch8_64_ape' -> 'posgeom_vit_micro_patch8_64_rope'"):
+        train(_tiny("model=posgeom_vit_micro_patch8_64_rope"), out, resume=True, progress=False)
+    summary = train(_tiny("lr=0.01", "log_every=3"), out, resume=True, progress=False, allow_changes=True)
+    assert summary.steps == 6 and summary.resumed_from == "step_00000002"
+    change = json.loads((out / "recipe_changes.jsonl").read_text().splitlines()[0])
+    assert change == {"step": 2, "changes": {"lr": [0.001, 0.01]}}  # log_every does not change results
+
+
+def _interrupt_after_checkpoint(run):
+    from timm_posgeom.train import loop
+
+    real = loop.save_checkpoint
+
+    def save_then_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    loop.save_checkpoint = save_then_stop
+    try:
+        run()
+    finally:
+        loop.save_checkpoint = real
+
+
+def test_a_finished_run_is_never_retrained_over(tmp_path):
+    import shutil
+
+    from timm_posgeom.train import RunDirError, train
+
+    out = tmp_path / "run"
+    train(_tiny(), out, progress=False)
+    exported = (out / "export" / "model.safetensors").read_bytes()
+    shutil.rmtree(out / "checkpoints")
+    with pytest.raises(FileExistsError, match="a finished run"):
+        train(_tiny(), out, progress=False)
+    with pytest.raises(RunDirError, match="finished run whose checkpoints were removed"):
+        train(_tiny(), out, resume=True, progress=False)
+    assert (out / "export" / "model.safetensors").read_bytes() == exported
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    from timm_posgeom.train import train
+
+    full = train(_tiny(), tmp_path / "full", progress=False)
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        _interrupt_after_checkpoint(lambda: train(_tiny("checkpoint_every=2"), out, progress=False))
+    with pytest.raises(KeyboardInterrupt):  # a second interrupted invocation: checkpoints at 2 and 4
+        _interrupt_after_checkpoint(lambda: train(_tiny(), out, resume=True, progress=False))
+    newest = sorted((out / "checkpoints").glob("step_*"))[-1]
+    assert newest.name == "step_00000004"
+    for f in newest.iterdir():  # truncate every file of the newest checkpoint
+        if f.is_file():
+            f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 3)])
+    summary = train(_tiny(), out, resume=True, progress=False)
+    assert "checkpoint step_00000004 is damaged" in capsys.readouterr().out
+    assert summary.resumed_from == "step_00000002" and summary.steps == 6
+    assert summary.val_top1 == pytest.approx(full.val_top1)

@@ -50,9 +50,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .interventions import PEScaleError
     from .probes import UnsupportedModelError
     from .train.loop import TrainingDiverged
+    from .train.rundir import RunDirError
 
     return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
-            TrainingDiverged)
+            TrainingDiverged, RunDirError)
 
 
 def main(argv: list[str] | None = None) -> int:

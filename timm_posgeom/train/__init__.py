@@ -37,19 +37,23 @@ from pathlib import Path
 
 from ..recipe import Recipe
 from ..records import RunSummary
-from .checkpoints import TrainState, latest_checkpoint
+from .checkpoints import TrainState, check_writable, latest_checkpoint
 from .cli import add_arguments, main, run_from_args
 from .metrics import MetricsLog, read_metrics
+from .rundir import RunDirError, RunLock
 
 __all__ = ["train", "main", "add_arguments", "run_from_args", "latest_checkpoint", "read_metrics", "MetricsLog",
-           "TrainState"]
+           "TrainState", "RunDirError"]
 
 
-def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress: bool = True) -> RunSummary:
+def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress: bool = True,
+          allow_changes: bool = False) -> RunSummary:
     """Run ``recipe`` into ``out`` (see the package docstring); returns the run summary.
 
     Raises RecipeError / ValueError, FileNotFoundError or PermissionError before any training
-    step for a bad recipe, a missing data path, an unknown model or an unwritable ``out``.
+    step for a bad recipe, a missing data path, an unknown model or an unwritable ``out``;
+    FileExistsError / RunDirError for a run directory in use, finished, or started with another
+    recipe (``allow_changes`` continues it with the new values, recorded in ``recipe_changes.jsonl``).
     """
     import timm
     import torch
@@ -71,11 +75,17 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
     accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                               cpu=cpu or None)
+    out = Path(out)
+    check_writable(out)
+    lock = RunLock(out)
     try:
-        session = build_session(accelerator, recipe, Path(out), resume, progress)
+        if accelerator.is_main_process:
+            lock.acquire(say=accelerator.print)
+        session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
         run_epochs(session)
         return finish(session)
     finally:  # let a later train() in this process choose another precision / accumulation
+        lock.release()
         _reset_accelerate_state()
 
 

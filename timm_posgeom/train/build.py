@@ -15,9 +15,11 @@ import torch
 import torch.nn as nn
 import yaml
 
+from ..jsonio import dumps
 from ..recipe import Recipe, RecipeError
-from .checkpoints import TrainState, check_writable, latest_checkpoint, remove_partial_saves
+from .checkpoints import CHECKPOINT_NAME, TrainState, latest_checkpoint, remove_partial_saves
 from .metrics import MetricsLog
+from .rundir import RunDirError, recipe_changes
 
 __all__ = ["Session", "build_session", "build_data"]
 
@@ -167,33 +169,73 @@ def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     return val_loader, rpi_loader
 
 
-def _resume(accelerator, recipe: Recipe, out: Path, resume: bool, checkpoint: Path | None) -> str | None:
-    """Load the newest checkpoint when resuming (else record the recipe); the checkpoint's name or None."""
+def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool, say) -> Path | None:
+    """What ``out`` holds against what is asked; the newest checkpoint to resume from, or None.
+
+    Refused: checkpoints or a finished run without ``--resume``; a finished run whose checkpoints are
+    gone (nothing to continue from: it is never retrained over); a resume whose recipe changes a
+    result-changing key (unless ``allow_changes``: then the changes are recorded)."""
+    checkpoint = latest_checkpoint(out)
+    finished = (out / "summary.json").is_file()
+    if (checkpoint is not None or finished) and not resume:
+        what = f"checkpoints ({checkpoint.name})" if checkpoint is not None else "a finished run (summary.json)"
+        raise FileExistsError(f"{out} already holds {what}: pass --resume to continue that run, or choose another --out")
+    if resume and finished and checkpoint is None:
+        raise RunDirError(f"{out} holds a finished run whose checkpoints were removed: there is nothing to continue "
+                          "from, and it is not retrained over; choose another --out")
+    saved = out / "recipe.yaml"
+    if resume and checkpoint is not None and saved.is_file():
+        changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+        if changes and not allow_changes:
+            raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
+                              "choose another --out, or pass --allow-changes to continue with the new values "
+                              "(recorded in recipe_changes.jsonl)")
+        if changes:
+            say(f"continuing {out} with changed settings: {listed}")
+    return checkpoint
+
+
+def _load_newest_intact(accelerator, out: Path, say) -> str:
+    """Load the newest checkpoint that loads; a damaged one (e.g. truncated) is skipped with a message."""
+    root = out / "checkpoints"
+    candidates = sorted((p for p in root.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir()), reverse=True)
+    for checkpoint in candidates:
+        try:
+            accelerator.load_state(str(checkpoint))
+            return checkpoint.name
+        except Exception as e:  # what a damaged file raises depends on the format and the library version
+            say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
+    raise RunDirError(f"no intact checkpoint in {root} ({len(candidates)} damaged): cannot resume; choose another --out")
+
+
+def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, state: TrainState) -> str | None:
+    """Load the newest intact checkpoint when there is one (else start, recording the recipe); its name or None.
+    A resume with changed settings records them in ``recipe_changes.jsonl`` and the new recipe."""
     if accelerator.is_main_process:
         remove_partial_saves(out)
-    if resume and checkpoint is not None:
-        accelerator.load_state(str(checkpoint))
-        saved = out / "recipe.yaml"
-        if saved.exists() and yaml.safe_load(saved.read_text()) != recipe.to_dict():
-            accelerator.print(f"warning: the recipe differs from the one {out} was started with")
-        return checkpoint.name
+    resumed_from = _load_newest_intact(accelerator, out, accelerator.print) if checkpoint is not None else None
     if accelerator.is_main_process:
-        (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-    return None
+        saved = out / "recipe.yaml"
+        if resumed_from and saved.is_file():
+            changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+            if changes:
+                with (out / "recipe_changes.jsonl").open("a") as f:
+                    f.write(dumps(dict(step=state.step, changes={k: list(v) for k, v in changes.items()}),
+                                  indent=None) + "\n")
+        saved.write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+    return resumed_from
 
 
-def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool) -> Session:
+def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
+                  allow_changes: bool = False) -> Session:
     """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
     import timm
     from accelerate.utils import set_seed
     from timm.utils import ModelEmaV3
 
     batch = per_process_batch(accelerator, recipe)
-    check_writable(out)
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is not None and not resume:
-        raise FileExistsError(f"{out} already holds checkpoints ({checkpoint.name}): pass --resume to continue "
-                              f"that run, or choose another --out")
+    checkpoint = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
     classes, train_ds, val_ds, train_sampler, val_sampler = build_data(recipe, accelerator, mean, std, batch, progress)
     steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
@@ -214,7 +256,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
-    resumed_from = _resume(accelerator, recipe, out, resume, checkpoint)
+    resumed_from = _resume(accelerator, recipe, out, checkpoint, state)
     if scheduler is not None:
         scheduler.step(state.step)
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None)

@@ -18,6 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key (repeatable), e.g. --set epochs=5 --set model_kwargs.alpha=0.5")
+    parser.add_argument("--allow-changes", action="store_true",
+                        help="with --resume: continue although the recipe changed (the changes are recorded)")
     parser.add_argument("--data", default=None, help="shortcut for --set data=PATH_OR_HUB_ID")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -29,7 +31,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"data={args.data}"] if args.data else [])
     recipe = load_recipe(args.recipe, overrides)
-    train(recipe, args.out, resume=args.resume, progress=not args.no_progress)
+    train(recipe, args.out, resume=args.resume, progress=not args.no_progress, allow_changes=args.allow_changes)
     return 0
 
 
@@ -39,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
                                                    description="Train a timm ViT from a recipe, with accelerate."))
     args = parser.parse_args(argv)
     from .loop import TrainingDiverged
+    from .rundir import RunDirError
 
     try:
         return run_from_args(args)
-    except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, TrainingDiverged) as e:
+    except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, TrainingDiverged,
+            RunDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
