@@ -10,7 +10,7 @@ from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
 from timm_posgeom.records import HistoryPoint, StudyResults
 from timm_posgeom.report import _formed_at, _training_table, evaluate_claims
-from timm_posgeom.study import dry_run, preset_config, run_study
+from timm_posgeom.study import StudyError, dry_run, preset_config, run_study
 
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
         "rpi_ssdc_images=16"]
@@ -83,11 +83,11 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = study_mod._measure_run
 
-    def interrupt_second(config, condition, run_dir, val, log):
+    def interrupt_second(config, condition, run_dir, val, log, *args):
         calls["n"] += 1
         if condition == "ape":
             raise KeyboardInterrupt
-        return real(config, condition, run_dir, val, log)
+        return real(config, condition, run_dir, val, log, *args)
 
     monkeypatch.setattr(study_mod, "_measure_run", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
@@ -101,6 +101,32 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     results = run_study(config, tmp_path, resume=True, progress=False)
     assert results.complete and [r.condition for r in results.runs] == ["nope", "ape"]
     assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
+
+
+def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):
+    """Issue 14, item 1: --resume with other settings reused every result and recorded the new settings."""
+    config = _tiny(conditions=("nope",))
+    run_study(config, tmp_path, progress=False)
+    trained_at = (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns
+    changed = _tiny(conditions=("nope",))
+    changed.imagenet_c = True
+    with pytest.raises(StudyError, match="imagenet_c: False -> True.*--allow-changes"):
+        run_study(changed, tmp_path, resume=True, progress=False)
+    longer = _tiny(conditions=("nope",))
+    longer.train_overrides = list(longer.train_overrides) + ["max_steps=2"]
+    with pytest.raises(StudyError, match="train_overrides"):
+        run_study(longer, tmp_path, resume=True, progress=False)
+    # allowed: the measurements are made again with ImageNet-C, the training is reused
+    results = run_study(changed, tmp_path, resume=True, progress=False, allow_changes=True)
+    run = results.runs[0]
+    assert "imagenet-c:jpeg_compression:5" in run.eval.fs and run.eval.settings["imagenet_c"] is True
+    assert (tmp_path / "runs" / "nope_s0" / "eval.json.replaced-1").is_file()
+    assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at
+    assert StudyResults.read(tmp_path / "results.json").config["imagenet_c"] is True
+    # allowed: a training change trains the run again (the former one kept) and measures it again
+    longer.imagenet_c = True
+    results = run_study(longer, tmp_path, resume=True, progress=False, allow_changes=True)
+    assert results.runs[0].train.steps == 2 and (tmp_path / "runs" / "nope_s0.replaced-1" / "summary.json").is_file()
 
 
 def test_training_table_finds_when_the_anchor_forms():

@@ -49,11 +49,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
     Evaluated only when an exception is raised, so ``posgeom --help`` imports nothing for it."""
     from .interventions import PEScaleError
     from .probes import UnsupportedModelError
+    from .study import StudyError
     from .train.loop import TrainingDiverged
     from .train.rundir import RunDirError
 
     return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
-            TrainingDiverged, RunDirError)
+            TrainingDiverged, RunDirError, StudyError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,6 +174,7 @@ class RunEval(Record):
     """``eval.json``: a trained run measured by the study; each part is written as soon as it exists."""
 
     KIND: ClassVar[str] = "run-eval"
+    settings: dict[str, Any] | None = None  # what the measurements depended on (data, images, shifts, alphas)
     clean_accuracy: Num = None
     accuracy: dict[str, Num] | None = None
     fs: dict[str, Num] | None = None

@@ -17,6 +17,8 @@ versions and seeds; :mod:`timm_posgeom.report` turns it into ``report.md`` and f
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .jsonio import write_json
+from .jsonio import to_jsonable, write_json
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run"]
@@ -139,9 +141,45 @@ def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path
 # --------------------------------------------------------------------------------------------
 # stages
 # --------------------------------------------------------------------------------------------
-def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -> None:
-    from .train import latest_checkpoint
+class StudyError(RuntimeError):
+    """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
+
+# StudyConfig fields that change no number of a study (how fast it runs, which runs it holds).
+NEUTRAL_CONFIG = frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"})
+
+
+def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared)."""
+    saved, asked = to_jsonable(saved), to_jsonable(asked)
+    keys = (set(saved) | set(asked)) - NEUTRAL_CONFIG
+    return {k: (saved.get(k), asked.get(k)) for k in sorted(keys) if saved.get(k) != asked.get(k)}
+
+
+def _set_aside(path: Path, log) -> None:
+    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted) before it is recomputed."""
+    n = 1
+    while path.with_name(f"{path.name}.replaced-{n}").exists():
+        n += 1
+    path.rename(path.with_name(f"{path.name}.replaced-{n}"))
+    log(f"kept the former {path.name} as {path.name}.replaced-{n}")
+
+
+def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, allow_changes: bool = False) -> None:
+    from .train import latest_checkpoint
+    from .train.rundir import recipe_changes
+
+    if (run_dir / "recipe.yaml").is_file():  # what exists was trained (or started) with this recipe?
+        import yaml
+
+        wanted = _recipe_for(config, condition, seed).to_dict()
+        changes = recipe_changes(yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
+        if changes:
+            listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+            if not allow_changes:
+                raise StudyError(f"{run_dir} was trained with another recipe ({listed}); pass --allow-changes to "
+                                 "train it again with the new one (the former run is kept), or choose another --out")
+            _set_aside(run_dir, log)
     if (run_dir / "summary.json").is_file() and (run_dir / "export" / "model.safetensors").is_file():
         log(f"[{condition} s{seed}] trained run found, reused")
         return
@@ -150,7 +188,8 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log) -
     cmd = _train_command(config, condition, seed, run_dir, resume=resume)
     result = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     if result.returncode != 0:
-        raise RuntimeError(f"training {condition} seed {seed} failed (exit {result.returncode}): {' '.join(cmd)}")
+        raise StudyError(f"training {condition} seed {seed} failed (exit {result.returncode}; its error is above): "
+                         f"{' '.join(cmd)}")
 
 
 def _training_history(run_dir: Path) -> list[HistoryPoint]:
@@ -202,7 +241,18 @@ def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> 
         rpi_per_image_std=stds(rpi))
 
 
-def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log) -> RunEval:
+def _eval_settings(config: StudyConfig, val) -> dict[str, Any]:
+    """What a run's measurements depend on besides its weights: recorded in eval.json, compared on resume."""
+    return to_jsonable(dict(data=config.data or "synthetic", val_images=len(val), eval_images=config.eval_images,
+                            probe_images=config.probe_images, sweep_images=config.sweep_images, alphas=config.alphas,
+                            shifts=config.shifts, imagenet_c=config.imagenet_c))
+
+
+def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+
+
+def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, allow_changes: bool = False) -> RunEval:
     """Fragility, SSDC and (for PE models) the alpha sweep of a trained run; each part is written to
     ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
     from .factory import create_model
@@ -210,7 +260,15 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log) -
     from .shifts import IMAGENET_C
 
     eval_path = run_dir / "eval.json"
-    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval()
+    settings = _eval_settings(config, val)
+    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings)
+    if evals.settings != settings:
+        changed = config_changes(evals.settings or {}, settings)
+        if not allow_changes:
+            raise StudyError(f"{eval_path} was measured with other settings ({_listed(changed)}); pass "
+                             "--allow-changes to measure again (the former file is kept)")
+        _set_aside(eval_path, log)
+        evals = RunEval(settings=settings)
     model = create_model(f"local-dir:{run_dir / 'export'}").eval()
     if evals.fs is None:
         log(f"[{run_dir.name}] fragility")
@@ -243,7 +301,9 @@ def _untrained(config: StudyConfig, condition: str, seed: int, val, out: Path) -
     """SSDC of the architecture untrained (same recipe, same seed): the static prior."""
     import timm
 
-    path = out / "untrained" / f"{condition}_s{seed}.json"
+    key = hashlib.sha1(json.dumps(dict(_eval_settings(config, val), recipe=_recipe_for(config, condition, seed).to_dict()),
+                                  sort_keys=True).encode()).hexdigest()[:10]
+    path = out / "untrained" / f"{condition}_s{seed}-{key}.json"  # other settings: another file
     if path.is_file():
         return SSDCSummary.read(path)
     recipe = _recipe_for(config, condition, seed)
@@ -267,8 +327,15 @@ def _versions() -> dict[str, str]:
                 accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
 
 
-def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True) -> StudyResults:
-    """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``."""
+def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
+              allow_changes: bool = False) -> StudyResults:
+    """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``.
+
+    A resume compares the settings with those the study was started with: a change that alters results
+    is refused with the list of differences unless ``allow_changes``; then every run trained with
+    another recipe is trained again and every measurement made with other settings made again (the
+    former files are kept beside them), and the records say what ran with what (``eval.json``'s
+    ``settings``)."""
     from tqdm.auto import tqdm
 
     from .data import load_split
@@ -281,6 +348,15 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
     plan = plan_study(config, out)  # validates every recipe before anything runs
+    if resume and (out / "plan.json").is_file():
+        changes = config_changes(json.loads((out / "plan.json").read_text()).get("config", {}), asdict(config))
+        if changes and not allow_changes:
+            raise StudyError(f"{out} was started with other settings ({_listed(changes)}): its runs and numbers would "
+                             "not be what the report says; pass --allow-changes to recompute what they affect (former "
+                             "files are kept), or choose another --out")
+        if changes:
+            log_line = f"resuming {out} with changed settings: {_listed(changes)}; what they affect is recomputed"
+            print(log_line)
     write_json(out / "plan.json", dict(config=asdict(config), plan=plan))
     first = _recipe_for(config, config.conditions[0], 0)
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
@@ -297,8 +373,8 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     for item in bar:
         bar.set_postfix_str(f"{item['condition']} s{item['seed']}")
         run_dir = Path(item["run_dir"])
-        _train(config, item["condition"], item["seed"], run_dir, log)
-        evals = _measure_run(config, item["condition"], run_dir, val, log)
+        _train(config, item["condition"], item["seed"], run_dir, log, allow_changes)
+        evals = _measure_run(config, item["condition"], run_dir, val, log, allow_changes)
         results.runs.append(StudyRun(
             condition=item["condition"], seed=item["seed"], run_dir=os.path.relpath(run_dir, out),
             train=RunSummary.read(run_dir / "summary.json"), eval=evals, history=_training_history(run_dir),

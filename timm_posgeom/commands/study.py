@@ -20,6 +20,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--imagenet-c", action="store_true", help="also ImageNet-C JPEG/blur severities 1-5")
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="with --resume: accept settings that differ from the study's; what they affect is recomputed")
     p.add_argument("--dry-run", action="store_true", help="validate recipes and print the plan; run nothing")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                    help="recipe override for every training run (repeatable), e.g. --set epochs=10")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px")
             print(f"    {item['command']}")
         return 0
-    results = run_study(config, out, resume=args.resume)
+    results = run_study(config, out, resume=args.resume, allow_changes=args.allow_changes)
     print(f"\nstudy finished: {len(results.runs)} runs; report: {out / 'report.md'}")
     from ..report import evaluate_claims
 
