@@ -170,3 +170,61 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
     assert "checkpoint step_00000004 is damaged" in capsys.readouterr().out
     assert summary.resumed_from == "step_00000002" and summary.steps == 6
     assert summary.val_top1 == pytest.approx(full.val_top1)
+
+
+# --------------------------------------------------------------------------------------------
+# damaged images (issue 14, item 5)
+# --------------------------------------------------------------------------------------------
+def _folder_with_a_truncated_jpeg(root):
+    for split in ("train", "validation"):
+        for i, cls in enumerate(("cat", "dog")):
+            (root / split / cls).mkdir(parents=True)
+            for j in range(8):
+                Image.new("RGB", (40, 40), color=(60 * i, 10 * j, 90)).save(root / split / cls / f"{j}.jpg", quality=90)
+    bad = root / "validation" / "dog" / "3.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated: the header reads, the pixels do not
+    return bad
+
+
+def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_path, capsys):
+    from timm_posgeom.train import main as train_main
+
+    bad = _folder_with_a_truncated_jpeg(tmp_path / "data")
+    def argv(out, *extra):
+        args = ["--out", str(tmp_path / out), "--no-progress", "--data", str(tmp_path / "data")]
+        for item in TINY[:6] + ["batch_size=8", "max_steps=2", *extra]:
+            args += ["--set", item]
+        return args
+
+    assert train_main(argv("run")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot be decoded: {bad}" in err and "bad_images=skip" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training step
+    assert train_main(argv("run2", "bad_images=skip")) == 0
+    from timm_posgeom.records import RunSummary
+
+    summary = RunSummary.read(tmp_path / "run2" / "summary.json")
+    assert [s.split(": ")[0] for s in summary.skipped_images] == [str(bad)] and summary.val_images == 15
+
+
+@pytest.mark.parametrize("workers", ["0", "1"])
+def test_probe_and_fragility_name_a_damaged_image_in_one_line(tmp_path, capsys, workers):
+    bad = _folder_with_a_truncated_jpeg(tmp_path / "data")
+    argv = ["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(tmp_path / "data"), "--img-size", "32",
+            "--num-workers", workers, "--no-progress", "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"cannot decode {bad}" in err and "Traceback" not in err
+    assert main(argv + ["--bad-images", "skip"]) == 0
+    assert "left out 1 image(s)" in capsys.readouterr().err
+    assert json.loads((tmp_path / "out" / "ssdc.json").read_text())["metadata"]["n_images"] == 15
+    frag = ["fragility", "posgeom_vit_micro_patch8_64_nope", "--num-classes", "2", "--labels", "as-is",
+            *argv[2:], "--shift", "jpeg:50"]
+    with pytest.raises(SystemExit):
+        main(frag)
+    err = capsys.readouterr().err
+    assert f"cannot decode {bad}" in err and len(err.strip().splitlines()) == 1
+    assert main(frag + ["--bad-images", "skip"]) == 0
+    assert json.loads((tmp_path / "out" / "fragility.json").read_text())["num_images"] == 15

@@ -43,6 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(error: BaseException) -> str:
+    """The error's own message: a user error raised in a DataLoader worker arrives wrapped in the
+    worker's traceback text, whose last line is that message."""
+    text = str(error).strip()
+    if "Original Traceback" in text:
+        last = text.splitlines()[-1]
+        return last.split(": ", 1)[1] if ": " in last else last
+    return text
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean bad input (a user error), not a bug: reported as one line, exit 2.
 
@@ -64,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(module.run(args) or 0)
     except user_errors() as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
-        parser.exit(2, f"posgeom {args.command}: error: {e}\n")
+        parser.exit(2, f"posgeom {args.command}: error: {one_line(e)}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -44,7 +44,8 @@ from .transforms import eval_transform
 
 __all__ = [
     "AUGMENTATIONS",
-    "ImageSplit", "RelabeledSplit", "relabel_by_name", "load_split", "resolve_source", "find_columns", "split_name",
+    "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "check_images",
+    "BAD_IMAGE_POLICIES", "load_split", "resolve_source", "find_columns", "split_name",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
@@ -121,12 +122,14 @@ class ImageSplit(Dataset):
     """
 
     def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
-                 getter: Callable[[Any, int], tuple[Image.Image, int]]):
+                 getter: Callable[[Any, int], tuple[Image.Image, int]],
+                 where: Callable[[int], str] | None = None):
         self.items = items
         self.classes = list(classes)
         self.labels = [int(v) for v in labels]
         self.fingerprint = fingerprint
         self._get = getter
+        self.where = where or (lambda index: f"item {index}")
 
     @property
     def num_classes(self) -> int:
@@ -136,8 +139,60 @@ class ImageSplit(Dataset):
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        image, label = self._get(self.items, index)
+        try:
+            image, label = self._get(self.items, index)
+            image.load()  # decode now: a damaged file fails here, named, not later inside a transform
+        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for truncated or invalid files
+            raise BadImageError(f"cannot decode {self.where(index)}: {e}") from None
         return image if image.mode == "RGB" else image.convert("RGB"), label
+
+
+class BadImageError(ValueError):
+    """An image that cannot be decoded; the message names the file (or the row of a parquet set)."""
+
+
+class SubsetSplit(ImageSplit):
+    """The items of a split at ``indices`` (what :func:`check_images` keeps)."""
+
+    def __init__(self, split: ImageSplit, indices: Sequence[int]):
+        self.split, self.indices = split, list(indices)
+        super().__init__(split.items, split.classes, [split.labels[i] for i in self.indices],
+                         f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
+                         split._get, lambda index: split.where(self.indices[index]))
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return self.split[self.indices[index]]
+
+
+BAD_IMAGE_POLICIES = ("error", "skip")
+
+
+def check_images(split: ImageSplit, policy: str = "error", progress: bool = False) -> ImageSplit:
+    """Decode every image of ``split`` once, before expensive work uses it.
+
+    ``policy="error"``: raise :class:`BadImageError` naming the bad files (up to five, and the count);
+    ``"skip"``: return the split without them, with ``skipped`` listing where each was.
+    """
+    if policy not in BAD_IMAGE_POLICIES:
+        raise ValueError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
+    if isinstance(split.items, SyntheticShapes):  # rendered, never decoded: nothing can be damaged
+        split.skipped = []
+        return split
+    from tqdm.auto import tqdm
+
+    good, bad = [], []
+    for index in tqdm(range(len(split)), desc="checking images", unit="img", disable=not progress, leave=False):
+        try:
+            split[index]
+            good.append(index)
+        except BadImageError as e:
+            bad.append(str(e).removeprefix("cannot decode "))
+    if bad and policy == "error":
+        raise BadImageError(f"{len(bad)} image(s) cannot be decoded: {'; '.join(bad[:5])}"
+                            f"{' ...' if len(bad) > 5 else ''} (bad_images=skip leaves them out, listed)")
+    checked = SubsetSplit(split, good) if bad else split
+    checked.skipped = bad
+    return checked
 
 
 class RelabeledSplit(ImageSplit):
@@ -146,7 +201,7 @@ class RelabeledSplit(ImageSplit):
     def __init__(self, split: ImageSplit, classes: Sequence[str], mapping: Sequence[int]):
         self.split, self.mapping = split, list(mapping)
         super().__init__(split.items, classes, [self.mapping[v] for v in split.labels],
-                         f"{split.fingerprint}-relabeled", split._get)
+                         f"{split.fingerprint}-relabeled", split._get, split.where)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, label = self.split[index]
@@ -229,7 +284,8 @@ def load_split(
             folder.targets = folder.targets[:n]
         # the cache key must change when any file changes: path, size and modification time of each
         digest = hashlib.sha1("\n".join(_file_key(p) for p, _ in folder.samples).encode()).hexdigest()[:16]
-        return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter)
+        return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter,
+                          lambda index: folder.samples[index][0])
 
     import datasets
 
@@ -249,7 +305,8 @@ def load_split(
         classes = feature.names
     else:
         classes = [str(i) for i in range(max(labels) + 1)]
-    return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col))
+    return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
+                      lambda index: f"row {index} of the {split!r} split of {source}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Recipe:
     eval_resize: str = "paper"  # paper (resize straight) | timm (resize + centre crop at crop_pct)
     crop_pct: float = 0.875
     workers: int = 2  # DataLoader workers per process
+    bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
     # optimisation
     batch_size: int = 128  # global: per-process batch x processes x grad_accum
     eval_batch_size: int | None = None  # per process; default: the per-process training batch
@@ -113,7 +114,8 @@ class Recipe:
                 raise RecipeError(message)
 
         choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
-                   "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS}
+                   "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS,
+                   "bad_images": ("error", "skip")}
         for key, allowed in choices.items():
             need(getattr(self, key) in allowed,
                  f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(self, key)!r}")

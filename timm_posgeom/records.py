@@ -132,6 +132,7 @@ class RunSummary(Record):
     resumed_from: str | None = None
     export: str | None = None
     export_ema: str | None = None
+    skipped_images: list[str] | None = None  # images left out because they cannot be decoded (bad_images=skip)
 
 
 # --------------------------------------------------------------------------------------------

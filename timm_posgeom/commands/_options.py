@@ -7,6 +7,7 @@ tree, ``synthetic``) and preprocesses the same model the same way.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..shifts import SPEC_FORMS
@@ -31,6 +32,9 @@ def add_data_args(p: argparse.ArgumentParser, max_images_help: str = "use only t
                    help="paper: straight to the input size (default); timm: timm's resize + centre crop")
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
+    p.add_argument("--bad-images", default="error", choices=("error", "skip"),
+                   help="an image that cannot be decoded: error (default; named) or skip (checked first, left out, "
+                        "listed)")
 
 
 def add_labels_arg(p: argparse.ArgumentParser) -> None:
@@ -102,11 +106,16 @@ def load_model_and_data(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """
     import torch
 
-    from ..data import load_split
+    from ..data import check_images, load_split
     from ..factory import create_model
 
     check_counts(args)
     data = load_split(args.data, args.split, subset=args.max_images)
+    if args.bad_images == "skip":
+        data = check_images(data, "skip", progress=not args.no_progress)
+        if data.skipped:
+            print(f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
+                  f"{' ...' if len(data.skipped) > 5 else ''}", file=sys.stderr)
     if len(data) == 0:
         raise ValueError(f"the {args.split!r} split of {args.data} is empty")
     num_classes = args.num_classes

@@ -58,6 +58,7 @@ class Session:
     eval_result: dict[str, Any] = field(default_factory=dict)
     first_bad_step: Any = None  # (device int64 scalar) the first step whose loss was not finite, or -1
     step_lrs: dict[int, float] = field(default_factory=dict)  # learning rate of recent steps, for messages
+    skipped_images: list[str] = field(default_factory=list)  # bad images left out (bad_images=skip)
 
     @property
     def world(self) -> int:
@@ -96,9 +97,14 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
         val_size = max(1, recipe.synthetic_size // 5) if recipe.synthetic_size else None
         val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.val_subset,
                                  img_size=recipe.img_size, seed=recipe.seed, synthetic_size=val_size)
+        # every validation image decoded before the first epoch (a bad one found at the first evaluation
+        # cost an epoch per try); the training split too when bad images are to be skipped
+        show = progress and accelerator.is_main_process
+        val_split = D.check_images(val_split, recipe.bad_images, progress=show)
+        if recipe.bad_images == "skip":
+            train_split = D.check_images(train_split, "skip", progress=show)
         if recipe.cache:
             cache_dir = D.default_cache_dir() if recipe.disk_cache else None
-            show = progress and accelerator.is_main_process
             train_cache = D.cache_uint8(train_split, recipe.img_size, recipe.interpolation, recipe.workers,
                                         cache_dir, progress=show)
             val_cache = D.cache_uint8(val_split, recipe.img_size, recipe.interpolation, recipe.workers,
@@ -116,7 +122,8 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
     train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
     val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
                                       shuffle=False, drop_last=False)
-    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler
+    skipped = list(getattr(train_split, "skipped", [])) + list(getattr(val_split, "skipped", []))
+    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler, skipped
 
 
 def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -237,7 +244,11 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     batch = per_process_batch(accelerator, recipe)
     checkpoint = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
-    classes, train_ds, val_ds, train_sampler, val_sampler = build_data(recipe, accelerator, mean, std, batch, progress)
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped = build_data(recipe, accelerator, mean, std, batch,
+                                                                                progress)
+    if skipped:
+        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
+                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
     steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
     if steps_per_epoch == 0:
         raise RecipeError(f"the training split ({len(train_ds)} items) is smaller than one global batch "
@@ -267,7 +278,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
         f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
         + (f", resumed from {resumed_from}" if resumed_from else ""))
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
-    return Session(first_bad_step=first_bad_step, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
+    return Session(first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
