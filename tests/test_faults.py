@@ -228,3 +228,27 @@ def test_probe_and_fragility_name_a_damaged_image_in_one_line(tmp_path, capsys, 
     assert f"cannot decode {bad}" in err and len(err.strip().splitlines()) == 1
     assert main(frag + ["--bad-images", "skip"]) == 0
     assert json.loads((tmp_path / "out" / "fragility.json").read_text())["num_images"] == 15
+
+
+# --------------------------------------------------------------------------------------------
+# one line, exit 2 (issue 14, item 7)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv,message", [
+    (["probe", "vit_smal_patch16_224", "--data", "synthetic"], "did you mean vit_small_patch16_224"),
+    (["probe", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--batch-size", "0"],
+     "--batch-size must be >= 1, got 0"),
+    (["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "0"],
+     "--max-images must be >= 1"),
+    (["train", "--out", "{tmp}/t", "--set", "interpolation=nosuch"], "interpolation must be one of"),
+    (["train", "--out", "{tmp}/t", "--set", "model=vit_tiny_patch16_22"], "did you mean vit_tiny_patch16_224"),
+    (["study", "--out", "{tmp}/full"], "already holds a study; pass --resume"),
+    (["study", "--preset", "imagenette-cpu", "--data", "{tmp}/nowhere", "--dry-run"], "does not exist"),
+])
+def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "something").write_text("")
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
