@@ -272,3 +272,50 @@ def test_eval_mode_restores_the_mode_even_on_error():
     with eval_mode(model):
         assert not any(m.training for m in model.modules())
     assert model.training and model[0].training and not model[1].training
+
+
+# --------------------------------------------------------------------------------------------
+# token layouts of third-party patch embeddings (issue 13, part 1: never silently wrong)
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,kwargs,size,tokens", [
+    ("swinv2_cr_tiny_224", dict(depths=(1, 1, 1, 1)), 224, 56 * 56),  # NCHW patch embedding
+    ("pit_ti_224", dict(img_size=96), 96, 11 * 11),  # NCHW conv embedding
+    ("mixer_s16_224", {}, 224, 14 * 14),  # `stem`, flattened NLC
+    ("vit_tiny_patch16_224", dict(depth=1, dynamic_img_size=True), 96, 6 * 6),  # NHWC with a dynamic size
+])
+def test_permutation_follows_the_token_layout(name, kwargs, size, tokens):
+    """swinv2_cr gave a 5376-element (96 x 56) permutation, pit at 96 px 704 (64 x 11): (channel, row) pairs."""
+    model = timm.create_model(name, num_classes=3, **kwargs).eval()
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad(), token_permutation(model, seed=0) as rpi:
+        model(x)
+        permuted = model.forward_features(x)  # (heads may be zero-initialised)
+    assert rpi.permutation.numel() == tokens and sorted(rpi.permutation.tolist()) == list(range(tokens))
+    with torch.no_grad():
+        assert not torch.allclose(permuted, model.forward_features(x))
+
+
+def test_permuting_an_nchw_embedding_moves_whole_tokens():
+    """Each spatial position keeps its channel vector: slot i holds the content of patch p[i]."""
+    from timm_posgeom.interventions import _permute_tokens
+
+    x = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # (B, C, H, W)
+    perm = torch.tensor([3, 0, 2, 1])
+    y = _permute_tokens(x, perm, "NCHW")
+    assert torch.equal(y.flatten(2)[:, :, 0], x.flatten(2)[:, :, 3])
+    assert torch.equal(y.flatten(2)[:, :, 1], x.flatten(2)[:, :, 0])
+
+
+def test_a_permutation_that_is_never_applied_is_an_error():
+    """crossvit's patch_embed is a ModuleList never called: its 'permuted' outputs equaled the plain ones."""
+    crossvit = timm.create_model("crossvit_tiny_240", num_classes=3).eval()
+    with pytest.raises(TypeError, match="ModuleList of 2 branches"):
+        with token_permutation(crossvit):
+            pass
+    model = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=1, num_classes=3).eval()
+    model.forward_features = lambda x, **kw: torch.zeros(x.shape[0], 65, 192)  # bypasses patch_embed
+    from timm_posgeom.interventions import TokenPermutationError
+
+    with pytest.raises(TokenPermutationError, match="without calling PatchEmbed"):
+        with token_permutation(model, seed=0):
+            model(torch.randn(1, 3, 64, 64))

@@ -24,31 +24,83 @@ def find_embed_module(model: nn.Module) -> nn.Module:
     """The module whose output is the patch-token contents before any positional encoding.
 
     ``patch_embed`` for the flat timm ViT families (vision_transformer, deit, eva incl. RoPE, beit,
-    relpos, cait, ours); ``embeds.norm`` for naflexvit (its ``embeds`` adds the PE after its norm).
+    relpos, cait, ours) and hierarchical ones whose ``patch_embed`` is one module (swin, pit, ...);
+    ``embeds.norm`` for naflexvit (its ``embeds`` adds the PE after its norm); ``stem`` for the MLP
+    models whose patch embedding is called so (mixer, resmlp, gmlp). A ``patch_embed`` that is a
+    container (crossvit's ``ModuleList`` of branches) is refused: it is never called itself.
     """
     embeds = getattr(model, "embeds", None)
     if embeds is not None and hasattr(embeds, "norm") and hasattr(embeds, "proj"):
         return embeds.norm
     patch_embed = getattr(model, "patch_embed", None)
+    if isinstance(patch_embed, (nn.ModuleList, nn.ModuleDict)):
+        raise TypeError(f"{type(model).__name__}.patch_embed is a {type(patch_embed).__name__} of "
+                        f"{len(patch_embed)} branches (a multi-branch model such as crossvit), never called as one "
+                        "module: token permutation does not support it")
     if isinstance(patch_embed, nn.Module):
         return patch_embed
+    stem = getattr(model, "stem", None)
+    if isinstance(stem, nn.Module) and type(stem).__name__ == "PatchEmbed":
+        return stem
     raise TypeError(
-        f"{type(model).__name__} has no `patch_embed` (or naflexvit `embeds.norm`): token permutation "
-        "supports flat timm ViTs (vision_transformer, deit, eva, beit, relpos, cait, naflexvit, timm_posgeom)")
+        f"{type(model).__name__} has no `patch_embed` (nor naflexvit `embeds.norm`, nor a PatchEmbed `stem`): token "
+        "permutation needs the module that embeds the patches")
 
 
-def _permute_tokens(x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    """Permute the token axis of (B, N, C) or (B, H, W, C) so that slot i holds token perm[i]."""
+def _embed_channels(module: nn.Module) -> int | None:
+    """Channels of the patch tokens a patch-embedding module emits (its last conv), or None."""
+    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
+    return convs[-1].out_channels if convs else None
+
+
+def _token_layout(x: torch.Tensor, module: nn.Module) -> str:
+    """``"NLC"``, ``"NHWC"`` or ``"NCHW"`` for the output of the patch embedding, found from its channel
+    count (and its ``output_fmt`` when the shape alone is ambiguous); ValueError when it cannot be told."""
+    channels = _embed_channels(module)
+    fmt = str(getattr(module, "output_fmt", "") or "").split(".")[-1].upper()
     if x.ndim == 3:
+        if channels is not None and x.shape[-1] != channels:
+            raise ValueError(f"the patch embedding emits {tuple(x.shape)}, not (B, N, {channels}) tokens")
+        return "NLC"
+    if x.ndim != 4:
+        raise ValueError(f"cannot permute tokens of a tensor of shape {tuple(x.shape)}: expected (B,N,C), (B,H,W,C) "
+                         "or (B,C,H,W)")
+    last, second = x.shape[-1] == channels, x.shape[1] == channels
+    if channels is not None and last != second:
+        return "NHWC" if last else "NCHW"
+    if fmt in ("NHWC", "NCHW"):
+        return fmt
+    raise ValueError(f"cannot tell whether the patch embedding's output {tuple(x.shape)} is NHWC or NCHW")
+
+
+def _permute_tokens(x: torch.Tensor, perm: torch.Tensor, layout: str) -> torch.Tensor:
+    """Permute the token axis of (B, N, C), (B, H, W, C) or (B, C, H, W) so that slot i holds token perm[i]."""
+    if layout == "NLC":
         return x[:, perm]
-    if x.ndim == 4:  # NHWC, as timm's PatchEmbed(output_fmt='NHWC') emits with dynamic_img_size
+    if layout == "NHWC":  # as timm's PatchEmbed(output_fmt='NHWC') emits with dynamic_img_size
         B, H, W, C = x.shape
         return x.reshape(B, H * W, C)[:, perm].reshape(B, H, W, C).contiguous()
-    raise ValueError(f"cannot permute tokens of a tensor of shape {tuple(x.shape)}: expected (B,N,C) or (B,H,W,C)")
+    B, C, H, W = x.shape  # NCHW: swin-v2-cr, pit, ...
+    return x.reshape(B, C, H * W)[:, :, perm].reshape(B, C, H, W).contiguous()
 
 
-def _num_tokens(x: torch.Tensor) -> int:
-    return x.shape[1] if x.ndim == 3 else x.shape[1] * x.shape[2]
+def _num_tokens(x: torch.Tensor, layout: str) -> int:
+    return x.shape[1] if layout == "NLC" else x.shape[1] * x.shape[2] if layout == "NHWC" else x.shape[2] * x.shape[3]
+
+
+def _check_grid(n: int, module: nn.Module, model: nn.Module) -> None:
+    """A permutation must cover exactly the grid's tokens (a static grid; dynamic sizes are not checked)."""
+    grid = getattr(module, "grid_size", None)
+    if grid is None or not getattr(module, "strict_img_size", False) or getattr(model, "dynamic_img_size", False):
+        return  # models that accept other input sizes (pit, dynamic_img_size) have no one grid to check against
+    expected = int(grid[0]) * int(grid[1])
+    if n != expected:
+        raise ValueError(f"{n} tokens found but the patch grid {tuple(grid)} has {expected}: the token layout was "
+                         "not understood")
+
+
+class TokenPermutationError(RuntimeError):
+    """A forward pass of the model ran without the permutation being applied (a silent no-op)."""
 
 
 @dataclass
@@ -122,17 +174,33 @@ def token_permutation(
         if mode == "training" and not model.training:
             return output
         x = output[0] if isinstance(output, tuple) else output
-        perm = handle._draw(_num_tokens(x), x.device)
+        layout = _token_layout(x, module)
+        n = _num_tokens(x, layout)
+        _check_grid(n, module, model)
+        perm = handle._draw(n, x.device)
         handle.permutation = perm
         handle.num_calls += 1
-        x = _permute_tokens(x, perm)
+        x = _permute_tokens(x, perm, layout)
         return (x, *output[1:]) if isinstance(output, tuple) else x
 
-    removable = target.register_forward_hook(hook)
+    calls_before = []
+
+    def before(module, args):
+        calls_before.append(handle.num_calls)
+
+    def after(module, args, output):
+        if calls_before.pop() == handle.num_calls and (mode == "inference" or model.training):
+            raise TokenPermutationError(f"a forward pass of {type(model).__name__} ran without calling "
+                                        f"{type(target).__name__}, where the permutation is applied: its outputs "
+                                        "would not be permuted")
+
+    removables = [target.register_forward_hook(hook), model.register_forward_pre_hook(before),
+                  model.register_forward_hook(after)]
     try:
         yield handle
     finally:
-        removable.remove()
+        for removable in removables:
+            removable.remove()
 
 
 # --------------------------------------------------------------------------------------------
