@@ -319,3 +319,18 @@ def test_a_permutation_that_is_never_applied_is_an_error():
     with pytest.raises(TokenPermutationError, match="without calling PatchEmbed"):
         with token_permutation(model, seed=0):
             model(torch.randn(1, 3, 64, 64))
+
+
+def test_alpha_on_our_model_without_pe_is_refused_not_a_silent_no_op():
+    """pe_scale and --alpha on posgeom_*_nope changed nothing and said nothing (timm's pos_embed='none' raises)."""
+    from timm_posgeom.interventions import PEScaleError
+
+    nope = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=3).eval()
+    with pytest.raises(PEScaleError, match="no positional encoding"):
+        with pe_scale(nope, 0.5):
+            pass
+    assert nope.alpha == 1.0
+    with pytest.raises(ValueError, match="would scale nothing"):
+        timm.create_model("posgeom_vit_micro_patch8_64_nope", alpha=0.5)
+    with pytest.raises(ValueError, match="would scale nothing"):
+        nope.set_alpha(0.0)

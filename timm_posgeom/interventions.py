@@ -259,6 +259,9 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
 def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool):
     """Scale every PE found in ``model`` in place; return the function that restores them exactly."""
     if hasattr(model, "set_alpha") and hasattr(model, "alpha"):
+        if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
+            raise PEScaleError(f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is "
+                               "nothing to scale")
         old = model.alpha
         model.set_alpha(alpha)
         return lambda: model.set_alpha(old)

@@ -72,6 +72,8 @@ class PosGeomViT(Eva):
         if kwargs.get("patch_drop_rate", 0.0):
             raise ValueError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
         alpha = check_alpha(alpha)
+        if pe == "none" and alpha != 1.0:
+            raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
         super().__init__(
             global_pool=global_pool,
@@ -105,6 +107,8 @@ class PosGeomViT(Eva):
     # --- PE scale -------------------------------------------------------------------------------
     def set_alpha(self, alpha: float) -> None:
         """Set the PE scale in place (see the class docstring for what is scaled)."""
+        if self.pe == "none" and check_alpha(alpha) != 1.0:
+            raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         self.alpha = check_alpha(alpha)
         if self.pe == "rope":
             self.rope.set_alpha(self.alpha)
