@@ -286,7 +286,8 @@ def test_fragility_on_real_images():
 def test_cli_fragility_and_sweep(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    common = ["posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "6", "--batch-size", "4",
+    common = ["posgeom_vit_micro_patch8_64_ape", "--num-classes", "10", "--data", "synthetic", "--max-images", "6",
+              "--batch-size", "4",
               "--num-workers", "0", "--no-progress", "--device", "cpu"]
     assert main(["fragility", *common, "--shift", "jpeg:5", "--shift", "blur:2.5:5", "--rpi", "--alpha", "0.5",
                  "--out", str(tmp_path / "f")]) == 0
