@@ -220,7 +220,7 @@ def test_bad_inputs(nope, images):
 def test_cli_probe_on_imagenette(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    code = main(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(IMAGENETTE), "--max-images", "4",
+    code = main(["probe", "posgeom_vit_micro_patch8_64_ape", "--data", str(IMAGENETTE), "--max-images", "4",
                  "--batch-size", "2", "--rpi", "--alpha", "0.5", "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out
