@@ -1,12 +1,15 @@
 """Run timm's own model test-suite on the models this plugin registers.
 
 Fetches ``tests/test_models.py`` from the source distribution of the *installed* timm version
-(``pip download --no-binary :all: timm==<version>``), makes two documented edits, and runs it with
+(``pip download --no-binary :all: timm==<version>``), makes three documented edits, and runs it with
 pytest on our models only:
 
 1. ``import timm_posgeom`` right after ``import timm`` (the plugin registers its models on import);
 2. our module ``vision_transformer_pe`` is added to ``FEAT_INTER_FILTERS``, the list of timm model
-   modules that support ``forward_intermediates`` / ``features_only``, so those tests cover us too.
+   modules that support ``forward_intermediates`` / ``features_only``, so those tests cover us too;
+3. ``posgeom_vit_*`` is added to ``NON_STD_FILTERS``, the name patterns of models with token outputs
+   (timm's own ``vit_*``, ``deit*``, ``eva_*``...): they take the suite's ViT variant of the config and
+   feature-shape test, as our models did under their former ``vit_*`` names.
 
 Nothing is excluded by hand: every test of the suite whose parametrisation includes our models runs
 (for the selected sizes). Tests that are parametrised only over other timm models never select ours.
@@ -31,9 +34,7 @@ CACHE = ROOT / ".timm_tests"
 def fetch_test_models(version: str) -> Path:
     """Extract test_models.py of timm ``version`` into the cache folder and return its path."""
     out_dir = CACHE / f"timm-{version}"
-    target = out_dir / "test_models.py"
-    if target.exists():
-        return target
+    target = out_dir / "test_models.py"  # patched anew each run (the sdist is kept): never a stale edit
     out_dir.mkdir(parents=True, exist_ok=True)
     sdist = next(out_dir.glob("timm-*.tar.gz"), None)
     if sdist is None:
@@ -51,12 +52,14 @@ def fetch_test_models(version: str) -> Path:
 
 
 def patch_source(source: str) -> str:
-    """Apply the two documented edits; fail loudly if timm's file no longer has the anchors."""
+    """Apply the three documented edits; fail loudly if timm's file no longer has the anchors."""
     anchor_import = "\nimport timm\n"
     anchor_filters = "FEAT_INTER_FILTERS = [\n"
-    if anchor_import not in source or anchor_filters not in source:
+    anchor_non_std = "NON_STD_FILTERS = [\n"
+    if any(anchor not in source for anchor in (anchor_import, anchor_filters, anchor_non_std)):
         raise RuntimeError("timm's test_models.py changed layout: update scripts/run_timm_model_tests.py")
     source = source.replace(anchor_import, "\nimport timm\nimport timm_posgeom  # noqa: F401  (registers our models)\n", 1)
+    source = source.replace(anchor_non_std, anchor_non_std + "    'posgeom_vit_*',\n", 1)
     return source.replace(anchor_filters, anchor_filters + "    'vision_transformer_pe',\n", 1)
 
 
