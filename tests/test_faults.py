@@ -200,6 +200,11 @@ def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_pa
     err = capsys.readouterr().err
     assert f"cannot be decoded: {bad}" in err and "bad_images=skip" in err
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before any training step
+    # with the uint8 cache, building it is the check (no second decode): still named, one line, before training
+    assert train_main(argv("run3", "cache=true", "disk_cache=false", "workers=1")) == 2
+    err = capsys.readouterr().err
+    assert f"cannot decode {bad}" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run3" / "checkpoints").exists()
     assert train_main(argv("run2", "bad_images=skip")) == 0
     from timm_posgeom.records import RunSummary
 

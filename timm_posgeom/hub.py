@@ -38,10 +38,9 @@ def card_template() -> Path:
     """The model-card template shipped in the package (``timm_posgeom.hub_cards/model_card.md``)."""
     from importlib.resources import files
 
-    path = Path(str(files("timm_posgeom.hub_cards") / "model_card.md"))
-    if not path.is_file():
-        raise FileNotFoundError(f"the packaged model-card template is missing: {path}")
-    return path
+    from .recipe import packaged_path
+
+    return packaged_path(files("timm_posgeom.hub_cards") / "model_card.md")
 
 
 class HubExportError(ValueError):

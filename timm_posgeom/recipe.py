@@ -267,12 +267,12 @@ def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
     shipped = accelerate_configs()
     name = Path(name_or_path).name.removesuffix(".yaml")
     if name in shipped:
-        return _as_path(shipped[name])
+        return packaged_path(shipped[name])
     raise FileNotFoundError(f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
                             f"shipped configs: {', '.join(shipped) or 'none'})")
 
 
-def _as_path(entry: Traversable) -> Path:
+def packaged_path(entry: Traversable) -> Path:
     """A shipped resource as a filesystem path (wheels and editable installs keep them as files)."""
     path = Path(str(entry))
     if not path.is_file():
@@ -288,7 +288,7 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     shipped = shipped_recipes()
     name = str(name_or_path).removesuffix(".yaml")
     if name in shipped:
-        return _as_path(shipped[name])
+        return packaged_path(shipped[name])
     raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
                             f"recipes: {', '.join(shipped) or 'none'})")
 

@@ -32,6 +32,7 @@ import torch
 
 from .jsonio import to_jsonable, write_json
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
+from .train.rundir import changed_keys, describe_changes
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run"]
 
@@ -151,9 +152,7 @@ NEUTRAL_CONFIG = frozenset({"batch_size", "workers", "device", "seeds", "conditi
 
 def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared)."""
-    saved, asked = to_jsonable(saved), to_jsonable(asked)
-    keys = (set(saved) | set(asked)) - NEUTRAL_CONFIG
-    return {k: (saved.get(k), asked.get(k)) for k in sorted(keys) if saved.get(k) != asked.get(k)}
+    return changed_keys(to_jsonable(saved), to_jsonable(asked), NEUTRAL_CONFIG)
 
 
 def _set_aside(path: Path, log) -> None:
@@ -175,9 +174,8 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, a
         wanted = _recipe_for(config, condition, seed).to_dict()
         changes = recipe_changes(yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
         if changes:
-            listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
             if not allow_changes:
-                raise StudyError(f"{run_dir} was trained with another recipe ({listed}); pass --allow-changes to "
+                raise StudyError(f"{run_dir} was trained with another recipe ({describe_changes(changes)}); pass --allow-changes to "
                                  "train it again with the new one (the former run is kept), or choose another --out")
             _set_aside(run_dir, log)
     if (run_dir / "summary.json").is_file() and (run_dir / "export" / "model.safetensors").is_file():
@@ -248,10 +246,6 @@ def _eval_settings(config: StudyConfig, val) -> dict[str, Any]:
                             shifts=config.shifts, imagenet_c=config.imagenet_c))
 
 
-def _listed(changes: dict[str, tuple[Any, Any]]) -> str:
-    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
-
-
 def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, allow_changes: bool = False) -> RunEval:
     """Fragility, SSDC and (for PE models) the alpha sweep of a trained run; each part is written to
     ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
@@ -265,7 +259,7 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
     if evals.settings != settings:
         changed = config_changes(evals.settings or {}, settings)
         if not allow_changes:
-            raise StudyError(f"{eval_path} was measured with other settings ({_listed(changed)}); pass "
+            raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                              "--allow-changes to measure again (the former file is kept)")
         _set_aside(eval_path, log)
         evals = RunEval(settings=settings)
@@ -351,12 +345,11 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     if resume and (out / "plan.json").is_file():
         changes = config_changes(json.loads((out / "plan.json").read_text()).get("config", {}), asdict(config))
         if changes and not allow_changes:
-            raise StudyError(f"{out} was started with other settings ({_listed(changes)}): its runs and numbers would "
+            raise StudyError(f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
                              "not be what the report says; pass --allow-changes to recompute what they affect (former "
                              "files are kept), or choose another --out")
         if changes:
-            log_line = f"resuming {out} with changed settings: {_listed(changes)}; what they affect is recomputed"
-            print(log_line)
+            print(f"resuming {out} with changed settings: {describe_changes(changes)}; what they affect is recomputed")
     write_json(out / "plan.json", dict(config=asdict(config), plan=plan))
     first = _recipe_for(config, config.conditions[0], 0)
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,

@@ -17,9 +17,9 @@ import yaml
 
 from ..jsonio import dumps
 from ..recipe import Recipe, RecipeError
-from .checkpoints import CHECKPOINT_NAME, TrainState, latest_checkpoint, remove_partial_saves
+from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
-from .rundir import RunDirError, recipe_changes
+from .rundir import RunDirError, describe_changes, recipe_changes
 
 __all__ = ["Session", "build_session", "build_data"]
 
@@ -98,9 +98,11 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
         val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.val_subset,
                                  img_size=recipe.img_size, seed=recipe.seed, synthetic_size=val_size)
         # every validation image decoded before the first epoch (a bad one found at the first evaluation
-        # cost an epoch per try); the training split too when bad images are to be skipped
+        # cost an epoch per try): by the uint8 cache, which decodes both splits before training (a cache
+        # file exists only for splits that decoded), else here; to skip bad images, both are checked first
         show = progress and accelerator.is_main_process
-        val_split = D.check_images(val_split, recipe.bad_images, progress=show)
+        if recipe.bad_images == "skip" or not recipe.cache:
+            val_split = D.check_images(val_split, recipe.bad_images, progress=show)
         if recipe.bad_images == "skip":
             train_split = D.check_images(train_split, "skip", progress=show)
         if recipe.cache:
@@ -176,8 +178,10 @@ def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     return val_loader, rpi_loader
 
 
-def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool, say) -> Path | None:
-    """What ``out`` holds against what is asked; the newest checkpoint to resume from, or None.
+def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
+                   say) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
+    """What ``out`` holds against what is asked: the newest checkpoint to resume from (or None) and the
+    recipe changes of a resume (``{key: (saved, asked)}``).
 
     Refused: checkpoints or a finished run without ``--resume``; a finished run whose checkpoints are
     gone (nothing to continue from: it is never retrained over); a resume whose recipe changes a
@@ -191,46 +195,45 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
         raise RunDirError(f"{out} holds a finished run whose checkpoints were removed: there is nothing to continue "
                           "from, and it is not retrained over; choose another --out")
     saved = out / "recipe.yaml"
+    changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
         changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
-        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+        listed = describe_changes(changes)
         if changes and not allow_changes:
             raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
                               "choose another --out, or pass --allow-changes to continue with the new values "
                               "(recorded in recipe_changes.jsonl)")
         if changes:
             say(f"continuing {out} with changed settings: {listed}")
-    return checkpoint
+    return checkpoint, changes
 
 
 def _load_newest_intact(accelerator, out: Path, say) -> str:
     """Load the newest checkpoint that loads; a damaged one (e.g. truncated) is skipped with a message."""
-    root = out / "checkpoints"
-    candidates = sorted((p for p in root.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir()), reverse=True)
+    candidates = list_checkpoints(out)[::-1]
     for checkpoint in candidates:
         try:
             accelerator.load_state(str(checkpoint))
             return checkpoint.name
         except Exception as e:  # what a damaged file raises depends on the format and the library version
             say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
-    raise RunDirError(f"no intact checkpoint in {root} ({len(candidates)} damaged): cannot resume; choose another --out")
+    raise RunDirError(f"no intact checkpoint in {out / 'checkpoints'} ({len(candidates)} damaged): cannot resume; choose another --out")
 
 
-def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, state: TrainState) -> str | None:
+def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, changes: dict[str, tuple[Any, Any]],
+            state: TrainState) -> str | None:
     """Load the newest intact checkpoint when there is one (else start, recording the recipe); its name or None.
-    A resume with changed settings records them in ``recipe_changes.jsonl`` and the new recipe."""
+    A resume with changed settings (``changes``, allowed) records them in ``recipe_changes.jsonl`` and the
+    new recipe."""
     if accelerator.is_main_process:
         remove_partial_saves(out)
     resumed_from = _load_newest_intact(accelerator, out, accelerator.print) if checkpoint is not None else None
     if accelerator.is_main_process:
-        saved = out / "recipe.yaml"
-        if resumed_from and saved.is_file():
-            changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
-            if changes:
-                with (out / "recipe_changes.jsonl").open("a") as f:
-                    f.write(dumps(dict(step=state.step, changes={k: list(v) for k, v in changes.items()}),
-                                  indent=None) + "\n")
-        saved.write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+        if resumed_from and changes:
+            with (out / "recipe_changes.jsonl").open("a") as f:
+                f.write(dumps(dict(step=state.step, changes={k: list(v) for k, v in changes.items()}),
+                              indent=None) + "\n")
+        (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     return resumed_from
 
 
@@ -242,7 +245,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     from timm.utils import ModelEmaV3
 
     batch = per_process_batch(accelerator, recipe)
-    checkpoint = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
+    checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
     classes, train_ds, val_ds, train_sampler, val_sampler, skipped = build_data(recipe, accelerator, mean, std, batch,
                                                                                 progress)
@@ -267,7 +270,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
-    resumed_from = _resume(accelerator, recipe, out, checkpoint, state)
+    resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state)
     if scheduler is not None:
         scheduler.step(state.step)
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None)

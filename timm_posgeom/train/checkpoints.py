@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrainState", "latest_checkpoint", "save_checkpoint", "check_writable", "CHECKPOINT_NAME"]
+__all__ = ["TrainState", "list_checkpoints", "latest_checkpoint", "save_checkpoint", "check_writable",
+           "CHECKPOINT_NAME"]
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 
@@ -29,17 +30,19 @@ class TrainState:
         self.elapsed = float(state.get("elapsed", 0.0))
 
 
-def _checkpoints(root: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir())
+def list_checkpoints(out: str | os.PathLike) -> list[Path]:
+    """The complete checkpoint folders under ``<out>/checkpoints``, oldest first (by step)."""
+    root = Path(out) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir())
+    return [p for _, p in found]
 
 
 def latest_checkpoint(out: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint folder under ``<out>/checkpoints``, or None."""
-    root = Path(out) / "checkpoints"
-    if not root.is_dir():
-        return None
-    found = _checkpoints(root)
-    return found[-1][1] if found else None
+    found = list_checkpoints(out)
+    return found[-1] if found else None
 
 
 def check_writable(out: Path) -> None:
@@ -68,7 +71,7 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, keep: int) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        for _, old in _checkpoints(root)[:-keep]:
+        for old in list_checkpoints(out)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final

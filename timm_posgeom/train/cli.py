@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = add_arguments(argparse.ArgumentParser(prog="python -m timm_posgeom.train",
                                                    description="Train a timm ViT from a recipe, with accelerate."))
     args = parser.parse_args(argv)
+    from ..cli import one_line
     from .loop import TrainingDiverged
     from .rundir import RunDirError
 
@@ -47,5 +48,5 @@ def main(argv: list[str] | None = None) -> int:
         return run_from_args(args)
     except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, TrainingDiverged,
             RunDirError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ def check_finite(s: Session) -> None:
     without a sync per step) or the weights are non-finite; called before anything is logged as a
     result, checkpointed, evaluated or exported."""
     first = s.accelerator.gather(s.first_bad_step.reshape(1)).max().item()
-    if first < 0 and all(torch.isfinite(p).all() for p in s.raw_model.parameters()):
+    weights_finite = torch.stack([torch.isfinite(p).all() for p in s.raw_model.parameters()]).all().item()  # one sync
+    if first < 0 and weights_finite:
         s.step_lrs.clear()  # only the steps since the last check can be the first bad one
         return
     where = f"first at step {first}" if first >= 0 else f"in the weights at step {s.state.step}"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunLock", "RunDirError", "recipe_changes", "NEUTRAL_KEYS"]
+__all__ = ["RunLock", "RunDirError", "changed_keys", "recipe_changes", "describe_changes", "NEUTRAL_KEYS"]
 
 # Recipe keys that change how a run is logged, saved or loaded, never its weights or its numbers.
 NEUTRAL_KEYS = frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "workers", "notes", "disk_cache",
@@ -27,10 +27,20 @@ class RunDirError(RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, or holding another recipe)."""
 
 
-def recipe_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved, asked)}`` for every result-changing key that differs."""
-    keys = (set(saved) | set(asked)) - NEUTRAL_KEYS
+def changed_keys(saved: dict[str, Any], asked: dict[str, Any], neutral: frozenset[str]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for every key outside ``neutral`` whose value differs."""
+    keys = (set(saved) | set(asked)) - neutral
     return {k: (saved.get(k), asked.get(k)) for k in sorted(keys) if saved.get(k) != asked.get(k)}
+
+
+def recipe_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for every result-changing recipe key that differs."""
+    return changed_keys(saved, asked, NEUTRAL_KEYS)
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``key: old -> new; ...`` for a message."""
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
 
 
 def _alive(pid: int) -> bool:
