@@ -194,12 +194,12 @@ def test_family_probes(name):
 
 
 def test_bad_inputs(nope, images):
-    with pytest.raises(UnsupportedModelError, match="flat timm ViTs"):
-        probe_ssdc(timm.create_model("resnet18", num_classes=2), images[:1], progress=False)
+    with pytest.raises(UnsupportedModelError, match="flat timm ViTs.*site='stage_output'"):
+        probe_ssdc(timm.create_model("resnet18", num_classes=2), images[:1], site="attn_input", progress=False)
     swin = timm.create_model("swin_tiny_patch4_window7_224", img_size=32, window_size=2, embed_dim=16,
                              depths=(1, 1), num_heads=(1, 1))
     with pytest.raises(TypeError, match="Hierarchical"):
-        probe_ssdc(swin, torch.zeros(1, 3, 32, 32), progress=False)
+        probe_ssdc(swin, torch.zeros(1, 3, 32, 32), site="block_output", progress=False)
     with pytest.raises(ValueError, match="expects 64x64 images, got 32x32"):
         probe_ssdc(nope, images[:1, :, :32, :32], progress=False)
     with pytest.raises(ValueError, match="no images"):

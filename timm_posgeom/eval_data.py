@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 
-from .transforms import eval_transform
+from .transforms import eval_transform, resolve_config
 
 __all__ = ["split_item", "check_split", "EvalImages", "eval_loader", "default_workers"]
 
@@ -88,9 +88,14 @@ def eval_loader(
         resize: str = "paper",
         num_workers: int | None = None,
         pin_memory: bool = False,
+        img_size: int | tuple[int, int] | None = None,
 ) -> DataLoader:
     """Batches ``(images (B, 3, H, W) float, labels (B,) int64)`` of the first ``max_images`` items of
     ``data`` in order, under the model's clean eval transform (``resize`` = paper or timm).
+
+    ``img_size`` (S or (H, W)): the input size, for models that take any size (default: the model's
+    own, from its config); a model with one fixed other size is refused (see
+    :func:`~timm_posgeom.transforms.resolve_config`).
 
     ``probe_ssdc`` reads these batches directly (it takes the images of an ``(images, labels)`` pair).
     """
@@ -98,5 +103,6 @@ def eval_loader(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = check_split(data, max_images)
     workers = default_workers() if num_workers is None else int(num_workers)
-    return DataLoader(EvalImages(data, n, eval_transform(model, resize=resize)), batch_size=batch_size,
+    transform = eval_transform(resolve_config(model, img_size), resize=resize)
+    return DataLoader(EvalImages(data, n, transform), batch_size=batch_size,
                       shuffle=False, num_workers=workers, pin_memory=pin_memory)

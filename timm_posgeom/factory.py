@@ -45,7 +45,8 @@ def create_model(
         name: a timm model name (ours included), ``hf-hub:ORG/NAME`` or ``local-dir:PATH``.
         pretrained: load the timm name's pretrained weights.
         checkpoint: a checkpoint file loaded into the model (``timm``'s ``checkpoint_path``).
-        img_size: build the model for ``img_size x img_size`` inputs.
+        img_size: build the model for ``img_size x img_size`` inputs (ViTs with a fixed grid); a model
+            whose constructor takes no ``img_size`` (CNNs, ...) is built without it: it takes any size.
         num_classes: classifier size.
 
     Raises:
@@ -64,8 +65,14 @@ def create_model(
                                     "model.safetensors, e.g. RUN_DIR/export)")
     elif not weighted and not timm.is_model(name):
         raise ValueError(unknown_model_message(name))
-    if img_size is not None:
-        kwargs["img_size"] = img_size
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    return timm.create_model(name, pretrained=pretrained or weighted, checkpoint_path=checkpoint or "", **kwargs)
+    create = dict(pretrained=pretrained or weighted, checkpoint_path=checkpoint or "")
+    if img_size is None:
+        return timm.create_model(name, **create, **kwargs)
+    try:
+        return timm.create_model(name, **create, **kwargs, img_size=img_size)
+    except TypeError as e:  # a constructor without img_size (CNNs, MLP models with a conv stem): any size runs
+        if "img_size" not in str(e):
+            raise
+    return timm.create_model(name, **create, **kwargs)

@@ -282,6 +282,7 @@ def fragility(
         blur_on_device: bool = False,
         device: str | torch.device | None = None,
         progress: bool = True,
+        img_size: int | tuple[int, int] | None = None,
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -306,6 +307,8 @@ def fragility(
             same values) instead of in the loader workers.
         device: where to run (the model is moved there); default the model's device.
         progress: show a tqdm bar.
+        img_size: input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
+            default the model's own. A model with one fixed other size is refused.
 
     Returns:
         A :class:`FragilityResult`.
@@ -322,7 +325,7 @@ def fragility(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = check_split(data, max_images)
     dev = _model_device(model, device)
-    cfg = resolve_config(model)
+    cfg = resolve_config(model, img_size)
     on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
     loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
     workers = default_workers() if num_workers is None else int(num_workers)
@@ -466,7 +469,7 @@ def alpha_sweep(
         *,
         probe_images: int = 1000,
         probe_data: Any = None,
-        site: str = "attn_input",
+        site: str = "auto",
         include_prefix: bool = True,
         resize: str = "paper",
         batch_size: int = 64,
@@ -475,6 +478,7 @@ def alpha_sweep(
         max_images: int | None = None,
         device: str | torch.device | None = None,
         progress: bool = True,
+        img_size: int | tuple[int, int] | None = None,
 ) -> AlphaSweepResult:
     """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
 
@@ -486,10 +490,13 @@ def alpha_sweep(
       delta SSDC = SSDC(layer 1) - SSDC(layer 0) (the paper uses 1,000 validation images);
     * :func:`fragility` of every shift on ``data`` (no RPI), with the same loader settings.
 
-    alpha = 1 reproduces the unscaled model exactly. Returns an :class:`AlphaSweepResult`.
+    alpha = 1 reproduces the unscaled model exactly. ``img_size`` sets the input size of both (see
+    :func:`fragility`). Returns an :class:`AlphaSweepResult`.
     """
     from .probes import probe_ssdc
+    from .probes.sites import resolve_site
 
+    site = resolve_site(model, site)
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty")
@@ -502,7 +509,7 @@ def alpha_sweep(
     n_probe = check_split(probe_source, probe_images)
     dev = _model_device(model, device)
     probe_loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=batch_size, resize=resize,
-                               num_workers=num_workers)
+                               num_workers=num_workers, img_size=img_size)
     rows = []
     from tqdm.auto import tqdm
 
@@ -511,7 +518,7 @@ def alpha_sweep(
             ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, seed=seed, max_images=n_probe,
                               device=dev, progress=False)
             frag = fragility(model, data, shifts, resize=resize, batch_size=batch_size, num_workers=num_workers,
-                             seed=seed, max_images=max_images, device=dev, progress=False)
+                             seed=seed, max_images=max_images, device=dev, progress=False, img_size=img_size)
         rows.append(AlphaSweepRow(
             alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
             clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),

@@ -10,7 +10,7 @@ the uint8 image -> to tensor -> normalise with the model's mean / std. Two resiz
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import PIL.Image
@@ -28,25 +28,48 @@ __all__ = ["eval_transform", "resize_transform", "resolve_config", "normalize_ba
 RESIZE_MODES = ("paper", "timm")
 
 
-def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module) -> dict[str, Any]:
+def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module,
+                   img_size: int | Sequence[int] | None = None) -> dict[str, Any]:
     """A full timm data config (input_size, interpolation, mean, std, crop_pct, crop_mode).
 
     A model gives ``timm.data.resolve_model_data_config(model)``, with ``input_size`` taken from
     ``model.patch_embed.img_size`` when the model was built at another size than its pretrained
     config says (``timm.create_model(..., img_size=32)``) and has no dynamic image size; a (partial)
     dict is completed with timm's defaults by ``timm.data.resolve_data_config``.
+
+    ``img_size`` (S or (H, W)) sets the input size: for models that take any size (dynamic-size ViTs
+    such as naflexvit, CNNs, ``dynamic_img_size=True``). A model with one fixed input size other than
+    ``img_size`` is refused (ValueError): build it at that size instead.
     """
     if isinstance(data_config_or_model, nn.Module):
         cfg = dict(resolve_model_data_config(data_config_or_model))
         patch_embed = getattr(data_config_or_model, "patch_embed", None)
-        img_size = getattr(patch_embed, "img_size", None)
-        if isinstance(img_size, (tuple, list)) and len(img_size) == 2 and all(isinstance(v, int) for v in img_size) \
-                and not getattr(data_config_or_model, "dynamic_img_size", False):
-            cfg["input_size"] = (cfg["input_size"][0], *img_size)
-        return cfg
-    if isinstance(data_config_or_model, Mapping):
-        return dict(resolve_data_config(dict(data_config_or_model)))
-    raise TypeError(f"expected a timm data config (dict) or a model, got {type(data_config_or_model).__name__}")
+        fixed = getattr(patch_embed, "img_size", None)
+        dynamic = bool(getattr(data_config_or_model, "dynamic_img_size", False))
+        if isinstance(fixed, (tuple, list)) and len(fixed) == 2 and all(isinstance(v, int) for v in fixed) \
+                and not dynamic:
+            cfg["input_size"] = (cfg["input_size"][0], *fixed)
+            if img_size is not None and getattr(patch_embed, "strict_img_size", False) \
+                    and _size_pair(img_size) != tuple(fixed):
+                name = type(data_config_or_model).__name__
+                raise ValueError(f"{name} takes only {fixed[0]}x{fixed[1]} images, not {_size_pair(img_size)}: "
+                                 f"build it for that size (timm.create_model(..., img_size=...), or --img-size on "
+                                 "the command line) or with dynamic_img_size=True")
+    elif isinstance(data_config_or_model, Mapping):
+        cfg = dict(resolve_data_config(dict(data_config_or_model)))
+    else:
+        raise TypeError(f"expected a timm data config (dict) or a model, got {type(data_config_or_model).__name__}")
+    if img_size is not None:
+        cfg["input_size"] = (cfg["input_size"][0], *_size_pair(img_size))
+    return cfg
+
+
+def _size_pair(img_size: int | Sequence[int]) -> tuple[int, int]:
+    """S -> (S, S); (H, W) -> (H, W); ValueError for anything else or a size below 1."""
+    pair = (int(img_size), int(img_size)) if isinstance(img_size, int) else tuple(int(v) for v in img_size)
+    if len(pair) != 2 or min(pair) < 1:
+        raise ValueError(f"img_size must be S or (H, W) with sides >= 1, got {img_size!r}")
+    return pair
 
 
 class _ToRGB:

@@ -20,7 +20,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="load the timm name's pretrained weights (always on for hf-hub: / local-dir:)")
     p.add_argument("--num-classes", type=int, default=None,
                    help="classifier size (default with --checkpoint: the dataset's number of classes)")
-    p.add_argument("--img-size", type=int, default=None, help="input size S (model built for S x S)")
+    p.add_argument("--img-size", type=int, default=None,
+                   help="input size S: the model is built for S x S where it has a fixed grid, and the images are "
+                        "resized to S x S (dynamic-size ViTs and CNNs run at S; default: the model's own size)")
 
 
 def add_data_args(p: argparse.ArgumentParser, max_images_help: str = "use only the first N images") -> None:
@@ -86,8 +88,10 @@ def add_shift_arg(p: argparse.ArgumentParser, default_help: str) -> None:
 
 
 def add_site_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--site", default="attn_input", choices=("attn_input", "block_output"),
-                   help="probe site: the input of each block's attention (default, the paper's) or its output")
+    p.add_argument("--site", default="auto", choices=("auto", "attn_input", "block_output", "stage_output"),
+                   help="probe site: auto (default: attn_input for a flat ViT, stage_output otherwise), the input of "
+                        "each block's attention (the paper's), each block's output, or each stage's feature map "
+                        "(hierarchical ViTs, CNNs: each on its own grid)")
 
 
 def check_counts(args: argparse.Namespace) -> None:

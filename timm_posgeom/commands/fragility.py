@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     data = match_labels(model, data, args.labels)
     result = fragility(model, data, shifts, resize=args.resize, batch_size=args.batch_size,
                        num_workers=args.num_workers, rpi=args.rpi, alpha=args.alpha, seed=args.seed,
-                       blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress)
+                       blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress,
+                       img_size=args.img_size)
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``posgeom probe MODEL --data D``: SSDC per layer of any timm ViT on a dataset.
+"""``posgeom probe MODEL --data D``: SSDC per layer of any timm ViT (per stage of a hierarchical ViT or CNN).
 
 Prints a per-layer table and writes ``ssdc.json`` and ``ssdc.png`` under ``--out``.
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
@@ -14,7 +14,7 @@ from ._options import add_data_args, add_model_args, add_run_args, add_site_arg,
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("probe", help="SSDC per layer of a timm ViT on a dataset (optionally under RPI)")
+    p = subparsers.add_parser("probe", help="SSDC per layer (ViTs) or per stage (hierarchical ViTs, CNNs) of a timm model on a dataset")
     add_model_args(p)
     add_data_args(p, max_images_help="probe at most N images")
     add_site_arg(p)
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     model, data, device = load_model_and_data(args)
     loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                         num_workers=args.num_workers)
+                         num_workers=args.num_workers, img_size=args.img_size)
     scale = pe_scale(model, args.alpha) if args.alpha is not None else contextlib.nullcontext()
     with scale:
         result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, seed=args.seed, reduction=args.reduction,
@@ -44,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result.to_json(out / "ssdc.json")
     result.plot(out / "ssdc.png")
-    print(f"{args.model}  site={args.site}  rpi={args.rpi}  alpha={args.alpha}  images={result.metadata['n_images']}"
-          f"  grid={tuple(result.metadata['grid_size'])}")
+    grids = sorted({tuple(g) for g in result.metadata["grid_sizes"]}, reverse=True)
+    print(f"{args.model}  site={result.metadata['site']}  rpi={args.rpi}  alpha={args.alpha}  "
+          f"images={result.metadata['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}")
     print(result.table())
     print(f"wrote {out / 'ssdc.json'} and {out / 'ssdc.png'}")
     return 0

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     data = match_labels(model, data, args.labels)
     result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
                          include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
-                         num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress)
+                         num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress,
+                         img_size=args.img_size)
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""``probe_ssdc``: SSDC of any flat timm ViT, layer by layer, streamed over a whole dataset.
+"""``probe_ssdc``: SSDC of any timm model, block by block (flat ViTs) or stage by stage, over a whole dataset.
 
 Per batch and probed layer: patch tokens (B, N, C) -> unit-normalised -> cosine maps (B, N, N).
 Only running sums are kept (the summed map per layer, and streaming per-image moments), so memory
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -16,10 +17,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..interventions import eval_mode, token_permutation
+from ..interventions import TokenPermutationError, eval_mode, token_permutation
 from .result import PerImageStats, SSDCResult
-from .sites import SITES, ProbeSites, find_sites
-from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc, ssdc_pairs, upper_pairs
+from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
+from .spearman import (
+    DISTANCES,
+    ConstantMapWarning,
+    _distance_ranks,
+    grid_positions,
+    ssdc,
+    ssdc_pairs,
+    upper_pairs,
+)
 
 __all__ = ["probe_ssdc", "REDUCTIONS"]
 
@@ -62,49 +71,54 @@ class _Moments:
 
 
 class _Accumulator:
-    """Hook target: turns the tokens of each probed layer into running sums."""
+    """Hook target: turns the tokens of each probed layer into running sums.
 
-    def __init__(self, sites: ProbeSites, layers: list[int], reduction: str, distance: str,
-                 permutation: Any | None) -> None:
-        self.sites, self.layers, self.distance = sites, layers, distance
+    Each layer has its own token grid (one grid for every block of a flat ViT; one per stage of a
+    hierarchical model or CNN), fixed across batches when the mean map is wanted.
+    """
+
+    def __init__(self, layers: list[int], reduction: str, distance: str, permutation: Any | None,
+                 num_prefix_tokens: int = 0) -> None:
+        self.layers, self.distance, self.num_prefix_tokens = layers, distance, num_prefix_tokens
         self.want_map = reduction in ("mean_map", "both")
         self.want_images = reduction in ("per_image", "both")
         self.permutation = permutation  # TokenPermutation handle under RPI
         self.last_layer = max(layers)
-        self.grid: tuple[int, int] | None = None
-        self.map_grid: tuple[int, int] | None = None
+        self.grid: tuple[int, int] | None = None  # the image's patch grid (flat ViTs) for this batch
+        self.grids: dict[int, tuple[int, int]] = {}  # each layer's grid (the first batch's, for the mean map)
         self.map_sum: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.index_moments = {layer: _Moments() for layer in layers}
         self.content_moments = {layer: _Moments() for layer in layers}
-        self._targets: list | None = None
-        self._slot = {layer: k for k, layer in enumerate(layers)}
-        self._pairs: torch.Tensor | None = None  # (L, B, M) this batch's per-image pairs i < j, per layer
-        self._pending = False  # _pairs holds this batch's maps, for end_batch
+        self._targets: dict[tuple[int, int], list] = {}
+        self._target_perm: torch.Tensor | None = None
+        self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, B, M) this batch's pairs i < j
+        self._batch: dict[tuple[int, int], list[int]] = {}  # per grid: the layers whose pairs wait in _pairs
+        self.too_small: set[int] = set()  # layers whose grid has fewer than 2 tokens: SSDC undefined
 
-    def start_batch(self, grid: tuple[int, int]) -> None:
-        if self.want_map and self.map_grid is not None and grid != self.map_grid:
-            raise ValueError(f"the token grid changed from {self.map_grid} to {grid} between batches: the mean "
-                             "map needs one image size (resize the data, or use reduction='per_image')")
+    def start_batch(self, grid: tuple[int, int] | None = None) -> None:
+        """A new batch; ``grid`` is the image's patch grid where one grid serves every layer (flat ViTs)."""
         self.grid = grid
-        self.map_grid = self.map_grid or grid
-        self._targets = None
-        self._pending = False
+        self._batch = {}
 
-    def _distance_targets(self, device: torch.device) -> list:
-        if self._targets is None:  # after the patch embedding ran: the permutation of this batch is known
-            targets = [_distance_ranks(self.grid, self.distance, None, device)]
-            if self.permutation is not None:
-                targets.append(_distance_ranks(self.grid, self.distance, self.content_positions(), device))
-            self._targets = targets
-        return self._targets
+    def content_defined(self, grid: tuple[int, int]) -> bool:
+        """Under RPI, whether a layer with this grid has a content grid: its tokens are the permuted patch
+        slots themselves (same count), not pooled or merged from several of them (later stages)."""
+        perm = self.permutation.permutation if self.permutation is not None else None
+        return perm is not None and perm.numel() == grid[0] * grid[1]
 
-    def content_positions(self) -> torch.Tensor:
-        """(N, 2) grid position of the content held by each token slot (slot i holds patch p[i])."""
-        perm = self.permutation.permutation
-        return grid_positions(self.grid)[perm.cpu()]
+    def _distance_targets(self, grid: tuple[int, int], device: torch.device) -> list:
+        perm = self.permutation.permutation if self.permutation is not None else None
+        if perm is not None and (self._target_perm is None or not torch.equal(self._target_perm, perm.cpu())):
+            self._targets, self._target_perm = {}, perm.cpu()  # the patch embedding ran: this batch's p is known
+        if grid not in self._targets:
+            targets = [_distance_ranks(grid, self.distance, None, device)]
+            if self.content_defined(grid):
+                targets.append(_distance_ranks(grid, self.distance, grid_positions(grid)[perm.cpu()], device))
+            self._targets[grid] = targets
+        return self._targets[grid]
 
     def patch_tokens(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, T, C) or (B, H, W, C) -> the (B, N, C) patch tokens, prefix tokens dropped."""
+        """(B, T, C) or (B, H, W, C) -> the (B, N, C) patch tokens of the batch's grid, prefix tokens dropped."""
         H, W = self.grid
         n = H * W
         if tokens.ndim == 4:
@@ -112,29 +126,46 @@ class _Accumulator:
         if tokens.ndim != 3:
             raise ValueError(f"layer {layer}: expected (B, T, C) tokens, got shape {tuple(tokens.shape)}")
         prefix = tokens.shape[1] - n
-        if prefix not in (0, self.sites.num_prefix_tokens):
+        if prefix not in (0, self.num_prefix_tokens):
             raise ValueError(
                 f"layer {layer} carries {tokens.shape[1]} tokens but the {H}x{W} patch grid has {n} (+ "
-                f"{self.sites.num_prefix_tokens} prefix tokens): the model changes its token count (hierarchical, "
-                "pooling or token-dropping models are not supported)")
+                f"{self.num_prefix_tokens} prefix tokens): the model changes its token count between blocks; "
+                "probe it per stage with site='stage_output'")
         return tokens[:, prefix:]
 
     def __call__(self, layer: int, tokens: torch.Tensor) -> None:
-        patches = self.patch_tokens(layer, tokens)
+        """Hook callback of a flat ViT: ``tokens`` (B, T, C) on the batch's patch grid."""
+        self.add(layer, self.patch_tokens(layer, tokens), self.grid)
+        if layer == self.last_layer:
+            raise _StopForward
+
+    def add_feature_map(self, layer: int, fmap: torch.Tensor) -> None:
+        """A stage's (B, C, H, W) feature map: its H x W positions are the tokens, on their own grid."""
+        if fmap.ndim != 4:
+            raise ValueError(f"stage {layer}: expected a (B, C, H, W) feature map, got shape {tuple(fmap.shape)}")
+        self.add(layer, fmap.flatten(2).transpose(1, 2), (int(fmap.shape[2]), int(fmap.shape[3])))
+
+    def add(self, layer: int, patches: torch.Tensor, grid: tuple[int, int]) -> None:
+        """Add one layer's (B, N, C) tokens on ``grid`` (N = H * W) to the running sums."""
+        known = self.grids.setdefault(layer, grid)
+        if known != grid and self.want_map:
+            raise ValueError(f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
+                             "mean map needs one image size (resize the data, or use reduction='per_image')")
+        if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
+            self.too_small.add(layer)
+            return
         z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
         if self.want_images:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            pairs = self._per_image(layer, sim)  # (B, M) the pairs i < j
+            pairs = self._per_image(layer, sim, grid)  # (B, M) the pairs i < j
             if self.want_map:
                 self._add_map(layer, pairs.sum(0), sim.diagonal(dim1=1, dim2=2).sum(0))
         else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
             flat = z.transpose(0, 1).reshape(z.shape[1], -1)
             total = flat @ flat.T  # (N, N)
             self._add_map(layer, upper_pairs(total), total.diagonal())
-        if layer == self.last_layer:
-            raise _StopForward
 
-    def _per_image(self, layer: int, sim: torch.Tensor) -> torch.Tensor:
+    def _per_image(self, layer: int, sim: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Per-image SSDC of ``layer``'s maps sim (B, N, N): their pairs i < j are kept for
         :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
         computed now. Returns the pairs (B, M)."""
@@ -142,33 +173,36 @@ class _Accumulator:
         shape = (len(self.layers), B, n * (n - 1) // 2)
         if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
             pairs = upper_pairs(sim)
-            self._update(layer, ssdc_pairs(pairs, self._distance_targets(sim.device)))
+            self._update(layer, grid, ssdc_pairs(pairs, self._distance_targets(grid, sim.device)))
             return pairs
-        if self._pairs is None or self._pairs.shape != shape or self._pairs.device != sim.device:
-            self._pairs = torch.empty(shape, dtype=sim.dtype, device=sim.device)
-        self._pending = True
-        return upper_pairs(sim, out=self._pairs[self._slot[layer]])
+        buffer = self._pairs.get(grid)
+        if buffer is None or buffer.shape != shape or buffer.device != sim.device:
+            buffer = self._pairs[grid] = torch.empty(shape, dtype=sim.dtype, device=sim.device)
+        waiting = self._batch.setdefault(grid, [])
+        waiting.append(layer)
+        return upper_pairs(sim, out=buffer[len(waiting) - 1])
 
     def end_batch(self) -> None:
-        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, in one call
+        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, one call per grid
         after the batch's forward pass.
 
         Deferred on purpose: between two layers the CPU's OpenMP threads of the forward still spin
         (up to milliseconds after each parallel op) and would halve the speed of the sort-bound SSDC;
         one call per batch also spreads L * B maps over the thread pool at once.
         """
-        if not self._pending:
-            return
-        L, B, M = self._pairs.shape
-        rhos = ssdc_pairs(self._pairs.view(L * B, M), self._distance_targets(self._pairs.device))
-        for layer, k in self._slot.items():
-            self._update(layer, [r[k * B:(k + 1) * B] for r in rhos])
-        self._pending = False
+        for grid, waiting in self._batch.items():
+            _, B, M = self._pairs[grid].shape
+            L = len(waiting)
+            pairs = self._pairs[grid][:L].reshape(L * B, M)
+            rhos = ssdc_pairs(pairs, self._distance_targets(grid, pairs.device))
+            for k, layer in enumerate(waiting):
+                self._update(layer, grid, [r[k * B:(k + 1) * B] for r in rhos])
+        self._batch = {}
 
-    def _update(self, layer: int, rhos: list[torch.Tensor]) -> None:
+    def _update(self, layer: int, grid: tuple[int, int], rhos: list[torch.Tensor]) -> None:
         """Add one batch's per-image SSDC of ``layer``: against the index grid, and the content grid."""
         self.index_moments[layer].update(rhos[0])
-        if self.permutation is not None:
+        if len(rhos) > 1:
             self.content_moments[layer].update(rhos[1])
 
     def _add_map(self, layer: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
@@ -180,7 +214,11 @@ class _Accumulator:
             self.map_sum[layer] = (pair_sum.to(torch.float64), diag_sum.to(torch.float64))
 
     def mean_map(self, layer: int, n_images: int) -> torch.Tensor:
-        """(N, N) float64: the similarity map averaged over the images, rebuilt symmetric."""
+        """(N, N) float64: the similarity map averaged over the images, rebuilt symmetric (a grid of
+        fewer than 2 tokens: its N x N map of NaN, nothing having been summed)."""
+        if layer in self.too_small:
+            n = self.grids[layer][0] * self.grids[layer][1]
+            return torch.full((n, n), math.nan, dtype=torch.float64)
         pair_sum, diag_sum = self.map_sum[layer]
         n = diag_sum.numel()
         iu = torch.triu_indices(n, n, offset=1, device=pair_sum.device)
@@ -250,7 +288,7 @@ def probe_ssdc(
         model: nn.Module,
         data: Any,
         *,
-        site: str = "attn_input",
+        site: str = "auto",
         rpi: bool = False,
         seed: int | None = 0,
         reduction: str = "mean_map",
@@ -261,29 +299,34 @@ def probe_ssdc(
         progress: bool = True,
         batch_size: int | None = 64,
 ) -> SSDCResult:
-    """SSDC of every (or the chosen) block of a timm ViT, streamed over ``data``.
+    """SSDC of every (or the chosen) block or stage of a timm model, streamed over ``data``.
 
     For each probed layer, the patch tokens at ``site`` (prefix tokens dropped) are unit-normalised
     and their cosine-similarity map S (N x N) formed per image; SSDC = Spearman({S_ij}, {-D_ij}) over
-    i < j with D the grid distance (see :func:`~timm_posgeom.probes.spearman.ssdc`).
+    i < j with D the distance on that layer's grid (see :func:`~timm_posgeom.probes.spearman.ssdc`).
 
     Args:
-        model: a flat timm ViT (see :mod:`.sites` for the families). Put in eval mode for the probe;
-            its mode (and device, when ``device`` moves it) is restored afterwards.
+        model: a timm model: a flat ViT (see :mod:`.sites` for the families), or a hierarchical ViT,
+            MLP model or CNN (probed per stage). Put in eval mode for the probe; its mode (and device,
+            when ``device`` moves it) is restored afterwards.
         data: a tensor batch (B, C, H, W) (split into chunks of ``batch_size``), or any iterable of
             batches: tensors, (images, labels) tuples, or dicts with "image"/"pixel_values" (e.g. a
-            DataLoader). Images must already be transformed for the model.
-        site: ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output)
-            or ``block_output`` (the residual stream).
+            DataLoader). Images must already be transformed for the model, at the size to probe
+            (:func:`~timm_posgeom.eval_data.eval_loader` with ``img_size``).
+        site: ``auto`` (default: ``attn_input`` for a flat ViT, ``stage_output`` otherwise),
+            ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output),
+            ``block_output`` (the residual stream) or ``stage_output`` (each feature map of timm's
+            ``forward_intermediates``, on its own grid: ``metadata["grid_sizes"]``).
         rpi: random permutation at inference: one permutation of the patch-token contents (drawn
             from ``seed``) for the whole probe, after the patch embedding and before any PE.
             ``per_layer`` is then SSDC against the index grid (the paper's) and
-            ``content_per_layer`` against the content grid.
+            ``content_per_layer`` against the content grid (NaN for a stage whose grid is not the
+            patch grid: its tokens mix several patches). Refused for models without a patch embedding.
         seed: seed of the RPI permutation (None: torch's global RNG).
         reduction: ``mean_map`` (the paper's: SSDC of the similarity map averaged over all images),
             ``per_image`` (mean, std and 95% CI of the per-image SSDC) or ``both``.
         distance: ``manhattan`` (the paper's), ``euclidean`` or ``chebyshev``.
-        layers: block indices to probe (negative allowed); default all.
+        layers: block (or stage) indices to probe (negative allowed); default all.
         max_images: stop after this many images.
         device: run there (the model is moved for the probe and moved back); default the model's.
         progress: show a tqdm bar.
@@ -292,16 +335,16 @@ def probe_ssdc(
     Returns:
         An :class:`SSDCResult`.
     """
-    if site not in SITES:
-        raise ValueError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
+    site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
-    sites = find_sites(model)
-    layer_ids = _resolve_layers(layers, len(sites.blocks))
+    sites = find_stages(model) if site == "stage_output" else find_sites(model)
+    depth = len(sites.names) if site == "stage_output" else len(sites.blocks)
+    layer_ids = _resolve_layers(layers, depth)
 
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     home = param.device if param is not None else torch.device("cpu")
@@ -320,20 +363,26 @@ def probe_ssdc(
             model.to(device)
         rpi_ctx = token_permutation(model, seed=seed, per="call") if rpi else contextlib.nullcontext()
         with torch.no_grad(), eval_mode(model), rpi_ctx as handle:
-            acc = _Accumulator(sites, layer_ids, reduction, distance, handle)
-            hooks = sites.register(site, layer_ids, acc)
+            num_prefix = getattr(sites, "num_prefix_tokens", 0)
+            acc = _Accumulator(layer_ids, reduction, distance, handle, num_prefix)
+            if site != "stage_output":
+                hooks = sites.register(site, layer_ids, acc)
             for images in _batches(data, batch_size):
                 if max_images is not None:
                     images = images[:max_images - n_images]
                 if len(images) == 0:
                     continue
                 hw = (int(images.shape[-2]), int(images.shape[-1]))
-                acc.start_batch(sites.grid_size(hw))
                 image_size = image_size or hw
-                try:
-                    model(images.to(device=device, dtype=dtype, non_blocking=True))
-                except _StopForward:
-                    pass
+                images = images.to(device=device, dtype=dtype, non_blocking=True)
+                if site == "stage_output":
+                    _forward_stages(sites, acc, images, layer_ids, handle)
+                else:
+                    acc.start_batch(sites.grid_size(hw))
+                    try:
+                        model(images)
+                    except _StopForward:
+                        pass
                 acc.end_batch()
                 n_images += len(images)
                 bar.update(len(images))
@@ -347,20 +396,41 @@ def probe_ssdc(
             model.to(home)
     if n_images == 0:
         raise ValueError("data yielded no images")
-    return _finish(acc, layer_ids, reduction, distance, rpi, seed, site, n_images, image_size, model)
+    return _finish(acc, sites, layer_ids, reduction, distance, rpi, seed, site, n_images, image_size, model)
 
 
-def _finish(acc: _Accumulator, layers: list[int], reduction: str, distance: str, rpi: bool, seed,
-            site: str, n_images: int, image_size, model: nn.Module) -> SSDCResult:
-    grid = acc.map_grid
+def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int],
+                    handle: Any | None) -> None:
+    """One batch through ``forward_intermediates``; each feature map goes to the accumulator on its grid."""
+    calls = handle.num_calls if handle is not None else 0
+    acc.start_batch()
+    fmaps = sites.forward(images, layers)
+    if handle is not None and handle.num_calls == calls:
+        raise TokenPermutationError(f"{type(sites.model).__name__}.forward_intermediates did not call the patch "
+                                    "embedding where the permutation is applied: its outputs would not be permuted")
+    for layer, fmap in zip(layers, fmaps):
+        acc.add_feature_map(layer, fmap)
+
+
+def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int], reduction: str, distance: str,
+            rpi: bool, seed, site: str, n_images: int, image_size, model: nn.Module) -> SSDCResult:
+    grids = [acc.grids[layer] for layer in layers]
     perm = acc.permutation.permutation.cpu() if rpi else None
     mean_maps = per_layer = content = None
+    if acc.too_small:
+        names = ", ".join(f"{layer} ({'x'.join(map(str, acc.grids[layer]))})" for layer in sorted(acc.too_small))
+        warnings.warn(f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger "
+                      "images", ConstantMapWarning, stacklevel=3)
     if acc.want_map:
-        maps = torch.stack([acc.mean_map(layer, n_images) for layer in layers])  # (L, N, N) float64
-        per_layer = [float(v) for v in ssdc(maps, grid, distance)]
+        maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each
+        per_layer = [float(ssdc(m, g, distance)) if layer not in acc.too_small else math.nan
+                     for layer, m, g in zip(layers, maps, grids)]
         if rpi:
-            content = [float(v) for v in ssdc(maps, grid, distance, positions=grid_positions(grid)[perm])]
-        mean_maps = maps.float().cpu()
+            content = [float(ssdc(m, g, distance, positions=grid_positions(g)[perm]))
+                       if acc.content_defined(g) and layer not in acc.too_small else math.nan
+                       for layer, m, g in zip(layers, maps, grids)]
+        same = len({m.shape for m in maps}) == 1
+        mean_maps = torch.stack(maps).float().cpu() if same else [m.float().cpu() for m in maps]
     per_image = content_per_image = None
     if acc.want_images:
         per_image = [acc.index_moments[layer].stats() for layer in layers]
@@ -369,12 +439,16 @@ def _finish(acc: _Accumulator, layers: list[int], reduction: str, distance: str,
         if per_layer is None:
             per_layer = [s.mean for s in per_image]
             content = [s.mean for s in content_per_image] if rpi else None
+    staged = site == "stage_output"
     metadata = {
         "model": _model_name(model), "site": site, "reduction": reduction, "rpi": rpi,
         "seed": seed if rpi else None, "distance": distance, "n_images": n_images,
-        "image_size": list(image_size), "grid_size": list(grid), "num_prefix_tokens": acc.sites.num_prefix_tokens,
-        "family": acc.sites.family,
+        "image_size": list(image_size), "grid_size": list(grids[0]), "grid_sizes": [list(g) for g in grids],
+        "num_prefix_tokens": 0 if staged else sites.num_prefix_tokens, "family": sites.family,
+        "granularity": "stage" if staged else "block",
     }
+    if staged:
+        metadata["modules"] = [sites.names[layer] for layer in layers]
     return SSDCResult(per_layer=per_layer, layers=list(layers), per_image=per_image, content_per_layer=content,
                       content_per_image=content_per_image, mean_maps=mean_maps, permutation=perm,
                       metadata=metadata)

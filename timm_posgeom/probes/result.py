@@ -53,9 +53,12 @@ class SSDCResult:
             each token's content came from: slot i holds patch p[i], at grid position p[i]); None
             without RPI. For a model without PE this equals the unpermuted SSDC.
         mean_maps: (L, N, N) float32 CPU tensor of the similarity maps averaged over images (in token
-            slot order), when the mean map was computed.
+            slot order), when the mean map was computed; a list of L (N_l, N_l) tensors when the
+            layers' grids differ (stages of a hierarchical model or CNN).
         permutation: under RPI, the (N,) permutation p used for every batch.
-        metadata: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size...
+        metadata: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size (the
+            first layer's), grid_sizes (each layer's), granularity ("block" or "stage"), modules
+            (per stage: the module each feature map comes from)...
     """
 
     per_layer: list[float]
@@ -63,7 +66,7 @@ class SSDCResult:
     per_image: list[PerImageStats] | None = None
     content_per_layer: list[float] | None = None
     content_per_image: list[PerImageStats] | None = None
-    mean_maps: torch.Tensor | None = field(default=None, repr=False)
+    mean_maps: torch.Tensor | list[torch.Tensor] | None = field(default=None, repr=False)
     permutation: torch.Tensor | None = field(default=None, repr=False)
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -88,7 +91,7 @@ class SSDCResult:
             "metadata": dict(self.metadata),
         }
         if include_maps and self.mean_maps is not None:
-            out["mean_maps"] = self.mean_maps.tolist()
+            out["mean_maps"] = [m.tolist() for m in self.mean_maps]
         return out
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
@@ -100,14 +103,16 @@ class SSDCResult:
 
     def table(self) -> str:
         """A plain-text per-layer table."""
-        head = ["layer", "ssdc"]
+        grids = self.metadata.get("grid_sizes")
+        show_grid = bool(grids) and len({tuple(g) for g in grids}) > 1
+        head = [self._unit(), "ssdc"] + (["grid"] if show_grid else [])
         if self.per_image is not None:
             head += ["img_mean", "img_std", "ci95"]
         if self.content_per_layer is not None:
             head += ["content"]
         rows = [head]
         for k, layer in enumerate(self.layers):
-            row = [str(layer), f"{self.per_layer[k]:.4f}"]
+            row = [str(layer), f"{self.per_layer[k]:.4f}"] + (["x".join(map(str, grids[k]))] if show_grid else [])
             if self.per_image is not None:
                 s = self.per_image[k]
                 row += [f"{s.mean:.4f}", f"{s.std:.4f}", f"[{s.ci_low:.4f}, {s.ci_high:.4f}]"]
@@ -117,8 +122,11 @@ class SSDCResult:
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
         if not math.isnan(self.delta):
-            lines.append(f"delta SSDC (layer 1 - layer 0): {self.delta:.4f}")
+            lines.append(f"delta SSDC ({self._unit()} 1 - {self._unit()} 0): {self.delta:.4f}")
         return "\n".join(lines)
+
+    def _unit(self) -> str:
+        return "stage" if self.metadata.get("granularity") == "stage" else "layer"
 
     def plot(self, path: str | Path | None = None, maps: bool = True, max_maps: int = 4):
         """SSDC across depth (with the per-image 95% CI band, and the content grid under RPI) and, when
@@ -143,7 +151,7 @@ class SSDCResult:
         if self.content_per_layer is not None:
             ax.plot(self.layers, self.content_per_layer, "s--", label="content grid")
         ax.axhline(0.0, color="0.6", lw=0.8)
-        ax.set_xlabel("layer")
+        ax.set_xlabel(self._unit())
         ax.set_ylabel("SSDC")
         md = self.metadata
         ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(),
@@ -151,7 +159,7 @@ class SSDCResult:
         ax.legend(fontsize=7)
         for a, k in zip(axes[1:], idx):
             im = a.imshow(self.mean_maps[k].numpy(), cmap="viridis")
-            a.set_title(f"layer {self.layers[k]} mean map", fontsize=8)
+            a.set_title(f"{self._unit()} {self.layers[k]} mean map", fontsize=8)
             a.set_xticks([])
             a.set_yticks([])
             fig.colorbar(im, ax=a, shrink=0.7)

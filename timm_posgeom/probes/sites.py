@@ -1,16 +1,26 @@
-"""Where to probe a timm ViT: its blocks, the probe sites in each block, and the token grid.
+"""Where to probe a timm model: its blocks or stages, the probe sites, and the token grid(s).
 
-Supported: the flat timm ViT families, whose ``blocks`` all see the same (B, prefix + H*W, C) token
-sequence: vision_transformer (incl. registers, no class token, avg pool, res-post-norm), deit
-(incl. distilled), eva (incl. RoPE and dinov3-style), beit, vit_relpos, cait (its patch blocks; the
-class token only joins in ``blocks_token_only``, which are not probed), naflexvit (image input),
-and this package's ``PosGeomViT``. Hierarchical models (swin, hiera, mvit, pit...) and CNNs change
-the grid between stages and are refused with an error that says so.
+Two kinds of model:
+
+* **flat ViTs**, whose ``blocks`` all see the same (B, prefix + H*W, C) token sequence:
+  vision_transformer (incl. registers, no class token, avg pool, res-post-norm, parallel blocks),
+  deit (incl. distilled), eva (incl. RoPE and dinov3-style), beit, vit_relpos, cait (its patch
+  blocks; the class token only joins in ``blocks_token_only``, which are not probed), naflexvit
+  (image input), convit, xcit, samvit (incl. windowed blocks), and this package's ``PosGeomViT``.
+  Probed at ``attn_input`` or ``block_output`` of each block, on one grid;
+* **staged models**, whose grid changes with depth (swin, swinv2, hiera, mvitv2, pit, levit, twins,
+  fastvit, crossvit's two branches, ...) and CNNs (resnet, convnext, ...), and the MLP models
+  (mixer, resmlp, gmlp): probed at ``stage_output``, each feature map that timm's
+  ``forward_intermediates`` returns (one per stage, or per block where timm gives one per block),
+  each on its own H x W grid. Any timm model with ``forward_intermediates`` can be probed so,
+  flat ViTs included (there it equals ``block_output``).
 
 Sites:
     ``attn_input``   the input of each block's attention (the paper's site: the output of
-                     ``norm1`` in a pre-norm block; the block input in a post-norm block);
-    ``block_output`` the output of each block (the residual stream).
+                     ``norm1`` in a pre-norm block, before any window partition; the block input in
+                     a post-norm block; the first branch's in a block of parallel attentions);
+    ``block_output`` the output of each block (the residual stream);
+    ``stage_output`` each feature map of ``forward_intermediates`` (NCHW), on its own grid.
 """
 from __future__ import annotations
 
@@ -21,11 +31,12 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["SITES", "SUPPORTED_FAMILIES", "ProbeSites", "find_sites", "UnsupportedModelError"]
+__all__ = ["SITES", "SUPPORTED_FAMILIES", "ProbeSites", "StageSites", "find_sites", "find_stages", "resolve_site",
+           "UnsupportedModelError"]
 
-SITES = ("attn_input", "block_output")
+SITES = ("attn_input", "block_output", "stage_output")
 SUPPORTED_FAMILIES = ("vision_transformer", "deit", "eva (incl. RoPE, dinov3)", "beit", "vit_relpos", "cait",
-                      "naflexvit", "timm_posgeom PosGeomViT")
+                      "naflexvit", "convit", "xcit", "samvit", "timm_posgeom PosGeomViT")
 
 
 class UnsupportedModelError(TypeError):
@@ -36,7 +47,7 @@ def _unsupported(model: nn.Module, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"cannot probe {type(model).__name__}: {why}. probe_ssdc supports flat timm ViTs whose blocks all "
         f"see one token grid: {', '.join(SUPPORTED_FAMILIES)}. Hierarchical models (swin, hiera, mvit, pit, "
-        "...) and CNNs are not supported.")
+        "...), CNNs and MLP models are probed per stage: site='stage_output' (or 'auto')")
 
 
 @dataclass
@@ -99,7 +110,11 @@ def _first_tensor(value) -> torch.Tensor:
 def _hook(block: nn.Module, site: str, layer: int, callback, model: nn.Module) -> RemovableHandle:
     if site == "block_output":
         return block.register_forward_hook(lambda m, args, out: callback(layer, _first_tensor(out)))
-    attn = getattr(block, "attn", None)
+    norm1 = getattr(block, "norm1", None)
+    if getattr(block, "window_size", 0) and isinstance(norm1, nn.Module):  # samvit: norm1 -> window partition -> attn
+        return norm1.register_forward_hook(lambda m, args, out: callback(layer, _first_tensor(out)))
+    attns = getattr(block, "attns", None)  # parallel blocks: (norm -> attn) branches; the first one's input
+    attn = attns[0].attn if isinstance(attns, nn.ModuleList) and hasattr(attns[0], "attn") else getattr(block, "attn", None)
     if isinstance(attn, nn.Module):
         def pre_hook(m, args, kwargs):
             callback(layer, args[0] if args else kwargs["x"])
@@ -108,7 +123,7 @@ def _hook(block: nn.Module, site: str, layer: int, callback, model: nn.Module) -
         norm = getattr(block, norm_name, None)
         if isinstance(norm, nn.Module):
             return norm.register_forward_hook(lambda m, args, out: callback(layer, _first_tensor(out)))
-    raise _unsupported(model, f"block {layer} ({type(block).__name__}) has no `attn`, `norm1` or `in_norm` "
+    raise _unsupported(model, f"block {layer} ({type(block).__name__}) has no `attn`, `attns`, `norm1` or `in_norm` "
                               "to take the attention input from; use site='block_output'")
 
 
@@ -132,5 +147,64 @@ def find_sites(model: nn.Module) -> ProbeSites:
         family = "cait" if hasattr(model, "blocks_token_only") else type(model).__name__
     else:
         raise _unsupported(model, "it has no `patch_embed` (or naflexvit `embeds`)")
+    reductions = _reductions(model)
+    if len(set(reductions)) > 1:
+        raise _unsupported(model, f"its grid changes between blocks (feature reductions {', '.join(map(str, reductions))})")
     num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     return ProbeSites(model=model, blocks=list(blocks), num_prefix_tokens=num_prefix, family=family)
+
+
+def _reductions(model: nn.Module) -> list[int]:
+    """The stride of each of timm's ``feature_info`` entries (empty when the model declares none)."""
+    info = getattr(model, "feature_info", None)
+    try:
+        return [int(f["reduction"]) for f in info] if info else []
+    except (TypeError, KeyError, ValueError):
+        return []
+
+
+@dataclass
+class StageSites:
+    """The stages (or blocks) of a model whose grid may change with depth, as timm's
+    ``forward_intermediates`` gives them: ``names[i]`` is the module of output i (from
+    ``feature_info``), ``reductions[i]`` its stride."""
+
+    model: nn.Module
+    names: list[str]
+    reductions: list[int]
+    family: str
+
+    def forward(self, images: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
+        """The (B, C, H, W) feature maps of outputs ``layers`` for ``images``, in that order."""
+        out = self.model.forward_intermediates(images, indices=list(layers), intermediates_only=True,
+                                               stop_early=True, output_fmt="NCHW")
+        if len(out) != len(layers):
+            raise RuntimeError(f"{type(self.model).__name__}.forward_intermediates returned {len(out)} feature maps "
+                               f"for {len(layers)} indices")
+        return list(out)
+
+
+def find_stages(model: nn.Module) -> StageSites:
+    """The :class:`StageSites` of any timm model with ``forward_intermediates`` and ``feature_info``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    info = getattr(model, "feature_info", None)
+    if not callable(getattr(model, "forward_intermediates", None)) or not info:
+        raise UnsupportedModelError(
+            f"cannot probe {type(model).__name__} per stage: it has no timm `forward_intermediates` and "
+            "`feature_info` (every timm ViT, hierarchical model and CNN of timm 1.0 has them)")
+    names = [str(f.get("module", i)) for i, f in enumerate(info)]
+    return StageSites(model=model, names=names, reductions=_reductions(model), family=type(model).__name__)
+
+
+def resolve_site(model: nn.Module, site: str) -> str:
+    """``auto`` -> ``attn_input`` for a flat ViT (the paper's site), else ``stage_output``; others as given."""
+    if site != "auto":
+        if site not in SITES:
+            raise ValueError(f"unknown site {site!r}; expected auto or one of {', '.join(SITES)}")
+        return site
+    try:
+        find_sites(model)
+        return "attn_input"
+    except UnsupportedModelError:
+        return "stage_output"
