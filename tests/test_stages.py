@@ -34,7 +34,7 @@ def tiny_swin():
 def _scipy_ssdc(maps: np.ndarray) -> float:
     """The paper's formula on one (H*W, H*W) map of an H x W grid: scipy's Spearman over i < j."""
     n = maps.shape[-1]
-    h = w = int(round(math.sqrt(n)))
+    w = int(round(math.sqrt(n)))
     i, j = np.triu_indices(n, 1)
     r, c = np.divmod(np.arange(n), w)
     return spearmanr(maps[i, j], -(np.abs(r[i] - r[j]) + np.abs(c[i] - c[j]))).statistic
@@ -59,13 +59,21 @@ def _reference_stage_ssdc(model, images) -> tuple[list[float], list[float], list
 def test_per_stage_ssdc_matches_scipy_on_each_stage_grid(name):
     model = tiny_swin() if name == "swin" else timm.create_model("resnet18", num_classes=3).eval()
     images = smooth_images(3, 32)
-    result = probe_ssdc(model, images, reduction="both", progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = probe_ssdc(model, images, reduction="both", progress=False)
     mean_map, per_image, grids = _reference_stage_ssdc(model, images)
     assert result.metadata["site"] == "stage_output" and result.metadata["granularity"] == "stage"
     assert [tuple(g) for g in result.metadata["grid_sizes"]] == grids and len(set(grids)) > 1
-    np.testing.assert_allclose(result.per_layer, mean_map, atol=1e-5)
-    np.testing.assert_allclose([s.mean for s in result.per_image], per_image, atol=1e-5)
-    assert isinstance(result.mean_maps, list) and [m.shape[0] for m in result.mean_maps] == [h * w for h, w in grids]
+    if name == "resnet18":  # its last stage is 1 x 1 at 32 px: no pair, SSDC undefined (NaN), said in a warning
+        assert grids[-1] == (1, 1) and math.isnan(result.per_layer[-1])
+        assert any(issubclass(w.category, ConstantMapWarning) and "fewer than 2 tokens: layer(s) 4 (1x1)"
+                   in str(w.message) for w in caught)
+    k = len(grids) - (name == "resnet18")  # the stages with a pair of tokens
+    np.testing.assert_allclose(result.per_layer[:k], mean_map[:k], atol=1e-5)
+    np.testing.assert_allclose([s.mean for s in result.per_image[:k]], per_image[:k], atol=1e-5)
+    assert isinstance(result.mean_maps, list)
+    assert [m.shape[0] for m in result.mean_maps] == [h * w for h, w in grids]
     assert "grid" in result.table() and "stage" in result.table()
     json.loads(result.to_json(include_maps=True))
     result.plot()

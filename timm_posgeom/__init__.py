@@ -15,7 +15,16 @@ from . import models  # noqa: F401  (registers the models with timm)
 from .data import ImageSplit, load_split
 from .eval_data import eval_loader
 from .factory import create_model
-from .interventions import PEScaleError, TokenPermutation, find_embed_module, pe_scale, token_permutation
+from .interventions import (
+    PEEntry,
+    PEScaleError,
+    TokenPermutation,
+    TokenPermutationError,
+    find_embed_module,
+    pe_inventory,
+    pe_scale,
+    token_permutation,
+)
 from .models import PosGeomViT, list_models
 from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
@@ -33,7 +42,10 @@ __all__ = [
     "token_permutation",
     "TokenPermutation",
     "find_embed_module",
+    "TokenPermutationError",
     "pe_scale",
+    "pe_inventory",
+    "PEEntry",
     "PEScaleError",
     # probes
     "ssdc",

@@ -6,15 +6,18 @@ Definitions: docs/method.md#rpi-and-rpt and docs/method.md#pe-scaling-alpha.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 
 from .pos.common import check_alpha
 
-__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode"]
+__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
+           "pe_inventory", "PEEntry"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,48 +210,112 @@ def token_permutation(
 # PE scaling
 # --------------------------------------------------------------------------------------------
 class PEScaleError(TypeError):
-    """Raised when :func:`pe_scale` finds no positional encoding it knows how to scale."""
+    """Raised by :func:`pe_scale` when the model has no positional encoding it can scale, or (``strict``, the
+    default) when it has one it cannot scale beside ones it can."""
 
 
-_REL_POS_TABLES = ("relative_position_bias_table",)
+class PEEntry(NamedTuple):
+    """One positional encoding found by :func:`pe_inventory`: ``name`` (dotted path of the tensor or module in
+    the model, ``""`` for the model itself), ``kind`` (what it is and what alpha scales) and ``scalable``
+    (whether :func:`pe_scale` scales it)."""
+
+    name: str
+    kind: str
+    scalable: bool
 
 
-def _abs_tables(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    """Learned / fixed absolute tables: ``pos_embed`` on the model or naflexvit's ``embeds``."""
-    found = []
-    for owner_name, owner in (("", model), ("embeds.", getattr(model, "embeds", None))):
-        if owner is None:
-            continue
-        for name in ("pos_embed", "pos_embed_y", "pos_embed_x"):
-            t = getattr(owner, name, None)
-            if isinstance(t, torch.Tensor):
-                found.append((owner_name + name, t))
-    return found
+_Undo = list  # restore callbacks, run last first
+_Apply = Callable[[float, _Undo], None]  # scales in place for one alpha and appends its restore callbacks
+
+
+@dataclass(frozen=True)
+class _PE:
+    entry: PEEntry
+    apply: _Apply | None = None  # None: cannot be scaled
+
+
+# Additive absolute tables, on any module: pos_embed (vit, deit, beit, cait, convit, pit, eva, samvit, hiera,
+# mvitv2 use_abs_pos, nest levels, ...), naflexvit pos_embed_x / _y, hiera pos_embed_win / _spatial / _temporal,
+# sam2-hiera pos_embed_window, visformer pos_embed1..3, crossvit pos_embed_0 / _1, tnt patch_pos / pixel_pos.
+_ABS_TABLE = re.compile(r"pos_embed(_?\d+|_x|_y|_win|_window|_spatial|_temporal)?|patch_pos|pixel_pos")
+_TABLE_KINDS = {
+    "relative_position_bias_table": "a relative position bias table (alpha scales the table, added to the logits)",
+    "rel_pos_h": "a decomposed relative position table (alpha scales the table, so the logit bias q . R)",
+    "rel_pos_w": "a decomposed relative position table (alpha scales the table, so the logit bias q . R)",
+}
+# Position encodings computed by a convolution of the token contents: there is no alpha to set.
+_CONV_PES = {
+    "PosConv": "a convolutional position generator (PosConv)",
+    "ConvPosEnc": "a convolutional position encoding (ConvPosEnc)",
+    "ConvRelPosEnc": "a convolutional relative position encoding (ConvRelPosEnc)",
+    "RepConditionalPosEnc": "a convolutional conditional position encoding (RepConditionalPosEnc)",
+    "RepCPE": "a convolutional conditional position encoding (RepCPE)",
+}
+# What else looks like a PE (reported, never guessed at): module classes and tensor names.
+_PE_CLASS = re.compile(r"Rotary|Rope|Pos(ition(al)?)?(Enc|Emb|Bias|Conv|Gen)|PEG|CPE")
+_NOT_A_PE_CLASS = re.compile(r"Attn|Attention|Block|Stage|Layer|Transformer|Model")
+_PE_WORDS = {"pos", "position", "positional", "rel", "relative", "rpe", "cpb"}
+_LOOKED_FOR = (
+    "absolute tables (`pos_embed` and its variants, on any module), timm RoPE modules (RotaryEmbedding, "
+    "RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3), relative position tables "
+    "(`relative_position_bias_table`, `rel_pos_h` / `rel_pos_w`), RelPosMlp, convit's GPSA, the continuous "
+    "position bias of swinv2 and swinv2-cr, PositionalEncodingFourier, convolutional position encodings "
+    f"({', '.join(_CONV_PES)}) and any other position-like module or tensor")
+
+
+def pe_inventory(model: nn.Module, include_prefix: bool = True) -> list[PEEntry]:
+    """Every positional encoding of ``model``, in module order, as ``(name, kind, scalable)``.
+
+    This is what :func:`pe_scale` acts on: it scales exactly the ``scalable`` entries, so after
+    ``pe_scale(model, alpha, strict=False)`` this list says what was scaled and what was not. ``kind``
+    says what alpha scales. Besides what it can scale, it reports convolutional position encodings (no
+    scale) and any other position-like module class or tensor name it does not know (``scalable=False``).
+    """
+    if _is_posgeom(model):
+        pe = getattr(model, "pe", None)
+        kind = f"our model's PE {pe!r} (set_alpha: see docs/method.md#pe-scaling-alpha)"
+        return [] if pe == "none" else [PEEntry("", kind, True)]
+    return [pe.entry for pe in _find_pes(model, include_prefix)]
 
 
 @contextlib.contextmanager
-def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Iterator[nn.Module]:
-    """Scale the positional encoding of ``model`` by ``alpha`` inside the context.
+def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True, strict: bool = True) -> Iterator[nn.Module]:
+    """Scale the positional encoding of ``model`` by ``alpha`` inside the context (alpha = 0: no PE).
 
-    What is scaled:
-      * our models (``PosGeomViT``): ``model.set_alpha`` (APE table incl. class row, sincos table,
-        RoPE angles);
-      * absolute tables (``pos_embed``; naflexvit ``embeds.pos_embed``): patch rows times alpha;
+    What alpha scales, per kind (:func:`pe_inventory` lists what a model has):
+      * our models (``PosGeomViT``): ``model.set_alpha`` (APE table incl. class row, sincos table, RoPE angles);
+      * absolute tables added to the tokens, on any module (``pos_embed`` and ``pos_embed_win``,
+        ``_window``, ``_spatial``, ``_temporal``, ``_x``, ``_y``, numbered ones, tnt's ``patch_pos`` /
+        ``pixel_pos``): the table times alpha. For the model's (or naflexvit ``embeds``') ``pos_embed``,
         prefix rows (class / register tokens) too when ``include_prefix`` (the paper's convention);
       * RoPE (timm ``RotaryEmbedding``/``RotaryEmbeddingCat``: frequency bands; ``RotaryEmbeddingMixed``:
-        learned frequencies; ``RotaryEmbeddingDinoV3``: periods / alpha): rotation angles times
-        alpha, cached tables rebuilt;
-      * additive relative-position bias tables (beit, swin: ``relative_position_bias_table``)
-        times alpha; relpos-ViT's ``RelPosMlp`` output times alpha.
+        learned frequencies; ``RotaryEmbeddingDinoV3``: periods / alpha): rotation angles times alpha,
+        cached tables rebuilt;
+      * relative position tables whose logit bias is linear in them (beit, swin, maxvit:
+        ``relative_position_bias_table``; samvit, mvitv2: decomposed ``rel_pos_h`` / ``rel_pos_w``, bias
+        q . R): times alpha; vit_relpos's ``RelPosMlp``: the bias ``get_bias()`` returns times alpha;
+      * swinv2's continuous position bias: the bias added to the logits, ``16 * sigmoid(cpb_mlp(.))``, times
+        alpha (a pre-hook on the attention's softmax adds (alpha - 1) times it); swinv2-cr's: the bias
+        ``meta_mlp`` returns times alpha;
+      * convit's GPSA: the positional attention logits ``pos_proj(rel_indices)`` times alpha, so the
+        positional attention is softmax(alpha * logits): uniform over the tokens at alpha = 0, which carries
+        no position;
+      * ``PositionalEncodingFourier`` (xcit, edgenext): its output times alpha.
 
-    Every tensor is restored exactly (saved copies) on exit, exceptions included. A model with
-    nothing to scale raises :class:`PEScaleError` naming its class and what was looked for.
+    Convolutional position encodings (twins' PosConv, coat and davit ConvPosEnc, ...) have no scale, and
+    position-like modules or tensors it does not know are not guessed at. A model with some of them and
+    some scalable PE raises :class:`PEScaleError` naming what cannot be scaled, unless ``strict=False``:
+    then only the scalable ones are scaled (``pe_inventory(model)`` says which). A model with nothing
+    scalable always raises, saying what it found (or that it found no positional encoding).
+
+    Yields ``model`` itself. Every tensor is restored exactly (saved copies) and every hook removed on exit,
+    exceptions included.
     """
     alpha = check_alpha(alpha)
     # Rebuilt caches and saved copies must be ordinary tensors even when the context is entered
     # under torch.inference_mode(), or a later training step could not use them.
     with torch.inference_mode(False), torch.no_grad():
-        restore = _apply_pe_scale(model, alpha, include_prefix)
+        restore = _apply_pe_scale(model, alpha, include_prefix, strict)
     try:
         yield model
     finally:
@@ -256,66 +323,229 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True) -> Ite
             restore()
 
 
-def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool):
-    """Scale every PE found in ``model`` in place; return the function that restores them exactly."""
-    if hasattr(model, "set_alpha") and hasattr(model, "alpha"):
+def _is_posgeom(model: nn.Module) -> bool:
+    return hasattr(model, "set_alpha") and hasattr(model, "alpha")
+
+
+def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool, strict: bool = True):
+    """Scale every scalable PE of ``model`` in place; return the function that restores them exactly."""
+    if _is_posgeom(model):
         if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
             raise PEScaleError(f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is "
                                "nothing to scale")
         old = model.alpha
         model.set_alpha(alpha)
         return lambda: model.set_alpha(old)
+    found = _find_pes(model, include_prefix)
+    _check_scalable(model, [pe.entry for pe in found], strict)
+    undo: _Undo = []
+    try:
+        for pe in found:
+            if pe.apply is not None:
+                pe.apply(alpha, undo)
+    except BaseException:
+        _run_undo(undo)
+        raise
+    return lambda: _run_undo(undo)
 
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-    restore_fns = []
 
-    def scale_(t: torch.Tensor, factor: float, rows: slice | None = None) -> None:
-        saved.append((t, t.detach().clone()))
-        if rows is None:
-            t.mul_(factor)
-        else:
-            t[:, rows].mul_(factor)
+def _run_undo(undo: _Undo) -> None:
+    for fn in reversed(undo):
+        fn()
 
-    num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
-    for name, table in _abs_tables(model):
-        if name.endswith("pos_embed") and table.ndim == 3 and not include_prefix and num_prefix \
-                and not getattr(model, "no_embed_class", False) and _has_prefix_rows(model, table):
-            scale_(table, alpha, slice(num_prefix, None))
-        else:
-            scale_(table, alpha)
 
-    for module in model.modules():
-        kind = type(module).__name__
-        if kind in ("RotaryEmbedding", "RotaryEmbeddingCat") and hasattr(module, "bands"):
-            restore_fns.append(_scale_axial_rope(module, alpha))
-        elif kind == "RotaryEmbeddingMixed":
-            scale_(module.freqs, alpha)
-        elif kind == "RotaryEmbeddingDinoV3":
-            restore_fns.append(_scale_dinov3_rope(module, alpha))
-        elif kind == "RelPosMlp":  # bias from an MLP of offsets: scale what it returns
-            restore_fns.append(_scale_get_bias(module, alpha))
-        for tname in _REL_POS_TABLES:
-            t = getattr(module, tname, None)
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                scale_(t, alpha)
-
-    if not (saved or restore_fns):
+def _check_scalable(model: nn.Module, entries: list[PEEntry], strict: bool) -> None:
+    """Raise PEScaleError when nothing can be scaled, or (strict) when something cannot."""
+    cls = type(model).__name__
+    scalable = [e for e in entries if e.scalable]
+    unscalable = [e for e in entries if not e.scalable]
+    if not entries:
+        raise PEScaleError(f"pe_scale found no positional encoding in {cls}: looked for {_LOOKED_FOR}")
+    if not scalable:
+        raise PEScaleError(f"pe_scale cannot scale the positional encoding of {cls}: it has {_describe(unscalable)}, "
+                           f"which cannot be scaled ({_why(unscalable)})")
+    if unscalable and strict:
         raise PEScaleError(
-            f"pe_scale found no positional encoding in {type(model).__name__}: looked for `pos_embed` "
-            "(model or embeds), timm RoPE modules (RotaryEmbedding, RotaryEmbeddingCat, RotaryEmbeddingMixed, "
-            "RotaryEmbeddingDinoV3), `relative_position_bias_table` and RelPosMlp")
+            f"pe_scale would scale only part of the positional encoding of {cls}: {_describe(unscalable)} cannot "
+            f"be scaled ({_why(unscalable)}); it would scale {_describe(scalable)}. Pass strict=False to scale only "
+            "those (pe_inventory(model) lists what is scaled and what is not)")
 
-    def restore() -> None:
-        for fn in reversed(restore_fns):
-            fn()
-        for t, original in reversed(saved):
-            t.copy_(original)
-    return restore
+
+def _why(unscalable: list[PEEntry]) -> str:
+    conv = [e for e in unscalable if e.kind in _CONV_PES.values()]
+    reasons = ["a convolution of the token contents has no scale"] if conv else []
+    if len(conv) < len(unscalable):
+        reasons.append("pe_scale does not guess how to scale a PE it does not know")
+    return "; ".join(reasons)
+
+
+def _describe(entries: list[PEEntry]) -> str:
+    """``kind in name, name and N more; kind in name`` (entries grouped by kind, in order)."""
+    groups: dict[str, list[str]] = {}
+    for e in entries:
+        groups.setdefault(e.kind, []).append(e.name or "the model")
+    parts = []
+    for kind, names in groups.items():
+        shown = ", ".join(names) if len(names) <= 4 else f"{', '.join(names[:3])} and {len(names) - 3} more"
+        parts.append(f"{kind} in {shown}")
+    return "; ".join(parts)
+
+
+def _under(name: str, prefixes: list[str]) -> bool:
+    """Whether module ``name`` is one of ``prefixes`` or inside one of them."""
+    return any(p == "" or name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _find_pes(model: nn.Module, include_prefix: bool) -> list[_PE]:
+    """Every PE of ``model`` (not one of ours), in module order, then what only looks like one."""
+    found: list[_PE] = []
+    claimed: list[str] = []  # recognised modules: what is inside them is theirs
+    seen: set[int] = set()  # tensors already found (a tied table is scaled once)
+    for name, module in model.named_modules():
+        if _under(name, claimed):
+            continue
+        pe = _module_pe(name, module)
+        if pe is not None:
+            found.append(pe)
+            claimed.append(name)
+            continue
+        found += _table_pes(model, name, module, include_prefix, seen)
+    return found + _unknown_pes(model, [pe.entry.name for pe in found], claimed, seen)
+
+
+def _module_pe(name: str, module: nn.Module) -> _PE | None:
+    """The PE that ``module`` is (by its class), or None."""
+    kind = type(module).__name__
+    if kind in _CONV_PES:
+        return _PE(PEEntry(name, _CONV_PES[kind], False))
+    scaler = _module_scaler(module, kind)
+    return None if scaler is None else _PE(PEEntry(name, scaler[0], True), scaler[1])
+
+
+def _module_scaler(module: nn.Module, kind: str) -> tuple[str, _Apply] | None:
+    """(what alpha scales, how) for a PE module pe_scale knows, or None."""
+    if kind in ("RotaryEmbedding", "RotaryEmbeddingCat") and hasattr(module, "bands"):
+        return "axial RoPE (alpha scales the rotation angles: bands)", _undo_with(_scale_axial_rope, module)
+    if kind == "RotaryEmbeddingMixed":
+        return "mixed RoPE (alpha scales the rotation angles: learned frequencies)", _scale_tensor(module.freqs)
+    if kind == "RotaryEmbeddingDinoV3":
+        return ("DINOv3 RoPE (alpha scales the rotation angles: periods / alpha)",
+                _undo_with(_scale_dinov3_rope, module))
+    if kind == "RelPosMlp":
+        return "a relative position MLP, RelPosMlp (alpha scales its bias)", _shadow_get_bias(module)
+    if kind == "GPSA" and isinstance(getattr(module, "pos_proj", None), nn.Module):
+        return ("GPSA positional attention (alpha scales its logits pos_proj(rel_indices): uniform at 0)",
+                _scale_output(module.pos_proj))
+    if _is_swinv2_attention(module):
+        return ("a continuous position bias, swinv2 (alpha scales 16 * sigmoid(cpb_mlp), the bias added to the "
+                "logits)", _scale_swinv2_bias(module))
+    if isinstance(getattr(module, "meta_mlp", None), nn.Module) and hasattr(module, "relative_coordinates_log"):
+        return ("a continuous position bias, swinv2-cr (alpha scales meta_mlp's output, the bias added to the "
+                "logits)", _scale_output(module.meta_mlp))
+    if kind == "PositionalEncodingFourier":
+        return ("a Fourier position encoding, PositionalEncodingFourier (alpha scales its output)",
+                _scale_output(module))
+    return None
+
+
+def _direct_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The tensors ``module`` holds itself: parameters, buffers and plain tensor attributes."""
+    out = list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False))
+    return out + [(k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor)]
+
+
+def _table_pes(model: nn.Module, name: str, module: nn.Module, include_prefix: bool, seen: set[int]) -> list[_PE]:
+    """The absolute and relative position tables ``module`` holds itself."""
+    out = []
+    for leaf, t in _direct_tensors(module):
+        if id(t) in seen or not t.is_floating_point():
+            continue
+        kind = "an absolute position table (alpha scales the table, added to the tokens)" \
+            if _ABS_TABLE.fullmatch(leaf) else _TABLE_KINDS.get(leaf)
+        if kind is None:
+            continue
+        seen.add(id(t))
+        rows = None if include_prefix else _patch_rows(model, module, leaf, t)
+        if rows is not None:
+            kind = "an absolute position table (alpha scales its patch rows, added to the patch tokens)"
+        out.append(_PE(PEEntry(f"{name}.{leaf}" if name else leaf, kind, True), _scale_tensor(t, rows)))
+    return out
+
+
+def _patch_rows(model: nn.Module, module: nn.Module, leaf: str, table: torch.Tensor) -> slice | None:
+    """The patch rows of the model's (or naflexvit ``embeds``') ``pos_embed`` when it has prefix rows."""
+    if leaf != "pos_embed" or table.ndim != 3 or not (module is model or module is getattr(model, "embeds", None)):
+        return None
+    num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
+    if num_prefix and not getattr(model, "no_embed_class", False) and _has_prefix_rows(model, table):
+        return slice(num_prefix, None)
+    return None
 
 
 def _has_prefix_rows(model: nn.Module, table: torch.Tensor) -> bool:
     grid = getattr(getattr(model, "patch_embed", None), "num_patches", None)
     return grid is None or table.shape[1] != grid
+
+
+def _pe_like(leaf: str) -> bool:
+    return leaf == "attention_biases" or any(w in _PE_WORDS for w in re.split(r"[_\d]+", leaf.lower()))
+
+
+def _unknown_pes(model: nn.Module, known: list[str], claimed: list[str], seen: set[int]) -> list[_PE]:
+    """Position-like modules (by class) and tensors (by name) outside everything recognised: never scaled."""
+    out = []
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if not name or _under(name, claimed) or not _PE_CLASS.search(kind) or _NOT_A_PE_CLASS.search(kind):
+            continue
+        if not any(_under(k, [name]) for k in known):  # e.g. RelPosBias: its table was found
+            out.append(_PE(PEEntry(name, f"a position module pe_scale does not know ({kind})", False)))
+            claimed.append(name)
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        owner, _, leaf = name.rpartition(".")
+        if id(t) in seen or not t.is_floating_point() or _under(owner, claimed) or not _pe_like(leaf):
+            continue
+        seen.add(id(t))
+        out.append(_PE(PEEntry(name, f"a position-like tensor pe_scale does not know ({leaf})", False)))
+    return out
+
+
+def _scale_tensor(t: torch.Tensor, rows: slice | None = None) -> _Apply:
+    """``t`` (or its rows ``t[:, rows]``) times alpha, in place; restored from a saved copy."""
+    def apply(alpha: float, undo: _Undo) -> None:
+        original = t.detach().clone()
+        undo.append(lambda: t.copy_(original))
+        (t if rows is None else t[:, rows]).mul_(alpha)
+    return apply
+
+
+def _undo_with(scale, module: nn.Module) -> _Apply:
+    """Adapt ``scale(module, alpha) -> restore`` to an :data:`_Apply`."""
+    return lambda alpha, undo: undo.append(scale(module, alpha))
+
+
+def _scale_output(module: nn.Module) -> _Apply:
+    """A forward hook multiplying ``module``'s output by alpha (none at alpha = 1: bit-identical)."""
+    def apply(alpha: float, undo: _Undo) -> None:
+        if alpha != 1.0:
+            undo.append(module.register_forward_hook(lambda m, args, out: out * alpha).remove)
+    return apply
+
+
+def _shadow_get_bias(module: nn.Module) -> _Apply:
+    """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
+    def apply(alpha: float, undo: _Undo) -> None:
+        previous = vars(module).get("get_bias")  # an outer pe_scale's shadow, kept for its own exit
+        original = module.get_bias
+        module.get_bias = lambda: original() * alpha
+
+        def restore() -> None:
+            if previous is None:
+                del module.get_bias
+            else:
+                module.get_bias = previous
+        undo.append(restore)
+    return apply
 
 
 def _scale_axial_rope(module: nn.Module, alpha: float):
@@ -344,16 +574,6 @@ def _scale_axial_rope(module: nn.Module, alpha: float):
     return restore
 
 
-def _scale_get_bias(module: nn.Module, alpha: float):
-    """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
-    original = module.get_bias
-    module.get_bias = lambda: original() * alpha
-
-    def restore():
-        del module.get_bias
-    return restore
-
-
 def _scale_dinov3_rope(module: nn.Module, alpha: float):
     """DINOv3 RoPE: angles = 2 pi coords / periods, so divide the periods by alpha."""
     if alpha == 1.0:
@@ -372,6 +592,33 @@ def _scale_dinov3_rope(module: nn.Module, alpha: float):
         if cache is not None:
             module.pos_embed_cached = cache
     return restore
+
+
+def _is_swinv2_attention(module: nn.Module) -> bool:
+    """timm swinv2's WindowAttention: adds 16 * sigmoid(cpb_mlp(...)) to its logits, then calls ``softmax``."""
+    return isinstance(getattr(module, "cpb_mlp", None), nn.Module) and isinstance(
+        getattr(module, "softmax", None), nn.Softmax) and hasattr(module, "relative_position_index")
+
+
+def _swinv2_bias(attn: nn.Module) -> torch.Tensor:
+    """The bias swinv2's ``WindowAttention.forward`` adds to its logits (timm 1.0.31), (heads, N, N)."""
+    n = attn.window_size[0] * attn.window_size[1]
+    table = attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads)
+    bias = table[attn.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1)
+    return 16 * torch.sigmoid(bias)
+
+
+def _scale_swinv2_bias(attn: nn.Module) -> _Apply:
+    """The logits reach ``attn.softmax`` with the bias b added: a pre-hook adds (alpha - 1) * b, so they carry
+    alpha * b. (b = 16 * sigmoid(.) is in (0, 16): no output of cpb_mlp gives alpha * b for alpha > 1.)"""
+    def apply(alpha: float, undo: _Undo) -> None:
+        if alpha == 1.0:
+            return
+
+        def pre_hook(softmax: nn.Module, args: tuple) -> tuple:
+            return (args[0] + (alpha - 1.0) * _swinv2_bias(attn), *args[1:])
+        undo.append(attn.softmax.register_forward_pre_hook(pre_hook).remove)
+    return apply
 
 
 @contextlib.contextmanager
