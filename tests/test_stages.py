@@ -187,3 +187,21 @@ def test_cli_probe_per_stage_with_input_size(tmp_path, capsys):
     assert "site=stage_output" in out and "stage" in out and "16x16" in out
     data = json.loads((tmp_path / "ssdc.json").read_text())
     assert data["metadata"]["image_size"] == [32, 32] and data["metadata"]["grid_sizes"][0] == [16, 16]
+
+
+def test_a_grid_too_large_for_a_similarity_map_is_refused_not_oom_killed(monkeypatch):
+    """inception_resnet_v2's first map at 299 px is 147 x 147 (233M pairs): the probe was killed for memory."""
+    import timm_posgeom.probes.probe as probe_module
+
+    monkeypatch.setattr(probe_module, "MAX_GRID_TOKENS", 8 * 8)
+    model = timm.create_model("resnet18", num_classes=3).eval()
+    with pytest.raises(ValueError, match=r"layer 0's grid 16x16 has 256 tokens, more than the 64.*layers="):
+        probe_ssdc(model, smooth_images(1, 32), progress=False)
+    assert probe_ssdc(model, smooth_images(1, 32), layers=[2, 3], progress=False).metadata["grid_sizes"] == [[4, 4],
+                                                                                                            [2, 2]]
+
+
+def test_delta_ssdc_is_not_made_up_across_stages():
+    """The paper's delta SSDC compares blocks 0 and 1 on one grid; across stages it is NaN, not a number."""
+    result = probe_ssdc(tiny_swin(), smooth_images(2, 32), progress=False)
+    assert math.isnan(result.delta) and "delta" not in result.table()

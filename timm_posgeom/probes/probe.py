@@ -35,6 +35,7 @@ __all__ = ["probe_ssdc", "REDUCTIONS"]
 REDUCTIONS = ("mean_map", "per_image", "both")
 
 
+MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks need tens of GB: refused, not OOM-killed
 _DEFER_BYTES = 256 * 2 ** 20  # per batch, the pairs of all layers kept for one SSDC call after the forward
 
 
@@ -151,6 +152,10 @@ class _Accumulator:
         if known != grid and self.want_map:
             raise ValueError(f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
                              "mean map needs one image size (resize the data, or use reduction='per_image')")
+        if grid[0] * grid[1] > MAX_GRID_TOKENS:
+            raise ValueError(f"layer {layer}'s grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]:,} tokens, more than the "
+                             f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
+                             "tens of GB): probe the other layers (layers=...) or smaller images")
         if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return

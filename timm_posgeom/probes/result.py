@@ -72,7 +72,10 @@ class SSDCResult:
 
     @property
     def delta(self) -> float:
-        """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) (NaN unless both were probed)."""
+        """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) of a flat ViT's blocks (NaN unless both were
+        probed; NaN per stage, where the two maps lie on different grids and the paper's quantity is not defined)."""
+        if self.metadata.get("granularity") == "stage":
+            return math.nan
         if 0 in self.layers and 1 in self.layers:
             return self.per_layer[self.layers.index(1)] - self.per_layer[self.layers.index(0)]
         return math.nan
