@@ -52,7 +52,8 @@ def architecture_args(model) -> dict[str, Any]:
 
     timm records only the kwargs given to ``create_model``; this adds what the registered name
     implies (PE type, alpha, token shuffle, width, depth, heads, patch and image size), so a config
-    rebuilds the exact model even if a registered default changes later.
+    rebuilds the exact model even if a registered default changes later. ``init`` (``timm`` or
+    ``paper``) is recorded too: loaded weights do not depend on it, but a config says how the run began.
     """
     from .models import PosGeomViT
 
@@ -64,7 +65,7 @@ def architecture_args(model) -> dict[str, Any]:
         embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
         patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
         img_size=int(img[0]) if img[0] == img[1] else list(img),
-        num_classes=model.num_classes, global_pool=model.global_pool,
+        num_classes=model.num_classes, global_pool=model.global_pool, init=getattr(model, "init", "timm"),
     )
 
 
@@ -148,16 +149,24 @@ def _recipe_data(path: Path) -> str | None:
 
 
 _CARD_ARGS = ("pe", "alpha", "token_shuffle", "embed_dim", "depth", "num_heads", "img_size", "patch_size",
-              "num_classes")
+              "num_classes", "init")
+# card args an export may lack: exports made before the argument existed, with its value then
+_CARD_ARG_DEFAULTS = {"init": "timm"}
+
+_INIT_TEXT = {
+    "timm": "",
+    "paper": (" Initialised as in the paper's code: PyTorch's defaults (Linear and Conv weights and biases "
+              "U(+-1/sqrt(fan_in)), position table and class token N(0, 1), LayerNorm 1 / 0)."),
+}
 
 
 def _card_args(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The architecture arguments a card shows, from config.json's ``model_args`` (written by
     :func:`export_for_hub` for every timm-posgeom model); a clear error for any other export."""
-    args = config.get("model_args") or {}
+    args = dict(_CARD_ARG_DEFAULTS, **(config.get("model_args") or {}))
     missing = [k for k in _CARD_ARGS if k not in args]
-    if missing or args.get("pe") not in _PE_TEXT:
-        raise HubExportError(f"{path}: model_args lacks {', '.join(missing) or 'a known pe'}: not an export of a "
+    if missing or args.get("pe") not in _PE_TEXT or args.get("init") not in _INIT_TEXT:
+        raise HubExportError(f"{path}: model_args lacks {', '.join(missing) or 'a known pe or init'}: not an export of a "
                              "timm-posgeom model (posgeom train writes them)")
     return args
 
@@ -195,6 +204,8 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding", f"pe-{pe}"]
     if token_shuffle == "train":
         tags.append("random-permutation-training")
+    if args["init"] != "timm":
+        tags.append(f"init-{args['init']}")
     card_data = ModelCardData(
         library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
         # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
@@ -205,12 +216,13 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     if token_shuffle == "train":
         pe_title += ", trained with random token permutation (RPT)"
         pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
+    pe_description += _INIT_TEXT[args["init"]]
     figures = sorted(p.name for p in run.glob("*.png"))
     card = ModelCard.from_template(
         card_data, template_path=str(card_template()),
         model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
         pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=args["alpha"],
-        token_shuffle=token_shuffle, embed_dim=args["embed_dim"], depth=args["depth"],
+        token_shuffle=token_shuffle, init=args["init"], embed_dim=args["embed_dim"], depth=args["depth"],
         num_heads=args["num_heads"], img_size=_side(args["img_size"]), patch_size=_side(args["patch_size"]),
         num_classes=args["num_classes"], num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
         dataset=dataset, steps=summary.steps if summary else "?", epochs=_fmt(summary.epochs) if summary else "?",

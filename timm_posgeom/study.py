@@ -34,7 +34,8 @@ from .jsonio import to_jsonable, write_json
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 from .train.rundir import changed_keys, describe_changes
 
-__all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run"]
+__all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
+           "write_plan"]
 
 CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
 SWEPT = ("ape", "sincos", "rope")
@@ -50,6 +51,7 @@ class StudyConfig:
     seeds: int = 1
     conditions: tuple[str, ...] = CONDITIONS
     train_overrides: list[str] = field(default_factory=list)  # --set key=value for every training run
+    init: str | None = None  # model_kwargs.init of every run (timm | paper); None: what each recipe says
     eval_images: int | None = None  # None: the whole validation split
     probe_images: int = 1000  # the paper's SSDC batch
     sweep_images: int | None = None  # fragility images per alpha (None: eval_images)
@@ -94,19 +96,36 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
         raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
     if config.seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {config.seeds}")
+    _check_init(config.init)
     return config
+
+
+def _check_init(init: str | None) -> None:
+    from .models.vision_transformer_pe import INIT_TYPES
+
+    if init is not None and init not in INIT_TYPES:
+        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
 
 
 # --------------------------------------------------------------------------------------------
 # plan
 # --------------------------------------------------------------------------------------------
+def _run_overrides(config: StudyConfig, seed: int) -> list[str]:
+    """The recipe overrides of one run: ``--set`` values, then ``--init`` (it wins), seed and data."""
+    _check_init(config.init)
+    overrides = list(config.train_overrides)
+    if config.init is not None:
+        overrides.append(f"model_kwargs.init={config.init}")
+    overrides.append(f"seed={seed}")
+    if config.data is not None:
+        overrides.append(f"data={config.data}")
+    return overrides
+
+
 def _recipe_for(config: StudyConfig, condition: str, seed: int):
     from .recipe import load_recipe
 
-    overrides = list(config.train_overrides) + [f"seed={seed}"]
-    if config.data is not None:
-        overrides.append(f"data={config.data}")
-    return load_recipe(f"{config.recipe_prefix}_{condition}", overrides)
+    return load_recipe(f"{config.recipe_prefix}_{condition}", _run_overrides(config, seed))
 
 
 def plan_study(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]:
@@ -119,18 +138,19 @@ def plan_study(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, An
     for condition in config.conditions:
         for seed in range(config.seeds):
             recipe = _recipe_for(config, condition, seed)
+            _check_init(recipe.model_kwargs.get("init"))
             run_dir = out / "runs" / f"{condition}_s{seed}"
             plan.append(dict(condition=condition, seed=seed, run_dir=str(run_dir), model=recipe.model,
                              recipe=f"{config.recipe_prefix}_{condition}", data=recipe.data or "synthetic",
                              epochs=recipe.epochs, batch_size=recipe.batch_size, img_size=recipe.img_size,
+                             init=recipe.model_kwargs.get("init", "timm"),
                              command=" ".join(_train_command(config, condition, seed, run_dir)).replace(sys.executable, "python")))
     return plan
 
 
 def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path, resume: bool = False) -> list[str]:
     args = ["-m", "timm_posgeom.train", "--recipe", f"{config.recipe_prefix}_{condition}", "--out", str(run_dir)]
-    sets = list(config.train_overrides) + [f"seed={seed}"] + ([f"data={config.data}"] if config.data else [])
-    for s in sets:
+    for s in _run_overrides(config, seed):
         args += ["--set", s]
     if resume:
         args.append("--resume")
@@ -321,6 +341,13 @@ def _versions() -> dict[str, str]:
                 accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
 
 
+def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str, Any]] | None = None) -> Path:
+    """Record the study's configuration and plan in ``<out>/plan.json``: what ``--resume`` compares with."""
+    path = Path(out) / "plan.json"
+    write_json(path, dict(config=asdict(config), plan=plan_study(config, out) if plan is None else plan))
+    return path
+
+
 def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
               allow_changes: bool = False) -> StudyResults:
     """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``.
@@ -350,7 +377,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
                              "files are kept), or choose another --out")
         if changes:
             print(f"resuming {out} with changed settings: {describe_changes(changes)}; what they affect is recomputed")
-    write_json(out / "plan.json", dict(config=asdict(config), plan=plan))
+    write_plan(config, out, plan)
     first = _recipe_for(config, config.conditions[0], 0)
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=(config.synthetic_size // 5 if config.synthetic_size else None))

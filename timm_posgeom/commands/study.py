@@ -25,6 +25,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate recipes and print the plan; run nothing")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                    help="recipe override for every training run (repeatable), e.g. --set epochs=10")
+    p.add_argument("--init", default=None, choices=["timm", "paper"],
+                   help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
+                        "model_kwargs.init of every run, after --set). Default: what each recipe says "
+                        "(in100: paper, demo and imagenette-cpu: timm). Recorded: a resume with another is refused")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
-                           imagenet_c=args.imagenet_c or None)
+                           imagenet_c=args.imagenet_c or None, init=args.init)
     if args.overrides:
         config.train_overrides = list(config.train_overrides) + list(args.overrides)
     out = args.out or Path("runs") / f"study-{args.preset}"
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"preset {args.preset}: {len(plan)} runs, every recipe valid")
         for item in plan:
             print(f"  {item['condition']:7s} seed {item['seed']}: {item['model']} on {item['data']}, "
-                  f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px")
+                  f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px, {item['init']} init")
             print(f"    {item['command']}")
         return 0
     results = run_study(config, out, resume=args.resume, allow_changes=args.allow_changes)

@@ -8,8 +8,10 @@ variable is the positional encoding (PE):
 * ``sincos`` - fixed 2-D sine-cosine table on patch tokens, rebuilt (never interpolated) for a new grid
 * ``rope``   - 2-D axial RoPE (base 10000) on the patch tokens' queries and keys; prefix tokens not rotated
 
-plus ``alpha`` (scale of the PE at inference) and ``token_shuffle`` (random permutation of the patch
-tokens after the patch embedding and before any PE: ``train`` is the paper's RPT).
+plus ``alpha`` (scale of the PE at inference), ``token_shuffle`` (random permutation of the patch
+tokens after the patch embedding and before any PE: ``train`` is the paper's RPT) and ``init`` (``timm``'s
+initialisation, or ``paper``: the paper code's PyTorch-default initialisation, see
+:meth:`PosGeomViT.init_weights_paper`).
 
 Papers:
 * `Positional Encodings Anchor Spatial Structure in Vision Transformers: A Geometric Perspective on
@@ -21,9 +23,11 @@ Papers:
 List every model of the plugin: ``timm.list_models(module='vision_transformer_pe')``
 (or ``timm_posgeom.list_models()``).
 """
+import math
 from typing import Any, Optional
 
 import torch
+import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.eva import Eva
@@ -32,7 +36,13 @@ from ..pos.common import PE_TYPES, TOKEN_SHUFFLE_MODES, check_alpha
 from ..pos.rope import ScaledRotaryEmbeddingCat
 from ..pos.sincos import sincos_2d
 
-__all__ = ["PosGeomViT"]
+__all__ = ["PosGeomViT", "INIT_TYPES"]
+
+# ``timm``: timm's Eva init (trunc-normal std 0.02 for Linear weights, PE and class token, zero biases, the
+# depth rescale of attn.proj / mlp.fc2, head scaled by 0.001). ``paper``: the paper's code
+# (github.com/mahmoud-mannes/vit-encoding-paper, code/src/main/model.py), which sets no init of its own:
+# PyTorch's defaults everywhere (see PosGeomViT.init_weights_paper).
+INIT_TYPES = ("timm", "paper")
 
 
 class PosGeomViT(Eva):
@@ -48,6 +58,9 @@ class PosGeomViT(Eva):
             permutation per forward pass, shared by the batch, drawn from torch's global RNG on the
             tokens' device (so accelerate's RNG checkpointing makes RPT runs resumable).
         rope_temperature: RoPE base (10000 as in the paper).
+        init: ``timm`` (timm's Eva initialisation, the default) or ``paper`` (the paper code's
+            initialisation, PyTorch's defaults: see :meth:`init_weights_paper`). Applied after timm's
+            own init; kept as ``self.init`` and in exported configs. Loading weights overwrites it.
 
     The defaults give a standard ViT: class token, token pooling, no layer scale, qkv bias.
     """
@@ -59,8 +72,11 @@ class PosGeomViT(Eva):
             token_shuffle: str = "none",
             rope_temperature: float = 10000.0,
             global_pool: str = "token",
+            init: str = "timm",
             **kwargs: Any,
     ):
+        if init not in INIT_TYPES:
+            raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
         if pe not in PE_TYPES:
             raise ValueError(f"unknown positional encoding {pe!r}; expected one of {', '.join(PE_TYPES)}")
         if token_shuffle not in TOKEN_SHUFFLE_MODES:
@@ -75,6 +91,8 @@ class PosGeomViT(Eva):
         if pe == "none" and alpha != 1.0:
             raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
+        # the paper init draws from the CPU generator as it stood before timm's init (see init_weights_paper)
+        cpu_rng = torch.random.get_rng_state() if init == "paper" else None
         super().__init__(
             global_pool=global_pool,
             use_abs_pos_emb=pe == "ape",
@@ -98,6 +116,85 @@ class PosGeomViT(Eva):
                 feat_shape=None if self.dynamic_img_size else list(grid),
                 **dd,
             )
+        self.init = init
+        if init == "paper":
+            if cpu_rng is not None and self.patch_embed.proj.weight.device.type == "cpu":
+                torch.random.set_rng_state(cpu_rng)  # rewind past timm's init: the paper's random stream
+            self.init_weights_paper()
+
+    # --- initialisation ---------------------------------------------------------------------------
+    def init_weights(self, needs_reset: bool = True) -> None:
+        """(Re-)initialise the weights with this model's ``init`` (timm's Eva init, then the paper's if asked)."""
+        super().init_weights(needs_reset=needs_reset)
+        if getattr(self, "init", "timm") == "paper":  # Eva.__init__ calls this before self.init exists
+            self.init_weights_paper()
+
+    @torch.no_grad()
+    def init_weights_paper(self) -> None:
+        """The paper code's initialisation: PyTorch's defaults, nothing of its own.
+
+        The paper's ``VisionTransformer`` (code/src/main/model.py) builds ``nn.Conv2d`` (patches),
+        ``nn.Parameter(torch.randn(1, 1, D))`` (class token), ``nn.Embedding(num_patches + 1, D)`` (the
+        APE, class-token row included, created for every condition), then per layer ``nn.LayerNorm``,
+        ``nn.Linear(D, 3 * D)`` (fused qkv with bias) and ``nn.Linear(D, D)``, then per layer
+        ``nn.LayerNorm``, ``nn.Linear(D, 4 * D)``, ``nn.Linear(4 * D, D)``, and ``nn.Linear(D, classes)``;
+        it never re-initialises. So here:
+
+        * every ``nn.Linear`` / ``nn.Conv2d``: ``reset_parameters()`` (weights kaiming-uniform a=sqrt(5),
+          i.e. U(+-1/sqrt(fan_in)); biases U(+-1/sqrt(fan_in))), with no depth rescale and no head scale;
+        * the q and v biases (Eva keeps them outside the bias-free ``qkv`` Linear): U(+-1/sqrt(fan_in)),
+          cut from one 3*D draw as the paper's fused bias; the key bias stays Eva's fixed zero (a key
+          bias adds the same q.b to every logit of a query, which the softmax cancels);
+        * ``pos_embed`` and the class token (and register tokens, if any): N(0, 1). Without an APE the
+          table is drawn and discarded, as the paper's model creates it in every condition;
+        * every ``nn.LayerNorm``: weight 1, bias 0. RoPE and the sincos table hold nothing learned.
+
+        Draws follow the paper's construction order, so a model built on the CPU right after
+        ``torch.manual_seed(s)`` holds the initial weights the paper's code builds after the same seed
+        (the constructor rewinds the CPU generator past timm's init). Layer-scale gammas and an
+        attention-pooling latent (not in the paper's model) keep timm's init.
+        """
+        done: set[int] = set()
+
+        def reset(module: Optional[nn.Module]) -> None:
+            if module is not None and id(module) not in done:
+                done.add(id(module))
+                module.reset_parameters()
+
+        reset(self.patch_embed.proj)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                token.normal_(0.0, 1.0)
+        num_pos = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        if self.pos_embed is not None:
+            self.pos_embed.normal_(0.0, 1.0)
+        else:  # the paper's unused nn.Embedding: same draws, so later layers match it
+            torch.empty(num_pos, self.embed_dim, device=self.patch_embed.proj.weight.device,
+                        dtype=self.patch_embed.proj.weight.dtype).normal_(0.0, 1.0)
+        for blk in self.blocks:
+            attn = blk.attn
+            if attn.qkv is not None:
+                reset(attn.qkv)
+                if attn.q_bias is not None:
+                    bound = 1.0 / math.sqrt(attn.qkv.in_features)
+                    bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device,
+                                       dtype=attn.q_bias.dtype).uniform_(-bound, bound)
+                    q, _, v = bias.chunk(3)
+                    attn.q_bias.copy_(q)
+                    attn.v_bias.copy_(v)
+            else:
+                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                    reset(proj)
+            reset(attn.proj)
+        for blk in self.blocks:
+            for module in blk.mlp.modules():
+                if isinstance(module, (nn.Linear, nn.Conv2d)):
+                    reset(module)
+        if isinstance(self.head, nn.Linear):
+            reset(self.head)
+        for module in self.modules():  # whatever the paper's order did not name (e.g. attention pooling)
+            if isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
+                reset(module)
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild the computed (non-persistent) sincos table, e.g. after ``to_empty()``."""
@@ -184,7 +281,8 @@ class PosGeomViT(Eva):
         self.init_non_persistent_buffers()
 
     def extra_repr(self) -> str:
-        return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}"
+        init = "" if self.init == "timm" else f", init={self.init!r}"
+        return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}{init}"
 
 
 def _check_img_size(img_size, patch_size, dynamic_img_pad: bool) -> None:
