@@ -29,6 +29,7 @@ from .models import PosGeomViT, list_models
 from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
 from .shifts import JPEG, GaussianBlur, imagenet_c, parse_shift
+from .support import SupportRow, check_support
 from .synthetic import SyntheticShapes
 from .transforms import eval_transform
 from .version import __version__
@@ -52,6 +53,8 @@ __all__ = [
     "probe_ssdc",
     "pe_table_ssdc",
     "SSDCResult",
+    "check_support",
+    "SupportRow",
     # robustness
     "JPEG",
     "GaussianBlur",
