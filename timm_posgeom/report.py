@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
+from .claims import CHANCE_FACTOR, LABELS, NEAR_ZERO, SUBSTANTIAL, evaluate_claims, spread
 from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
 from .shifts import PAPER_SHIFTS
 
 __all__ = ["write_report", "PAPER", "evaluate_claims"]
 
-LABELS = {"nope": "no PE", "ape": "APE", "sincos": "sincos", "rope": "RoPE", "rpt": "RPT"}
 COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
 
 # The paper's ViT-S/16 on ImageNet-100 (4 seeds, 60 epochs): clean top-1, JPEG q5 FS, blur FS.
@@ -26,9 +26,6 @@ PAPER = {
     "ape": (0.641, 0.435, 0.184), "sincos": (0.657, 0.435, 0.208), "rope": (0.690, 0.299, 0.147),
     "nope": (0.568, 0.646, 0.298), "rpt": (0.560, 0.630, 0.243),
 }
-# Thresholds used to call a claim held (documented in the report).
-NEAR_ZERO = 0.1  # |SSDC| under RPI at every layer
-SUBSTANTIAL = 0.1  # mean SSDC under RPI across layers
 
 
 def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
@@ -67,12 +64,6 @@ def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.nd
     return np.nanmean(arr, 0), (np.nanstd(arr, 0, ddof=1) if len(rows) > 1 else np.zeros(arr.shape[1]))
 
 
-def _pm(mean: float, std: float, digits: int = 3) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 # --------------------------------------------------------------------------------------------
 # claims
 # --------------------------------------------------------------------------------------------
@@ -81,97 +72,6 @@ def _sweep_means(sweeps: list[SweepSummary], shift: str) -> tuple[np.ndarray, np
     def mean(rows):
         return np.nanmean([_floats(row) for row in rows], 0)
     return mean(s.delta_ssdc for s in sweeps), mean(s.fs[shift] for s in sweeps)
-
-
-def _trend(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman correlation of y with x; NaN when either is constant or has missing values."""
-    from scipy.stats import spearmanr
-
-    if np.isnan(y).any() or np.ptp(y) == 0 or np.ptp(x) == 0:
-        return math.nan
-    return float(spearmanr(x, y)[0])
-
-
-def _rpi(by: dict[str, list[StudyRun]], c: str) -> np.ndarray:
-    return _layers(by.get(c, []), "rpi_per_layer")[0]
-
-
-def _claim_collapse(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
-    """(1) no-PE models build content structure that collapses under RPI."""
-    if "nope" not in by:
-        return None, "no-PE condition not run"
-    n, p = _layers(by["nope"], "per_layer")[0], _rpi(by, "nope")
-    held = bool(np.nanmean(n) > SUBSTANTIAL and np.all(np.abs(p) < NEAR_ZERO))
-    return held, f"no PE: SSDC {np.round(n, 3).tolist()} -> under RPI {np.round(p, 3).tolist()}"
-
-
-def _claim_anchor(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
-    """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth."""
-    parts, ok = [], True
-    for c in ("ape", "sincos", "rope"):
-        if c not in by:
-            continue
-        p = _rpi(by, c)
-        keeps = bool(np.nanmean(p) > SUBSTANTIAL)
-        shape = (int(np.nanargmax(p)) < len(p) / 2) if c != "rope" else bool(p[-1] > p[0])
-        ok &= keeps and shape
-        parts.append(f"{LABELS[c]} under RPI {np.round(p, 3).tolist()} "
-                     f"({'keeps' if keeps else 'loses'} structure; "
-                     f"{'peaks early' if c != 'rope' and shape else 'accumulates' if shape else 'other shape'})")
-    return (ok if parts else None), "; ".join(parts)
-
-
-def _claim_rpt(by: dict[str, list[StudyRun]]) -> tuple[bool | None, str]:
-    """(3) RPT behaves like no PE."""
-    if "rpt" not in by:
-        return None, "RPT condition not run"
-    p = _rpi(by, "rpt")
-    return bool(np.all(np.abs(p) < NEAR_ZERO)), f"RPT under RPI {np.round(p, 3).tolist()}"
-
-
-def _claim_fragility(by: dict[str, list[StudyRun]], shift: str = "jpeg:5") -> tuple[bool | None, str]:
-    """(4) PE models are less fragile than no-PE / RPT, RoPE least."""
-    fss = {c: _stat([_fs(r, shift) for r in runs])[0] for c, runs in by.items()}
-    if not {"nope", "rope"} <= set(fss) or any(math.isnan(v) for v in fss.values()):
-        return None, "needs no-PE and RoPE with fragility results"
-    pe = [c for c in ("ape", "sincos", "rope") if c in fss]
-    nonpe = [c for c in ("nope", "rpt") if c in fss]
-    held = all(fss[a] < fss[b] for a in pe for b in nonpe) and min(fss, key=fss.get) == "rope"
-    order = ", ".join(f"{LABELS[c]} {v:.3f}" for c, v in sorted(fss.items(), key=lambda kv: kv[1]))
-    return bool(held), f"JPEG q5 FS (low to high): {order}"
-
-
-def _claim_alpha(by: dict[str, list[StudyRun]], shift: str = "jpeg:5") -> tuple[bool | None, str]:
-    """(5) delta SSDC falls and FS rises as alpha shrinks (APE)."""
-    sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
-    if not sweeps:
-        return None, "no APE alpha sweep"
-    alphas = np.array(sweeps[0].alphas, dtype=float)
-    delta, fsj = _sweep_means(sweeps, shift)
-    rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
-    return bool(rd > 0 and rf < 0), (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, "
-                                     f"JPEG FS {np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, "
-                                     f"FS {rf:+.2f})")
-
-
-CLAIMS = (
-    ("No-PE models build content-driven structure that collapses to ~0 under RPI", _claim_collapse),
-    ("APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE accumulates with depth)",
-     _claim_anchor),
-    ("RPT behaves like no PE (SSDC under RPI ~0)", _claim_rpt),
-    ("PE models are less fragile than no-PE/RPT, RoPE least", _claim_fragility),
-    ("As alpha shrinks, delta SSDC falls and FS rises (APE)", _claim_alpha),
-)
-
-
-def evaluate_claims(results: StudyResults) -> list[dict[str, Any]]:
-    """The paper's five qualitative claims, each with held (True/False/None = not measurable) and why."""
-    by = _by_condition(results)
-    claims = []
-    for claim, check in CLAIMS:
-        held, evidence = check(by)
-        claims.append(dict(claim=claim, held=held, evidence=evidence))
-    return claims
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,15 +271,15 @@ def _training_table(results: StudyResults) -> list[str]:
 
 def _tables(results: StudyResults) -> list[str]:
     by = _by_condition(results)
-    lines = ["## Accuracy and fragility (mean ± std over seeds)", "",
+    lines = ["## Accuracy and fragility (mean ± std [95% interval] over seeds)", "",
              "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
              "|---|---|---|---|---|---|---|---|"]
     for c, runs in by.items():
-        acc = _stat([r.eval.clean_accuracy for r in runs])
-        fj = _stat([_fs(r, "jpeg:5") for r in runs])
-        fb = _stat([_fs(r, "blur:2.5:5") for r in runs])
+        acc = spread([r.eval.clean_accuracy for r in runs]).text()
+        fj = spread([_fs(r, "jpeg:5") for r in runs]).text()
+        fb = spread([_fs(r, "blur:2.5:5") for r in runs]).text()
         pa = PAPER.get(c, (math.nan,) * 3)
-        lines.append(f"| {LABELS.get(c, c)} | {len(runs)} | {_pm(*acc)} | {_pm(*fj)} | {_pm(*fb)} | "
+        lines.append(f"| {LABELS.get(c, c)} | {len(runs)} | {acc} | {fj} | {fb} | "
                      f"{pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |")
     extra = sorted({s for r in results.runs for s in r.eval.fs or {}} - set(PAPER_SHIFTS))
     if extra:
@@ -387,7 +287,7 @@ def _tables(results: StudyResults) -> list[str]:
                   "|---|" + "---|" * len(extra)]
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
-                _pm(*_stat([_fs(r, s) for r in runs])) for s in extra) + " |")
+                spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
     lines += ["", "## SSDC across depth (attention input, mean map; mean over seeds)", "",
               "| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
               "|---|---|---|---|---|"]
@@ -395,9 +295,9 @@ def _tables(results: StudyResults) -> list[str]:
         n, _ = _layers(runs, "per_layer")
         p, _ = _layers(runs, "rpi_per_layer")
         u, _ = _layers(runs, "per_layer", source="untrained")
-        d = _stat([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs])
+        d = spread([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs]).text()
         lines.append(f"| {LABELS.get(c, c)} | {', '.join(f'{v:.3f}' for v in n)} | "
-                     f"{', '.join(f'{v:.3f}' for v in p)} | {_pm(*d)} | {', '.join(f'{v:.3f}' for v in u)} |")
+                     f"{', '.join(f'{v:.3f}' for v in p)} | {d} | {', '.join(f'{v:.3f}' for v in u)} |")
     sweeps = [(c, r.eval.alpha_sweep) for c, runs in by.items() for r in runs[:1] if r.eval.alpha_sweep]
     if sweeps:
         lines += ["", "## Alpha sweep (seed 0): delta SSDC under RPI / JPEG q5 FS", "",
@@ -410,6 +310,19 @@ def _tables(results: StudyResults) -> list[str]:
                 cells.append(f"{'n/a' if d is None else f'{d:.3f}'} / {'n/a' if f is None else f'{f:.3f}'}")
             lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
+    lines = ["## The paper's five claims in this run", "",
+             f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
+             f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers. With 2 seeds or "
+             "more a comparison counts only beyond the 95% interval over seeds; a claim that involves a model whose "
+             f"clean top-1 is below {CHANCE_FACTOR:g}x chance is undecided.", "",
+             "| # | claim | held here | evidence |", "|---|---|---|---|"]
+    for i, c in enumerate(claims, 1):
+        held = {"held": "yes", "not held": "**no**"}.get(c["status"], f"{c['status']}: {c['reason']}")
+        lines.append(f"| {i} | {c['claim']} | {held} | {c['evidence']} |")
+    return lines + [""]
 
 
 def write_report(out: str | os.PathLike) -> Path:
@@ -436,15 +349,9 @@ def write_report(out: str | os.PathLike) -> Path:
              + ", ".join(f"{k} {v}" for k, v in results.versions.items()) + ".", "",
              "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
              "may differ, so compare orderings and shapes rather than values.", ""]
+    lines += _claims_table(claims)
     lines += _tables(results)
     lines += _training_table(results)
-    lines += ["", "## The paper's five claims in this run", "",
-              f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
-              f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers.", "",
-              "| # | claim | held here | evidence |", "|---|---|---|---|"]
-    for i, c in enumerate(claims, 1):
-        held = {True: "yes", False: "**no**", None: "not measured"}[c["held"]]
-        lines.append(f"| {i} | {c['claim']} | {held} | {c['evidence']} |")
     lines += ["", "## Figures", "", "![SSDC across depth](figures/ssdc_depth.png)", "",
               "![Fragility](figures/fragility.png)", ""]
     if has_sweep:

@@ -389,7 +389,8 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     log = bar.write if progress else (lambda s: None)
     results = StudyResults(config=asdict(config), plan=plan, versions=_versions(),
                            recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
-                           eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val)))
+                           eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val),
+                                          classes=val.num_classes))
     for item in bar:
         bar.set_postfix_str(f"{item['condition']} s{item['seed']}")
         run_dir = Path(item["run_dir"])
