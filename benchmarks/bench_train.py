@@ -10,6 +10,11 @@ each ``posgeom_vit_micro_patch8_64_<variant>`` and on its stock timm equivalent 
 embed_dim=128, depth=4, num_heads=4), interleaving the two so that load on a shared machine
 affects both alike, and prints images/s and the ratio ours / stock.
 
+Part 3 (``--speedups``) measures what the CPU training options give on the micro APE model at 64 and
+112 px (8 x 8 and 14 x 14 tokens), each against eager float32 with torch's default threads in the
+same run: ``torch.compile``, channels-last memory format, 1 thread instead of the default, and, for
+evaluation, one forward of 512 images against four of 128.
+
 Part 2 iterates the training loader alone (uint8 cache + reflect-pad crop + flip, as the
 ``imagenette_cpu_*`` recipes use; and, for contrast, JPEG decoding + resizing every image) and
 prints its images/s against the training step's: the loader must be well above 1x.
@@ -76,6 +81,64 @@ def bench_models(variants: list[str], batch_size: int, steps: int, warmup: int =
     return results
 
 
+def _median_step(step, steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _train_step(img: int, batch_size: int, compiled: bool = False, channels_last: bool = False):
+    torch.manual_seed(0)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, img_size=img, drop_path_rate=0.1)
+    images = torch.randn(batch_size, 3, img, img)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
+    forward = torch.compile(model) if compiled else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+    targets = torch.randint(0, 10, (batch_size,))
+    model.train()
+
+    def step() -> None:
+        loss_fn(forward(images), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def bench_speedups(batch_size: int, steps: int) -> None:
+    """Speed-up of each CPU option over eager float32 at the default thread count, per image size."""
+    threads = torch.get_num_threads()
+    for img in (64, 112):
+        base = _median_step(_train_step(img, batch_size), steps, 2)
+        print(f"  {img} px ({(img // 8) ** 2} tokens): eager {batch_size / base:6.1f} img/s", flush=True)
+        for name, kwargs, warmup in (("torch.compile", dict(compiled=True), 3),
+                                     ("channels_last", dict(channels_last=True), 2)):
+            try:
+                t = _median_step(_train_step(img, batch_size, **kwargs), steps, warmup)
+                print(f"    {name:14s} {batch_size / t:6.1f} img/s  speed-up {base / t:5.2f}x", flush=True)
+            except Exception as e:  # noqa: BLE001  (a backend that cannot compile here is a result too)
+                print(f"    {name:14s} failed: {type(e).__name__}: {str(e)[:120]}")
+        torch.set_num_threads(1)
+        t = _median_step(_train_step(img, batch_size), steps, 2)
+        torch.set_num_threads(threads)
+        print(f"    {'1 thread':14s} {batch_size / t:6.1f} img/s  speed-up {base / t:5.2f}x (vs {threads})", flush=True)
+        model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, img_size=img).eval()
+        x = torch.randn(512, 3, img, img)
+        with torch.inference_mode():
+            small = _median_step(lambda m=model, x=x: [m(c) for c in x.split(128)], max(3, steps // 2), 1)
+            large = _median_step(lambda m=model, x=x: m(x), max(3, steps // 2), 1)
+        print(f"    {'eval batch 512':14s} {512 / large:6.1f} img/s  vs batch 128 {512 / small:6.1f} img/s: "
+              f"{small / large:5.2f}x", flush=True)
+
+
 def bench_loader(loader, max_batches: int) -> float:
     """images/s of iterating ``loader`` for up to ``max_batches`` batches (after the first)."""
     it = iter(loader)
@@ -96,7 +159,13 @@ def main() -> None:
     parser.add_argument("--data", default=str(IMAGENETTE) if IMAGENETTE.is_dir() else "synthetic",
                         help="data for part 2 (default: ../shared/data/imagenette when present, else synthetic)")
     parser.add_argument("--loader-batches", type=int, default=20)
+    parser.add_argument("--speedups", action="store_true", help="only part 3: the CPU training options")
     args = parser.parse_args()
+    if args.speedups:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size}")
+        print("3. CPU training options on the micro APE model (speed-up over eager, default threads):")
+        bench_speedups(args.batch_size, args.steps)
+        return
     print(f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads, "
           f"batch {args.batch_size}, 64 px")
 

@@ -105,3 +105,20 @@ def test_one_seed_says_so_and_uses_each_runs_own_fs_interval():
 def test_missing_conditions_are_not_measured():
     claims = evaluate_claims(_results([r for r in _paper_like(0) if r.condition in ("ape",)]))
     assert [c["status"] for c in claims] == ["not measured", "held", "not measured", "not measured", "held"]
+
+
+def test_report_html_is_a_rendered_self_contained_page(tmp_path):
+    """report.html was the markdown inside <pre>; now rendered tables, styled, figures embedded."""
+    from timm_posgeom.report import render_html
+
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    png = b"\x89PNG\r\n\x1a\n" + b"0" * 16
+    (figures / "a.png").write_bytes(png)
+    md = ("# Title\n\n| # | claim | held here |\n|---|---|---|\n| 1 | c | yes |\n| 2 | d | undecided: near chance |\n\n"
+          "![A](figures/a.png)\n\n![missing](figures/b.png)\n")
+    page = render_html(md, figures)
+    assert page.startswith("<!doctype html>") and "<pre" not in page and "<style>" in page
+    assert "<table>" in page and "<th>claim</th>" in page and "<h1>Title</h1>" in page
+    assert page.count("data:image/png;base64,") == 1 and 'src="figures/b.png"' in page
+    assert '<td class="verdict-yes">yes</td>' in page and 'class="verdict-undecided"' in page

@@ -17,7 +17,7 @@ from .claims import CHANCE_FACTOR, LABELS, NEAR_ZERO, SUBSTANTIAL, evaluate_clai
 from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
 from .shifts import PAPER_SHIFTS
 
-__all__ = ["write_report", "PAPER", "evaluate_claims"]
+__all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
 COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
 
@@ -367,14 +367,45 @@ def write_report(out: str | os.PathLike) -> Path:
     return out / "report.md"
 
 
-def _write_html(out: Path, md: str) -> None:
-    """A self-contained page: the markdown as preformatted text with the figures inlined."""
-    import html
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; max-width: 1180px;
+       margin: 2em auto; padding: 0 1.5em; color: #1d1d1f; line-height: 1.5; }
+h1 { font-size: 1.7em; border-bottom: 2px solid #1f77b4; padding-bottom: .3em; }
+h2 { font-size: 1.3em; margin-top: 2em; color: #1f4e79; }
+table { border-collapse: collapse; margin: 1em 0; font-size: .88em; width: 100%; }
+th { background: #1f4e79; color: white; text-align: left; }
+th, td { padding: .45em .7em; border: 1px solid #d0d7de; vertical-align: top; }
+tr:nth-child(even) td { background: #f6f8fa; }
+td strong { color: #b31d28; }
+code { background: #f0f2f4; padding: .1em .3em; border-radius: 3px; font-size: .92em; }
+img { max-width: 100%; border: 1px solid #e1e4e8; margin: .5em 0; }
+.verdict-yes { color: #1a7f37; font-weight: 600; }
+.verdict-undecided { color: #9a6700; }
+"""
 
-    parts = ["<!doctype html><meta charset='utf-8'><title>timm-posgeom report</title>",
-             "<body style='font-family:sans-serif;max-width:1100px;margin:auto'>",
-             f"<pre style='white-space:pre-wrap'>{html.escape(md)}</pre>"]
-    for png in sorted((out / "figures").glob("*.png")):
-        data = base64.b64encode(png.read_bytes()).decode()
-        parts.append(f"<h3>{png.stem}</h3><img style='max-width:100%' src='data:image/png;base64,{data}'>")
-    (out / "report.html").write_text("\n".join(parts) + "</body>\n")
+
+def render_html(md: str, figures: Path) -> str:
+    """A self-contained page from the report's markdown: rendered with Python-Markdown (tables), styled,
+    every ``figures/*.png`` it shows embedded as a data URI, the claims' verdicts coloured."""
+    import re
+
+    import markdown
+
+    body = markdown.markdown(md, extensions=["tables", "sane_lists"], output_format="html")
+
+    def embed(match: re.Match) -> str:
+        png = figures / Path(match.group(1)).name
+        if not png.is_file():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="(figures/[^"]+\.png)"', embed, body)
+    body = re.sub(r"<td>yes</td>", '<td class="verdict-yes">yes</td>', body)
+    body = re.sub(r"<td>(undecided: [^<]*)</td>", r'<td class="verdict-undecided">\1</td>', body)
+    return ("<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>timm-posgeom report</title>"
+            f"<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def _write_html(out: Path, md: str) -> None:
+    """``report.html``: :func:`render_html` of the report next to its figures."""
+    (out / "report.html").write_text(render_html(md, out / "figures"))
