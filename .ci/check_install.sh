@@ -48,6 +48,7 @@ posgeom recipes | head -3
 step "posgeom study --dry-run, every preset"
 posgeom study --preset demo --dry-run --out "$WORK/user/study-demo" | head -2
 posgeom study --preset imagenette-cpu --data "$IMAGENETTE" --dry-run --out "$WORK/user/study-imagenette" | head -2
+posgeom study --preset imagenette-cpu-14 --data "$IMAGENETTE" --dry-run --out "$WORK/user/study-imagenette-14" | head -2
 posgeom study --preset in100 --dry-run --out "$WORK/user/study-in100" | head -2
 
 step "3-step posgeom train with the shipped imagenette_cpu_ape recipe"

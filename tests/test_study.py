@@ -163,3 +163,19 @@ def test_bad_study_input(tmp_path):
     # a local data path that does not exist is refused by the dry run, not an hour later
     with pytest.raises(FileNotFoundError, match="nowhere/imagenette.*pass --data"):
         dry_run(preset_config("imagenette-cpu", data=str(tmp_path / "nowhere" / "imagenette")), tmp_path)
+
+
+def test_the_14x14_preset_plans_every_condition_at_112_px(tmp_path, capsys):
+    """imagenette-cpu-14: the paper's 14 x 14 token grid on a CPU (the micro models at 112 px, patch 8)."""
+    import timm
+
+    from timm_posgeom.cli import main as cli_main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    assert cli_main(["study", "--preset", "imagenette-cpu-14", "--data", str(data), "--dry-run",
+                     "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("112 px") == 5 and "--set img_size=112" in out
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", img_size=112)
+    assert tuple(model.patch_embed.grid_size) == (14, 14)

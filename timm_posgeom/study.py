@@ -77,6 +77,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
     "imagenette-cpu": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette"),
+    # The paper's 14 x 14 token grid at CPU scale: the same recipes and micro model at 112 px (patch 8).
+    "imagenette-cpu-14": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette",
+                              train_overrides=["img_size=112"]),
     # The paper's protocol on ImageNet-100 through accelerate on GPUs.
     "in100": dict(recipe_prefix="in100_paper", data="clane9/imagenet-100", batch_size=256, workers=8,
                   alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
