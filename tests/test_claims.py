@@ -122,3 +122,17 @@ def test_report_html_is_a_rendered_self_contained_page(tmp_path):
     assert "<table>" in page and "<th>claim</th>" in page and "<h1>Title</h1>" in page
     assert page.count("data:image/png;base64,") == 1 and 'src="figures/b.png"' in page
     assert '<td class="verdict-yes">yes</td>' in page and 'class="verdict-undecided"' in page
+
+
+def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path):
+    """With 2 seeds every number is a mean with its spread; figures draw the seed bands."""
+    from timm_posgeom.report import _tables, fig_alpha_sweep, fig_ssdc_depth
+
+    results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))
+    text = "\n".join(_tables(results))
+    assert "±" in text.split("## SSDC across depth")[1].split("\n")[4]  # per-layer cells
+    assert text.count("[") >= 5  # 95% intervals in the accuracy table
+    sweep = text.split("## Alpha sweep")[1]
+    assert "±" in sweep and "seed 0" not in sweep
+    assert fig_alpha_sweep(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
+    fig_ssdc_depth(results, tmp_path / "b.png")

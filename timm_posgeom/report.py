@@ -144,13 +144,18 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
         alphas = sweeps[0].alphas
         delta, fsj = _sweep_means(sweeps, "jpeg:5")
         ax.plot(alphas, delta, "-o", color="#1f77b4", ms=4)
+        ax2 = ax.twinx()
+        ax2.plot(alphas, fsj, "-s", color="#d62728", ms=4)
+        if len(sweeps) > 1:  # the seed spread: mean ± std bands
+            for axis, key, color in ((ax, "delta", "#1f77b4"), (ax2, "fs", "#d62728")):
+                rows = np.array([_floats(s.delta_ssdc if key == "delta" else s.fs["jpeg:5"]) for s in sweeps], float)
+                m, sd = np.nanmean(rows, 0), np.nanstd(rows, 0, ddof=1)
+                axis.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15)
         ax.set_xlabel("alpha (PE scale)")
         ax.set_ylabel("delta SSDC under RPI", color="#1f77b4")
         ax.invert_xaxis()
-        ax2 = ax.twinx()
-        ax2.plot(alphas, fsj, "-s", color="#d62728", ms=4)
         ax2.set_ylabel("JPEG q5 fragility", color="#d62728")
-        ax.set_title(LABELS.get(c, c))
+        ax.set_title(f"{LABELS.get(c, c)} ({len(sweeps)} seed{'s' if len(sweeps) > 1 else ''})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -288,28 +293,38 @@ def _tables(results: StudyResults) -> list[str]:
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
                 spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
-    lines += ["", "## SSDC across depth (attention input, mean map; mean over seeds)", "",
+    lines += ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", "",
               "| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
               "|---|---|---|---|---|"]
     for c, runs in by.items():
-        n, _ = _layers(runs, "per_layer")
-        p, _ = _layers(runs, "rpi_per_layer")
-        u, _ = _layers(runs, "per_layer", source="untrained")
         d = spread([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs]).text()
-        lines.append(f"| {LABELS.get(c, c)} | {', '.join(f'{v:.3f}' for v in n)} | "
-                     f"{', '.join(f'{v:.3f}' for v in p)} | {d} | {', '.join(f'{v:.3f}' for v in u)} |")
-    sweeps = [(c, r.eval.alpha_sweep) for c, runs in by.items() for r in runs[:1] if r.eval.alpha_sweep]
-    if sweeps:
-        lines += ["", "## Alpha sweep (seed 0): delta SSDC under RPI / JPEG q5 FS", "",
-                  "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in sweeps) + " |",
-                  "|---|" + "---|" * len(sweeps)]
-        for i, a in enumerate(sweeps[0][1].alphas):
-            cells = []
-            for _, s in sweeps:
-                d, f = s.delta_ssdc[i], s.fs["jpeg:5"][i]
-                cells.append(f"{'n/a' if d is None else f'{d:.3f}'} / {'n/a' if f is None else f'{f:.3f}'}")
+        lines.append(f"| {LABELS.get(c, c)} | {_layer_text(runs, 'per_layer')} | {_layer_text(runs, 'rpi_per_layer')} | "
+                     f"{d} | {_layer_text(runs, 'per_layer', 'untrained')} |")
+    swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
+    swept = [(c, s) for c, s in swept if s]
+    if swept:
+        lines += ["", "## Alpha sweep: delta SSDC under RPI / JPEG q5 FS (mean ± std over seeds)", "",
+                  "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
+                  "|---|" + "---|" * len(swept)]
+        for i, a in enumerate(swept[0][1][0].alphas):
+            cells = [f"{_short(spread([s.delta_ssdc[i] for s in sweeps]))} / "
+                     f"{_short(spread([s.fs['jpeg:5'][i] for s in sweeps]))}" for _, sweeps in swept]
             lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _short(s) -> str:
+    """mean, or mean±std with 2 seeds or more (the 95% intervals are in the accuracy table's style)."""
+    if s.n == 0:
+        return "n/a"
+    return f"{s.mean:.3f}" if s.n == 1 else f"{s.mean:.3f}±{s.std:.3f}"
+
+
+def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
+    """Per layer: the mean over seeds (± std with 2 seeds or more)."""
+    m, sd = _layers(runs, key, source)
+    many = sum(1 for r in runs if (r.eval.ssdc if source == "eval" else getattr(r, source)) is not None) > 1
+    return ", ".join(f"{a:.3f}±{b:.3f}" if many else f"{a:.3f}" for a, b in zip(m, sd))
 
 
 def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
