@@ -179,3 +179,16 @@ def test_the_14x14_preset_plans_every_condition_at_112_px(tmp_path, capsys):
     assert out.count("112 px") == 5 and "--set img_size=112" in out
     model = timm.create_model("posgeom_vit_micro_patch8_64_ape", img_size=112)
     assert tuple(model.patch_embed.grid_size) == (14, 14)
+
+
+def test_cli_summary_prints_each_claims_status_and_reason(demo_study, monkeypatch, capsys):
+    """The summary printed 'not measured' for every undecided claim (it read only held True/False/None)."""
+    out, results = demo_study
+    monkeypatch.setattr(study_mod, "run_study", lambda *args, **kwargs: results)
+    assert cli_main(["study", "--out", str(out)]) == 0
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  claim ")]
+    claims = evaluate_claims(results)
+    assert len(printed) == 5
+    for line, claim in zip(printed, claims):
+        status = {"held": "held", "not held": "did NOT hold"}.get(claim["status"], claim["status"])
+        assert line.split(": ")[1].startswith(status), (line, claim["status"])

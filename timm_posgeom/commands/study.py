@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     from ..report import evaluate_claims
 
     for i, c in enumerate(evaluate_claims(results), 1):
-        held = {True: "held", False: "did NOT hold", None: "not measured"}[c["held"]]
-        print(f"  claim {i}: {held}: {c['claim']}")
+        status = {"held": "held", "not held": "did NOT hold"}.get(c["status"], c["status"])
+        reason = f" ({c['reason'].split(':')[0]})" if c["reason"] else ""
+        print(f"  claim {i}: {status}{reason}: {c['claim']}")
     print(json.dumps({"report": str(out / "report.md")}))
     return 0
