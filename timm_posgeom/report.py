@@ -40,13 +40,6 @@ def _fs(run: StudyRun, shift: str) -> float | None:
     return (run.eval.fs or {}).get(shift)
 
 
-def _stat(values: list[float | None]) -> tuple[float, float]:
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return math.nan, math.nan
-    return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-
-
 def _floats(values) -> list[float]:
     """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
     return [np.nan if v is None else v for v in values]
@@ -120,8 +113,9 @@ def fig_fragility(results: StudyResults, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(shifts) + 3), 3.6))
     width = 0.8 / max(1, len(by))
     for i, (c, runs) in enumerate(by.items()):
-        stats = [_stat([_fs(r, s) for r in runs]) for s in shifts]
-        ax.bar(np.arange(len(shifts)) + i * width, [m for m, _ in stats], width, yerr=[s for _, s in stats],
+        stats = [spread([_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
+        ax.bar(np.arange(len(shifts)) + i * width, [s.mean for s in stats], width,
+               yerr=[0.0 if s.n < 2 else s.std for s in stats],
                color=COLORS.get(c), label=LABELS.get(c, c))
     ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
     ax.set_xticklabels(shifts, rotation=20 if len(shifts) > 3 else 0, fontsize=8)

@@ -18,6 +18,7 @@ written by ``scripts/support_matrix.py`` and checked against a fresh run by ``te
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import warnings
@@ -82,8 +83,8 @@ def _probe(model: nn.Module, images: torch.Tensor, rpi: bool) -> str:
         return "yes"
     unit = "blocks" if result.metadata["granularity"] == "block" else "feature maps"
     sizes = sorted(set(grids), reverse=True)
-    shown = ", ".join("x".join(map(str, g)) for g in (sizes if len(sizes) <= 3 else [sizes[0], sizes[-1]]))
-    return f"{result.metadata['site']}: {len(grids)} {unit}, grid {shown if len(sizes) <= 3 else shown.replace(', ', '..')}"
+    shown = (sizes, ", ") if len(sizes) <= 3 else ([sizes[0], sizes[-1]], "..")  # all grids, or the range
+    return f"{result.metadata['site']}: {len(grids)} {unit}, grid {shown[1].join('x'.join(map(str, g)) for g in shown[0])}"
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -129,28 +130,24 @@ def _pe_scale(model: nn.Module, images: torch.Tensor) -> tuple[str, bool]:
 def _equivariance(model: nn.Module, images: torch.Tensor) -> str:
     """Exact permutation equivariance of the blocks with every PE removed, in float64 (see module doc)."""
     try:
-        sites = find_sites(model)
+        find_sites(model)
     except TypeError:
         return "n/a (probed per stage)"
     m = copy.deepcopy(model).double().eval()
-    sites = find_sites(m)
     outputs = []
-    hook = sites.blocks[-1].register_forward_hook(lambda mod, a, out: outputs.append(out[0] if isinstance(out, tuple)
-                                                                                       else out))
+    hook = find_sites(m).blocks[-1].register_forward_hook(
+        lambda mod, a, out: outputs.append(out[0] if isinstance(out, tuple) else out))
     try:
-        try:
-            scale = pe_scale(m, 0.0)
-            scale.__enter__()
-        except PEScaleError as e:
-            if "no positional encoding" not in str(e):
-                return "n/a: a PE cannot be removed"
-            scale = None
-        with torch.no_grad():
-            m(images.double())
-            with token_permutation(m, seed=0) as handle:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(pe_scale(m, 0.0))
+            except PEScaleError as e:
+                if "no positional encoding" not in str(e):
+                    return "n/a: a PE cannot be removed"
+            with torch.no_grad():
                 m(images.double())
-        if scale is not None:
-            scale.__exit__(None, None, None)
+                with token_permutation(m, seed=0) as handle:
+                    m(images.double())
     except (TypeError, ValueError, RuntimeError) as e:
         return _reason(e)
     finally:

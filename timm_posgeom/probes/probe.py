@@ -178,7 +178,7 @@ class _Accumulator:
         shape = (len(self.layers), B, n * (n - 1) // 2)
         if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
             pairs = upper_pairs(sim)
-            self._update(layer, grid, ssdc_pairs(pairs, self._distance_targets(grid, sim.device)))
+            self._update(layer, ssdc_pairs(pairs, self._distance_targets(grid, sim.device)))
             return pairs
         buffer = self._pairs.get(grid)
         if buffer is None or buffer.shape != shape or buffer.device != sim.device:
@@ -201,10 +201,10 @@ class _Accumulator:
             pairs = self._pairs[grid][:L].reshape(L * B, M)
             rhos = ssdc_pairs(pairs, self._distance_targets(grid, pairs.device))
             for k, layer in enumerate(waiting):
-                self._update(layer, grid, [r[k * B:(k + 1) * B] for r in rhos])
+                self._update(layer, [r[k * B:(k + 1) * B] for r in rhos])
         self._batch = {}
 
-    def _update(self, layer: int, grid: tuple[int, int], rhos: list[torch.Tensor]) -> None:
+    def _update(self, layer: int, rhos: list[torch.Tensor]) -> None:
         """Add one batch's per-image SSDC of ``layer``: against the index grid, and the content grid."""
         self.index_moments[layer].update(rhos[0])
         if len(rhos) > 1:

@@ -167,11 +167,10 @@ def _reductions(model: nn.Module) -> list[int]:
 class StageSites:
     """The stages (or blocks) of a model whose grid may change with depth, as timm's
     ``forward_intermediates`` gives them: ``names[i]`` is the module of output i (from
-    ``feature_info``), ``reductions[i]`` its stride."""
+    ``feature_info``)."""
 
     model: nn.Module
     names: list[str]
-    reductions: list[int]
     family: str
 
     def forward(self, images: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
@@ -194,7 +193,7 @@ def find_stages(model: nn.Module) -> StageSites:
             f"cannot probe {type(model).__name__} per stage: it has no timm `forward_intermediates` and "
             "`feature_info` (every timm ViT, hierarchical model and CNN of timm 1.0 has them)")
     names = [str(f.get("module", i)) for i, f in enumerate(info)]
-    return StageSites(model=model, names=names, reductions=_reductions(model), family=type(model).__name__)
+    return StageSites(model=model, names=names, family=type(model).__name__)
 
 
 def resolve_site(model: nn.Module, site: str) -> str:
