@@ -177,8 +177,10 @@ def test_the_14x14_preset_plans_every_condition_at_112_px(tmp_path, capsys):
                      "--out", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert out.count("112 px") == 5 and "--set img_size=112" in out
-    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", img_size=112)
-    assert tuple(model.patch_embed.grid_size) == (14, 14)
+    assert out.count("--set crop_pad=7 --set model_kwargs.embed_dim=64 --set model_kwargs.num_heads=2") == 5
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", img_size=112, embed_dim=64, num_heads=2)
+    assert tuple(model.patch_embed.grid_size) == (14, 14) and len(model.blocks) == 4
+    assert model.blocks[0].attn.head_dim == 32  # the micro model's head size, kept
 
 
 def test_cli_summary_prints_each_claims_status_and_reason(demo_study, monkeypatch, capsys):

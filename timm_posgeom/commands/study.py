@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--preset", default="demo", choices=["demo", "imagenette-cpu", "imagenette-cpu-14", "in100"],
                    help="demo: synthetic data, CPU, minutes; imagenette-cpu: real images at 64 px (8 x 8 tokens), "
                         "CPU, about 90 minutes; imagenette-cpu-14: the same at 112 px (the paper's 14 x 14 tokens), "
-                        "CPU, hours; in100: the paper's protocol on GPUs")
+                        "width 64, CPU, about 45 minutes a model; in100: the paper's protocol on GPUs")
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per condition (default 1)")
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
