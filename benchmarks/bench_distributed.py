@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,13 @@ def _worker(args: argparse.Namespace) -> None:
                        "n_images": result.metadata["n_images"], "threads": torch.get_num_threads()}, f)
 
 
+def _free_port() -> int:
+    """A port free now (accelerate before 1.7 hands ``--main_process_port 0`` to the workers as port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run(world: int, device: str, threads: int, args: argparse.Namespace, out: str) -> dict:
     """Start one configuration (W processes, or one alone) and read its main process's timings."""
     worker = [__file__, "--_worker", "--out", out, "--device", device, "--threads", str(threads), "--model", args.model,
@@ -77,7 +85,7 @@ def _run(world: int, device: str, threads: int, args: argparse.Namespace, out: s
     else:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world),
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", "0", "--num_cpu_threads_per_process", str(threads), *worker]
+               "--main_process_port", str(_free_port()), "--num_cpu_threads_per_process", str(threads), *worker]
         if device == "cpu":
             env["ACCELERATE_USE_CPU"] = "1"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -26,6 +26,11 @@ CPU processes: accelerate 1.x's ``launch --cpu --num_processes N`` starts *one* 
 launcher spawns several only through MPI). Several CPU processes come from the torchrun-based launcher:
 ``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 ...`` or ``torchrun
 --nproc_per_node 2 ...``; they talk over gloo.
+
+Ports: the processes meet on ``MASTER_PORT``. Port 0 does not mean "any free port" to the workers:
+torchrun's store listens on a free port but tells the workers 0, and they would try to reach port 0
+until the rendezvous timeout (accelerate 1.1's ``launch --main_process_port 0`` passes the 0 through;
+later accelerate releases pick a free port themselves). :func:`setup` refuses ``MASTER_PORT=0`` at once.
 """
 from __future__ import annotations
 
@@ -91,7 +96,8 @@ def setup() -> int:
     A process group already up is used as is. Launched with ``WORLD_SIZE`` > 1 and no group yet: the
     group is made by accelerate's ``PartialState`` (gloo on CPU when ``ACCELERATE_USE_CPU`` is set or
     there is no CUDA device; NCCL otherwise, each process on its own GPU). Not launched: 1, nothing
-    imported. Raises RuntimeError when the group does not hold the processes the launcher started.
+    imported. Raises RuntimeError when the group does not hold the processes the launcher started, and
+    before any waiting when ``MASTER_PORT`` is 0 (see the module's notes on ports).
     """
     if is_initialized():
         return dist.get_world_size()
@@ -100,6 +106,10 @@ def setup() -> int:
         return 1
     if not dist.is_available():
         raise RuntimeError(f"{launched} processes were launched but this torch build has no torch.distributed")
+    if os.environ.get("MASTER_PORT", "").strip() == "0":
+        raise RuntimeError(f"{launched} processes were launched with MASTER_PORT=0: they cannot meet on port 0 and "
+                           "would wait for one another until the rendezvous timeout (accelerate before 1.7 passes "
+                           "`--main_process_port 0` through unchanged): launch with a free port instead")
     from accelerate import PartialState
 
     PartialState(cpu=_use_cpu())
