@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 import torch
+from conftest import free_port, run_launched
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
@@ -160,6 +161,18 @@ def test_alone_every_helper_is_the_identity(monkeypatch):
         distributed.gather_in_order(values, [0, 0, 1], 3)
 
 
+def test_port_zero_is_refused_before_any_wait(monkeypatch):
+    # accelerate 1.1's `launch --main_process_port 0` gives the workers MASTER_PORT=0: they would retry port 0
+    # until the rendezvous timeout
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    with pytest.raises(RuntimeError, match="MASTER_PORT=0"):
+        distributed.setup()
+    assert not distributed.is_initialized()
+
+
 def test_launch_environment_is_read_before_setup(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "2")
@@ -298,16 +311,44 @@ def _close(a, b, tol: float, path: str = "") -> None:
         assert a == b and type(a) is type(b), (path, a, b)
 
 
+def test_a_launch_past_its_timeout_leaves_no_process(tmp_path):
+    # a launcher whose worker sits in a session of its own (as torchrun's do) and never ends
+    launcher = textwrap.dedent('''
+        import subprocess, sys, time
+        worker = subprocess.Popen([sys.executable, "-c", "import time; print('worker up', flush=True); time.sleep(600)"],
+                                  start_new_session=True)
+        open(sys.argv[1], "w").write(str(worker.pid))
+        worker.wait()
+    ''')
+    pid_file = tmp_path / "worker.pid"
+    with pytest.raises(pytest.fail.Exception, match="ran past 3 s") as failed:
+        run_launched([sys.executable, "-c", launcher, str(pid_file)], env=dict(os.environ), timeout=3)
+    assert "worker up" in str(failed.value)
+    import psutil
+
+    pid = int(pid_file.read_text())
+    for _ in range(100):  # killed (a zombie until whoever inherited it reaps it)
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the worker {pid} outlived its launch")
+
+
 @pytest.mark.slow
 def test_two_launched_processes_equal_one(tmp_path):
     script = tmp_path / "measure.py"
     script.write_text(SCRIPT)
     # accelerate 1.x's `launch --cpu` starts ONE process (several only with an MPI hostfile): two CPU
-    # processes come from its torchrun-based launcher with ACCELERATE_USE_CPU set (gloo)
+    # processes come from its torchrun-based launcher with ACCELERATE_USE_CPU set (gloo). A free port of
+    # our own: accelerate before 1.7 hands `--main_process_port 0` to the workers as port 0 (they wait forever)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0",
-           str(script), str(tmp_path / "launched"), str(tmp_path / "cli2")]
-    run = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script), str(tmp_path / "launched"), str(tmp_path / "cli2")]
+    run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())
     rank1 = json.loads((tmp_path / "launched.1.json").read_text())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import IMAGENETTE
+from conftest import IMAGENETTE, free_port, run_launched
 from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
@@ -130,14 +130,15 @@ def test_kill_and_resume_is_exact(tmp_path):
 
 def test_two_processes_under_accelerate_launch(tmp_path):
     # accelerate 1.15's `launch --cpu` starts ONE process (its simple launcher spawns several only with an MPI
-    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set
+    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set. A free port
+    # per launch (not the default 29500, which another launch may hold), and no process left behind on a timeout
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "timm_posgeom.train",
-           "--out", str(out), "--no-progress"]
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
     for item in TINY + ["max_steps=3", "checkpoint_every=2"]:
         cmd += ["--set", item]
-    result = subprocess.run(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=300)
+    result = run_launched(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = RunSummary.read(out / "summary.json")
     assert summary.processes == 2 and summary.steps == 3
