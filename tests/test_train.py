@@ -335,3 +335,15 @@ def test_metrics_log_on_resume_drops_later_and_torn_records(tmp_path):
         '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr')
     MetricsLog(tmp_path, True, resume_step=4).log({"kind": "train", "step": 5})
     assert [r["step"] for r in _records(tmp_path, "train")] == [2, 5]
+
+
+def test_a_launch_on_port_zero_is_refused_before_accelerate_waits(tmp_path, monkeypatch):
+    """accelerate < 1.7 hands `launch --main_process_port 0` to the workers as MASTER_PORT=0, where Accelerator()
+    waited for the others until the rendezvous timeout: refused at once, before the run directory is touched."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    with pytest.raises(RuntimeError, match="MASTER_PORT=0"):
+        train(tiny(), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -49,6 +49,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler,
 
 __all__ = [
     "launched_world_size",
+    "check_port",
     "is_initialized",
     "setup",
     "world_size",
@@ -80,6 +81,16 @@ def launched_world_size() -> int:
         return 1
 
 
+def check_port() -> None:
+    """Raise RuntimeError, before any waiting, when several processes were launched with ``MASTER_PORT=0``
+    (see the module's notes on ports); nothing when not launched."""
+    launched = launched_world_size()
+    if launched > 1 and os.environ.get("MASTER_PORT", "").strip() == "0":
+        raise RuntimeError(f"{launched} processes were launched with MASTER_PORT=0: they cannot meet on port 0 and "
+                           "would wait for one another until the rendezvous timeout (accelerate before 1.7 passes "
+                           "`--main_process_port 0` through unchanged): launch with a free port instead")
+
+
 def is_initialized() -> bool:
     """Whether a torch.distributed process group is up in this process."""
     return dist.is_available() and dist.is_initialized()
@@ -106,10 +117,7 @@ def setup() -> int:
         return 1
     if not dist.is_available():
         raise RuntimeError(f"{launched} processes were launched but this torch build has no torch.distributed")
-    if os.environ.get("MASTER_PORT", "").strip() == "0":
-        raise RuntimeError(f"{launched} processes were launched with MASTER_PORT=0: they cannot meet on port 0 and "
-                           "would wait for one another until the rendezvous timeout (accelerate before 1.7 passes "
-                           "`--main_process_port 0` through unchanged): launch with a free port instead")
+    check_port()
     from accelerate import PartialState
 
     PartialState(cpu=_use_cpu())
