@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -33,3 +39,65 @@ def imagenette_path() -> Path:
     if not IMAGENETTE.exists():
         pytest.skip("../shared/data/imagenette is not present")
     return IMAGENETTE
+
+
+# --------------------------------------------------------------------------------------------
+# launched processes (accelerate launch / torchrun)
+# --------------------------------------------------------------------------------------------
+LAUNCH_MARK = "POSGEOM_TEST_LAUNCH"
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for one launch's rendezvous: two launches never share the
+    default 29500, and port 0 is no port to the workers (see timm_posgeom.distributed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _signal_launched(token: str, sig: int) -> None:
+    """Send ``sig`` to every live process of the launch marked ``token`` (this one excepted)."""
+    import psutil  # accelerate's dependency: there wherever a launch can run
+
+    for p in psutil.process_iter():
+        if p.pid == os.getpid():
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ProcessLookupError):
+            if p.environ().get(LAUNCH_MARK) == token:
+                p.send_signal(sig)
+
+
+def run_launched(cmd: list[str], *, env: dict[str, str], timeout: float, cwd=None) -> subprocess.CompletedProcess:
+    """Run a launcher command (accelerate launch, torchrun) to its end, and leave none of its processes behind.
+
+    The launcher runs in a session of its own, and torchrun starts every worker in yet another session, so a
+    timeout that killed the launcher (``subprocess.run``'s) would orphan the workers, which may then block the
+    next launch. Every process of this launch carries a token in its environment (inherited by every
+    descendant); on timeout each dumps its Python stack into the captured output (faulthandler, SIGABRT), all
+    are killed, and the test fails with that output. After a normal exit any process left over is killed too.
+    """
+    token = uuid.uuid4().hex
+    env = dict(env, PYTHONFAULTHANDLER="1", **{LAUNCH_MARK: token})
+    timed_out = False
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _signal_launched(token, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        finally:  # also when the test is interrupted
+            _signal_launched(token, signal.SIGKILL)
+            if proc.poll() is None:  # not yet reaped: its process group cannot be another's
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if timed_out:
+        pytest.fail(f"{' '.join(map(str, cmd))} ran past {timeout} s; every process it started was killed.\n"
+                    f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-8000:]}", pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from conftest import IMAGENETTE
+from conftest import IMAGENETTE, free_port, run_launched
 from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
@@ -130,14 +130,15 @@ def test_kill_and_resume_is_exact(tmp_path):
 
 def test_two_processes_under_accelerate_launch(tmp_path):
     # accelerate 1.15's `launch --cpu` starts ONE process (its simple launcher spawns several only with an MPI
-    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set
+    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set. A free port
+    # per launch (not the default 29500, which another launch may hold), and no process left behind on a timeout
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "timm_posgeom.train",
-           "--out", str(out), "--no-progress"]
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
     for item in TINY + ["max_steps=3", "checkpoint_every=2"]:
         cmd += ["--set", item]
-    result = subprocess.run(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), capture_output=True, text=True, timeout=300)
+    result = run_launched(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = RunSummary.read(out / "summary.json")
     assert summary.processes == 2 and summary.steps == 3
@@ -334,3 +335,15 @@ def test_metrics_log_on_resume_drops_later_and_torn_records(tmp_path):
         '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr')
     MetricsLog(tmp_path, True, resume_step=4).log({"kind": "train", "step": 5})
     assert [r["step"] for r in _records(tmp_path, "train")] == [2, 5]
+
+
+def test_a_launch_on_port_zero_is_refused_before_accelerate_waits(tmp_path, monkeypatch):
+    """accelerate < 1.7 hands `launch --main_process_port 0` to the workers as MASTER_PORT=0, where Accelerator()
+    waited for the others until the rendezvous timeout: refused at once, before the run directory is touched."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")
+    with pytest.raises(RuntimeError, match="MASTER_PORT=0"):
+        train(tiny(), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

@@ -20,6 +20,11 @@ clean and shifted copies of the batch, from a seeded generator (reproducible).
 :func:`alpha_sweep` scales the PE by alpha (``pe_scale``; APE incl. the class row as in the paper,
 sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
 fragility of every shift.
+
+Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.distributed`):
+each process evaluates its share of the batches, and every process returns the result one process
+would compute (the per-image correctness arrays are re-assembled in data order, so counts,
+accuracies, FS and the bootstrap intervals are identical).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
+from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
@@ -255,6 +261,22 @@ class _ShiftedCopies(Dataset):
         return torch.stack([F.pil_to_tensor(c) for c in copies]), label
 
 
+def _skip_other_draws(handle: Any, own: Sequence[int]) -> None:
+    """Under RPI with several processes: make ``handle`` (``per="batch"``, seeded) give this process's
+    batches the permutations a single process would draw for them. Global batch k gets the k-th draw
+    of the seeded generator, so before each own batch the draws of the other processes' batches are
+    made and discarded (one ``randperm`` of the token count each)."""
+    draw = handle._draw
+    skips = iter([k - prev - 1 for prev, k in zip([-1, *own[:-1]], own)])
+
+    def draw_own(n: int, device: torch.device) -> torch.Tensor:
+        for _ in range(next(skips, 0)):
+            draw(n, torch.device("cpu"))
+        return draw(n, device)
+
+    handle._draw = draw_own
+
+
 def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
     if device is not None:
         device = torch.device(device)
@@ -283,6 +305,7 @@ def fragility(
         device: str | torch.device | None = None,
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
+        distributed: str = "auto",
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -309,6 +332,14 @@ def fragility(
         progress: show a tqdm bar.
         img_size: input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
             default the model's own. A model with one fixed other size is refused.
+        distributed: ``auto`` (default): alone, nothing changes; launched as W > 1 processes
+            (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.distributed`), the batches of
+            ``batch_size`` images of the first ``max_images`` are shared, global batch k to process
+            k mod W (each loads and shifts only its own images); the per-image correctness arrays
+            are gathered back into data order, so every process returns exactly the single-process
+            result (counts, accuracies, FS, Wilson and bootstrap intervals). Under RPI each batch gets
+            the permutation one process would draw for it. ``off``: this process evaluates all the
+            data alone. A ``seed`` of None is replaced by one drawn on the main process.
 
     Returns:
         A :class:`FragilityResult`.
@@ -323,34 +354,47 @@ def fragility(
         raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if distributed not in ("auto", "off"):
+        raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
     n = check_split(data, max_images)
+    world = _dist.setup() if distributed == "auto" else 1
+    own = None  # with several processes: this process's batches, as ranges of image indices
+    if world > 1:  # the same call everywhere, or an error everywhere (not a wait in a collective)
+        _dist.check_same((names, [repr(p) for p in shift_list], len(data), n, resize, batch_size, rpi, alpha, seed,
+                          blur_on_device, img_size), "fragility settings or data")
+        seed = _dist.shared_seed(seed)
+        own = _dist.sequential_batches(n, batch_size)
     dev = _model_device(model, device)
     cfg = resolve_config(model, img_size)
     on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
     loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
     workers = default_workers() if num_workers is None else int(num_workers)
-    loader = DataLoader(
-        _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts),
-        batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=dev.type == "cuda",
-        persistent_workers=False,
-    )
+    shifted = _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts)
+    batching = dict(batch_size=batch_size, shuffle=False) if own is None else \
+        dict(batch_sampler=_dist.IndexBatches(own))  # this process's batches only
+    loader = DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda",
+                        persistent_workers=False)
     correct = {name: np.zeros(n, dtype=bool) for name in ["clean", *names]}
     settings = {"model": _model_name(model), "resize": resize, "rpi": rpi, "alpha": alpha, "seed": seed,
                 "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
 
     from tqdm.auto import tqdm
 
-    with contextlib.ExitStack() as stack:
+    show = progress and (own is None or _dist.is_main())
+    own_hits: list[np.ndarray] = []  # with several processes: (b, V) per own batch, in order
+    with _dist.fail_together() if own is not None else contextlib.nullcontext(), contextlib.ExitStack() as stack:
         stack.enter_context(eval_mode(model))
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
         if rpi:
-            stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+            handle = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+            if own is not None:
+                _skip_other_draws(handle, [rows.start // batch_size for rows in own])
         # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
         # tensors (those would break a later backward through the model)
         stack.enter_context(torch.inference_mode())
         start = 0
-        for copies, labels in tqdm(loader, desc="fragility", disable=not progress, leave=False):
+        for copies, labels in tqdm(loader, desc="fragility", disable=not show, leave=False):
             copies = copies.to(dev, non_blocking=True)  # (B, V_loader, C, H, W) uint8
             variants, it = [copies[:, 0]], iter(range(1, copies.shape[1]))
             for p, d in zip(shift_list, on_device):
@@ -362,11 +406,20 @@ def fragility(
                 raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
                                  "outputs: the data's labels do not index this model's classes")
             hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
-            for j, name in enumerate(["clean", *names]):
-                correct[name][start:start + b] = hits[:, j]
+            if own is not None:
+                own_hits.append(hits)
+            else:
+                for j, name in enumerate(["clean", *names]):
+                    correct[name][start:start + b] = hits[:, j]
             start += b
-    if start != n:
-        raise RuntimeError(f"evaluated {start} images, expected {n}")
+        expected = n if own is None else sum(len(rows) for rows in own)
+        if start != expected:
+            raise RuntimeError(f"evaluated {start} images, expected {expected}")
+    if own is not None:  # every process's rows, back in data order: exactly the arrays of one process
+        rows = np.concatenate([np.arange(r.start, r.stop) for r in own]) if own else np.zeros(0, dtype=np.int64)
+        hits = np.concatenate(own_hits) if own_hits else np.zeros((0, 1 + len(names)), dtype=bool)
+        table = _dist.gather_in_order(hits, rows, n)
+        correct = {name: table[:, j].astype(bool) for j, name in enumerate(["clean", *names])}
     return FragilityResult.from_correct(correct, settings=settings, seed=seed)
 
 
@@ -479,6 +532,7 @@ def alpha_sweep(
         device: str | torch.device | None = None,
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
+        distributed: str = "auto",
 ) -> AlphaSweepResult:
     """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
 
@@ -491,11 +545,16 @@ def alpha_sweep(
     * :func:`fragility` of every shift on ``data`` (no RPI), with the same loader settings.
 
     alpha = 1 reproduces the unscaled model exactly. ``img_size`` sets the input size of both (see
-    :func:`fragility`). Returns an :class:`AlphaSweepResult`.
+    :func:`fragility`). ``distributed`` (``auto`` / ``off``) is passed to both: launched as several
+    processes, each alpha's probe and evaluation are shared by batch and reduced, every process
+    returns the single-process result, and only the main process shows progress. Returns an
+    :class:`AlphaSweepResult`.
     """
     from .probes import probe_ssdc
     from .probes.sites import resolve_site
 
+    if distributed not in ("auto", "off"):
+        raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
     site = resolve_site(model, site)
     alphas = [float(a) for a in alphas]
     if not alphas:
@@ -513,12 +572,15 @@ def alpha_sweep(
     rows = []
     from tqdm.auto import tqdm
 
-    for alpha in tqdm(alphas, desc="alpha sweep", disable=not progress):
+    world = _dist.setup() if distributed == "auto" else 1
+    show = progress and (world == 1 or _dist.is_main())
+    for alpha in tqdm(alphas, desc="alpha sweep", disable=not show):
         with pe_scale(model, alpha, include_prefix=include_prefix):
             ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, seed=seed, max_images=n_probe,
-                              device=dev, progress=False)
+                              device=dev, progress=False, distributed=distributed)
             frag = fragility(model, data, shifts, resize=resize, batch_size=batch_size, num_workers=num_workers,
-                             seed=seed, max_images=max_images, device=dev, progress=False, img_size=img_size)
+                             seed=seed, max_images=max_images, device=dev, progress=False, img_size=img_size,
+                             distributed=distributed)
         rows.append(AlphaSweepRow(
             alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
             clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),

@@ -2,6 +2,8 @@
 
 FS = 1 - A_shift / A_clean, counted exactly over every image; Wilson 95% intervals for the
 accuracies, paired bootstrap for FS. Writes ``fragility.json`` and ``fragility.png`` under ``--out``.
+Launched as several processes (``accelerate launch ... -m timm_posgeom.cli fragility ...``), each evaluates
+its share of the batches and the main process alone writes and prints the (identical) result.
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
 """
 from __future__ import annotations
@@ -38,19 +40,28 @@ def _fmt_interval(lo: float, hi: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import distributed
     from ..robustness import fragility
     from ..shifts import parse_shift
 
     shifts = args.shift or list(PAPER_SHIFTS)
     for spec in shifts:
         parse_shift(spec)  # fail on a bad spec before loading anything
-    model, data, device = load_model_and_data(args)
+    world = distributed.setup()  # launched as several processes: each evaluates its share of the batches
+    if args.device is None and world > 1:
+        args.device = distributed.default_device()
+    with distributed.main_process_first():  # a download or cache made once, by the main process
+        model, data, device = load_model_and_data(args)
     data = match_labels(model, data, args.labels)
     result = fragility(model, data, shifts, resize=args.resize, batch_size=args.batch_size,
                        num_workers=args.num_workers, rpi=args.rpi, alpha=args.alpha, seed=args.seed,
                        blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress,
                        img_size=args.img_size)
+    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
+        return 0
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
+    if world > 1:
+        result.settings["processes"] = world
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.to_json(out / "fragility.json")

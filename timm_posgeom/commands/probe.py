@@ -1,6 +1,8 @@
 """``posgeom probe MODEL --data D``: SSDC per layer of any timm ViT (per stage of a hierarchical ViT or CNN).
 
-Prints a per-layer table and writes ``ssdc.json`` and ``ssdc.png`` under ``--out``.
+Prints a per-layer table and writes ``ssdc.json`` and ``ssdc.png`` under ``--out``. Launched as several
+processes (``accelerate launch ... -m timm_posgeom.cli probe ...``), each probes its share of the batches,
+the sums are reduced, and the main process alone writes and prints (see :mod:`timm_posgeom.distributed`).
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
 """
 from __future__ import annotations
@@ -27,19 +29,28 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import distributed
     from ..eval_data import eval_loader
     from ..interventions import pe_scale
     from ..probes import probe_ssdc
 
-    model, data, device = load_model_and_data(args)
+    world = distributed.setup()  # launched as several processes: each probes its share of the batches
+    if args.device is None and world > 1:
+        args.device = distributed.default_device()
+    with distributed.main_process_first():  # a download or cache made once, by the main process
+        model, data, device = load_model_and_data(args)
     loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
                          num_workers=args.num_workers, img_size=args.img_size)
     scale = pe_scale(model, args.alpha) if args.alpha is not None else contextlib.nullcontext()
     with scale:
         result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, seed=args.seed, reduction=args.reduction,
                             distance=args.distance, device=device, progress=not args.no_progress)
+    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
+        return 0
     result.metadata.update(model=args.model, data=args.data, split=args.split, alpha=args.alpha, resize=args.resize,
                            checkpoint=args.checkpoint)
+    if world > 1:
+        result.metadata["processes"] = world
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.to_json(out / "ssdc.json")

@@ -2,6 +2,8 @@
 
 Per alpha: delta SSDC and per-layer SSDC under RPI, clean accuracy, FS per shift. Writes
 ``sweep.json``, ``sweep.md`` and ``sweep.png`` (delta SSDC and FS against alpha) under ``--out``.
+Launched as several processes (``accelerate launch ... -m timm_posgeom.cli sweep ...``), each alpha's
+probe and evaluation are shared by batch; the main process alone writes and prints.
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import distributed
     from ..robustness import alpha_sweep
     from ..shifts import parse_shift
 
@@ -54,13 +57,21 @@ def run(args: argparse.Namespace) -> int:
     shifts = args.shift or ["jpeg:5"]
     for spec in shifts:
         parse_shift(spec)
-    model, data, device = load_model_and_data(args)
+    world = distributed.setup()  # launched as several processes: each alpha's probe and evaluation are shared
+    if args.device is None and world > 1:
+        args.device = distributed.default_device()
+    with distributed.main_process_first():  # a download or cache made once, by the main process
+        model, data, device = load_model_and_data(args)
     data = match_labels(model, data, args.labels)
     result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
                          include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
                          num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress,
                          img_size=args.img_size)
+    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
+        return 0
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
+    if world > 1:
+        result.settings["processes"] = world
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result.to_json(out / "sweep.json")

@@ -16,7 +16,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, RandomSampler
 
+from .. import distributed as _dist
 from ..interventions import TokenPermutationError, eval_mode, token_permutation
 from .result import PerImageStats, SSDCResult
 from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
@@ -30,9 +32,10 @@ from .spearman import (
     upper_pairs,
 )
 
-__all__ = ["probe_ssdc", "REDUCTIONS"]
+__all__ = ["probe_ssdc", "REDUCTIONS", "DISTRIBUTED_MODES"]
 
 REDUCTIONS = ("mean_map", "per_image", "both")
+DISTRIBUTED_MODES = ("auto", "presharded", "off")
 
 
 MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks need tens of GB: refused, not OOM-killed
@@ -69,6 +72,26 @@ class _Moments:
 
     def stats(self) -> PerImageStats:
         return PerImageStats.from_moments(self.n, self.mean, self.m2, self.n_nan)
+
+    def state(self) -> tuple[int, float, float, int]:
+        """(n, mean, m2, n_nan): what another process needs to :meth:`merge` these moments."""
+        return self.n, self.mean, self.m2, self.n_nan
+
+    def merge(self, state: tuple[int, float, float, int]) -> None:
+        """Add another stream's moments (:meth:`state`): Chan et al.'s pairwise merge, as in :meth:`update`
+        (n and n_nan summed exactly; into empty moments the other's are copied as they are)."""
+        nb, mb, m2b, n_nan = state
+        self.n_nan += int(n_nan)
+        if nb == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean, self.m2 = int(nb), float(mb), float(m2b)
+            return
+        tot = self.n + nb
+        delta = mb - self.mean
+        self.mean += delta * nb / tot
+        self.m2 += m2b + delta * delta * self.n * nb / tot
+        self.n = tot
 
 
 class _Accumulator:
@@ -250,6 +273,71 @@ def _batches(data: Any, batch_size: int | None) -> Iterator[torch.Tensor]:
         yield _check_images(_images_of(batch))
 
 
+class _Shard:
+    """This process's batches when ``world`` processes share ``data`` (see ``distributed`` in
+    :func:`probe_ssdc`): global batch k goes to process k mod ``world``, cut at the global ``max_images``.
+
+    ``seen`` counts the images of every process's batches (None for a pre-sharded ``data``): after
+    the iteration, the same on every process, and the sum of the processes' images.
+    """
+
+    def __init__(self, data: Any, batch_size: int | None, world: int, rank: int, max_images: int | None,
+                 presharded: bool) -> None:
+        self.data, self.batch_size, self.world, self.rank = data, batch_size, world, rank
+        self.max_images, self.presharded = max_images, presharded
+        self.seen: int | None = None
+        if not presharded and isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler) \
+                and data.sampler.generator is None and data.generator is None:
+            raise ValueError("a shuffling DataLoader without a seeded generator cannot be shared by batch across "
+                             "processes (each would draw its own order): pass an unshuffled one, or shard it "
+                             "yourself and pass distributed='presharded'")
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        data, world, rank, limit = self.data, self.world, self.rank, self.max_images
+        if self.presharded:
+            yield from _batches(data, self.batch_size)
+            return
+        if isinstance(data, torch.Tensor):
+            images = data[None] if data.ndim == 3 else data
+            images = images[:limit] if limit is not None else images
+            step = self.batch_size or max(len(images), 1)
+            self.seen = len(images)
+            for start in range(rank * step, len(images), world * step):
+                yield _check_images(images[start:start + step])
+            return
+        sharded = _dist.shard_dataloader(data, limit, world, rank)
+        if sharded is not None:  # each process loads only its own batches
+            loader, self.seen = sharded
+            yield from _batches(loader, None)
+            return
+        self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
+        for k, images in enumerate(_batches(data, self.batch_size)):
+            if limit is not None:
+                images = images[:limit - self.seen]
+            if len(images):
+                self.seen += len(images)
+                if k % world == rank:
+                    yield images
+            if limit is not None and self.seen >= limit:
+                break
+
+
+def _data_signature(data: Any) -> Any:
+    """What every process must agree on about ``data`` before sharing it (its length where known)."""
+    if isinstance(data, torch.Tensor):
+        return ("tensor", tuple(data.shape))
+    if isinstance(data, DataLoader):
+        try:
+            size = len(data.dataset)
+        except TypeError:
+            size = None
+        return ("DataLoader", size, data.batch_size)
+    try:
+        return (type(data).__name__, len(data))
+    except TypeError:
+        return (type(data).__name__, None)
+
+
 def _images_of(batch: Any) -> torch.Tensor:
     if isinstance(batch, torch.Tensor):
         return batch[None] if batch.ndim == 3 else batch
@@ -303,6 +391,7 @@ def probe_ssdc(
         device: str | torch.device | None = None,
         progress: bool = True,
         batch_size: int | None = 64,
+        distributed: str = "auto",
 ) -> SSDCResult:
     """SSDC of every (or the chosen) block or stage of a timm model, streamed over ``data``.
 
@@ -327,19 +416,37 @@ def probe_ssdc(
             ``per_layer`` is then SSDC against the index grid (the paper's) and
             ``content_per_layer`` against the content grid (NaN for a stage whose grid is not the
             patch grid: its tokens mix several patches). Refused for models without a patch embedding.
-        seed: seed of the RPI permutation (None: torch's global RNG).
+        seed: seed of the RPI permutation (None: torch's global RNG; with several processes, a seed
+            drawn on the main process and shared, recorded in ``metadata["seed"]``).
         reduction: ``mean_map`` (the paper's: SSDC of the similarity map averaged over all images),
             ``per_image`` (mean, std and 95% CI of the per-image SSDC) or ``both``.
         distance: ``manhattan`` (the paper's), ``euclidean`` or ``chebyshev``.
         layers: block (or stage) indices to probe (negative allowed); default all.
-        max_images: stop after this many images.
+        max_images: stop after this many images (with several processes: this many in all).
         device: run there (the model is moved for the probe and moved back); default the model's.
-        progress: show a tqdm bar.
+        progress: show a tqdm bar (on the main process only, when several share the probe).
         batch_size: chunk size when ``data`` is one tensor.
+        distributed: how several processes (``accelerate launch``, ``torchrun``: see
+            :mod:`timm_posgeom.distributed`) share the probe. ``auto`` (default): alone, nothing
+            changes; launched as W > 1 processes, each takes global batches r, r + W, ... (the
+            batches one process would read: chunks of ``batch_size`` of a tensor, or the data's own
+            batches), cut at the global ``max_images``. A DataLoader over a map-style dataset read in
+            order (:func:`~timm_posgeom.eval_data.eval_loader`'s) is re-batched so that each process
+            loads only its own images; any other iterable is read whole by every process, which
+            forwards only its own batches: it must yield the same batches in the same order
+            everywhere (a shuffling DataLoader without a seeded generator is refused). ``presharded``:
+            ``data`` is already this process's own shard (``max_images`` refused). ``off``: this
+            process probes all of ``data`` alone. Shared (``auto``, ``presharded``): the image count is
+            summed (exact), the float64 summed maps are summed across processes (equal to one
+            process's up to the order of float64 additions) and the per-image moments merged with
+            Chan's formula in process order; the RPI permutation is the same everywhere (drawn from
+            ``seed``). Every process returns the same result, the one a single process gets.
 
     Returns:
         An :class:`SSDCResult`.
     """
+    if distributed not in DISTRIBUTED_MODES:
+        raise ValueError(f"unknown distributed mode {distributed!r}; expected one of {', '.join(DISTRIBUTED_MODES)}")
     site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
@@ -350,6 +457,17 @@ def probe_ssdc(
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
     depth = len(sites.names) if site == "stage_output" else len(sites.blocks)
     layer_ids = _resolve_layers(layers, depth)
+    world = _dist.setup() if distributed != "off" else 1
+    shard = None
+    if world > 1:  # the same call on every process, or an error on every one (not a wait in a collective)
+        _dist.check_same((site, rpi, seed, reduction, distance, layer_ids, max_images, batch_size, distributed,
+                          None if distributed == "presharded" else _data_signature(data)), "probe_ssdc settings or data")
+        if distributed == "presharded" and max_images is not None:
+            raise ValueError("max_images cannot be applied to pre-sharded data (each process holds its own shard): "
+                             "cut the shards instead, or pass the whole data with distributed='auto'")
+        if rpi:
+            seed = _dist.shared_seed(seed)
+        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
 
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     home = param.device if param is not None else torch.device("cpu")
@@ -359,7 +477,26 @@ def probe_ssdc(
     total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, unit="img", desc="probe_ssdc", disable=not progress, leave=False)
+    show = progress and (shard is None or _dist.is_main())
+    bar = tqdm(total=total if shard is None else None, unit="img", desc="probe_ssdc", disable=not show, leave=False)
+    limit = max_images if shard is None else None  # a shard's batches are cut at the global max_images already
+    with _dist.fail_together() if shard is not None else contextlib.nullcontext():
+        acc, n_images, image_size = _stream(model, shard if shard is not None else _batches(data, batch_size),
+                                            sites, site, layer_ids, reduction, distance, rpi, seed, limit, device,
+                                            home, dtype, bar)
+    if shard is not None:
+        n_images, image_size = _reduce_across_processes(acc, n_images, image_size, shard.seen)
+    if n_images == 0:
+        raise ValueError("data yielded no images")
+    return _finish(acc, sites, layer_ids, reduction, distance, rpi, seed, site, n_images, image_size, model)
+
+
+def _stream(model: nn.Module, batches: Iterable[torch.Tensor], sites: ProbeSites | StageSites, site: str,
+            layer_ids: list[int], reduction: str, distance: str, rpi: bool, seed: int | None,
+            max_images: int | None, device: torch.device, home: torch.device, dtype: torch.dtype,
+            bar: Any) -> tuple[_Accumulator, int, tuple[int, int] | None]:
+    """This process's part of :func:`probe_ssdc`: ``batches`` through the model into an accumulator.
+    Returns (accumulator, images, the first batch's image size)."""
     hooks = []
     n_images = 0
     image_size = None
@@ -372,7 +509,7 @@ def probe_ssdc(
             acc = _Accumulator(layer_ids, reduction, distance, handle, num_prefix)
             if site != "stage_output":
                 hooks = sites.register(site, layer_ids, acc)
-            for images in _batches(data, batch_size):
+            for images in batches:
                 if max_images is not None:
                     images = images[:max_images - n_images]
                 if len(images) == 0:
@@ -399,9 +536,64 @@ def probe_ssdc(
         bar.close()
         if device != home:
             model.to(home)
-    if n_images == 0:
-        raise ValueError("data yielded no images")
-    return _finish(acc, sites, layer_ids, reduction, distance, rpi, seed, site, n_images, image_size, model)
+    return acc, n_images, image_size
+
+
+def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None,
+                             seen: int | None) -> tuple[int, tuple[int, int] | None]:
+    """Make every process's accumulator hold the sums of all processes; returns (images, image size).
+
+    Reduced: the image count (summed, exact); each layer's grid (the first process's that has one, as
+    the first batch's in one process; a different one refused under the mean map), the layers whose
+    grid is too small (union), the RPI permutation (the same everywhere, checked); the per-image
+    moments (gathered, merged in process order by Chan's formula); each layer's float64 summed map,
+    pairs and diagonal (all-reduced sum: a process without images adds zeros).
+    """
+    perm = acc.permutation.permutation if acc.permutation is not None else None
+    states = _dist.all_gather_objects({
+        "n": n_images, "seen": seen, "image_size": image_size, "grids": dict(acc.grids),
+        "too_small": sorted(acc.too_small), "perm": None if perm is None else perm.cpu(),
+        "index": {layer: m.state() for layer, m in acc.index_moments.items()},
+        "content": {layer: m.state() for layer, m in acc.content_moments.items()},
+    })
+    seens = [s["seen"] for s in states]
+    total = sum(s["n"] for s in states)
+    if any(v != seens[0] for v in seens) or (seens[0] is not None and total != seens[0]):
+        raise RuntimeError(f"the processes read different data (images seen: {seens}, probed: "
+                           f"{[s['n'] for s in states]}): an iterable of batches must yield the same batches in the "
+                           "same order on every process, or be sharded by the caller (distributed='presharded')")
+    image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
+    grids: dict[int, tuple[int, int]] = {}
+    for s in states:
+        for layer, grid in s["grids"].items():
+            known = grids.setdefault(layer, grid)
+            if known != grid and acc.want_map:
+                raise ValueError(f"the token grid of layer {layer} differs between processes ({known} vs {grid}): "
+                                 "the mean map needs one image size (resize the data, or use reduction='per_image')")
+    acc.grids = grids
+    acc.too_small = set().union(*(s["too_small"] for s in states))
+    for key, moments in (("index", acc.index_moments), ("content", acc.content_moments)):
+        for layer in moments:
+            merged = _Moments()
+            for s in states:
+                merged.merge(s[key][layer])
+            moments[layer] = merged
+    perms = [s["perm"] for s in states if s["perm"] is not None]
+    if perms:
+        if any(not torch.equal(p, perms[0]) for p in perms[1:]):
+            raise RuntimeError("the processes drew different RPI permutations: give probe_ssdc the same seed everywhere")
+        acc.permutation.permutation = perms[0]
+    if acc.want_map:
+        for layer in acc.layers:  # the same layers, in the same order, on every process
+            if layer in acc.too_small or layer not in grids:
+                continue
+            n = grids[layer][0] * grids[layer][1]
+            m = n * (n - 1) // 2
+            local = acc.map_sum.get(layer)
+            flat = torch.cat(local) if local is not None else torch.zeros(m + n, dtype=torch.float64)
+            flat = _dist.all_reduce_sum(flat)
+            acc.map_sum[layer] = (flat[:m], flat[m:])
+    return total, image_size
 
 
 def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int],

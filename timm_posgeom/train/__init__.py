@@ -61,6 +61,7 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
 
     from .. import models  # noqa: F401  (registers our models with timm)
     from ..data import resolve_source
+    from ..distributed import check_port
     from ..factory import unknown_model_message
     from ..recipe import RecipeError
     from .build import build_session
@@ -70,6 +71,7 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     if not timm.is_model(recipe.model):
         raise RecipeError(unknown_model_message(recipe.model))
     resolve_source(recipe.data)
+    check_port()  # a launch with --main_process_port 0 would hang in Accelerator() below (accelerate < 1.7)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
