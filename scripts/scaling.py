@@ -1,0 +1,138 @@
+"""The scaling answer (issue 16): delta SSDC under RPI and the APE alpha sweep across studies, next to the paper.
+
+    python scripts/scaling.py "8x8 timm=runs/exp16-timm-init" "8x8 paper=runs/exp16-paper-init" \\
+        "14x14 paper=runs/exp16-14-paper-init" --figure docs/figures/scaling.png
+
+Each argument is ``LABEL=STUDY_DIR`` (a ``posgeom study`` output with ``results.json``). Prints two markdown
+tables: per study and condition, clean top-1 and delta SSDC under RPI at alpha 1 (mean ± std over seeds,
+with the seed count); and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
+values as the last row. The figure draws the APE sweep of every study (mean line, band = min..max over
+seeds) with the paper's points. A study still running is read as it stands (its finished runs only).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import numpy as np
+
+from timm_posgeom.claims import LABELS, spread
+from timm_posgeom.records import StudyResults
+
+# The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep (delta SSDC under
+# RPI, layer 1 - layer 0, and JPEG q5 FS) and sincos' delta SSDC at alpha 1 and 0.
+PAPER_APE = {1.0: (0.4725, 0.43), 0.8: (0.31, 0.48), 0.5: (0.0475, 0.60), 0.4: (0.0, 0.63), 0.0: (0.0, 0.65)}
+PAPER_SINCOS_DELTA = (0.29, 0.022)
+SHIFT = "jpeg:5"
+
+
+def _num(v) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _cell(values: list[float], digits: int = 3) -> str:
+    s = spread(values)
+    if s.n == 0:
+        return "n/a"
+    return f"{s.mean:.{digits}f}" if s.n == 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
+
+
+def load(spec: str) -> tuple[str, StudyResults]:
+    label, _, where = spec.partition("=")
+    if not where:
+        raise SystemExit(f"expected LABEL=STUDY_DIR, got {spec!r}")
+    path = Path(where) / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no results yet (run `posgeom study ... --out {where}` first)")
+    return label, StudyResults.read(path)
+
+
+def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
+    rows = ["| study | condition | seeds | clean top-1 | delta SSDC under RPI (alpha 1) | SSDC under RPI, layers 0..L |",
+            "|---|---|---|---|---|---|"]
+    for label, res in studies:
+        by: dict[str, list] = {}
+        for run in res.runs:
+            if run.eval.ssdc is not None:
+                by.setdefault(run.condition, []).append(run)
+        for cond, runs in by.items():
+            layers = np.array([[_num(v) for v in r.eval.ssdc.rpi_per_layer] for r in runs])
+            rows.append(f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | "
+                        f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | "
+                        f"{_cell([_num(r.eval.ssdc.rpi_delta) for r in runs])} | "
+                        + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0)) + " |")
+    return rows
+
+
+def _sweeps(res: StudyResults):
+    return [r.eval.alpha_sweep for r in res.runs if r.condition == "ape" and r.eval.alpha_sweep]
+
+
+def sweep_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
+    alphas = sorted({a for _, res in studies for s in _sweeps(res) for a in s.alphas}, reverse=True)
+    head = " | ".join(f"{a:g}" for a in alphas)
+    rows = [f"| APE, study | seeds | delta SSDC at alpha {head} | JPEG FS at alpha {head} |", "|---|---|---|---|"]
+    for label, res in studies:
+        sweeps = _sweeps(res)
+        if not sweeps:
+            continue
+        delta = [_cell([_num(s.delta_ssdc[s.alphas.index(a)]) for s in sweeps if a in s.alphas]) for a in alphas]
+        fs = [_cell([_num(s.fs[SHIFT][s.alphas.index(a)]) for s in sweeps if a in s.alphas]) for a in alphas]
+        rows.append(f"| {label} | {len(sweeps)} | {' / '.join(delta)} | {' / '.join(fs)} |")
+    paper = [PAPER_APE.get(a) for a in alphas]
+    rows.append("| the paper (ViT-S/16, 14 x 14, IN-100) | 4 | "
+                + " / ".join("-" if p is None else f"{p[0]:g}" for p in paper) + " | "
+                + " / ".join("-" if p is None else f"{p[1]:g}" for p in paper) + " |")
+    return rows
+
+
+def figure(studies: list[tuple[str, StudyResults]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for label, res in studies:
+        sweeps = _sweeps(res)
+        if not sweeps:
+            continue
+        alphas = np.array(sweeps[0].alphas, dtype=float)
+        for ax, values in ((axes[0], [s.delta_ssdc for s in sweeps]), (axes[1], [s.fs[SHIFT] for s in sweeps])):
+            arr = np.array([[_num(v) for v in vals] for vals in values])
+            line = ax.plot(alphas, np.nanmean(arr, 0), marker="o", label=f"{label} ({len(sweeps)} seeds)")[0]
+            if len(sweeps) > 1:
+                ax.fill_between(alphas, np.nanmin(arr, 0), np.nanmax(arr, 0), color=line.get_color(), alpha=0.2)
+    pa = np.array(sorted(PAPER_APE))
+    for ax, k in ((axes[0], 0), (axes[1], 1)):
+        ax.plot(pa, [PAPER_APE[a][k] for a in pa], "k--s", label="the paper (ViT-S/16, IN-100)")
+        ax.set_xlabel("alpha (PE scale at inference)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("delta SSDC under RPI (layer 1 - layer 0)")
+    axes[1].set_ylabel("JPEG q5 fragility score")
+    axes[0].set_title("APE: delta SSDC against alpha")
+    axes[1].set_title("APE: fragility against alpha")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"figure: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("studies", nargs="+", help="LABEL=STUDY_DIR")
+    parser.add_argument("--figure", type=Path, default=None, help="PNG of the APE sweeps against the paper's")
+    args = parser.parse_args()
+    studies = [load(s) for s in args.studies]
+    print("\n".join(condition_table(studies)))
+    print()
+    print("\n".join(sweep_table(studies)))
+    print(f"\n(the paper's sincos delta SSDC: {PAPER_SINCOS_DELTA[0]} at alpha 1, {PAPER_SINCOS_DELTA[1]} at 0)")
+    if args.figure:
+        figure(studies, args.figure)
+
+
+if __name__ == "__main__":
+    main()
