@@ -292,3 +292,10 @@ def test_models_file_names_and_filter(tmp_path):
     assert relative_depth(1) == [0.0] and relative_depth(3) == [0.0, 0.5, 1.0]
     assert layer_summary([0.1, None, 0.3, 0.2]) == dict(first=0.1, last=0.2, peak=0.3, peak_layer=2,
                                                          mean=pytest.approx(0.2))
+
+
+def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["zoo", "--data", str(data_dir), "--out", str(tmp_path / "zoo")])
+    assert e.value.code == 2 and "no models to measure" in capsys.readouterr().err
+    assert not (tmp_path / "zoo").exists()

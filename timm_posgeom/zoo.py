@@ -58,6 +58,7 @@ __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "m
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
 SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
 PRETRAINED_MODES = ("auto", "on", "off")
+_NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
 
 
 class ZooError(RuntimeError):
@@ -511,6 +512,8 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     from .data import load_split
 
     out = Path(out)
+    if not _dedupe(models) and not (out / "zoo.json").is_file():
+        raise ZooError(_NO_MODELS)
     main = is_main_process()
     settings = config.settings()
     lock = RunLock(out)
@@ -560,12 +563,12 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
     """(the zoo's models: those of ``zoo.json`` then the new ones, their records, the ones to keep).
 
     Raises ZooError for settings that differ from the recorded ones (unless ``allow_changes``). The
-    models to keep are main's view, shared with every process."""
+    models and the ones to keep are main's view, shared with every process."""
     index_path = out / "zoo.json"
     index = ZooIndex.read(index_path) if index_path.is_file() else None
     names = _dedupe([*(index.models if index else []), *asked])
     if not names:
-        raise ZooError("no models to measure: give model names, --models-file FILE or --filter PATTERN")
+        raise ZooError(_NO_MODELS)
     records: dict[str, ZooModel] = {}
     changes: dict[str, tuple[Any, Any]] = {}
     if index is not None:
@@ -580,7 +583,7 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
         raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
                        "to measure its models again with these (former records are kept as .replaced-N), or choose "
                        "another --out")
-    done = _share({n for n, r in records.items() if r.status == "ok" and r.settings == settings})
+    names, done = _share((names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings}))
     return names, records, done
 
 
@@ -695,6 +698,11 @@ def _save(fig: Any, path: Path) -> None:
     _write_atomic(path, buffer.getvalue())
 
 
+def _label(name: str, width: int = 40) -> str:
+    """A model's name for a legend or a point: whole up to ``width`` characters, else its tail."""
+    return name if len(name) <= width else "..." + name[-(width - 3):]
+
+
 def _empty(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4", wrap=True)
 
@@ -717,7 +725,7 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
                 continue
             y = [math.nan if v is None else v for v in values]
             ax.plot(relative_depth(len(y)), y, marker="s" if r.granularity == "stage" else "o", ms=4,
-                    color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=r.model)
+                    color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=_label(r.model))
             drawn += 1
         if not drawn:
             _empty(ax, "no model measured" if key == "ssdc" else "no model measured under RPI")
@@ -748,7 +756,7 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
             left_out.append(r.model)
             continue
         ax.scatter([r.rpi_delta_ssdc], [fs], color=f"C{i % 10}", s=30, zorder=3)
-        ax.annotate(r.model, (r.rpi_delta_ssdc, fs), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        ax.annotate(_label(r.model), (r.rpi_delta_ssdc, fs), xytext=(4, 4), textcoords="offset points", fontsize=7)
         drawn += 1
     if not drawn:
         _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
