@@ -275,23 +275,22 @@ def _source(name: str) -> str:
     return "timm"
 
 
-def _load(name: str, config: ZooConfig) -> tuple[torch.nn.Module, str, str]:
-    """(model in eval mode, weights, source); torch seeded with ``config.seed`` before it is built."""
+def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
+    """The model in eval mode, torch seeded with ``config.seed`` before it is built; ``record.weights`` says
+    which weights it has (set before loading, so a failed load says what was tried)."""
     import timm
 
     from .factory import create_model
 
-    source = _source(name)
     pretrained = False
-    if source == "timm" and config.pretrained != "off" and timm.is_model(name):
+    if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
         has_weights = timm.models.is_model_pretrained(name)
         if config.pretrained == "on" and not has_weights:
             raise ValueError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
         pretrained = has_weights
-    weights = "loaded" if source != "timm" else ("pretrained" if pretrained else "random-init")
+    record.weights = "loaded" if record.source != "timm" else ("pretrained" if pretrained else "random-init")
     torch.manual_seed(config.seed)
-    model = create_model(name, pretrained=pretrained, img_size=config.img_size)
-    return model.eval(), weights, source
+    return create_model(name, pretrained=pretrained, img_size=config.img_size).eval()
 
 
 def _one_line(error: BaseException) -> str:
@@ -336,9 +335,10 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
     model = None
     try:
         try:
-            model, record.weights, record.source = _load(name, config)
+            model = _load(name, config, record)
         except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
-            raise _Stage("load", e) from e
+            raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
+                                   if record.weights == "pretrained" else ""), e) from e
         try:
             with warnings.catch_warnings():  # recorded as a note instead
                 warnings.filterwarnings("ignore", "clean accuracy is 0", RuntimeWarning)
@@ -348,8 +348,8 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
     except _Stage as failure:
         record.status = "error"
         record.error = f"{failure.stage}: {_one_line(failure.error)}"
-        record.notes.append("traceback: " + " | ".join(
-            line.strip() for line in traceback.format_exception(failure.error)[-4:] if line.strip()))
+        frames = traceback.format_exception(failure.error)[-4:]  # the innermost frames and the error, one line
+        record.notes.append("traceback: " + " | ".join(" ".join(f.split()) for f in frames if f.strip()))
     finally:
         del model
         gc.collect()
@@ -664,9 +664,7 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
                 for s in SWEEP_SHIFTS:
                     row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
-        else:
-            row["notes"] = " | ".join(r.notes)
-        rows.append(row)
+        rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
     return rows
 
 
