@@ -53,7 +53,8 @@ from .train.rundir import RunLock, changed_keys, describe_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
-           "SWEEP_SHIFTS", "relative_depth", "layer_summary"]
+           "SWEEP_SHIFTS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
+           "imagenet_c_shifts", "versions"]
 
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
 SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
