@@ -7,7 +7,7 @@ import os
 import sys
 
 # One module per sub-command under timm_posgeom/commands, each with add_parser() and run().
-COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "report", "card", "push")
+COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
 
 
 def _command_modules():
@@ -62,9 +62,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from .study import StudyError
     from .train.loop import TrainingDiverged
     from .train.rundir import RunDirError
+    from .zoo import ZooError
 
     return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
-            TrainingDiverged, RunDirError, StudyError)
+            TrainingDiverged, RunDirError, StudyError, ZooError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,8 @@ file               record                                  written by / read by
 ``eval.json``      :class:`RunEval`                         ``posgeom study`` / study (resume), hub
 ``untrained/*``    :class:`SSDCSummary`                     ``posgeom study`` / study
 ``results.json``   :class:`StudyResults`                    ``posgeom study`` / ``posgeom report``
+``zoo.json``       :class:`ZooIndex`                        ``posgeom zoo`` / ``posgeom zoo`` (resume)
+``models/*.json``  :class:`ZooModel`                        ``posgeom zoo`` / ``posgeom zoo`` (resume, table)
 =================  ======================================  ===========================================
 
 Every file carries ``"schema": "timm-posgeom/<kind>"`` and ``"schema_version"``; :meth:`Record.read`
@@ -30,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 from .jsonio import to_jsonable, write_json
 
 __all__ = ["SCHEMA_VERSION", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
-           "HistoryPoint", "StudyRun", "StudyResults"]
+           "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
 SCHEMA_VERSION = 1
 R = TypeVar("R", bound="Record")
@@ -227,3 +229,61 @@ class StudyResults(Record):
     eval_data: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
     complete: bool = False
+
+
+# --------------------------------------------------------------------------------------------
+# a model zoo (posgeom zoo)
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ZooModel(Record):
+    """``models/<name>.json`` of ``posgeom zoo``: one model measured, or why it could not be.
+
+    ``status`` is ``"ok"`` (measured; parts that do not apply are None with the reason in ``notes``) or
+    ``"error"`` (it failed to load or to measure: ``error``; retried on the next run). Lists hold one
+    value per probed layer (block of a flat ViT, or stage). ``rpi_delta_ssdc`` is the paper's delta SSDC:
+    SSDC under RPI of layer 1 minus layer 0 (docs/method.md#delta-ssdc); None per stage.
+    ``clean_accuracy``, ``accuracy`` and ``fs`` exist only when the data's labels could be matched to the
+    model's classes (``labels`` says how).
+    """
+
+    KIND: ClassVar[str] = "zoo-model"
+    model: str  # as given: a timm name, hf-hub:ORG/NAME or local-dir:PATH
+    status: str  # ok | error
+    settings: dict[str, Any]  # the zoo's result-changing settings it was measured with
+    versions: dict[str, str]
+    elapsed_s: float
+    measured_at: str
+    error: str | None = None
+    source: str | None = None  # timm | hf-hub | local-dir
+    weights: str | None = None  # pretrained | random-init | loaded (hf-hub: / local-dir:)
+    architecture: str | None = None
+    params: int | None = None
+    input_size: list[int] | None = None  # (C, H, W) the model was measured at
+    data_config: dict[str, Any] | None = None  # interpolation, mean, std, crop_pct, crop_mode
+    pe: list[dict[str, Any]] | None = None  # pe_inventory: name, kind, scalable
+    site: str | None = None
+    granularity: str | None = None  # block | stage
+    grid_sizes: list[list[int]] | None = None
+    probe_images: int | None = None
+    ssdc: list[Num] | None = None
+    delta_ssdc: Num = None  # without RPI: layer 1 - layer 0
+    rpi_ssdc: list[Num] | None = None  # under RPI, against the index grid
+    rpi_content_ssdc: list[Num] | None = None  # under RPI, against where each token's content came from
+    rpi_delta_ssdc: Num = None
+    labels: str | None = None  # how the data's labels index the model's outputs (None: not matched)
+    num_images: int | None = None
+    clean_accuracy: Num = None
+    accuracy: dict[str, Num] | None = None
+    fs: dict[str, Num] | None = None
+    fs_interval: dict[str, list[Num]] | None = None
+    alpha_sweep: SweepSummary | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ZooIndex(Record):
+    """``zoo.json``: the zoo's settings and its models in the order they were first asked for."""
+
+    KIND: ClassVar[str] = "zoo-index"
+    settings: dict[str, Any]
+    models: list[str] = field(default_factory=list)

@@ -1,0 +1,861 @@
+"""``posgeom zoo``: measure many models the same way and compare them, one row per model.
+
+For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of this package's
+``posgeom_*`` models), on the same images:
+
+* SSDC per layer at ``site`` (``auto``: the attention input of each block of a flat ViT, each stage's
+  feature map otherwise), normal and under RPI (one permutation of the patch contents, seeded), with
+  :func:`~timm_posgeom.probes.probe_ssdc`; where RPI is refused (a model without a patch embedding)
+  the reason is recorded;
+* delta SSDC: SSDC under RPI of layer 1 minus layer 0, the paper's quantity (docs/method.md#delta-ssdc);
+  undefined (None) for a model probed per stage, whose first two maps lie on different grids;
+* clean top-1 and the fragility score ``FS = 1 - A_shift / A_clean`` of each shift (the paper's JPEG
+  q5 and blur sigma 2.5 / kernel 5, optionally ImageNet-C's severities) with
+  :func:`~timm_posgeom.robustness.fragility`, only when the data's labels can be matched to the
+  model's outputs (:func:`match_labels`); otherwise left empty with the reason;
+* optionally an alpha sweep (:func:`~timm_posgeom.robustness.alpha_sweep`: delta SSDC under RPI and
+  JPEG q5 FS per PE scale alpha).
+
+Each model runs at its own data config (input size, interpolation, mean / std:
+:func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given.
+
+Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.records.ZooModel` per model,
+written atomically as soon as the model is done), ``zoo.json`` (settings and model list),
+``zoo.csv`` (one row per model, as timm's ``results/*.csv``), ``zoo.md`` and ``figures/*.png``.
+A rerun into the same ``out`` skips every model already measured with the same settings (a kill
+loses at most the model in progress), retries the ones that failed, and refuses other settings
+unless ``allow_changes``. Only the main process writes (:func:`is_main_process`).
+"""
+from __future__ import annotations
+
+import csv
+import gc
+import hashlib
+import io
+import math
+import os
+import platform
+import re
+import time
+import traceback
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .jsonio import to_jsonable
+from .records import SweepSummary, ZooIndex, ZooModel
+from .shifts import IMAGENET_C, PAPER_SHIFTS
+from .train.rundir import RunLock, changed_keys, describe_changes
+
+__all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
+           "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
+           "SWEEP_SHIFTS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
+           "imagenet_c_shifts", "versions"]
+
+JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
+SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
+PRETRAINED_MODES = ("auto", "on", "off")
+_NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
+
+
+class ZooError(RuntimeError):
+    """A zoo that cannot run as asked (no models, settings that differ from the recorded ones)."""
+
+
+@dataclass
+class ZooConfig:
+    """What a zoo measures and how. ``settings()`` is what its records are compared on."""
+
+    data: str
+    split: str = "validation"
+    images: int = 1000  # at most this many images for SSDC and for fragility (the first ones)
+    site: str = "auto"
+    resize: str = "paper"
+    img_size: int | None = None  # None: each model's own input size
+    pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
+    shifts: tuple[str, ...] = PAPER_SHIFTS
+    alphas: tuple[float, ...] | None = None  # None: no alpha sweep
+    seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutation, bootstrap
+    batch_size: int = 64
+    num_workers: int | None = None
+    device: str | None = None
+
+    # fields that change how fast it runs, never a number
+    NEUTRAL = frozenset({"batch_size", "num_workers", "device"})
+
+    def __post_init__(self) -> None:
+        if self.pretrained not in PRETRAINED_MODES:
+            raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
+        if self.images < 1:
+            raise ValueError(f"images must be >= 1, got {self.images}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.img_size is not None and self.img_size < 1:
+            raise ValueError(f"img_size must be >= 1, got {self.img_size}")
+        if self.alphas is not None and not self.alphas:
+            raise ValueError("alphas is empty")
+        if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
+            raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
+
+    def settings(self) -> dict[str, Any]:
+        """The result-changing settings, JSON-ready (the data as an absolute path when it is local)."""
+        from .data import resolve_source
+
+        kind, where = resolve_source(self.data)
+        values = {k: v for k, v in asdict(self).items() if k not in self.NEUTRAL}
+        values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
+        values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
+        return to_jsonable(values)
+
+
+def imagenet_c_shifts() -> list[str]:
+    """ImageNet-C's JPEG and blur corruptions at severities 1-5, as shift specs."""
+    return [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
+
+
+# --------------------------------------------------------------------------------------------
+# model lists
+# --------------------------------------------------------------------------------------------
+def read_models_file(path: str | os.PathLike) -> list[str]:
+    """Model names from a text file: one per line; ``#`` starts a comment; blank lines ignored."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"models file not found: {path}")
+    names = []
+    for line in path.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def filter_models(pattern: str, pretrained: str = "auto") -> list[str]:
+    """``timm.list_models(pattern, pretrained=...)``: with weights (timm's ``name.tag`` names) unless
+    ``pretrained`` is ``off``. Raises ZooError when nothing matches."""
+    import timm
+
+    names = timm.list_models(pattern, pretrained=pretrained != "off")
+    if not names:
+        raise ZooError(f"--filter {pattern!r} matches no timm model{' with pretrained weights' if pretrained != 'off' else ''}")
+    return list(names)
+
+
+def safe_name(name: str) -> str:
+    """A file name for a model: the name itself when it is made of ``[A-Za-z0-9._-]`` (timm's names),
+    else those characters with the rest as ``_`` plus 8 hex digits of the name's SHA-1 (no two names
+    share a file)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    if clean == name:
+        return name
+    return f"{clean[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+# --------------------------------------------------------------------------------------------
+def is_main_process() -> bool:
+    """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun).
+
+    The one place that decides it: :mod:`timm_posgeom.distributed`'s ``is_main`` when the package has it,
+    else the torch.distributed rank, else the ``RANK`` a launcher sets."""
+    try:
+        from .distributed import is_main  # type: ignore[import-not-found]  # data-parallel measuring
+    except ImportError:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank() == 0
+        return int(os.environ.get("RANK", "0") or 0) == 0
+    return bool(is_main())
+
+
+def _share(value: Any) -> Any:
+    """Main's ``value`` in every process (a no-op without a process group): every process then measures
+    the same models in the same order, even when one read the records while main was writing one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
+def _default_device() -> str:
+    if torch.cuda.is_available():
+        local = os.environ.get("LOCAL_RANK")
+        return f"cuda:{local}" if local else "cuda"
+    return "cpu"
+
+
+def versions() -> dict[str, str]:
+    """Python, torch, timm and timm-posgeom versions."""
+    import timm
+
+    from .version import __version__
+
+    return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
+                timm_posgeom=__version__)
+
+
+# --------------------------------------------------------------------------------------------
+# labels
+# --------------------------------------------------------------------------------------------
+def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
+    """``(data relabelled so that its labels index the model's outputs, how)``, or ``(None, why not)``.
+
+    In order:
+
+    1. the model records its class names (``pretrained_cfg["label_names"]``, as exports of ``posgeom
+       train`` do): the data's class names are looked up there (the same list: the data as is);
+    2. its head is an ImageNet head by timm's rule (``timm.data.infer_imagenet_subset``: 1000 outputs
+       are ImageNet-1k, ...): each of the data's classes is matched to the one ImageNet class whose
+       WordNet id it is (``n01440764``) or, failing that, to the one class that has it among its names
+       (``"tench"`` in ``"tench, Tinca tinca"``); a name shared by two ImageNet classes matches none;
+    3. otherwise the outputs' meaning is unknown: no match.
+
+    A class of the data that cannot be matched leaves the whole data unmatched: an accuracy counted
+    with a wrong label mapping would be a wrong number, not an approximate one.
+    """
+    from .data import RelabeledSplit, relabel_by_name
+
+    classes = [str(c) for c in (getattr(data, "classes", None) or [])]
+    outputs = int(getattr(model, "num_classes", 0) or 0)
+    if outputs < 1:
+        return None, "the model has no classifier head"
+    if not classes:
+        return None, "the data has no class names"
+    names = [str(n) for n in ((getattr(model, "pretrained_cfg", None) or {}).get("label_names") or [])]
+    if names:
+        if len(names) != outputs:
+            return None, f"the model records {len(names)} class names for {outputs} outputs"
+        if names == classes:
+            return data, "the model's recorded class names (the data's, in the same order)"
+        missing = [c for c in classes if c not in names]
+        if missing:
+            return None, (f"the model's recorded classes lack {len(missing)} of the data's "
+                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        return relabel_by_name(data, names), "by name onto the model's recorded class names"
+    from timm.data import ImageNetInfo, infer_imagenet_subset
+
+    subset = infer_imagenet_subset(model)
+    if subset is None:
+        return None, f"the model's {outputs} outputs have no recorded class names and are not an ImageNet head"
+    info = ImageNetInfo(subset)
+    wnids = list(info.label_names())
+    by_wnid = {w: i for i, w in enumerate(wnids)}
+    by_name: dict[str, set[int]] = {}
+    for i, description in enumerate(info.label_descriptions()):
+        for synonym in description.split(","):
+            by_name.setdefault(synonym.strip().lower(), set()).add(i)
+    mapping, missing = [], []
+    for c in classes:
+        hits = {by_wnid[c]} if c in by_wnid else by_name.get(c.strip().lower(), set())
+        if len(hits) == 1:
+            mapping.append(next(iter(hits)))
+        else:
+            missing.append(c + (" (ambiguous)" if hits else ""))
+    if missing:
+        return None, (f"an {subset} head ({outputs} outputs), but {len(missing)} of the data's classes are neither "
+                      f"WordNet ids nor names of one {subset} class ({', '.join(missing[:3])}"
+                      f"{', ...' if len(missing) > 3 else ''})")
+    if not hasattr(data, "labels"):
+        return None, "the data has no label list to map (load it with timm_posgeom.load_split)"
+    return RelabeledSplit(data, wnids, mapping), f"{subset} head: the data's classes matched by WordNet id or name"
+
+
+# --------------------------------------------------------------------------------------------
+# one model
+# --------------------------------------------------------------------------------------------
+def _source(name: str) -> str:
+    if name.startswith(("hf-hub:", "hf_hub:")):
+        return "hf-hub"
+    if name.startswith("local-dir:"):
+        return "local-dir"
+    return "timm"
+
+
+def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
+    """The model in eval mode, torch seeded with ``config.seed`` before it is built; ``record.weights`` says
+    which weights it has (set before loading, so a failed load says what was tried)."""
+    import timm
+
+    from .factory import create_model
+
+    pretrained = False
+    if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
+        has_weights = timm.models.is_model_pretrained(name)
+        if config.pretrained == "on" and not has_weights:
+            raise ValueError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
+        pretrained = has_weights
+    record.weights = "loaded" if record.source != "timm" else ("pretrained" if pretrained else "random-init")
+    torch.manual_seed(config.seed)
+    return create_model(name, pretrained=pretrained, img_size=config.img_size).eval()
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return f"{type(error).__name__}: {text}"
+
+
+def _floats(values: Iterable[float]) -> list[float | None]:
+    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
+
+
+def _num(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def _short_kind(kind: str) -> str:
+    """``"an absolute position table (alpha scales ...)"`` -> ``"absolute position table"``."""
+    text = kind.split(" (", 1)[0].strip()
+    return re.sub(r"^(a|an) ", "", text)
+
+
+def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
+    """The distinct PE kinds of a record, in order, with a count where several (``"relative position
+    bias table x12"``); ``"none"`` when none was found; ``""`` when not inspected."""
+    if pe is None:
+        return ""
+    counts: dict[str, int] = {}
+    for entry in pe:
+        kind = _short_kind(str(entry.get("kind", "")))
+        counts[kind] = counts.get(kind, 0) + 1
+    return "; ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items()) or "none"
+
+
+def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = False,
+                  log: Callable[[str], None] = print) -> ZooModel:
+    """Load and measure one model (see the module docstring); never raises for the model's own failures:
+    a model that fails to load or to measure gives a record with ``status="error"`` (KeyboardInterrupt
+    and SystemExit pass through)."""
+    started = time.time()
+    record = ZooModel(model=name, status="ok", settings=config.settings(), versions=versions(), elapsed_s=0.0,
+                      measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), source=_source(name))
+    model = None
+    try:
+        try:
+            model = _load(name, config, record)
+        except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
+            raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
+                                   if record.weights == "pretrained" else ""), e) from e
+        try:
+            with warnings.catch_warnings():  # recorded as a note instead
+                warnings.filterwarnings("ignore", "clean accuracy is 0", RuntimeWarning)
+                _measure(model, record, config, data, progress)
+        except Exception as e:
+            raise _Stage("measure", e) from e
+    except _Stage as failure:
+        record.status = "error"
+        record.error = f"{failure.stage}: {_one_line(failure.error)}"
+        frames = traceback.format_exception(failure.error)[-4:]  # the innermost frames and the error, one line
+        record.notes.append("traceback: " + " | ".join(" ".join(f.split()) for f in frames if f.strip()))
+    finally:
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    record.elapsed_s = round(time.time() - started, 2)
+    return record
+
+
+class _Stage(Exception):
+    def __init__(self, stage: str, error: BaseException):
+        super().__init__(stage)
+        self.stage, self.error = stage, error
+
+
+def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, progress: bool) -> None:
+    """Fill ``record`` with the model's measurements (the parts that do not apply get a note)."""
+    from .eval_data import eval_loader
+    from .interventions import TokenPermutationError, pe_inventory
+    from .probes import probe_ssdc
+    from .probes.probe import _model_name
+    from .robustness import fragility
+    from .transforms import resolve_config
+
+    device = torch.device(config.device or _default_device())
+    model.to(device)
+    cfg = resolve_config(model, config.img_size)
+    record.architecture = _model_name(model)
+    record.params = int(sum(p.numel() for p in model.parameters()))
+    record.input_size = [int(v) for v in cfg["input_size"]]
+    record.data_config = to_jsonable({k: cfg.get(k) for k in ("interpolation", "mean", "std", "crop_pct", "crop_mode")})
+    record.pe = [dict(name=e.name, kind=e.kind, scalable=e.scalable) for e in pe_inventory(model)]
+    common = dict(seed=config.seed, device=device, progress=progress)
+
+    def loader():
+        return eval_loader(model, data, max_images=config.images, batch_size=config.batch_size, resize=config.resize,
+                           num_workers=config.num_workers, img_size=config.img_size)
+
+    normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
+    record.site = str(normal.metadata["site"])
+    record.granularity = str(normal.metadata["granularity"])
+    record.grid_sizes = [list(map(int, g)) for g in normal.metadata["grid_sizes"]]
+    record.probe_images = int(normal.metadata["n_images"])
+    record.ssdc = _floats(normal.per_layer)
+    record.delta_ssdc = _num(normal.delta)
+    try:
+        rpi = probe_ssdc(model, loader(), site=config.site, rpi=True, **common)
+    except (TypeError, TokenPermutationError) as e:  # no patch embedding to permute after (CNNs), ...
+        record.notes.append(f"RPI not measured: {_one_line(e)}")
+    else:
+        record.rpi_ssdc = _floats(rpi.per_layer)
+        record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
+        record.rpi_delta_ssdc = _num(rpi.delta)
+        if record.granularity == "stage":
+            record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
+
+    matched, how = match_labels(model, data)
+    if matched is None:
+        record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
+                            f"outputs ({how})")
+    else:
+        record.labels = how
+        frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
+                         num_workers=config.num_workers, max_images=config.images, img_size=config.img_size,
+                         **common)
+        record.num_images = frag.num_images
+        record.clean_accuracy = _num(frag.clean_accuracy)
+        record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
+        record.fs = {k: _num(v) for k, v in frag.fs.items()}
+        record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
+        if frag.clean_accuracy == 0:
+            record.notes.append("FS undefined: clean top-1 is 0")
+    if config.alphas is not None:
+        record.alpha_sweep = _sweep(model, record, config, data, matched, common)
+
+
+def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any,
+           common: dict[str, Any]) -> SweepSummary | None:
+    """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
+    under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
+    from .eval_data import eval_loader
+    from .interventions import PEScaleError, TokenPermutationError, pe_scale
+    from .probes import probe_ssdc
+    from .robustness import alpha_sweep
+
+    alphas = [float(a) for a in config.alphas or ()]
+    try:
+        if matched is not None:
+            sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.images, site=config.site,
+                                resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
+                                max_images=config.images, img_size=config.img_size, **common)
+            return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
+                                fs={k: _floats(v) for k, v in sweep.fs.items()},
+                                clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
+                                rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows])
+        deltas, layers = [], []
+        for alpha in alphas:
+            loader = eval_loader(model, data, max_images=config.images, batch_size=config.batch_size,
+                                 resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
+            with pe_scale(model, alpha):
+                res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"],
+                                 device=common["device"], progress=False)
+            deltas.append(res.delta)
+            layers.append(_floats(res.per_layer))
+        record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
+        return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
+                            rpi_per_layer=layers)
+    except (PEScaleError, TokenPermutationError, TypeError) as e:
+        record.notes.append(f"alpha sweep not measured: {_one_line(e)}")
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# the zoo
+# --------------------------------------------------------------------------------------------
+@dataclass
+class ZooSummary:
+    """What :func:`run_zoo` did: every record in the zoo's order, which were measured now, which failed."""
+
+    records: list[ZooModel]
+    measured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    out: Path | None = None
+
+    @property
+    def failed(self) -> list[ZooModel]:
+        return [r for r in self.records if r.status != "ok"]
+
+
+def _dedupe(names: Iterable[str]) -> list[str]:
+    seen, out = set(), []
+    for n in names:
+        n = n.strip()
+        if n and n not in seen:
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted)."""
+    n = 1
+    while path.with_name(f"{path.name}.replaced-{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.replaced-{n}")
+    path.rename(target)
+    return target
+
+
+def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *, allow_changes: bool = False,
+            progress: bool = True, log: Callable[[str], None] | None = None) -> ZooSummary:
+    """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
+
+    Models already measured with the same settings are skipped; failed ones are measured again. A
+    settings change is refused (:class:`ZooError`, one line) unless ``allow_changes``: then each model
+    measured with other settings is measured again, its former record kept as ``.replaced-N``.
+    """
+    from tqdm.auto import tqdm
+
+    from .data import load_split
+
+    out = Path(out)
+    if not _dedupe(models) and not (out / "zoo.json").is_file():
+        raise ZooError(_NO_MODELS)
+    main = is_main_process()
+    settings = config.settings()
+    lock = RunLock(out)
+    if main:  # one zoo at a time in a folder; the lock of a killed one is taken over
+        out.mkdir(parents=True, exist_ok=True)
+        lock.acquire(say=log or print)
+    try:
+        names, records, done = _plan(out, _dedupe(models), settings, allow_changes)
+        if main:
+            for name in names:
+                if name in records and name not in done and records[name].status == "ok":
+                    _set_aside(out / "models" / f"{safe_name(name)}.json")
+            (out / "models").mkdir(exist_ok=True)
+            ZooIndex(settings=settings, models=names).write(out / "zoo.json")
+        data = load_split(config.data, config.split, subset=config.images)
+        summary = ZooSummary(records=[], out=out)
+        bar = tqdm(names, desc="zoo", unit="model", disable=not (progress and main))
+        say = log or (bar.write if main else (lambda s: None))
+        for k, name in enumerate(bar, 1):
+            bar.set_postfix_str(name[-40:])
+            if name in done:
+                say(f"[{k}/{len(names)}] {name}: measured before, kept")
+                summary.skipped.append(name)
+                continue
+            say(f"[{k}/{len(names)}] {name}: measuring")
+            record = measure_model(name, config, data, progress=progress and main)
+            records[name] = record
+            summary.measured.append(name)
+            if main:
+                record.write(out / "models" / f"{safe_name(name)}.json")
+                current = [records[n] for n in names if n in done or n in summary.measured]
+                write_csv(current, out / "zoo.csv", config)
+            state = "done" if record.status == "ok" else f"FAILED ({record.error})"
+            say(f"[{k}/{len(names)}] {name}: {state} in {record.elapsed_s:.1f} s")
+        bar.close()
+        summary.records = [records[n] for n in names]
+        if main:
+            write_outputs(summary.records, out, config)
+        return summary
+    finally:
+        if main:
+            lock.release()
+
+
+def _plan(out: Path, asked: list[str], settings: dict[str, Any],
+          allow_changes: bool) -> tuple[list[str], dict[str, ZooModel], set[str]]:
+    """(the zoo's models: those of ``zoo.json`` then the new ones, their records, the ones to keep).
+
+    Raises ZooError for settings that differ from the recorded ones (unless ``allow_changes``). The
+    models and the ones to keep are main's view, shared with every process."""
+    index_path = out / "zoo.json"
+    index = ZooIndex.read(index_path) if index_path.is_file() else None
+    names = _dedupe([*(index.models if index else []), *asked])
+    if not names:
+        raise ZooError(_NO_MODELS)
+    records: dict[str, ZooModel] = {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    if index is not None:
+        changes.update(changed_keys(index.settings, settings, frozenset()))
+    for name in names:
+        path = out / "models" / f"{safe_name(name)}.json"
+        if path.is_file():
+            records[name] = record = ZooModel.read(path)
+            if record.status == "ok":
+                changes.update(changed_keys(record.settings, settings, frozenset()))
+    if changes and not allow_changes:
+        raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
+                       "to measure its models again with these (former records are kept as .replaced-N), or choose "
+                       "another --out")
+    names, done = _share((names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings}))
+    return names, records, done
+
+
+# --------------------------------------------------------------------------------------------
+# table
+# --------------------------------------------------------------------------------------------
+def relative_depth(n: int) -> list[float]:
+    """Layer i of n at relative depth ``i / (n - 1)`` (0 the first probed layer, 1 the last; [0.0] for one)."""
+    return [0.0] if n == 1 else [i / (n - 1) for i in range(n)]
+
+
+def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
+    """``first``, ``last``, ``peak`` (the largest), ``peak_layer`` (its index) and ``mean`` of per-layer
+    SSDC, undefined (NaN) layers left out; every entry None when there is none."""
+    vals = [math.nan if v is None else float(v) for v in (values or [])]
+    finite = [(i, v) for i, v in enumerate(vals) if math.isfinite(v)]
+    if not finite:
+        return dict(first=None, last=None, peak=None, peak_layer=None, mean=None)
+    peak_layer, peak = max(finite, key=lambda t: t[1])
+    return dict(first=_num(vals[0]), last=_num(vals[-1]), peak=peak, peak_layer=peak_layer,
+                mean=sum(v for _, v in finite) / len(finite))
+
+
+def _fmt(value: Any, spec: str = ".6g") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _series(values: Sequence[float | None] | None) -> str:
+    return " ".join("nan" if v is None else f"{v:.6g}" for v in values) if values else ""
+
+
+def csv_columns(config: ZooConfig) -> list[str]:
+    """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, SSDC summaries, versions."""
+    cols = ["model", "status", "weights", "source", "architecture", "param_count", "img_size", "interpolation",
+            "pe_kinds", "site", "granularity", "n_layers", "probe_images", "top1", "n_images", "labels",
+            *(f"fs_{s}" for s in config.shifts)]
+    for prefix in ("ssdc", "rpi_ssdc"):
+        cols += [f"{prefix}_{k}" for k in ("first", "last", "peak", "peak_layer", "mean")]
+    cols += ["delta_ssdc_rpi", "ssdc_per_layer", "rpi_ssdc_per_layer"]
+    if config.alphas is not None:
+        cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
+    return cols + ["notes", "error", "elapsed_s", "timm_posgeom_version", "timm_version", "torch_version"]
+
+
+def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, str]]:
+    """One dict per record, keyed by :func:`csv_columns`; a value that does not exist is ``""``.
+
+    ``param_count`` is in millions (3 decimals) and ``top1`` in percent (3 decimals), as timm's results
+    tables; FS and SSDC are fractions with 6 significant digits; ``*_per_layer`` are space-separated."""
+    rows = []
+    for r in records:
+        row = {c: "" for c in csv_columns(config)}
+        row.update(model=r.model, status=r.status, weights=r.weights or "", source=r.source or "",
+                   architecture=r.architecture or "", error=r.error or "", elapsed_s=_fmt(r.elapsed_s, ".1f"),
+                   timm_posgeom_version=r.versions.get("timm_posgeom", ""), timm_version=r.versions.get("timm", ""),
+                   torch_version=r.versions.get("torch", ""))
+        if r.status == "ok":
+            size = r.input_size or []
+            row.update(
+                param_count=_fmt(r.params / 1e6 if r.params is not None else None, ".3f"),
+                img_size=(str(size[1]) if len(size) == 3 and size[1] == size[2] else "x".join(map(str, size[1:]))),
+                interpolation=str((r.data_config or {}).get("interpolation") or ""), pe_kinds=pe_kinds(r.pe),
+                site=r.site or "", granularity=r.granularity or "", n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
+                probe_images=_fmt(r.probe_images), n_images=_fmt(r.num_images), labels=r.labels or "",
+                top1=_fmt(100 * r.clean_accuracy if r.clean_accuracy is not None else None, ".3f"),
+                delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc), ssdc_per_layer=_series(r.ssdc),
+                rpi_ssdc_per_layer=_series(r.rpi_ssdc), notes=" | ".join(n for n in r.notes))
+            for s in config.shifts:
+                row[f"fs_{s}"] = _fmt((r.fs or {}).get(s))
+            for prefix, values in (("ssdc", r.ssdc), ("rpi_ssdc", r.rpi_ssdc)):
+                for k, v in layer_summary(values).items():
+                    row[f"{prefix}_{k}"] = _fmt(v)
+            if config.alphas is not None and r.alpha_sweep is not None:
+                sw = r.alpha_sweep
+                row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
+                row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
+                for s in SWEEP_SHIFTS:
+                    row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
+        rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
+    return rows
+
+
+def _write_atomic(path: Path, text: str | bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    if isinstance(text, bytes):
+        tmp.write_bytes(text)
+    else:
+        tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:
+    """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows(records, config))
+    _write_atomic(path, buffer.getvalue())
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# figures and zoo.md
+# --------------------------------------------------------------------------------------------
+def _save(fig: Any, path: Path) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    _write_atomic(path, buffer.getvalue())
+
+
+def _label(name: str, width: int = 40) -> str:
+    """A model's name for a legend or a point: whole up to ``width`` characters, else its tail."""
+    return name if len(name) <= width else "..." + name[-(width - 3):]
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4", wrap=True)
+
+
+def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
+    """SSDC against relative depth (:func:`relative_depth`), one line per model: normal (left) and under
+    RPI (right), against the index grid."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    ok = [r for r in records if r.status == "ok"]
+    for ax, key, title in ((axes[0], "ssdc", "SSDC across depth"), (axes[1], "rpi_ssdc", "under RPI (index grid)")):
+        drawn = 0
+        for i, r in enumerate(ok):
+            values = getattr(r, key)
+            if not values:
+                continue
+            y = [math.nan if v is None else v for v in values]
+            ax.plot(relative_depth(len(y)), y, marker="s" if r.granularity == "stage" else "o", ms=4,
+                    color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=_label(r.model))
+            drawn += 1
+        if not drawn:
+            _empty(ax, "no model measured" if key == "ssdc" else "no model measured under RPI")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("relative depth (first probed layer 0, last 1)")
+    axes[0].set_ylabel("SSDC (mean map)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(3, len(handles)))
+    _save(fig, path)
+
+
+def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JPEG_SHIFT) -> list[str]:
+    """``shift``'s FS against delta SSDC under RPI, one labelled point per model that has both; returns
+    the models left out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    left_out = []
+    drawn = 0
+    for i, r in enumerate(records):
+        fs = (r.fs or {}).get(shift)
+        if r.status != "ok" or fs is None or r.rpi_delta_ssdc is None:
+            left_out.append(r.model)
+            continue
+        ax.scatter([r.rpi_delta_ssdc], [fs], color=f"C{i % 10}", s=30, zorder=3)
+        ax.annotate(_label(r.model), (r.rpi_delta_ssdc, fs), xytext=(4, 4), textcoords="offset points", fontsize=7)
+        drawn += 1
+    if not drawn:
+        _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
+    ax.axhline(0, color="0.6", lw=0.5)
+    ax.axvline(0, color="0.6", lw=0.5)
+    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
+    ax.set_ylabel(f"fragility score FS, {shift}")
+    ax.set_title(f"JPEG fragility against delta SSDC ({drawn} model{'s' if drawn != 1 else ''})", fontsize=10)
+    _save(fig, path)
+    return left_out
+
+
+def _f3(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.3f}"
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
+    """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
+    from .version import __version__
+
+    vers = next((r.versions for r in records), versions())
+    lines = [
+        "# Model zoo: positional encodings, SSDC and fragility", "",
+        f"Data: `{config.data}` ({config.split}), the first {config.images} images for SSDC and for fragility; "
+        f"probe site `{config.site}`; resize `{config.resize}`; input size "
+        f"{config.img_size if config.img_size else 'each model own'}; weights `{config.pretrained}`; seed {config.seed}. "
+        f"timm-posgeom {vers.get('timm_posgeom', __version__)}, timm {vers.get('timm', '')}, torch {vers.get('torch', '')}.",
+        "",
+        "SSDC: Spearman correlation of the patch tokens' cosine similarities with minus their grid distance, "
+        "per layer (per block of a flat ViT, per stage otherwise), from the similarity map averaged over the "
+        "images. RPI: the patch contents permuted once before any PE. Delta SSDC: SSDC under RPI of layer 1 "
+        "minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 in percent, only where the "
+        "data's labels match the model's classes. Definitions: docs/method.md.", "",
+    ]
+    if any(r.weights == "random-init" for r in records):
+        lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
+                  "describe the architecture's prior, and say nothing about a trained or pretrained model.", ""]
+    head = ["model", "weights", "params (M)", "size", "PE", "top-1 %", *(f"FS {s}" for s in config.shifts),
+            "SSDC first / last / peak (layer)", "RPI: first / last / mean", "ΔSSDC (RPI)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        if r.status != "ok":
+            lines.append("| " + " | ".join([f"`{_md_cell(r.model)}`", "failed"] + [""] * (len(head) - 2)) + " |")
+            continue
+        s, p = layer_summary(r.ssdc), layer_summary(r.rpi_ssdc)
+        size = r.input_size or []
+        cells = [
+            f"`{_md_cell(r.model)}`", r.weights or "", _fmt(r.params / 1e6 if r.params else None, ".2f"),
+            "x".join(map(str, size[1:])), _md_cell(pe_kinds(r.pe)),
+            _fmt(100 * r.clean_accuracy if r.clean_accuracy is not None else None, ".1f"),
+            *(_f3((r.fs or {}).get(sh)) for sh in config.shifts),
+            (f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
+             if s["first"] is not None else ""),
+            f"{_f3(p['first'])} / {_f3(p['last'])} / {_f3(p['mean'])}" if p["first"] is not None else "",
+            _f3(r.rpi_delta_ssdc),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    sweeps = [r for r in records if r.status == "ok" and r.alpha_sweep is not None]
+    if config.alphas is not None:
+        lines += ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
+        if sweeps:
+            lines += ["| model | " + " | ".join(f"α={a:g}" for a in config.alphas) + " |",
+                      "|---|" + "---|" * len(config.alphas)]
+            for r in sweeps:
+                sw = r.alpha_sweep
+                fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
+                lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
+                    f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
+                    for d, f in zip(sw.delta_ssdc, fs)) + " |")
+            lines += ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
+        else:
+            lines.append("No model could be swept (see the notes).")
+    notes = [(r.model, n) for r in records if r.status == "ok" for n in r.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- `{m}`: {_md_cell(n)}" for m, n in notes]
+    failed = [r for r in records if r.status != "ok"]
+    if failed:
+        lines += ["", "## Failed", ""] + [f"- `{r.model}`: {_md_cell(r.error or '')}" for r in failed]
+    lines += ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
+              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)"]
+    if left_out:
+        lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
+                  + ", ".join(f"`{m}`" for m in left_out) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: ZooConfig) -> dict[str, Path]:
+    """Write ``zoo.csv``, ``figures/zoo_ssdc_depth.png``, ``figures/zoo_fragility_vs_delta.png`` and
+    ``zoo.md`` from the records (each file atomically); returns their paths."""
+    out = Path(out)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    paths = dict(csv=write_csv(records, out / "zoo.csv", config), ssdc=figures / "zoo_ssdc_depth.png",
+                 fragility=figures / "zoo_fragility_vs_delta.png", md=out / "zoo.md")
+    fig_ssdc_depth(records, paths["ssdc"])
+    left_out = fig_fragility_delta(records, paths["fragility"])
+    _write_atomic(paths["md"], zoo_markdown(records, config, left_out))
+    return paths
+
