@@ -158,16 +158,9 @@ def safe_name(name: str) -> str:
 # processes
 # --------------------------------------------------------------------------------------------
 def is_main_process() -> bool:
-    """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun).
+    """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun)."""
+    from .distributed import is_main
 
-    The one place that decides it: :mod:`timm_posgeom.distributed`'s ``is_main`` when the package has it,
-    else the torch.distributed rank, else the ``RANK`` a launcher sets."""
-    try:
-        from .distributed import is_main  # type: ignore[import-not-found]  # data-parallel measuring
-    except ImportError:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank() == 0
-        return int(os.environ.get("RANK", "0") or 0) == 0
     return bool(is_main())
 
 
@@ -330,13 +323,16 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
     """Load and measure one model (see the module docstring); never raises for the model's own failures:
     a model that fails to load or to measure gives a record with ``status="error"`` (KeyboardInterrupt
     and SystemExit pass through)."""
+    from .distributed import fail_together
+
     started = time.time()
     record = ZooModel(model=name, status="ok", settings=config.settings(), versions=versions(), elapsed_s=0.0,
                       measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), source=_source(name))
     model = None
     try:
         try:
-            model = _load(name, config, record)
+            with fail_together():  # a model that fails to load on one process fails on all: none waits for it
+                model = _load(name, config, record)
         except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
             raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
                                    if record.weights == "pretrained" else ""), e) from e
