@@ -13,9 +13,12 @@ Definitions (the paper; docs/method.md#fragility-score-and-shifts):
   no cost per image.
 
 :func:`fragility` runs every shift in the same pass: each batch is decoded and resized once, the
-clean image and each shifted copy go through the model in one forward, clean accuracy is
-computed once. Under RPI (``rpi=True``) each forward draws one token permutation, shared by the
-clean and shifted copies of the batch, from a seeded generator (reproducible).
+clean image and each shifted copy go through the model in one forward (or in pieces of
+``forward_size``), clean accuracy is computed once. Under RPI (``rpi=True``) each step draws one
+token permutation, shared by the clean and shifted copies of the batch, from a seeded generator
+(reproducible). Random shifts (ImageNet-C's noise, frost, ...) corrupt image i with a seed made of
+(``seed``, i): the same copies whatever the batch size or the number of workers.
+:func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` runs all 75 ImageNet-C shifts this way.
 
 :func:`alpha_sweep` scales the PE by alpha (``pe_scale``; APE incl. the class row as in the paper,
 sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
