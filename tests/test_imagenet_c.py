@@ -183,6 +183,21 @@ def test_missing_package_is_one_clear_line(monkeypatch, tmp_path, capsys):
         _without_package(monkeypatch, fake)
         with pytest.raises(MissingDependencyError, match="cannot be seeded.*pip uninstall imagecorruptions"):
             Corruption("glass_blur", 1)
+        # a package that fails to import: bethgelab's under setuptools >= 81, or OpenCV without libGL
+        for body, match in [("raise ModuleNotFoundError(\"No module named 'pkg_resources'\", name='pkg_resources')",
+                             "bethgelab's 1.1.2.*pip uninstall imagecorruptions"),
+                            ("raise ImportError('libGL.so.1: cannot open shared object file\\nmore')",
+                             r"does not import here \(libGL.so.1: cannot open shared object file\); .*headless")]:
+            folder = tmp_path / f"fake{len(match)}" / "imagecorruptions"
+            folder.mkdir(parents=True)
+            (folder / "__init__.py").write_text(body + "\n")
+            monkeypatch.delitem(sys.modules, "imagecorruptions")
+            monkeypatch.syspath_prepend(str(folder.parent))
+            shifts_module._corruption_functions.cache_clear()
+            with pytest.raises(MissingDependencyError, match=match):
+                imagenet_c("frost", 2)
+            monkeypatch.setitem(sys.modules, "imagecorruptions", None)
+            sys.path.remove(str(folder.parent))
     finally:
         shifts_module._corruption_functions.cache_clear()
 

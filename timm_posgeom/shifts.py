@@ -314,6 +314,12 @@ class MissingDependencyError(ImportError):
     """An optional dependency is missing or unusable; the message says what to install."""
 
 
+def _one_line_error(e: BaseException) -> str:
+    """The first line of an exception's message."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 _SEEDED_BY_ARGUMENT = ("glass_blur", "impulse_noise")  # draw from their own generator, given a seed argument
 
 
@@ -331,12 +337,17 @@ def _corruption_functions() -> dict[str, Any]:
     try:
         module = importlib.import_module("imagecorruptions")
     except ModuleNotFoundError as e:
-        if e.name != "imagecorruptions":
-            raise MissingDependencyError(f"the installed imagecorruptions does not import ({e}); it is probably "
-                                         f"bethgelab's 1.1.2, which needs an old setuptools, NumPy 1 and scikit-image "
-                                         f"< 0.21: pip uninstall imagecorruptions, then {fix}") from None
-        raise MissingDependencyError(f"ImageNet-C corruptions other than jpeg_compression and gaussian_blur need "
-                                     f"the imagecorruptions package: {fix}") from None
+        if e.name == "imagecorruptions":
+            raise MissingDependencyError(f"ImageNet-C corruptions other than jpeg_compression and gaussian_blur "
+                                         f"need the imagecorruptions package: {fix}") from None
+        if e.name == "pkg_resources":
+            raise MissingDependencyError(f"the installed imagecorruptions does not import ({e}): it is bethgelab's "
+                                         f"1.1.2, which needs an old setuptools, NumPy 1 and scikit-image < 0.21: "
+                                         f"pip uninstall imagecorruptions, then {fix}") from None
+        raise MissingDependencyError(f"imagecorruptions does not import here ({e}): {fix}") from None
+    except ImportError as e:  # e.g. opencv-python without libGL: opencv-python-headless provides the same cv2
+        raise MissingDependencyError(f"imagecorruptions does not import here ({_one_line_error(e)}); if OpenCV's "
+                                     "libraries are missing, pip install opencv-python-headless") from None
     functions = dict(getattr(module, "corruption_dict", {}))
     glass = functions.get("glass_blur")
     if glass is None or "seed" not in inspect.signature(glass).parameters:
