@@ -24,7 +24,8 @@ from timm_posgeom.imagenet_c import (
     imagenet_c_fragility,
     imagenet_c_released,
 )
-from timm_posgeom.robustness import fragility
+from timm_posgeom.interventions import token_permutation
+from timm_posgeom.robustness import _forward_in_pieces, fragility
 from timm_posgeom.shifts import (
     IMAGENET_C_CORRUPTIONS,
     IMAGENET_C_EXTRA,
@@ -265,6 +266,21 @@ def test_forward_in_pieces_equals_one_forward_with_rpi():
     assert all(np.array_equal(whole.correct[k], pieces.correct[k]) for k in whole.correct)
     with pytest.raises(ValueError, match="forward_size must be >= 1"):
         fragility(model, data, shifts, forward_size=0, **FAST)
+    # the pieces reuse the step's permutation and draw none: the next step gets the generator's next one
+    model.eval()
+    with torch.no_grad():
+        model.pos_embed.normal_(0, 1)  # a PE strong enough for the permutation to show in the outputs
+    model.head = nn.Identity()  # the class token's features (the random head squashes the differences)
+    x = torch.randn(7, 3, 32, 32)
+    with torch.no_grad():
+        with token_permutation(model, seed=3, per="batch"):
+            whole, second = model(x), model(x)
+        with token_permutation(model, seed=3, per="batch") as handle:
+            pieces, later = _forward_in_pieces(model, x, 3, handle), model(x)
+        with token_permutation(model, seed=3, per="batch"):
+            fresh = torch.cat([model(x[:3]), model(x[3:6]), model(x[6:])])  # a permutation per piece
+    assert (pieces - whole).abs().max() < 1e-6 and (later - second).abs().max() < 1e-6
+    assert (fresh - whole).abs().max() > 1e-4  # 1.4e-3 here: a permutation per piece shows
 
 
 # ------------------------------------------------------------------------------------------

@@ -298,13 +298,14 @@ def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, perm
     if size is None or x.shape[0] <= size:
         return model(x)
     pieces = [model(x[:size])]
-    if permutation is not None:
-        permutation.per = "call"  # _draw returns the permutation just drawn
+    if permutation is not None:  # the next pieces reuse the permutation just drawn, drawing none
+        draw = permutation._draw
+        permutation._draw = lambda n, device: permutation.permutation.to(device)
     try:
         pieces += [model(x[i:i + size]) for i in range(size, x.shape[0], size)]
     finally:
         if permutation is not None:
-            permutation.per = "batch"
+            permutation._draw = draw
     return torch.cat(pieces)
 
 
