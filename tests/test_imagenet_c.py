@@ -220,8 +220,13 @@ def test_mean_fs_and_normalised_mean():
     ref = _result({"fog": {1: 0.2, 2: 0.2}, "frost": {1: 0.4, 2: 0.4}})
     assert r.relative_fs(ref) == pytest.approx({"fog": 1.0, "frost": 1.0})  # sum_s FS / sum_s FS_ref
     assert r.mean_relative_fs(ref.fs) == pytest.approx(1.0)
-    with pytest.warns(RuntimeWarning, match="sums to 0"):
-        assert math.isnan(r.relative_fs(_result({"fog": {1: 0.0, 2: 0.0}, "frost": {1: 0.1, 2: 0.1}}))["fog"])
+    harmless = _result({"fog": {1: 0.0, 2: -0.1}, "frost": {1: 0.1, 2: 0.1}})  # fog does not hurt the reference
+    with pytest.warns(RuntimeWarning, match="sums to -0.1"):
+        assert math.isnan(r.relative_fs(harmless)["fog"])
+        assert math.isnan(r.mean_relative_fs(harmless))
+        assert r.mean_relative_fs(harmless, defined_only=True) == pytest.approx(0.8 / 0.2)
+        assert "mean rFS over the 1 corruption(s) where it is defined (left out, the reference's FS sums to <= 0: " \
+               "fog): 4.000" in r.to_markdown(reference=harmless)
     with pytest.raises(ValueError, match="lacks 2"):
         r.relative_fs(_result({"fog": {1: 0.1, 2: 0.1}}))
     back = ImageNetCResult.from_dict(json.loads(r.to_json()))

@@ -155,9 +155,17 @@ class ImageNetCResult:
                 out[c] = own / ref
         return out
 
-    def mean_relative_fs(self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]]) -> float:
-        """The mean over the corruptions of :meth:`relative_fs` (mCE's normalised average)."""
-        return _nanmean(list(self.relative_fs(reference).values()))
+    def mean_relative_fs(self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]],
+                         defined_only: bool = False) -> float:
+        """The mean over the corruptions of :meth:`relative_fs` (mCE's normalised average).
+
+        NaN when rFS is undefined for some corruption (the reference's FS sums to <= 0 there), unless
+        ``defined_only``: then the mean over the corruptions where it is defined (NaN if none is); say
+        which were left out when you report it (:meth:`to_markdown` does)."""
+        values = list(self.relative_fs(reference).values())
+        if defined_only:
+            values = [v for v in values if not math.isnan(v)]
+        return _nanmean(values)
 
     # ---------------------------------------------------------------------------------- output
     def to_dict(self) -> dict[str, Any]:
@@ -252,6 +260,11 @@ class ImageNetCResult:
         if relative is not None:
             lines.append(f"mean rFS (normalised by the reference's FS per corruption, like mCE): "
                          f"{fmt(_nanmean(list(relative.values())))}")
+            undefined = [c for c, v in relative.items() if math.isnan(v)]
+            defined = [v for v in relative.values() if not math.isnan(v)]
+            if undefined and defined:
+                lines.append(f"mean rFS over the {len(defined)} corruption(s) where it is defined (left out, the "
+                             f"reference's FS sums to <= 0: {', '.join(undefined)}): {fmt(_nanmean(defined))}")
         return "\n".join(lines)
 
 
