@@ -3,6 +3,7 @@ process by process, and probe_ssdc / fragility / alpha_sweep / the CLI under a r
 launch compared with one process."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -27,6 +28,8 @@ from timm_posgeom.robustness import _skip_other_draws
 SCRIPT = textwrap.dedent('''
     import sys
 
+    import importlib.util
+
     import numpy as np
     import timm
     import torch
@@ -39,6 +42,9 @@ SCRIPT = textwrap.dedent('''
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
     from timm_posgeom.synthetic import SyntheticShapes
+
+
+    RANDOM_SHIFTS = ["imagenet-c:gaussian_noise:3"] if importlib.util.find_spec("imagecorruptions") else []
 
 
     def ssdc_dict(result):
@@ -88,8 +94,13 @@ SCRIPT = textwrap.dedent('''
                                            progress=False)),
             "batches": ssdc_dict(probe_ssdc(model, [(images[i:i + 3], None) for i in range(0, 21, 3)],
                                             reduction="both", rpi=True, seed=5, max_images=11, progress=False)),
-            "fragility": frag_dict(fragility(model, data, ["jpeg:5", "blur:2.5:5"], batch_size=4, num_workers=0,
-                                             progress=False)),
+            # a random ImageNet-C corruption (seeded per image index) when the extra is installed
+            "fragility": frag_dict(fragility(model, data, ["jpeg:5", "blur:2.5:5", *RANDOM_SHIFTS], batch_size=4,
+                                             num_workers=0, progress=False)),
+            # under RPI, forwards in pieces of 3 copies: each batch's pieces share its permutation
+            "fragility_rpi_pieces": frag_dict(fragility(model, data, ["jpeg:5"], batch_size=4, num_workers=0,
+                                                        rpi=True, seed=1, max_images=17, forward_size=3,
+                                                        progress=False)),
         }
         applied = []  # the permutation each forward applies, in this process's order
         permute = interventions._permute_tokens
@@ -378,9 +389,12 @@ def test_two_launched_processes_equal_one(tmp_path):
     assert len({tuple(p) for p in single_perms}) == 5
 
     # counts, per-image correctness, accuracies, FS and every interval: exactly
-    for key in ("fragility", "fragility_rpi"):
+    for key in ("fragility", "fragility_rpi", "fragility_rpi_pieces"):
         assert rank0[key]["counts"] == single[key]["counts"] and rank0[key]["correct"] == single[key]["correct"]
         _close(rank0[key], single[key], 0.0, key)
+    assert single["fragility_rpi_pieces"]["correct"] == single["fragility_rpi"]["correct"]
+    has_extra = importlib.util.find_spec("imagecorruptions") is not None  # then a random corruption, seeded per image
+    assert ("imagenet-c:gaussian_noise:3" in rank0["fragility"]["shifts"]) == has_extra
     assert rank0["fragility"]["num_images"] == 21 and rank0["fragility_rpi"]["num_images"] == 17
     # SSDC: image counts, per-image counts and the RPI permutation exactly; sums to float rounding
     for key, n in (("loader", 21), ("loader_rpi", 19), ("tensor", 18), ("batches", 11)):

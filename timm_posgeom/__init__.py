@@ -15,6 +15,7 @@ from . import models  # noqa: F401  (registers the models with timm)
 from .data import ImageSplit, load_split
 from .eval_data import eval_loader
 from .factory import create_model
+from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
 from .interventions import (
     PEEntry,
     PEScaleError,
@@ -28,7 +29,7 @@ from .interventions import (
 from .models import PosGeomViT, list_models
 from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
-from .shifts import JPEG, GaussianBlur, imagenet_c, parse_shift
+from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
 from .support import SupportRow, check_support
 from .synthetic import SyntheticShapes
 from .transforms import eval_transform
@@ -59,9 +60,15 @@ __all__ = [
     "JPEG",
     "GaussianBlur",
     "imagenet_c",
+    "imagenet_c_shifts",
+    "Corruption",
     "parse_shift",
     "fragility",
     "FragilityResult",
+    "imagenet_c_fragility",
+    "imagenet_c_released",
+    "check_imagenet_c_tree",
+    "ImageNetCResult",
     "alpha_sweep",
     "AlphaSweepResult",
     # data

@@ -59,13 +59,14 @@ def user_errors() -> tuple[type[BaseException], ...]:
     Evaluated only when an exception is raised, so ``posgeom --help`` imports nothing for it."""
     from .interventions import PEScaleError
     from .probes import UnsupportedModelError
+    from .shifts import MissingDependencyError
     from .study import StudyError
     from .train.loop import TrainingDiverged
     from .train.rundir import RunDirError
     from .zoo import ZooError
 
     return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
-            TrainingDiverged, RunDirError, StudyError, ZooError)
+            TrainingDiverged, RunDirError, StudyError, ZooError, MissingDependencyError)
 
 
 def main(argv: list[str] | None = None) -> int:

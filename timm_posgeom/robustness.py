@@ -13,9 +13,12 @@ Definitions (the paper; docs/method.md#fragility-score-and-shifts):
   no cost per image.
 
 :func:`fragility` runs every shift in the same pass: each batch is decoded and resized once, the
-clean image and each shifted copy go through the model in one forward, clean accuracy is
-computed once. Under RPI (``rpi=True``) each forward draws one token permutation, shared by the
-clean and shifted copies of the batch, from a seeded generator (reproducible).
+clean image and each shifted copy go through the model in one forward (or in pieces of
+``forward_size``), clean accuracy is computed once. Under RPI (``rpi=True``) each step draws one
+token permutation, shared by the clean and shifted copies of the batch, from a seeded generator
+(reproducible). Random shifts (ImageNet-C's noise, frost, ...) corrupt image i with a seed made of
+(``seed``, i): the same copies whatever the batch size or the number of workers.
+:func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` runs all 75 ImageNet-C shifts this way.
 
 :func:`alpha_sweep` scales the PE by alpha (``pe_scale``; APE incl. the class row as in the paper,
 sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
@@ -246,10 +249,13 @@ class FragilityResult:
 # data
 # --------------------------------------------------------------------------------------------
 class _ShiftedCopies(Dataset):
-    """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label)."""
+    """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label).
 
-    def __init__(self, data: Any, n: int, resize: Any, shifts: Sequence[Shift]):
-        self.data, self.n, self.resize, self.shifts = data, n, resize, list(shifts)
+    Each shift gets ``shift.for_image(image, i, seed)``: random ones (ImageNet-C's noise, frost, ...)
+    draw from a seed of (seed, i), so the copies do not depend on the batch size or the workers."""
+
+    def __init__(self, data: Any, n: int, resize: Any, shifts: Sequence[Shift], seed: int = 0):
+        self.data, self.n, self.resize, self.shifts, self.seed = data, n, resize, list(shifts), seed
 
     def __len__(self) -> int:
         return self.n
@@ -257,7 +263,7 @@ class _ShiftedCopies(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = split_item(self.data[index])
         image = self.resize(image)
-        copies = [image, *(shift(image) for shift in self.shifts)]
+        copies = [image, *(shift.for_image(image, index, self.seed) for shift in self.shifts)]
         return torch.stack([F.pil_to_tensor(c) for c in copies]), label
 
 
@@ -286,6 +292,23 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
     return param.device if param is not None else torch.device("cpu")
 
 
+def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None) -> torch.Tensor:
+    """``model(x)`` in pieces of at most ``size`` images, concatenated; under RPI every piece reuses the
+    permutation the first one drew (one permutation per step, as with a single forward)."""
+    if size is None or x.shape[0] <= size:
+        return model(x)
+    pieces = [model(x[:size])]
+    if permutation is not None:  # the next pieces reuse the permutation just drawn, drawing none
+        draw = permutation._draw
+        permutation._draw = lambda n, device: permutation.permutation.to(device)
+    try:
+        pieces += [model(x[i:i + size]) for i in range(size, x.shape[0], size)]
+    finally:
+        if permutation is not None:
+            permutation._draw = draw
+    return torch.cat(pieces)
+
+
 # --------------------------------------------------------------------------------------------
 # fragility
 # --------------------------------------------------------------------------------------------
@@ -306,6 +329,7 @@ def fragility(
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
         distributed: str = "auto",
+        forward_size: int | None = None,
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -320,10 +344,13 @@ def fragility(
         data: a Hugging Face dataset or any indexable of (PIL image, label) / {"image", "label"}.
         shifts: specs (``jpeg:5``, ``blur:2.5:5``, ``imagenet-c:gaussian_blur:3``) or Shift objects
             (one spec alone is accepted too); results are keyed by the spec as given, or ``Shift.spec``.
-        batch_size: images per step; each step forwards ``batch_size * (1 + len(shifts))`` copies.
+        batch_size: images per step; each step forwards ``batch_size * (1 + len(shifts))`` copies
+            (in pieces of ``forward_size``).
         num_workers: DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
-        rpi: random permutation at inference: one permutation per forward, seeded by ``seed``, shared
-            by the clean and shifted copies of the batch.
+        rpi: random permutation at inference: one permutation per step, seeded by ``seed``, shared
+            by the clean and shifted copies of the batch (and by the pieces of a step).
+        seed: seeds the RPI permutations, the bootstrap, and the random shifts (image i of the data is
+            corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``).
         alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
         max_images: evaluate only the first ``max_images`` images.
         blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
@@ -340,6 +367,8 @@ def fragility(
             result (counts, accuracies, FS, Wilson and bootstrap intervals). Under RPI each batch gets
             the permutation one process would draw for it. ``off``: this process evaluates all the
             data alone. A ``seed`` of None is replaced by one drawn on the main process.
+        forward_size: at most this many copies per model forward (memory: many shifts times a large
+            batch); default None, every copy of a step in one forward.
 
     Returns:
         A :class:`FragilityResult`.
@@ -356,6 +385,8 @@ def fragility(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if distributed not in ("auto", "off"):
         raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
+    if forward_size is not None and forward_size < 1:
+        raise ValueError(f"forward_size must be >= 1, got {forward_size}")
     n = check_split(data, max_images)
     world = _dist.setup() if distributed == "auto" else 1
     own = None  # with several processes: this process's batches, as ranges of image indices
@@ -369,7 +400,9 @@ def fragility(
     on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
     loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
     workers = default_workers() if num_workers is None else int(num_workers)
-    shifted = _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts)
+    # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
+    shift_seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
+    shifted = _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts, seed=shift_seed)
     batching = dict(batch_size=batch_size, shuffle=False) if own is None else \
         dict(batch_sampler=_dist.IndexBatches(own))  # this process's batches only
     loader = DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda",
@@ -377,6 +410,8 @@ def fragility(
     correct = {name: np.zeros(n, dtype=bool) for name in ["clean", *names]}
     settings = {"model": _model_name(model), "resize": resize, "rpi": rpi, "alpha": alpha, "seed": seed,
                 "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
+    if seed is None:
+        settings["shift_seed"] = shift_seed
 
     from tqdm.auto import tqdm
 
@@ -386,10 +421,11 @@ def fragility(
         stack.enter_context(eval_mode(model))
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
+        permutation = None
         if rpi:
-            handle = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+            permutation = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
             if own is not None:
-                _skip_other_draws(handle, [rows.start // batch_size for rows in own])
+                _skip_other_draws(permutation, [rows.start // batch_size for rows in own])
         # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
         # tensors (those would break a later backward through the model)
         stack.enter_context(torch.inference_mode())
@@ -401,7 +437,8 @@ def fragility(
                 variants.append(p.batch(copies[:, 0]) if d else copies[:, next(it)])
             x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
             b, v = x.shape[:2]
-            logits = model(normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]))
+            logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
+                                        forward_size, permutation)
             if labels.numel() and int(labels.max()) >= logits.shape[-1]:
                 raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
                                  "outputs: the data's labels do not index this model's classes")

@@ -5,6 +5,12 @@ accuracies, paired bootstrap for FS. Writes ``fragility.json`` and ``fragility.p
 Launched as several processes (``accelerate launch ... -m timm_posgeom.cli fragility ...``), each evaluates
 its share of the batches and the main process alone writes and prints the (identical) result.
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
+
+``--imagenet-c [all|extra|NAME,...]``: every ImageNet-C corruption at ``--severities`` (default 1-5),
+generated on the fly in one pass over the clean images, or read from the released images with
+``--imagenet-c-root ROOT``; prints FS per corruption x severity and the mean FS (mCE's average, of
+fragility scores; normalised by a ``--reference`` run's FS if given) and writes ``imagenet_c.json`` and
+``imagenet_c.md`` (and, generated, ``fragility.json``).
 """
 from __future__ import annotations
 
@@ -24,7 +30,8 @@ from ._options import (
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts")
+    p = subparsers.add_parser("fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts "
+                                                "or all of ImageNet-C")
     add_model_args(p)
     add_labels_arg(p)
     add_data_args(p, max_images_help="evaluate only the first N images")
@@ -32,14 +39,42 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
-    add_run_args(p, out="fragility_out", seed_help="seed of RPI permutations and the bootstrap (default 0)")
+    g = p.add_argument_group("ImageNet-C")
+    g.add_argument("--imagenet-c", nargs="?", const="all", default=None, metavar="CORRUPTIONS",
+                   help="ImageNet-C instead of --shift: all (its 15 corruptions, the default), extra (its 4 extras) or "
+                        "NAME,NAME,...; prints FS per corruption and severity and the mean FS (needs the extra "
+                        "timm-posgeom[imagenet-c] unless --imagenet-c-root). --batch-size counts every copy per "
+                        "forward here")
+    g.add_argument("--severities", default="1,2,3,4,5", help="ImageNet-C severities (default 1,2,3,4,5)")
+    g.add_argument("--imagenet-c-root", default=None, metavar="ROOT",
+                   help="read the released images ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE instead of generating them "
+                        "(checked against the data's classes; the data must be the whole clean split they come from)")
+    g.add_argument("--imagenet-c-class-folders", default=None, metavar="FILE",
+                   help="the tree's folder name of each class, one a line in label order (e.g. wnids; default: the "
+                        "class names)")
+    g.add_argument("--imagenet-c-extra-classes", default="error", choices=("error", "ignore"),
+                   help="class folders under ROOT that are none of the data's classes: error (default) or ignore")
+    g.add_argument("--reference", default=None, metavar="JSON",
+                   help="a reference model's imagenet_c.json: also print FS normalised by its FS per corruption "
+                        "(like mCE)")
+    add_run_args(p, out="fragility_out", seed_help="seed of RPI permutations, the bootstrap and the random "
+                                                   "corruptions (default 0)")
 
 
 def _fmt_interval(lo: float, hi: float) -> str:
     return f"[{lo:.3f}, {hi:.3f}]"
 
 
+def _parse_severities(text: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--severities needs comma-separated integers 1-5, got {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.imagenet_c is not None or args.imagenet_c_root is not None:
+        return _run_imagenet_c(args)
     from .. import distributed
     from ..robustness import fragility
     from ..shifts import parse_shift
@@ -74,4 +109,74 @@ def run(args: argparse.Namespace) -> int:
         print(f"{s:{w}s} {result.accuracy[s]:7.3f} {_fmt_interval(*result.accuracy_interval[s]):>17s} "
               f"{result.fs[s]:7.3f} {_fmt_interval(*result.fs_interval[s]):>19s}")
     print(f"wrote {out / 'fragility.json'} and {out / 'fragility.png'}")
+    return 0
+
+
+def _run_imagenet_c(args: argparse.Namespace) -> int:
+    from ..imagenet_c import ImageNetCResult, imagenet_c_fragility, imagenet_c_released
+    from ..shifts import imagenet_c, imagenet_c_shifts
+
+    if args.shift:
+        raise ValueError("--shift and --imagenet-c exclude each other: run them separately")
+    if args.blur_on_device:
+        raise ValueError("--blur-on-device does not apply to --imagenet-c")
+    corruptions = args.imagenet_c or "all"
+    severities = _parse_severities(args.severities)
+    specs = imagenet_c_shifts(corruptions, severities)  # checks names and severities before anything is loaded
+    names = list(dict.fromkeys(spec.split(":")[1] for spec in specs))
+    reference = ImageNetCResult.from_json(args.reference) if args.reference else None
+    folders = None
+    if args.imagenet_c_class_folders:
+        folders = [line.strip() for line in Path(args.imagenet_c_class_folders).read_text().splitlines()
+                   if line.strip()]
+    if args.imagenet_c_root is None:
+        for name in names:  # the imagecorruptions package: a clear line now rather than after loading the model
+            imagenet_c(name, severities[0])
+        if folders is not None or args.imagenet_c_extra_classes != "error":
+            raise ValueError("--imagenet-c-class-folders and --imagenet-c-extra-classes need --imagenet-c-root")
+    elif not Path(args.imagenet_c_root).is_dir():
+        raise FileNotFoundError(f"--imagenet-c-root {args.imagenet_c_root!r} is not a folder")
+    if reference is not None:
+        missing = [f"{c}:{s}" for c in names for s in severities if c not in reference.fs or s not in reference.fs[c]]
+        if missing:
+            raise ValueError(f"the reference {args.reference} lacks {', '.join(missing[:4])}"
+                             f"{' ...' if len(missing) > 4 else ''}: run it with the same corruptions and severities")
+
+    from .. import distributed
+
+    world = distributed.setup()  # launched as several processes: each evaluates its share of the clean batches
+    if args.device is None and world > 1:
+        args.device = distributed.default_device()
+    with distributed.main_process_first():
+        model, data, device = load_model_and_data(args)
+    data = match_labels(model, data, args.labels)
+    common = dict(batch_size=args.batch_size, resize=args.resize, num_workers=args.num_workers, rpi=args.rpi,
+                  alpha=args.alpha, seed=args.seed, device=device, progress=not args.no_progress,
+                  img_size=args.img_size)
+    if args.imagenet_c_root is None:
+        result = imagenet_c_fragility(model, data, names, severities, **common)
+    else:
+        result = imagenet_c_released(model, data, args.imagenet_c_root, names, severities, class_folders=folders,
+                                     extra_classes=args.imagenet_c_extra_classes, **common)
+    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
+        return 0
+    result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
+    if world > 1:
+        result.settings["processes"] = world
+    if reference is not None:
+        result.settings["reference"] = args.reference
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = result.to_markdown(reference=reference)
+    result.to_json(out / "imagenet_c.json")
+    (out / "imagenet_c.md").write_text(table + "\n")
+    written = [out / "imagenet_c.json", out / "imagenet_c.md"]
+    if result.fragility is not None:
+        result.fragility.settings.update(model=args.model, data=args.data, split=args.split)
+        result.fragility.to_json(out / "fragility.json")
+        written.append(out / "fragility.json")
+    print(f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}  "
+          f"ImageNet-C {result.source}{'' if args.imagenet_c_root is None else ' from ' + args.imagenet_c_root}")
+    print(table)
+    print("wrote " + ", ".join(map(str, written)))
     return 0
