@@ -183,6 +183,26 @@ def test_the_14x14_preset_plans_every_condition_at_112_px(tmp_path, capsys):
     assert model.blocks[0].attn.head_dim == 32  # the micro model's head size, kept
 
 
+def test_report_states_the_images_probed_not_the_images_asked(demo_study, tmp_path):
+    """The demo asked for SSDC on 800 images of a 320-image validation set and its report said "SSDC on 800
+    images": the header gives the count each probe recorded."""
+    import json
+    import shutil
+
+    from timm_posgeom.report import write_report
+
+    out, results = demo_study
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    data = json.loads((copy / "results.json").read_text())
+    data["config"]["probe_images"] = 800
+    (copy / "results.json").write_text(json.dumps(data))
+    write_report(copy)
+    header = (copy / "report.md").read_text().splitlines()[2]
+    counts = {r.eval.ssdc.n_images for r in results.runs}
+    assert counts == {24} and "SSDC on 24 images" in header and "800" not in header
+
+
 def test_cli_summary_prints_each_claims_status_and_reason(demo_study, monkeypatch, capsys):
     """The summary printed 'not measured' for every undecided claim (it read only held True/False/None)."""
     out, results = demo_study

@@ -349,10 +349,12 @@ def write_report(out: str | os.PathLike) -> Path:
     has_training = fig_training(results, figs / "training.png")
     cfg = results.config
     claims = evaluate_claims(results)
+    probed = sorted({r.eval.ssdc.n_images for r in results.runs if r.eval.ssdc is not None})
+    probed_text = "no" if not probed else f"{probed[0]}" if len(probed) == 1 else f"{probed[0]}-{probed[-1]}"
     lines = [f"# PE geometry study: preset `{cfg['preset']}`", "",
              f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
              f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
-             f"{cfg['seeds']} seed(s); SSDC on {cfg['probe_images']} images; "
+             f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
              f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
              f"{results.elapsed_s:.0f} s (all invocations). Versions: "
              + ", ".join(f"{k} {v}" for k, v in results.versions.items()) + ".", "",
