@@ -29,7 +29,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--init", default=None, choices=["timm", "paper"],
                    help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
                         "model_kwargs.init of every run, after --set). Default: what each recipe says "
-                        "(in100: paper, demo and imagenette-cpu: timm). Recorded: a resume with another is refused")
+                        "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused")
 
 
 def run(args: argparse.Namespace) -> int:
