@@ -282,8 +282,9 @@ def test_in100_paper_recipes_use_the_paper_init(condition):
 
 def test_study_init_option_in_the_dry_run(tmp_path, capsys):
     assert {p["init"] for p in dry_run(preset_config("in100"), tmp_path)} == {"paper"}  # the recipes say so
-    assert {p["init"] for p in dry_run(preset_config("imagenette-cpu"), tmp_path)} == {"timm"}
-    plan = dry_run(preset_config("imagenette-cpu", init="paper"), tmp_path)
+    data = str(tmp_path)  # any existing folder: the dry run checks the path, not its contents
+    assert {p["init"] for p in dry_run(preset_config("imagenette-cpu", data=data), tmp_path)} == {"timm"}
+    plan = dry_run(preset_config("imagenette-cpu", data=data, init="paper"), tmp_path)
     assert {p["init"] for p in plan} == {"paper"} and all("--set model_kwargs.init=paper" in p["command"] for p in plan)
     # the demo preset trains with the paper's init (a model learns its layout classes in its 300 steps only so)
     assert {p["init"] for p in dry_run(preset_config("demo"), tmp_path)} == {"paper"}
@@ -301,7 +302,7 @@ def test_study_init_option_in_the_dry_run(tmp_path, capsys):
     assert out.count("paper init") == 2 and out.count("--set model_kwargs.init=paper") == 2
     with pytest.raises(ValueError, match="unknown init 'xavier'"):
         preset_config("demo", init="xavier")
-    config = preset_config("imagenette-cpu")  # (the demo's own init would win over the recipe's)
+    config = preset_config("imagenette-cpu", data=data)  # (the demo's own init would win over the recipe's)
     config.train_overrides = ["model_kwargs.init=xavier"]
     with pytest.raises(ValueError, match="unknown init 'xavier'"):
         dry_run(config, tmp_path)
