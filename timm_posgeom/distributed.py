@@ -309,12 +309,8 @@ def main_process_first() -> Iterator[None]:
         yield
         return
     if is_main():
-        try:
+        with fail_together():
             yield
-        except Exception as e:
-            _exchange_failure(e)
-            raise
-        _exchange_failure(None)
     else:
         _exchange_failure(None)
         yield

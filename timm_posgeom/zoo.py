@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .distributed import broadcast_object, fail_together, is_main
 from .jsonio import to_jsonable
 from .records import SweepSummary, ZooIndex, ZooModel
 from .shifts import IMAGENET_C, PAPER_SHIFTS
@@ -159,20 +160,7 @@ def safe_name(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 def is_main_process() -> bool:
     """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun)."""
-    from .distributed import is_main
-
     return bool(is_main())
-
-
-def _share(value: Any) -> Any:
-    """Main's ``value`` in every process (a no-op without a process group): every process then measures
-    the same models in the same order, even when one read the records while main was writing one."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
-        box = [value]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-    return value
 
 
 def _default_device() -> str:
@@ -323,8 +311,6 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
     """Load and measure one model (see the module docstring); never raises for the model's own failures:
     a model that fails to load or to measure gives a record with ``status="error"`` (KeyboardInterrupt
     and SystemExit pass through)."""
-    from .distributed import fail_together
-
     started = time.time()
     record = ZooModel(model=name, status="ok", settings=config.settings(), versions=versions(), elapsed_s=0.0,
                       measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), source=_source(name))
@@ -580,7 +566,9 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
         raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
                        "to measure its models again with these (former records are kept as .replaced-N), or choose "
                        "another --out")
-    names, done = _share((names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings}))
+    # main's view in every process: every process then measures the same models in the same order, even
+    # when one read the records while main was writing one
+    names, done = broadcast_object((names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings}))
     return names, records, done
 
 
