@@ -102,6 +102,48 @@ def test_one_seed_says_so_and_uses_each_runs_own_fs_interval():
     assert evaluate_claims(_results(runs))[3]["status"] == "undecided"
 
 
+def test_one_seed_decides_on_the_interval_of_the_difference_not_on_overlap():
+    """One seed: RoPE 0.30 against APE 0.40 with bootstrap intervals of +-0.06 overlap ([0.24, 0.36] and
+    [0.34, 0.46]), yet their difference 0.10 is beyond its own 95% interval (MOVER: 0.10 - sqrt(2) * 0.06 =
+    0.015 > 0); with +-0.08 it is not (0.10 - 0.113 < 0)."""
+    def with_half_width(h: float) -> list[StudyRun]:
+        runs = _paper_like(0)
+        for r in runs:
+            fs = r.eval.fs["jpeg:5"]
+            r.eval.fs_interval = {"jpeg:5": [fs - h, fs + h]}
+        return runs
+
+    decided = evaluate_claims(_results(with_half_width(0.06)))[3]
+    assert decided["status"] == "held", decided
+    assert evaluate_claims(_results(with_half_width(0.08)))[3]["status"] == "undecided"
+    runs = with_half_width(0.06)  # RoPE above APE beyond the interval of the difference: decided "not held"
+    rope = next(r for r in runs if r.condition == "rope")
+    rope.eval.fs = {"jpeg:5": 0.50}
+    rope.eval.fs_interval = {"jpeg:5": [0.44, 0.56]}
+    assert evaluate_claims(_results(runs))[3]["status"] == "not held"
+
+
+def test_one_seed_alpha_claim_needs_the_fs_change_beyond_its_interval():
+    """One seed: the demo's APE sweep gave JPEG FS 0.022, 0.034, 0.009 at alpha 1, .5, 0 (320 images), and the
+    claim read "not held" from the sign of a 1-2% change inside the bootstrap noise. With the sweep's intervals
+    the FS part is decided only beyond the 95% interval of FS(alpha 0) - FS(alpha 1)."""
+    def with_sweep_fs(fs: list[float], half: float) -> list[StudyRun]:
+        runs = _paper_like(0)
+        sweep = next(r for r in runs if r.condition == "ape").eval.alpha_sweep
+        sweep.fs = {"jpeg:5": fs}
+        sweep.fs_interval = {"jpeg:5": [[v - half, v + half] for v in fs]}
+        return runs
+
+    assert evaluate_claims(_results(with_sweep_fs([0.022, 0.034, 0.009], 0.02)))[4]["status"] == "undecided"
+    assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.02)))[4]["status"] == "held"
+    assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.2)))[4]["status"] == "undecided"
+    falls = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)))[4]  # beyond noise, the wrong way
+    assert falls["status"] == "not held" and "beyond its 95% interval" in falls["evidence"]
+    runs = with_sweep_fs([0.022, 0.034, 0.009], 0.02)  # without the intervals (older records): point values
+    next(r for r in runs if r.condition == "ape").eval.alpha_sweep.fs_interval = None
+    assert evaluate_claims(_results(runs))[4]["status"] == "not held"
+
+
 def test_missing_conditions_are_not_measured():
     claims = evaluate_claims(_results([r for r in _paper_like(0) if r.condition in ("ape",)]))
     assert [c["status"] for c in claims] == ["not measured", "held", "not measured", "not measured", "held"]

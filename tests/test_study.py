@@ -1,6 +1,7 @@
 """The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,7 +19,8 @@ TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", 
 
 def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
     config = preset_config("demo", conditions=tuple(conditions), eval_images=48, probe_images=24,
-                           sweep_images=24, alphas=(1.0, 0.0), batch_size=24, synthetic_size=120)
+                           sweep_images=24, alphas=(1.0, 0.0), batch_size=24, synthetic_size=120,
+                           synthetic_val_size=60)
     config.train_overrides = list(config.train_overrides) + TINY
     return config
 
@@ -44,9 +46,14 @@ def test_demo_study_end_to_end(demo_study):
         assert len(ev.ssdc.per_layer) == 4 and len(ev.ssdc.rpi_per_layer) == 4
         assert len(run.untrained.per_layer) == 4
         assert (ev.alpha_sweep is not None) == (run.condition in ("ape", "sincos", "rope"))
+        if ev.alpha_sweep is not None:  # each alpha's FS with its bootstrap interval (claim 5 with one seed)
+            for fs, (lo, hi) in zip(ev.alpha_sweep.fs["jpeg:5"], ev.alpha_sweep.fs_interval["jpeg:5"]):
+                assert lo <= fs <= hi or math.isnan(fs)
         assert run.history and len(run.history[-1].rpi_ssdc) == 4  # from the training log
         assert run.history[-1].val_top1 == pytest.approx(run.train.val_top1)
     assert results.versions["timm"] and results.config["preset"] == "demo"
+    # measured on synthetic_val_size images (not the training runs' 120 // 5 = 24): fragility on eval_images
+    assert results.eval_data["images"] == 60 and {r.eval.num_images for r in results.runs} == {48}
     # what was written is what was returned: one schema, read back through the records
     assert StudyResults.read(out / "results.json").to_dict() == results.to_dict()
     report = (out / "report.md").read_text()

@@ -8,8 +8,8 @@ A claim is decided only where the run can decide it:
 * **the seed spread**: with 2 or more seeds every quantity is a mean with a two-sided 95% Student-t
   interval over seeds, and a comparison holds (or fails) only when it holds (or fails) beyond that
   interval; otherwise the claim is ``undecided`` ("within noise"). With one seed there is no spread:
-  fragility comparisons use each run's own bootstrap interval, the rest its point values, and the
-  evidence says "1 seed".
+  fragility comparisons use the interval of the difference recovered from each run's own bootstrap
+  interval (MOVER, see ``_less``), the rest its point values, and the evidence says "1 seed".
 
 Thresholds (documented in the report): ``NEAR_ZERO`` (|SSDC| under RPI at every layer: "collapses"),
 ``SUBSTANTIAL`` (mean SSDC under RPI across layers: "keeps structure").
@@ -99,8 +99,15 @@ def _near_zero(s: Spread) -> str:
 
 
 def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
-    """a < b beyond the spread (Welch interval of b - a); with one seed each, their own intervals (given as
-    (lo, hi)) must not overlap; without intervals, the point values."""
+    """a < b beyond the spread: 'yes', 'no' or 'noise'.
+
+    With 2 seeds or more each: the Welch 95% interval of b - a over seeds. With one seed each: the 95%
+    interval of b - a recovered from each value's own interval (given as (lo, hi)) by MOVER, the method of
+    variance estimates recovery (Zou & Donner 2008): lower = d - sqrt((b - b_lo)^2 + (a_hi - a)^2), upper =
+    d + sqrt((b_hi - b)^2 + (a - a_lo)^2), d = b - a. It is exact for independent estimates and wider than
+    needed when their errors are positively correlated (two models scored on the same images), so it never
+    decides more than the data allow; asking that the two intervals do not overlap, as before, decided far
+    less (about a 99.4% test for two intervals of equal width). Without intervals: the point values."""
     if a.n >= 2 and b.n >= 2:
         from scipy.stats import t
 
@@ -109,7 +116,11 @@ def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
         diff = b.mean - a.mean
         return "yes" if diff - half > 0 else "no" if diff + half < 0 else "noise"
     if a_interval and b_interval and None not in (*a_interval, *b_interval):
-        return "yes" if a_interval[1] < b_interval[0] else "no" if a_interval[0] > b_interval[1] else "noise"
+        (a_lo, a_hi), (b_lo, b_hi) = a_interval, b_interval
+        diff = b.mean - a.mean
+        lower = diff - math.hypot(max(b.mean - b_lo, 0.0), max(a_hi - a.mean, 0.0))
+        upper = diff + math.hypot(max(b_hi - b.mean, 0.0), max(a.mean - a_lo, 0.0))
+        return "yes" if lower > 0 else "no" if upper < 0 else "noise"
     return "yes" if a.mean < b.mean else "no"
 
 
@@ -228,8 +239,11 @@ def _trend(x: np.ndarray, y: np.ndarray) -> float:
 
 def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
     """(5) delta SSDC falls and FS rises as alpha shrinks (APE): the trend of the mean curves, and the same
-    sign in every seed (with 2 seeds or more) for it to count beyond the spread."""
-    sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
+    sign in every seed (with 2 seeds or more) for it to count beyond the spread. With one seed the FS part
+    also needs FS at the smallest alpha to differ from FS at the largest beyond the 95% interval of the
+    difference (each alpha's bootstrap interval, MOVER as in :func:`_less`), where the sweep kept them."""
+    runs = [r for r in by.get("ape", []) if r.eval.alpha_sweep]
+    sweeps = [r.eval.alpha_sweep for r in runs]
     if not sweeps:
         return Verdict("not measured", "", "no APE alpha sweep")
     alphas = np.array(sweeps[0].alphas, dtype=float)
@@ -246,6 +260,13 @@ def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
             parts.append("yes" if all(math.isfinite(r) and sign * r > 0 for r in per_seed) else "noise")
     evidence = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
                 f"{np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, FS {rf:+.2f})")
+    intervals = sweeps[0].fs_interval and sweeps[0].fs_interval.get(shift)
+    if len(sweeps) == 1 and intervals and np.isfinite(fsj).all():
+        hi, lo = int(np.argmax(alphas)), int(np.argmin(alphas))  # FS at the largest alpha < FS at the smallest?
+        rises = _less(spread([fsj[hi]]), spread([fsj[lo]]), intervals[hi], intervals[lo])
+        parts[1] = rises if parts[1] == "yes" or rises == "no" else "noise"
+        evidence += (f"; FS at alpha {alphas[lo]:g} minus at {alphas[hi]:g}: {fsj[lo] - fsj[hi]:+.3f}, "
+                     f"{'beyond' if rises != 'noise' else 'within'} its 95% interval")
     return _verdict(parts, evidence, seeds)
 
 

@@ -162,7 +162,9 @@ class SSDCSummary(Record):
 
 @dataclass
 class SweepSummary(Record):
-    """An alpha sweep: per alpha, delta SSDC under RPI, clean accuracy and FS per shift."""
+    """An alpha sweep: per alpha, delta SSDC under RPI, clean accuracy and FS per shift; ``fs_interval``: per
+    shift, the paired-bootstrap 95% interval ``[lo, hi]`` of FS at each alpha (absent in sweeps recorded before
+    it was kept)."""
 
     KIND: ClassVar[str] = "alpha-sweep"
     alphas: list[float]
@@ -170,6 +172,7 @@ class SweepSummary(Record):
     fs: dict[str, list[Num]]
     clean_accuracy: list[Num]
     rpi_per_layer: list[list[Num]]
+    fs_interval: dict[str, list[list[Num]]] | None = None
 
 
 @dataclass
