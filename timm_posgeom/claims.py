@@ -131,7 +131,9 @@ def _combine(parts: list[str]) -> str:
 def _verdict(parts: list[str], evidence: str, seeds: int) -> Verdict:
     status = _combine(parts)
     note = "" if seeds >= 2 else " (1 seed: no seed spread)"
-    reason = "within noise: the difference is inside the seed spread" if status == "undecided" else ""
+    inside = ("the seed spread" if seeds >= 2 else
+              "its 95% interval over the evaluation images (1 seed: there is no seed spread)")
+    reason = f"within noise: the difference is inside {inside}" if status == "undecided" else ""
     return Verdict(status, evidence + note, reason)
 
 
