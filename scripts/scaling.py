@@ -1,11 +1,11 @@
 """The scaling answer (issue 16): delta SSDC under RPI and the APE alpha sweep across studies, next to the paper.
 
-    python scripts/scaling.py "8x8 timm=runs/exp16-timm-init" "8x8 paper=runs/exp16-paper-init" \\
-        "14x14 paper=runs/exp16-14-paper-init" --figure docs/figures/scaling.png
+    python scripts/scaling.py "8x8 timm=experiments/scaling/8x8-timm" "8x8 paper=experiments/scaling/8x8-paper" \\
+        "14x14 paper=experiments/scaling/14x14-paper" --figure docs/figures/scaling.png
 
 Each argument is ``LABEL=STUDY_DIR`` (a ``posgeom study`` output with ``results.json``). Prints two markdown
-tables: per study and condition, clean top-1 and delta SSDC under RPI at alpha 1 (mean ± std over seeds,
-with the seed count); and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
+tables: per study and condition, clean top-1, delta SSDC under RPI at alpha 1 (mean ± std over seeds,
+with the seed count) and the training wall time per model; and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
 values as the last row. The figure draws the APE sweep of every study (mean line, band = min..max over
 seeds) with the paper's points. A study still running is read as it stands (its finished runs only).
 """
@@ -49,8 +49,8 @@ def load(spec: str) -> tuple[str, StudyResults]:
 
 
 def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
-    rows = ["| study | condition | seeds | clean top-1 | delta SSDC under RPI (alpha 1) | SSDC under RPI, layers 0..L |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| study | condition | seeds | clean top-1 | delta SSDC under RPI (alpha 1) | SSDC under RPI, layers 0..L "
+            "| training min per model |", "|---|---|---|---|---|---|---|"]
     for label, res in studies:
         by: dict[str, list] = {}
         for run in res.runs:
@@ -61,7 +61,8 @@ def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
             rows.append(f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | "
                         f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | "
                         f"{_cell([_num(r.eval.ssdc.rpi_delta) for r in runs])} | "
-                        + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0)) + " |")
+                        + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0)) + " | "
+                        + _cell([_num(r.train.time_s) / 60 for r in runs], 0) + " |")
     return rows
 
 
