@@ -72,7 +72,7 @@ def _sweeps(res: StudyResults):
 
 def sweep_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
     alphas = sorted({a for _, res in studies for s in _sweeps(res) for a in s.alphas}, reverse=True)
-    head = " | ".join(f"{a:g}" for a in alphas)
+    head = ", ".join(f"{a:g}" for a in alphas)
     rows = [f"| APE, study | seeds | delta SSDC at alpha {head} | JPEG FS at alpha {head} |", "|---|---|---|---|"]
     for label, res in studies:
         sweeps = _sweeps(res)
