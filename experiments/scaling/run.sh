@@ -20,10 +20,10 @@ study() {  # study OUT ARGS...: start OUT, or resume it
 
 study $base/8x8-paper --preset imagenette-cpu --init paper --conditions ape
 study $base/8x8-timm --preset imagenette-cpu --init timm --conditions ape
-study $base/14x14-paper --preset imagenette-cpu-14 --init paper --conditions ape
-# the 14 x 14 preset is width 64: the same width at 8 x 8 tells grid from width
+# the 14 x 14 preset is width 64: the same width at 8 x 8 tells grid from width (and is quick)
 study $base/8x8-w64-paper --preset imagenette-cpu --init paper --conditions ape \
   --set model_kwargs.embed_dim=64 --set model_kwargs.num_heads=2
+study $base/14x14-paper --preset imagenette-cpu-14 --init paper --conditions ape
 study $base/8x8-paper --preset imagenette-cpu --init paper --conditions nope,ape
 study $base/14x14-paper --preset imagenette-cpu-14 --init paper --conditions nope,ape
 study $base/8x8-timm --preset imagenette-cpu --init timm --conditions nope,ape
