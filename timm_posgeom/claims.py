@@ -244,8 +244,7 @@ def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
     sign in every seed (with 2 seeds or more) for it to count beyond the spread. With one seed the FS part
     also needs FS at the smallest alpha to differ from FS at the largest beyond the 95% interval of the
     difference (each alpha's bootstrap interval, MOVER as in :func:`_less`), where the sweep kept them."""
-    runs = [r for r in by.get("ape", []) if r.eval.alpha_sweep]
-    sweeps = [r.eval.alpha_sweep for r in runs]
+    sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
     if not sweeps:
         return Verdict("not measured", "", "no APE alpha sweep")
     alphas = np.array(sweeps[0].alphas, dtype=float)

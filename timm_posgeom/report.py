@@ -326,8 +326,9 @@ def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
              f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
              f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers. With 2 seeds or "
              "more a comparison counts only beyond the 95% interval over seeds; with one seed a fragility comparison "
-             "(claim 4, and claim 5's FS change from the largest to the smallest alpha) counts only beyond the 95% interval of the difference (recovered from each run's bootstrap interval, "
-             "MOVER); a claim that involves a model whose "
+             "(claim 4, and claim 5's FS change from the largest to the smallest alpha) counts only beyond the 95% "
+             "interval of the difference (recovered from each run's bootstrap interval, MOVER); a claim that "
+             "involves a model whose "
              f"clean top-1 is below {CHANCE_FACTOR:g}x chance is undecided.", "",
              "| # | claim | held here | evidence |", "|---|---|---|---|"]
     for i, c in enumerate(claims, 1):
