@@ -100,9 +100,41 @@ def test_synthetic_content_is_colour_coded():
     ds = SyntheticShapes(60, img_size=32)
     for i, label in enumerate(ds.labels):
         if label in (0, 2):  # one disc / one square in the upper half: its colour dominates the top's extremes
-            image = ds.render(i).float()
+            # 2 x 2 means: the position grating (period 2) averages out, the shapes' colours stay
+            image = torch.nn.functional.avg_pool2d(ds.render(i).float()[None], 2)[0].repeat_interleave(2, 1)
             red_minus_blue = (image[0] - image[2])[:16]
             assert (red_minus_blue.max() > 100) == (label == 0) and (red_minus_blue.min() < -100) == (label == 2)
+
+
+def _grating_amplitude(images: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
+    """(N,) least-squares amplitude of ``pattern`` (3, H, W) in uint8 ``images`` (N, 3, H, W), in 0-255 units."""
+    x = images.float() - images.float().mean(dim=(2, 3), keepdim=True)
+    return (x * pattern).sum(dim=(1, 2, 3)) / (pattern * pattern).sum()
+
+
+def test_synthetic_grating_marks_the_half_and_jpeg_q5_removes_it():
+    """Version 3's trace of position in content: horizontal lines in the upper half, vertical in the lower,
+    which a model without PE can read and which the paper's JPEG q5 shift removes (its 2 x 2 chroma
+    subsampling averages a colour that alternates every pixel). Version 2 had no grating: its amplitude
+    was 0 and JPEG q5 cost a PE-blind model nothing it had learnt."""
+    from timm_posgeom.shifts import parse_shift
+    from timm_posgeom.synthetic import _GRATING, grating
+
+    size = 64
+    pattern = grating(size)
+    assert pattern.view(3, size // 2, 2, size // 2, 2).sum(dim=(2, 4)).abs().max() == 0  # every 2 x 2 block: 0
+    assert torch.equal(pattern[:, 0], -pattern[:, 1]) and torch.equal(pattern[:, -1, 0::2], -pattern[:, -1, 1::2])
+    upper, lower = pattern.clone(), pattern.clone()
+    upper[:, size // 2:], lower[:, :size // 2] = 0, 0
+    wrong = lower.roll(-(size // 2), dims=1)  # vertical lines in the upper half, which has horizontal ones
+    ds = SyntheticShapes(24, img_size=size, split="validation")
+    clean = torch.stack([ds.render(i) for i in range(len(ds))])
+    shifted = parse_shift("jpeg:5")(clean)
+    expected = _GRATING * 255
+    for part in (upper, lower):  # each half carries its grating at close to the full amplitude (shapes too)
+        assert (_grating_amplitude(clean, part) > 0.8 * expected).all()
+        assert (_grating_amplitude(shifted, part).abs() < 0.1 * expected).all()
+    assert (_grating_amplitude(clean, wrong).abs() < 0.1 * expected).all()
 
 
 def test_pink_noise_spectrum_falls():

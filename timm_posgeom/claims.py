@@ -223,11 +223,25 @@ def _claim_fragility(by, seeds, shift: str = "jpeg:5") -> Verdict:
     if not {"nope", "rope"} <= set(fs) or any(s.n == 0 for s in fs.values()):
         return Verdict("not measured", "", "needs no-PE and RoPE with fragility results")
     pe, non_pe = [c for c in _PE if c in fs], [c for c in _NON_PE if c in fs]
-    parts = [_less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift)) for a in pe for b in non_pe]
-    parts += [_less(fs["rope"], fs[c], _fs_interval(by["rope"], shift), _fs_interval(by[c], shift))
-              for c in fs if c != "rope"]
+
+    def less(a: str, b: str) -> str:
+        return _less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift))
+
+    below = {(a, b): less(a, b) for a in pe for b in non_pe}  # PE models less fragile than no PE / RPT
+    least = {("rope", c): less("rope", c) for c in fs if c != "rope"}  # RoPE least fragile of all
     order = ", ".join(f"{LABELS.get(c, c)} {s.text()}" for c, s in sorted(fs.items(), key=lambda kv: kv[1].mean))
-    return _verdict(parts, f"JPEG q5 FS (low to high): {order}", seeds)
+    halves = "; ".join(f"{name}: {_PART_WORDS[_combine(list(part.values()))]}{_failed(part)}"
+                       for name, part in (("PE below no PE / RPT", below), ("RoPE least", least)))
+    return _verdict(list(below.values()) + list(least.values()), f"JPEG q5 FS (low to high): {order}; {halves}", seeds)
+
+
+_PART_WORDS = {"held": "yes", "not held": "no", "undecided": "within noise"}
+
+
+def _failed(part: dict[tuple[str, str], str]) -> str:
+    """' (not: A < B, ...)' for the comparisons a < b that fail beyond the noise ('' if none)."""
+    bad = [f"{LABELS.get(a, a)} < {LABELS.get(b, b)}" for (a, b), v in part.items() if v == "no"]
+    return f" (not {', '.join(bad)})" if bad else ""
 
 
 def _trend(x: np.ndarray, y: np.ndarray) -> float:

@@ -72,9 +72,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The embedded default: the synthetic set (classes that need layout as well as content), micro models
     # at width 64 (2 heads of 32) at 64 px, 300 steps each with the paper's initialisation: about 5 minutes
     # on 2 cores. With timm's initialisation the APE model had not learnt the layout after 1,000 steps
-    # (top-1 0.38, no better than a model without PE can be), with the paper's it had after 100 (0.92).
-    # Fragility is measured on 3,200 validation images, SSDC and the sweep on the first 320: JPEG q5 costs
-    # these models 0-3% of their accuracy, and on 320 images the fragility order stayed within noise.
+    # (top-1 0.38, no better than a model without PE could be on set v2), with the paper's it had after 100
+    # (0.92). Fragility is measured on 3,200 validation images, SSDC and the sweep on the first 320. On set v2
+    # JPEG q5 cost every model at most 3% of its accuracy and the fragility claim stayed within noise; set v3's
+    # position grating, which JPEG q5 removes, is what a model without PE reads layout from (synthetic.py).
     "demo": dict(
         recipe_prefix="imagenette_cpu", data=None, eval_images=3200, probe_images=320, sweep_images=320,
         alphas=(1.0, 0.5, 0.0), batch_size=64, synthetic_size=1600, synthetic_val_size=3200, init="paper",
