@@ -239,7 +239,7 @@ _PART_WORDS = {"held": "yes", "not held": "no", "undecided": "within noise"}
 
 
 def _failed(part: dict[tuple[str, str], str]) -> str:
-    """' (not: A < B, ...)' for the comparisons a < b that fail beyond the noise ('' if none)."""
+    """' (not A < B, ...)': the comparisons a < b that fail beyond the noise ('' if none)."""
     bad = [f"{LABELS.get(a, a)} < {LABELS.get(b, b)}" for (a, b), v in part.items() if v == "no"]
     return f" (not {', '.join(bad)})" if bad else ""
 
