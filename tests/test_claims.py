@@ -173,10 +173,16 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path):
 
     results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))
     text = "\n".join(_tables(results))
-    assert "±" in text.split("## SSDC across depth")[1].split("\n")[4]  # per-layer cells
+    depth = text.split("## SSDC across depth")[1].split("##")[0]
+    rows = [line for line in depth.splitlines() if line.startswith("| ") and not line.startswith("| condition")]
+    assert rows and all("±" in r.split("|")[2] and "[" in r.split("|")[4] for r in rows)  # per layer ± std; delta interval
+    assert "k = t(0.975, n-1)/√n: 8.98 with 2 seeds" in depth  # 12.706 / sqrt(2)
     assert text.count("[") >= 5  # 95% intervals in the accuracy table
-    sweep = text.split("## Alpha sweep")[1]
-    assert "±" in sweep and "seed 0" not in sweep
+    for title in ("delta SSDC under RPI", "JPEG q5 FS"):  # both sweep tables: mean ± std [interval] in every cell
+        sweep = text.split(f"## Alpha sweep: {title}")[1].split("##")[0]
+        cells = [c for line in sweep.splitlines() if line.startswith("| ") and line[2].isdigit()
+                 for c in line.split("|")[2:-1]]
+        assert cells and all("±" in c and "[" in c for c in cells) and "seed 0" not in sweep
     assert fig_alpha_sweep(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
     fig_ssdc_depth(results, tmp_path / "b.png")
 

@@ -10,7 +10,7 @@ import pytest
 from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
 from timm_posgeom.records import HistoryPoint, StudyResults
-from timm_posgeom.report import _formed_at, _training_table, evaluate_claims
+from timm_posgeom.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
 from timm_posgeom.study import StudyError, dry_run, preset_config, run_study
 
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
@@ -146,7 +146,10 @@ def test_training_table_finds_when_the_anchor_forms():
     results = SimpleNamespace(runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]),
                          run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])])  # mean 0, .09, .2, .3
     row = next(line for line in _training_table(results) if line.startswith("| APE"))
-    assert row.split("|")[-3].strip() == "6" and "0.300 (ep 8)" in row and row.split("|")[-2].strip() == "0.800"
+    assert row.split("|")[-3].strip() == "6" and row.split("|")[-2].strip() == "0.800±0.000"
+    assert "0.300±0.141 (ep 8)" in row  # mean ± std over seeds of (0.4, 0.2)
+    ssdc_sd, top1_sd = _history_std(_history(results.runs)[3])  # the training figure's bands
+    assert ssdc_sd.shape == (4, 2) and np.allclose(ssdc_sd[-1], np.std([0.4, 0.2], ddof=1)) and np.allclose(top1_sd, 0)
 
 
 def test_in100_dry_run_validates_every_recipe(tmp_path, capsys):

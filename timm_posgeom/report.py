@@ -193,11 +193,11 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
 # --------------------------------------------------------------------------------------------
 # report
 # --------------------------------------------------------------------------------------------
-def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[HistoryPoint]]]:
     """Training curves averaged over seeds at the epochs they share.
 
-    Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,); empty arrays when
-    no run logged SSDC under RPI during training.
+    Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,), both means over seeds,
+    and per epoch the seeds' records (for spreads); empty when no run logged SSDC under RPI during training.
     """
     by_epoch: dict[float, list[HistoryPoint]] = {}
     for r in runs:
@@ -205,11 +205,20 @@ def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             if rec.rpi_ssdc:
                 by_epoch.setdefault(rec.epoch, []).append(rec)
     if not by_epoch:
-        return np.array([]), np.zeros((0, 0)), np.array([])
+        return np.array([]), np.zeros((0, 0)), np.array([]), []
     epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
     ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
     top1 = np.array([np.nanmean(_floats(rec.val_top1 for rec in by_epoch[e])) for e in epochs])
-    return np.array(epochs), ssdc, top1
+    return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
+
+
+def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per epoch, the std over seeds of SSDC under RPI per layer (E, L) and of top-1 (E,); 0 with one seed."""
+    def sd(rows):
+        rows = np.asarray(rows, dtype=float)
+        return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
+    return (np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
+            np.array([sd(_floats(r.val_top1 for r in recs)) for recs in records]))
 
 
 def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
@@ -230,12 +239,17 @@ def fig_training(results: StudyResults, path: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, len(curves), figsize=(3.3 * len(curves), 3.3), sharey=True, squeeze=False)
     cmap = plt.get_cmap("viridis")
-    for ax, (c, (epochs, ssdc_l, top1)) in zip(axes[0], curves):
+    for ax, (c, (epochs, ssdc_l, top1, records)) in zip(axes[0], curves):
         L = ssdc_l.shape[1]
+        ssdc_sd, top1_sd = _history_std(records)  # bands: mean ± std over seeds (none with one seed)
         for layer in range(L):
-            ax.plot(epochs, ssdc_l[:, layer], color=cmap(layer / max(1, L - 1)), lw=1.3,
+            color = cmap(layer / max(1, L - 1))
+            ax.plot(epochs, ssdc_l[:, layer], color=color, lw=1.3,
                     label=f"layer {layer}" if layer in (0, L - 1) else None)
+            ax.fill_between(epochs, ssdc_l[:, layer] - ssdc_sd[:, layer], ssdc_l[:, layer] + ssdc_sd[:, layer],
+                            color=color, alpha=0.15, lw=0)
         ax.plot(epochs, top1, "--", color="0.45", lw=1, label="val top-1")
+        ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0)
         ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
         ax.axhline(0, color="k", lw=0.5)
         ax.set_title(LABELS.get(c, c))
@@ -251,17 +265,21 @@ def fig_training(results: StudyResults, path: Path) -> bool:
 def _training_table(results: StudyResults) -> list[str]:
     rows = []
     for c, runs in _by_condition(results).items():
-        epochs, ssdc_l, top1 = _history(runs)
+        epochs, ssdc_l, top1, records = _history(runs)
         if not epochs.size:
             continue
         mean = np.nanmean(ssdc_l, 1)
         marks = [int(round(q * (len(epochs) - 1))) for q in (0.25, 0.5, 0.75, 1.0)]
         formed = _formed_at(epochs, mean)
-        rows.append(f"| {LABELS.get(c, c)} | " + " | ".join(f"{mean[i]:.3f} (ep {epochs[i]:g})" for i in marks)
-                    + f" | {'never' if formed is None else f'{formed:g}'} | {top1[-1]:.3f} |")
+
+        # at each mark: each seed's mean over layers, then mean ± std over seeds
+        at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
+        rows.append(f"| {LABELS.get(c, c)} | " + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
+                    + f" | {'never' if formed is None else f'{formed:g}'} | "
+                    + _short(spread(_floats(r.val_top1 for r in records[-1]))) + " |")
     if not rows:
         return []
-    return ["", "## During training: SSDC under RPI (mean over layers; training log, mean over seeds)", "",
+    return ["", "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)", "",
             "Logged by the training loop on the first validation images (`rpi_ssdc_images` in the recipe): "
             "when the index anchor forms, and whether it is still moving at the end of training.", "",
             "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
@@ -287,8 +305,15 @@ def _tables(results: StudyResults) -> list[str]:
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
                 spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
-    lines += ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", "",
-              "| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
+    lines += ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", ""]
+    ns = sorted({len(runs) for runs in by.values() if len(runs) > 1})
+    if ns:  # the per-layer lists keep to mean ± std; their 95% intervals follow from it
+        from scipy.stats import t
+
+        factors = ", ".join(f"{float(t.ppf(0.975, n - 1)) / math.sqrt(n):.2f} with {n} seeds" for n in ns)
+        lines += [f"Per layer: mean ± std over seeds; its 95% interval is mean ± k·std (k = t(0.975, n-1)/√n: "
+                  f"{factors}). Delta SSDC gives mean ± std [95% interval].", ""]
+    lines += ["| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
               "|---|---|---|---|---|"]
     for c, runs in by.items():
         d = spread([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs]).text()
@@ -297,13 +322,14 @@ def _tables(results: StudyResults) -> list[str]:
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if swept:
-        lines += ["", "## Alpha sweep: delta SSDC under RPI / JPEG q5 FS (mean ± std over seeds)", "",
-                  "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
-                  "|---|" + "---|" * len(swept)]
-        for i, a in enumerate(swept[0][1][0].alphas):
-            cells = [f"{_short(spread([s.delta_ssdc[i] for s in sweeps]))} / "
-                     f"{_short(spread([s.fs['jpeg:5'][i] for s in sweeps]))}" for _, sweeps in swept]
-            lines.append(f"| {a:g} | " + " | ".join(cells) + " |")
+        for title, value in (("delta SSDC under RPI", lambda s, i: s.delta_ssdc[i]),
+                             ("JPEG q5 FS", lambda s, i: s.fs["jpeg:5"][i])):
+            lines += ["", f"## Alpha sweep: {title} (mean ± std [95% interval] over seeds)", "",
+                      "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
+                      "|---|" + "---|" * len(swept)]
+            for i, a in enumerate(swept[0][1][0].alphas):
+                lines.append(f"| {a:g} | " + " | ".join(
+                    spread([value(s, i) for s in sweeps]).text() for _, sweeps in swept) + " |")
     return lines
 
 

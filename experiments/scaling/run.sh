@@ -27,9 +27,10 @@ study $base/14x14-paper --preset imagenette-cpu-14 --init paper --conditions ape
 study $base/8x8-paper --preset imagenette-cpu --init paper --conditions nope,ape
 study $base/14x14-paper --preset imagenette-cpu-14 --init paper --conditions nope,ape
 # every condition with the paper's init, then with timm's (issue 16, Build 1: what the init does to sincos,
-# RoPE, RPT and the claims), before the 14 x 14 timm-init runs
+# RoPE, RPT and the claims)
 study $base/8x8-paper --preset imagenette-cpu --init paper
-study $base/8x8-timm --preset imagenette-cpu --init timm
+# timm's init at 14 x 14 completes the scaling answer (both inits at both grids), so it comes first
 study $base/14x14-timm --preset imagenette-cpu-14 --init timm --conditions ape
+study $base/8x8-timm --preset imagenette-cpu --init timm
 study $base/14x14-timm --preset imagenette-cpu-14 --init timm --conditions nope,ape
 echo "== $(date -u +%FT%TZ) all stages done"
