@@ -299,3 +299,20 @@ def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
         main(["zoo", "--data", str(data_dir), "--out", str(tmp_path / "zoo")])
     assert e.value.code == 2 and "no models to measure" in capsys.readouterr().err
     assert not (tmp_path / "zoo").exists()
+
+
+def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data_dir, monkeypatch):
+    """`posgeom zoo --imagenet-c` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
+    import timm_posgeom.zoo as zoo_mod
+
+    seen = {}
+
+    def fake_run_zoo(names, config, out, **kwargs):
+        seen["shifts"] = config.shifts
+        raise KeyboardInterrupt  # stop before measuring anything
+
+    monkeypatch.setattr(zoo_mod, "run_zoo", fake_run_zoo)
+    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c", "--data", str(data_dir),
+                 "--out", str(tmp_path / "zoo")]) == 130
+    assert seen["shifts"] == tuple(PAPER_SHIFTS) + tuple(
+        f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6))

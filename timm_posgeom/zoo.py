@@ -49,13 +49,13 @@ import torch
 from .distributed import broadcast_object, fail_together, is_main
 from .jsonio import to_jsonable
 from .records import SweepSummary, ZooIndex, ZooModel
-from .shifts import IMAGENET_C, PAPER_SHIFTS
+from .shifts import PAPER_SHIFTS
 from .train.rundir import RunLock, changed_keys, describe_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
            "SWEEP_SHIFTS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
-           "imagenet_c_shifts", "versions"]
+           "versions"]
 
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
 SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
@@ -111,11 +111,6 @@ class ZooConfig:
         values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
         return to_jsonable(values)
-
-
-def imagenet_c_shifts() -> list[str]:
-    """ImageNet-C's JPEG and blur corruptions at severities 1-5, as shift specs."""
-    return [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
 
 
 # --------------------------------------------------------------------------------------------

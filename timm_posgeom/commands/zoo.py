@@ -58,8 +58,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..shifts import PAPER_SHIFTS
-    from ..zoo import ZooConfig, filter_models, imagenet_c_shifts, is_main_process, read_models_file, run_zoo
+    from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
+    from ..zoo import ZooConfig, filter_models, is_main_process, read_models_file, run_zoo
     from .sweep import parse_alphas
 
     check_counts(args)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         names += read_models_file(args.models_file)
     if args.filter:
         names += filter_models(args.filter, pretrained)
-    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts() if args.imagenet_c else [])
+    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if args.imagenet_c else [])  # its JPEG and blur, severities 1-5
     config = ZooConfig(data=args.data, split=args.split, images=args.images, site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
