@@ -1,7 +1,13 @@
 """The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -224,3 +230,43 @@ def test_cli_summary_prints_each_claims_status_and_reason(demo_study, monkeypatc
     for line, claim in zip(printed, claims):
         status = {"held": "held", "not held": "did NOT hold"}.get(claim["status"], claim["status"])
         assert line.split(": ")[1].startswith(status), (line, claim["status"])
+
+
+def _running(pid: int) -> bool:
+    """A live process (not a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
+    """`kill` (SIGTERM, as a scheduler sends) on a study mid-training stops the training subprocess too: left
+    running, it would go on writing into a run directory whose study has stopped. The study exits 130 with
+    one line, and the run keeps its lock-free directory for --resume."""
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "timm_posgeom.cli", "study", "--conditions", "nope", "--out", str(out),
+           "--set", "epochs=200", "--set", "synthetic_size=96", "--set", "batch_size=32", "--set", "log_every=1"]
+    study = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lock, child, deadline = out / "runs" / "nope_s0" / ".lock", None, time.time() + 240
+    try:
+        while time.time() < deadline and study.poll() is None:  # the training subprocess holds the run's lock
+            if lock.is_file() and (out / "runs" / "nope_s0" / "metrics.jsonl").is_file():
+                child = json.loads(lock.read_text())["pid"]
+                break
+            time.sleep(0.5)
+        assert child is not None and child != study.pid, "the training subprocess never started"
+        assert _running(child)
+        study.send_signal(signal.SIGTERM)
+        err = study.communicate(timeout=120)[1]
+        assert study.returncode == 130 and "interrupted: what finished is kept in" in err
+        deadline = time.time() + 60
+        while _running(child) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not _running(child), "the training subprocess outlived its study"
+    finally:
+        study.kill()
+        if child is not None and _running(child):
+            os.kill(child, signal.SIGKILL)

@@ -222,10 +222,26 @@ def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, a
     resume = latest_checkpoint(run_dir) is not None
     log(f"[{condition} s{seed}] {'resuming' if resume else 'training'}: {run_dir}")
     cmd = _train_command(config, condition, seed, run_dir, resume=resume)
-    result = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    if result.returncode != 0:
-        raise StudyError(f"training {condition} seed {seed} failed (exit {result.returncode}; its error is above): "
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        returncode = proc.wait()
+    except BaseException:  # interrupted (Ctrl-C, or SIGTERM turned into an exception by the command): the
+        _stop(proc)        # training run must not go on writing into run_dir after the study has stopped
+        raise
+    if returncode != 0:
+        raise StudyError(f"training {condition} seed {seed} failed (exit {returncode}; its error is above): "
                          f"{' '.join(cmd)}")
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Terminate a training subprocess and wait for it (killed after ``grace_s``); its last checkpoint stays."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _training_history(run_dir: Path) -> list[HistoryPoint]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import sys
 from pathlib import Path
 
 
@@ -32,6 +34,11 @@ def add_parser(subparsers) -> None:
                         "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused")
 
 
+def _terminated(signum, frame) -> None:
+    """SIGTERM as Ctrl-C: the running training subprocess is stopped, the study exits 130 with one line."""
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from ..study import dry_run, preset_config, run_study
 
@@ -49,7 +56,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px, {item['init']} init")
             print(f"    {item['command']}")
         return 0
-    results = run_study(config, out, resume=args.resume, allow_changes=args.allow_changes)
+    previous = signal.signal(signal.SIGTERM, _terminated)  # a scheduler's or `kill`'s stop ends the study cleanly
+    try:
+        results = run_study(config, out, resume=args.resume, allow_changes=args.allow_changes)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: what finished is kept in {out}; the same command with --resume continues",
+              file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"\nstudy finished: {len(results.runs)} runs; report: {out / 'report.md'}")
     from ..report import evaluate_claims
 
