@@ -217,6 +217,41 @@ def test_pe_scale_patch_rows_only():
     assert torch.equal(vit.pos_embed, table)
 
 
+@pytest.mark.parametrize("pe", ["ape", "sincos", "rope"])
+def test_pe_scale_on_our_model_multiplies_the_model_alpha(pe):
+    """A model built (or exported) with alpha 0.5: pe_scale(1) leaves it as it is, pe_scale(0.5) gives 0.25, as
+    on every timm model (the scale used to be set, not multiplied: alpha 1 changed such a model)."""
+    name = f"posgeom_vit_micro_patch8_64_{pe}"
+    half = timm.create_model(name, num_classes=3, alpha=0.5).double().eval()
+    quarter = timm.create_model(name, num_classes=3, alpha=0.25).double().eval()
+    quarter.load_state_dict(half.state_dict())
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    ref = half(x)
+    with pe_scale(half, 1.0):
+        torch.testing.assert_close(half(x), ref, rtol=0, atol=0)
+    with pe_scale(half, 0.5):
+        assert half.alpha == 0.25
+        torch.testing.assert_close(half(x), quarter(x), rtol=0, atol=1e-12)
+    assert half.alpha == 0.5 and torch.equal(half(x), ref)
+
+
+def test_pe_scale_patch_rows_only_on_our_ape_model():
+    """include_prefix=False on our APE model scales the table's patch rows and keeps the class row (it used to
+    scale the whole table while the sweep recorded include_prefix False)."""
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=3, depth=1).double().eval()
+    assert not model.no_embed_class and model.num_prefix_tokens == 1
+    manual = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=3, depth=1).double().eval()
+    manual.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        manual.pos_embed[:, 1:] *= 0.3
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    table, ref = model.pos_embed.detach().clone(), model(x)
+    with pe_scale(model, 0.3, include_prefix=False):
+        torch.testing.assert_close(model(x), manual(x), rtol=0, atol=0)
+        assert not torch.allclose(model(x), ref)
+    assert torch.equal(model.pos_embed, table) and torch.equal(model(x), ref) and model.alpha == 1.0
+
+
 def test_pe_scale_on_our_model_matches_constructor_alpha_and_restores():
     model = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=3).eval()
     half = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=3, alpha=0.5).eval()

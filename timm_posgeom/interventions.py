@@ -283,7 +283,8 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True, strict
     """Scale the positional encoding of ``model`` by ``alpha`` inside the context (alpha = 0: no PE).
 
     What alpha scales, per kind (:func:`pe_inventory` lists what a model has):
-      * our models (``PosGeomViT``): ``model.set_alpha`` (APE table incl. class row, sincos table, RoPE angles);
+      * our models (``PosGeomViT``): ``model.set_alpha(model.alpha * alpha)`` (APE table incl. class row, sincos
+        table, RoPE angles); with ``include_prefix=False`` an APE table's patch rows only;
       * absolute tables added to the tokens, on any module (``pos_embed`` and ``pos_embed_win``,
         ``_window``, ``_spatial``, ``_temporal``, ``_x``, ``_y``, numbered ones, tnt's ``patch_pos`` /
         ``pixel_pos``): the table times alpha. For the model's (or naflexvit ``embeds``') ``pos_embed``,
@@ -333,8 +334,16 @@ def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool, strict
         if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
             raise PEScaleError(f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is "
                                "nothing to scale")
+        table = getattr(model, "pos_embed", None)
+        prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 0))
+        if not include_prefix and table is not None and prefix:  # APE with prefix rows: only the patch rows
+            saved = table.detach().clone()
+            table[:, prefix:] *= alpha
+            return lambda: table.copy_(saved)
+        # multiplicative, as on every other model: a model built or exported with alpha a gets a * alpha,
+        # so alpha = 1 is always the model as it stands
         old = model.alpha
-        model.set_alpha(alpha)
+        model.set_alpha(old * alpha)
         return lambda: model.set_alpha(old)
     found = _find_pes(model, include_prefix)
     _check_scalable(model, [pe.entry for pe in found], strict)
