@@ -136,12 +136,14 @@ def test_two_processes_under_accelerate_launch(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
-    for item in TINY + ["max_steps=3", "checkpoint_every=2"]:
+    # rpi_ssdc_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
+    for item in TINY + ["max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"]:
         cmd += ["--set", item]
     result = run_launched(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = RunSummary.read(out / "summary.json")
     assert summary.processes == 2 and summary.steps == 3
+    assert len(_records(out, "eval")[-1]["rpi_ssdc"]) == 2  # one value per block, logged once
     assert summary.val_images == 32  # every validation image counted exactly once across processes
     assert (out / "export" / "model.safetensors").is_file()
     assert sorted(p.name for p in latest_checkpoint(out).glob("random_states_*")) == [

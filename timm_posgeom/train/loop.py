@@ -74,7 +74,9 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
     """SSDC per layer under RPI (one fixed permutation, seed 0) on the first ``max_images`` images."""
     from ..probes import probe_ssdc
 
-    result = probe_ssdc(model, loader, rpi=True, seed=0, max_images=max_images, progress=False)
+    # the main process alone runs this probe: "off", for the other processes are not in it (with "auto"
+    # its collectives met theirs, the next ones of training: a crash or a hang under a launch)
+    result = probe_ssdc(model, loader, rpi=True, seed=0, max_images=max_images, progress=False, distributed="off")
 
     def rounded(v: float) -> float | None:
         return round(float(v), 4) if math.isfinite(v) else None
