@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from conftest import IMAGENETTE
 from PIL import Image
@@ -187,9 +189,48 @@ def test_image_folder_tree(tmp_path):
     val = load_split(tmp_path, "validation", subset=4)
     assert len(train) == 6 and len(val) == 4 and train.classes == ["cat", "dog"]
     image, label = train[4]
-    assert image.mode == "RGB" and label == 1
+    assert image.mode == "RGB" and label == train.classes.index(Path(train.items.samples[4][0]).parent.name)
     cache = cache_uint8(train, 16)
     assert cache.images.shape == (6, 3, 16, 16) and cache.labels.tolist() == train.labels
+
+
+def _tree(root, splits: dict[str, dict[str, int]]) -> None:
+    for split, classes in splits.items():
+        for cls, count in classes.items():
+            (root / split / cls).mkdir(parents=True)
+            for i in range(count):
+                Image.new("RGB", (8, 8), color=(i, 0, 0)).save(root / split / cls / f"{i}.png")
+
+
+def test_image_folder_splits_share_one_class_numbering(tmp_path):
+    """A class missing from the validation folder renumbered every class after it there: val's 'fox' images
+    carried the index of train's 'dog' (wrong accuracies, exit 0)."""
+    _tree(tmp_path, {"train": {"cat": 2, "dog": 2, "fox": 2}, "val": {"cat": 2, "fox": 2}})
+    train, val = load_split(tmp_path, "train"), load_split(tmp_path, "validation")
+    assert train.classes == val.classes == ["cat", "dog", "fox"]
+    for split in (train, val):
+        for (path, label), stored in zip(split.items.samples, split.labels):
+            assert label == stored == split.classes.index(Path(path).parent.name)
+    assert sorted(val.labels) == [0, 0, 2, 2]
+    _tree(tmp_path / "more", {"train": {"cat": 1}, "val": {"cat": 1, "emu": 1}})  # a class only in val
+    assert load_split(tmp_path / "more", "train").classes == ["cat", "emu"]
+
+
+def test_first_images_of_an_image_folder_mix_the_classes(tmp_path):
+    """ImageFolder lists samples by class: "the first 40" (a subset, --max-images, the study's probe images)
+    were the first two classes of four; the order is now fixed and mixed, as in the parquet sets."""
+    from collections import Counter
+
+    from timm_posgeom.eval_data import eval_loader
+
+    _tree(tmp_path, {"train": {c: 25 for c in "abcd"}})
+    sub = load_split(tmp_path, "train", subset=40)
+    assert len(sub) == 40 and len(Counter(sub.labels)) == 4 and max(Counter(sub.labels).values()) < 20
+    full = load_split(tmp_path, "train")
+    assert full.labels[:40] == sub.labels and load_split(tmp_path, "train").labels == full.labels  # fixed order
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", img_size=16, num_classes=4, depth=1)
+    seen = Counter(int(t) for _, y in eval_loader(model, full, max_images=40, num_workers=0) for t in y)
+    assert sum(seen.values()) == 40 and len(seen) == 4
 
 
 def test_disk_cache_of_an_image_folder_follows_its_content(tmp_path):

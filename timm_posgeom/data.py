@@ -247,6 +247,14 @@ def _is_image_folder(root: Path) -> bool:
         p.is_dir() and any(q.is_dir() for q in p.iterdir()) for p in root.iterdir())
 
 
+def _folder_classes(root: Path, split_dir: str) -> list[str]:
+    """The classes of an ImageFolder tree, sorted: the union of the class folders of every split folder
+    (``train`` / ``validation`` and their aliases, and ``split_dir``), so an index means one class in all."""
+    splits = {a for group in SPLIT_ALIASES.values() for a in group} | {split_dir}
+    return sorted({c.name for d in root.iterdir() if d.is_dir() and d.name in splits
+                   for c in d.iterdir() if c.is_dir()})
+
+
 def load_split(
         source: str | os.PathLike | None,
         split: str = "train",
@@ -261,7 +269,8 @@ def load_split(
     Args:
         source: Hub id, local folder, or None / ``"synthetic"``.
         split: ``train`` or ``validation`` (aliases val/valid/test accepted in the data).
-        subset: keep only the first ``subset`` items (rows of the parquet sets are pre-shuffled).
+        subset: keep only the first ``subset`` items (rows of the parquet sets are pre-shuffled; an
+            ImageFolder split is put in a fixed order mixed across classes first).
         img_size: resolution of the synthetic set (ignored for real data).
         seed: seed of the synthetic set.
         synthetic_size: number of synthetic images (default 5000 train, 1000 validation).
@@ -278,12 +287,26 @@ def load_split(
         root = Path(where)
         name = split_name([p.name for p in root.iterdir() if p.is_dir()], split)
         folder = ImageFolder(str(root / name))
+        # One class numbering for every split: ImageFolder numbers each split's own class folders, so a
+        # class missing from one split would shift the labels of every class after it (silently wrong).
+        classes = _folder_classes(root, name)
+        if folder.classes != classes:
+            index = {c: i for i, c in enumerate(classes)}
+            folder.samples = [(path, index[folder.classes[t]]) for path, t in folder.samples]
+            folder.classes, folder.class_to_idx = classes, index
+        # A fixed, class-mixed order (by a hash of each file's path in the split), as the parquet sets'
+        # rows are pre-shuffled: ImageFolder's is sorted by class, so "the first n" (subset, max_images,
+        # the study's probe and eval images) would be the first classes only.
+        folder.samples.sort(key=lambda item: hashlib.sha1(
+            os.path.relpath(item[0], root / name).encode()).hexdigest())
         n = min(len(folder), subset) if subset else len(folder)
-        if n < len(folder):
-            folder.samples = folder.samples[:n]
-            folder.targets = folder.targets[:n]
-        # the cache key must change when any file changes: path, size and modification time of each
-        digest = hashlib.sha1("\n".join(_file_key(p) for p, _ in folder.samples).encode()).hexdigest()[:16]
+        folder.samples = folder.samples[:n]
+        folder.imgs = folder.samples
+        folder.targets = [t for _, t in folder.samples]
+        # the cache key must change when any file changes (path, size and modification time of each) and
+        # when the class numbering does
+        digest = hashlib.sha1("\n".join([_file_key(p) for p, _ in folder.samples] + ["classes:"] + classes)
+                              .encode()).hexdigest()[:16]
         return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter,
                           lambda index: folder.samples[index][0])
 
