@@ -316,3 +316,56 @@ def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data
                  "--out", str(tmp_path / "zoo")]) == 130
     assert seen["shifts"] == tuple(PAPER_SHIFTS) + tuple(
         f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6))
+
+
+def test_a_model_whose_weights_changed_under_its_name_is_not_kept(tmp_path, data_dir, capsys):
+    """A new export in the same local-dir: was skipped as 'measured before' and its old numbers kept. It is
+    now refused with one line, and measured again with --allow-changes."""
+    from timm_posgeom.hub import export_for_hub
+
+    classes = load_split(data_dir, "validation").classes
+    folder = tmp_path / "run" / "export"
+
+    def export(seed):
+        torch.manual_seed(seed)
+        model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, img_size=IMG, depth=2)
+        export_for_hub(model, folder, dict(img_size=IMG, num_classes=10, depth=2),
+                       dict(input_size=(3, IMG, IMG), num_classes=10, label_names=classes))
+
+    export(1)
+    name, out = f"local-dir:{folder}", tmp_path / "zoo"
+    argv = ["zoo", name, "--data", str(data_dir), "--out", str(out), *COMMON]
+    assert main(argv) == 0
+    first = ZooModel.read(next((out / "models").glob("*.json")))
+    assert first.weights_key.startswith(f"local-dir:{folder.resolve()}|")
+    assert main(argv) == 0 and "(0 measured now, 1 kept)" in capsys.readouterr().out  # unchanged: kept
+    time.sleep(0.01)
+    export(2)  # other weights, same name
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and "weights" in err and "--allow-changes" in err
+    assert main(argv + ["--allow-changes"]) == 0 and "(1 measured now, 0 kept)" in capsys.readouterr().out
+    second = ZooModel.read(next((out / "models").glob("*.json")))
+    assert second.weights_key != first.weights_key and second.rpi_ssdc != first.rpi_ssdc
+    assert len(list((out / "models").glob("*.replaced-1"))) == 1
+
+
+def test_weights_key_names_the_hub_revision_in_the_local_cache(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from timm_posgeom.zoo import weights_key
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    assert weights_key("hf-hub:org/model", "loaded") is None  # not cached yet
+    ref = tmp_path / "models--org--model" / "refs" / "main"
+    ref.parent.mkdir(parents=True)
+    ref.write_text("abc123\n")
+    assert weights_key("hf-hub:org/model", "loaded") == "hub:org/model@abc123"
+    ref.write_text("def456")  # a new revision pulled into the cache
+    assert weights_key("hf-hub:org/model", "loaded") == "hub:org/model@def456"
+    (tmp_path / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k" / "refs").mkdir(parents=True)
+    (tmp_path / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k" / "refs" / "main").write_text("c0ffee")
+    assert weights_key("vit_tiny_patch16_224.augreg_in21k_ft_in1k", "pretrained") == (
+        "hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k@c0ffee")
+    assert weights_key("vit_tiny_patch16_224", "random-init") == "random-init"

@@ -259,6 +259,7 @@ class ZooModel(Record):
     error: str | None = None
     source: str | None = None  # timm | hf-hub | local-dir
     weights: str | None = None  # pretrained | random-init | loaded (hf-hub: / local-dir:)
+    weights_key: str | None = None  # what identifies those weights (zoo.weights_key): a rerun checks it
     architecture: str | None = None
     params: int | None = None
     input_size: list[int] | None = None  # (C, H, W) the model was measured at

@@ -55,7 +55,7 @@ from .train.rundir import RunLock, changed_keys, describe_changes
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
            "SWEEP_SHIFTS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
-           "versions"]
+           "versions", "weights_key"]
 
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
 SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
@@ -252,6 +252,54 @@ def _source(name: str) -> str:
     return "timm"
 
 
+def weights_key(name: str, weights: str | None) -> str | None:
+    """What identifies the weights a zoo model is measured with, known without loading it, so that a rerun
+    re-measures (or refuses) a model whose weights changed under the same name instead of keeping its numbers.
+
+    ``local-dir:PATH``: the absolute folder and the size and modification time of each file in it;
+    ``hf-hub:ORG/NAME`` and timm's pretrained weights on the Hub: the revision the local Hub cache holds
+    (``refs/main``; None before the first download); other pretrained weights: their URL; random init:
+    ``"random-init"`` (the seed is among the settings). ``weights`` is the record's: pretrained,
+    random-init or loaded.
+    """
+    if weights == "random-init":
+        return "random-init"
+    if name.startswith("local-dir:"):
+        root = Path(name[len("local-dir:"):]).expanduser().resolve()
+        files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
+        digest = hashlib.sha1("\n".join(_file_key(p) for p in files).encode()).hexdigest()[:16]
+        return f"local-dir:{root}|{digest}"
+    if name.startswith(("hf-hub:", "hf_hub:")):
+        return _hub_revision(name.split(":", 1)[1].split("@")[0])
+    import timm
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except Exception:  # not a timm name with a pretrained config: nothing known to compare
+        return None
+    if cfg is None:
+        return None
+    if getattr(cfg, "hf_hub_id", None):
+        return _hub_revision(cfg.hf_hub_id)
+    return f"url:{cfg.url}" if getattr(cfg, "url", None) else None
+
+
+def _file_key(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}"
+
+
+def _hub_revision(repo_id: str) -> str | None:
+    """``hub:REPO@COMMIT``, the revision of ``repo_id`` that the local Hub cache resolves (None if not cached)."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    ref = Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / "main"
+    try:
+        return f"hub:{repo_id}@{ref.read_text().strip()}"
+    except OSError:
+        return None
+
+
 def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     """The model in eval mode, torch seeded with ``config.seed`` before it is built; ``record.weights`` says
     which weights it has (set before loading, so a failed load says what was tried)."""
@@ -314,6 +362,7 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
         try:
             with fail_together():  # a model that fails to load on one process fails on all: none waits for it
                 model = _load(name, config, record)
+            record.weights_key = weights_key(name, record.weights)  # after the load: a first download is in the cache
         except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
             raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
                                    if record.weights == "pretrained" else ""), e) from e
@@ -481,9 +530,10 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
             progress: bool = True, log: Callable[[str], None] | None = None) -> ZooSummary:
     """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
 
-    Models already measured with the same settings are skipped; failed ones are measured again. A
-    settings change is refused (:class:`ZooError`, one line) unless ``allow_changes``: then each model
-    measured with other settings is measured again, its former record kept as ``.replaced-N``.
+    Models already measured with the same settings and the same weights (:func:`weights_key`) are skipped;
+    failed ones are measured again. A settings change, or a model whose weights changed under its name (a
+    new export in a ``local-dir:``, a new Hub revision), is refused (:class:`ZooError`, one line) unless
+    ``allow_changes``: then each such model is measured again, its former record kept as ``.replaced-N``.
     """
     from tqdm.auto import tqdm
 
@@ -551,19 +601,25 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
     changes: dict[str, tuple[Any, Any]] = {}
     if index is not None:
         changes.update(changed_keys(index.settings, settings, frozenset()))
+    stale: set[str] = set()
     for name in names:
         path = out / "models" / f"{safe_name(name)}.json"
         if path.is_file():
             records[name] = record = ZooModel.read(path)
             if record.status == "ok":
                 changes.update(changed_keys(record.settings, settings, frozenset()))
+                now = weights_key(name, record.weights)
+                if record.weights_key != now:  # the same name, other weights (a new export, a new revision)
+                    stale.add(name)
+                    changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
     if changes and not allow_changes:
         raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
                        "to measure its models again with these (former records are kept as .replaced-N), or choose "
                        "another --out")
     # main's view in every process: every process then measures the same models in the same order, even
     # when one read the records while main was writing one
-    names, done = broadcast_object((names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings}))
+    names, done = broadcast_object((names, {n for n, r in records.items()
+                                            if r.status == "ok" and r.settings == settings and n not in stale}))
     return names, records, done
 
 
