@@ -270,3 +270,39 @@ def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
         study.kill()
         if child is not None and _running(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
+    """The study names its data by a path, often relative (committed runs move between checkouts): a resume
+    whose path now holds other data reused every trained run and number. The validation split's identity
+    (classes, size, labels, first images' pixels) is now recorded in plan.json and compared."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def tree(root, classes):
+        for split, count in (("train", 20), ("validation", 6)):
+            for c in classes:
+                (root / split / c).mkdir(parents=True, exist_ok=True)
+                for i in range(count):
+                    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+
+    data = tmp_path / "data"
+    tree(data, ["a", "b"])
+    config = preset_config("demo", data=str(data), conditions=("nope",), eval_images=8, probe_images=8,
+                           sweep_images=8, alphas=(1.0, 0.0), batch_size=8)
+    config.train_overrides = list(config.train_overrides) + TINY
+    out = tmp_path / "study"
+    run_study(config, out, progress=False)
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["data"]["classes"] == ["a", "b"] and plan["data"]["images"] == 12  # the validation split
+    del plan["data"]  # a plan written before the data was identified: accepted, and it gains the identity
+    (out / "plan.json").write_text(json.dumps(plan))
+    run_study(config, out, resume=True, progress=False)
+    assert json.loads((out / "plan.json").read_text())["data"]["images"] == 12
+    for path in (data / "validation").rglob("*.png"):  # same path, same classes and count, other images
+        Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(path)
+    with pytest.raises(StudyError, match="measured on other data: .* now has other labels or images"):
+        run_study(config, out, resume=True, progress=False)
+    with pytest.raises(StudyError, match="measured on other data"):  # not even with --allow-changes
+        run_study(config, out, resume=True, progress=False, allow_changes=True)

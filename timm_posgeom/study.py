@@ -35,7 +35,7 @@ from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResult
 from .train.rundir import changed_keys, describe_changes
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
-           "write_plan"]
+           "write_plan", "data_identity"]
 
 CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
 SWEPT = ("ape", "sincos", "rope")
@@ -376,11 +376,31 @@ def _versions() -> dict[str, str]:
                 accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
 
 
-def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str, Any]] | None = None) -> Path:
-    """Record the study's configuration and plan in ``<out>/plan.json``: what ``--resume`` compares with."""
+def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str, Any]] | None = None,
+               data: dict[str, Any] | None = None) -> Path:
+    """Record the study's configuration, plan and validation data (:func:`data_identity`) in
+    ``<out>/plan.json``: what ``--resume`` compares with."""
     path = Path(out) / "plan.json"
-    write_json(path, dict(config=asdict(config), plan=plan_study(config, out) if plan is None else plan))
+    body = dict(config=asdict(config), plan=plan_study(config, out) if plan is None else plan)
+    if data is not None:
+        body["data"] = data
+    write_json(path, body)
     return path
+
+
+def data_identity(split, images: int = 8) -> dict[str, Any]:
+    """What identifies a split's content, the same in any checkout or folder: its classes, size, a hash of
+    its labels and a hash of the pixels of its first ``images`` items (decoded RGB). The study's data is
+    named by a path that may be relative (committed runs move between checkouts), so the path alone
+    cannot tell that a resume is looking at other data."""
+    import numpy as np
+
+    pixels = hashlib.sha1()
+    for i in range(min(images, len(split))):
+        image = split[i][0]
+        pixels.update(np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes())
+    labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
+    return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
 
 
 def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
@@ -404,18 +424,27 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
     plan = plan_study(config, out)  # validates every recipe before anything runs
-    if resume and (out / "plan.json").is_file():
-        changes = config_changes(json.loads((out / "plan.json").read_text()).get("config", {}), asdict(config))
+    saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
+    if saved is not None:
+        changes = config_changes(saved.get("config", {}), asdict(config))
         if changes and not allow_changes:
             raise StudyError(f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
                              "not be what the report says; pass --allow-changes to recompute what they affect (former "
                              "files are kept), or choose another --out")
         if changes:
             print(f"resuming {out} with changed settings: {describe_changes(changes)}; what they affect is recomputed")
-    write_plan(config, out, plan)
     first = _recipe_for(config, config.conditions[0], 0)
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None))
+    identity = data_identity(val)
+    if saved is not None and saved.get("data") not in (None, identity):
+        # not even with allow_changes: runs trained on the former data would be reused under the same recipe
+        was = saved["data"]
+        what = "classes" if was.get("classes") != identity["classes"] else (
+            "number of images" if was.get("images") != identity["images"] else "labels or images")
+        raise StudyError(f"{out} was measured on other data: {first.data or 'synthetic'} ({first.val_split}) now has other "
+                         f"{what} than when the study started; point --data at that data, or choose another --out")
+    write_plan(config, out, plan, data=identity)  # a plan written before the data was identified gains it here
     started = time.time()
     earlier = 0.0  # time spent by the invocations this one resumes
     if resume and (out / "results.json").is_file():
@@ -425,7 +454,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     results = StudyResults(config=asdict(config), plan=plan, versions=_versions(),
                            recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
                            eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val),
-                                          classes=val.num_classes))
+                                          classes=val.num_classes, identity=identity))
     for item in bar:
         bar.set_postfix_str(f"{item['condition']} s{item['seed']}")
         run_dir = Path(item["run_dir"])
