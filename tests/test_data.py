@@ -167,6 +167,13 @@ def test_find_columns():
     assert find_columns(features) == ("image", "label")
     with pytest.raises(ValueError, match="cannot find"):
         find_columns(datasets.Features({"text": datasets.Value("string")}))
+    # several ClassLabel columns: the first was taken, whichever it was (CIFAR-100 lists coarse after fine)
+    two = {"image": datasets.Image(), "coarse_label": datasets.ClassLabel(names=["x", "y"]),
+           "fine_label": datasets.ClassLabel(names=["a", "b", "c"])}
+    assert find_columns(datasets.Features(two)) == ("image", "fine_label")
+    with pytest.raises(ValueError, match="several label columns \\(coarse, superclass\\)"):
+        find_columns(datasets.Features({"image": datasets.Image(), "coarse": datasets.ClassLabel(names=["x"]),
+                                        "superclass": datasets.ClassLabel(names=["y"])}))
 
 
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")

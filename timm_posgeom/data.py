@@ -106,8 +106,14 @@ def find_columns(features: Any) -> tuple[str, str]:
     names = list(features)
     image = next((n for n in names if isinstance(features[n], datasets.Image)), None)
     image = image or next((n for n in _IMAGE_NAMES if n in names), None)
-    label = next((n for n in names if isinstance(features[n], datasets.ClassLabel)), None)
-    label = label or next((n for n in _LABEL_NAMES if n in names), None)
+    class_labels = [n for n in names if isinstance(features[n], datasets.ClassLabel)]
+    if len(class_labels) > 1:  # e.g. CIFAR-100's fine_label and coarse_label: the usual name, else refuse
+        label = next((n for n in _LABEL_NAMES if n in class_labels), None)
+        if label is None:
+            raise ValueError(f"several label columns ({', '.join(class_labels)}) and none of the usual names "
+                             f"{_LABEL_NAMES}: which one is the class is not guessed")
+    else:
+        label = class_labels[0] if class_labels else next((n for n in _LABEL_NAMES if n in names), None)
     if image is None or label is None:
         raise ValueError(f"cannot find the image and label columns among {names}: expected an Image "
                          f"feature (or one of {_IMAGE_NAMES}) and a ClassLabel (or one of {_LABEL_NAMES})")
