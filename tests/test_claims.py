@@ -140,14 +140,49 @@ def test_one_seed_alpha_claim_needs_the_fs_change_beyond_its_interval():
     assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.2)))[4]["status"] == "undecided"
     falls = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)))[4]  # beyond noise, the wrong way
     assert falls["status"] == "not held" and "beyond its 95% interval" in falls["evidence"]
-    runs = with_sweep_fs([0.022, 0.034, 0.009], 0.02)  # without the intervals (older records): point values
+    runs = with_sweep_fs([0.022, 0.034, 0.009], 0.02)  # without the intervals (older records): the trend alone
     next(r for r in runs if r.condition == "ape").eval.alpha_sweep.fs_interval = None
     assert evaluate_claims(_results(runs))[4]["status"] == "not held"
 
 
 def test_missing_conditions_are_not_measured():
+    """Claim 2 is about APE, sincos and RoPE, claim 4 about every condition: run on some, they were decided
+    from those alone (APE alone 'held' claim 2)."""
     claims = evaluate_claims(_results([r for r in _paper_like(0) if r.condition in ("ape",)]))
-    assert [c["status"] for c in claims] == ["not measured", "held", "not measured", "not measured", "held"]
+    assert [c["status"] for c in claims] == ["not measured", "not measured", "not measured", "not measured", "held"]
+    assert "not run: sincos, RoPE" in claims[1]["reason"]
+    claims = evaluate_claims(_results([r for r in _paper_like(0) if r.condition in ("nope", "rope")]))
+    assert claims[3]["status"] == "not measured" and "missing: APE, sincos, RPT" in claims[3]["reason"]
+
+
+def test_a_comparison_without_a_spread_on_one_side_is_not_decided():
+    """RoPE on 1 seed (FS .199) against APE on 2 (.200, .202): decided on the point values, 'RoPE least' and
+    the claim were 'held'; now within noise, and the reason names the seed counts."""
+    runs = _paper_like(0) + _paper_like(1)
+    runs = [r for r in runs if not (r.condition == "rope" and r.seed == 1)]
+    for r in runs:
+        r.eval.fs["jpeg:5"] = {"nope": 0.300, "ape": 0.200, "sincos": 0.201, "rope": 0.199,
+                               "rpt": 0.310}[r.condition] + (0.002 * r.seed if r.condition != "rope" else 0.0)
+    claim = evaluate_claims(_results(runs))[3]
+    assert claim["status"] == "undecided" and "different seed counts (no PE 2, APE 2, sincos 2, RoPE 1, RPT 2)" in (
+        claim["reason"])
+
+
+def test_a_run_counted_twice_is_refused():
+    runs = _paper_like(0)
+    with pytest.raises(ValueError, match="APE seed 0 twice|ape seed 0 twice"):
+        evaluate_claims(_results(runs + [runs[1]]))
+
+
+def test_claim_5_with_undefined_or_too_few_alphas_is_not_decided():
+    """A NaN in the mean delta SSDC curve (a one-block model has none) or a one-alpha sweep gave 'not held'."""
+    runs = _paper_like(0)
+    sweep = next(r for r in runs if r.condition == "ape").eval.alpha_sweep
+    sweep.delta_ssdc = [0.3, None, 0.0]
+    claim = evaluate_claims(_results(runs))[4]
+    assert claim["status"] == "undecided" and "undefined (NaN)" in claim["reason"]
+    sweep.alphas, sweep.delta_ssdc, sweep.fs = [1.0], [0.3], {"jpeg:5": [0.3]}
+    assert evaluate_claims(_results(runs))[4]["status"] == "not measured"
 
 
 def test_report_html_is_a_rendered_self_contained_page(tmp_path):

@@ -17,7 +17,7 @@ from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
 from timm_posgeom.records import HistoryPoint, StudyResults
 from timm_posgeom.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
-from timm_posgeom.study import StudyError, dry_run, preset_config, run_study
+from timm_posgeom.study import StudyError, dry_run, plan_study, preset_config, run_study
 
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
         "rpi_ssdc_images=16"]
@@ -306,3 +306,22 @@ def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
         run_study(config, out, resume=True, progress=False)
     with pytest.raises(StudyError, match="measured on other data"):  # not even with --allow-changes
         run_study(config, out, resume=True, progress=False, allow_changes=True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--conditions", "ape,nope,ape"], "condition(s) given twice: ape"),
+    (["--set", "seed=7"], "--set seed=... would be replaced by the study's own seed: use --seeds"),
+    (["--set", "data=/elsewhere"], "use --data"),
+    (["--set", "model_kwargs.init=timm"], "use --init"),
+])
+def test_study_options_that_would_be_silently_replaced_are_refused(tmp_path, capsys, argv, message):
+    """A repeated condition ran once and counted twice (a second 'seed' with no spread); --set seed / data /
+    model_kwargs.init were replaced by the study's own values, so the plan was not what was asked."""
+    with pytest.raises(SystemExit) as e:
+        cli_main(["study", "--preset", "imagenette-cpu", "--dry-run", "--out", str(tmp_path), *argv])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err
+    config = preset_config("demo", conditions=("nope",))
+    config.train_overrides = list(config.train_overrides) + ["seed=3"]  # the library refuses it too
+    with pytest.raises(ValueError, match="use --seeds"):
+        plan_study(config, tmp_path)

@@ -17,6 +17,7 @@ Thresholds (documented in the report): ``NEAR_ZERO`` (|SSDC| under RPI at every 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -107,7 +108,11 @@ def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
     d + sqrt((b_hi - b)^2 + (a - a_lo)^2), d = b - a. It is exact for independent estimates and wider than
     needed when their errors are positively correlated (two models scored on the same images), so it never
     decides more than the data allow; asking that the two intervals do not overlap, as before, decided far
-    less (about a 99.4% test for two intervals of equal width). Without intervals: the point values."""
+    less (about a 99.4% test for two intervals of equal width). Otherwise (a side without a value, seed
+    counts that differ, a missing interval): 'noise', never the point values, which would decide any
+    difference at all."""
+    if a.n == 0 or b.n == 0:
+        return "noise"
     if a.n >= 2 and b.n >= 2:
         from scipy.stats import t
 
@@ -121,7 +126,7 @@ def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
         lower = diff - math.hypot(max(b.mean - b_lo, 0.0), max(a_hi - a.mean, 0.0))
         upper = diff + math.hypot(max(b_hi - b.mean, 0.0), max(a.mean - a_lo, 0.0))
         return "yes" if lower > 0 else "no" if upper < 0 else "noise"
-    return "yes" if a.mean < b.mean else "no"
+    return "noise"
 
 
 def _combine(parts: list[str]) -> str:
@@ -185,6 +190,9 @@ def _claim_collapse(by, seeds) -> Verdict:
 
 def _claim_anchor(by, seeds) -> Verdict:
     """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth."""
+    missing = [LABELS[c] for c in _PE if c not in by]
+    if missing:  # the claim is about all three: some of them cannot hold (or fail) it
+        return Verdict("not measured", "", f"needs APE, sincos and RoPE; not run: {', '.join(missing)}")
     parts, evidence = [], []
     for c in _PE:
         if c not in by:
@@ -220,8 +228,9 @@ def _fs_interval(runs: list[StudyRun], shift: str):
 def _claim_fragility(by, seeds, shift: str = "jpeg:5") -> Verdict:
     """(4) PE models are less fragile than no-PE / RPT, RoPE least."""
     fs = {c: spread([(r.eval.fs or {}).get(shift) for r in runs]) for c, runs in by.items()}
-    if not {"nope", "rope"} <= set(fs) or any(s.n == 0 for s in fs.values()):
-        return Verdict("not measured", "", "needs no-PE and RoPE with fragility results")
+    missing = [LABELS[c] for c in _PE + _NON_PE if c not in fs or fs[c].n == 0]
+    if missing:  # the claim compares every PE model with no PE and RPT
+        return Verdict("not measured", "", f"needs every condition with fragility results; missing: {', '.join(missing)}")
     pe, non_pe = [c for c in _PE if c in fs], [c for c in _NON_PE if c in fs]
 
     def less(a: str, b: str) -> str:
@@ -262,9 +271,19 @@ def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
     if not sweeps:
         return Verdict("not measured", "", "no APE alpha sweep")
     alphas = np.array(sweeps[0].alphas, dtype=float)
+    if len(set(alphas.tolist())) < 2 or any(list(s.alphas) != list(sweeps[0].alphas) for s in sweeps):
+        return Verdict("not measured", "", "the APE alpha sweeps need the same 2 alphas or more in every seed")
     curves = [(np.array([math.nan if v is None else v for v in s.delta_ssdc], dtype=float),
-               np.array([math.nan if v is None else v for v in s.fs[shift]], dtype=float)) for s in sweeps]
-    delta, fsj = np.nanmean([d for d, _ in curves], 0), np.nanmean([f for _, f in curves], 0)
+               np.array([math.nan if v is None else v for v in (s.fs or {}).get(shift, [None] * len(alphas))],
+                        dtype=float)) for s in sweeps]
+    with warnings.catch_warnings():  # an alpha where every seed is NaN stays NaN: checked next
+        warnings.simplefilter("ignore", RuntimeWarning)
+        delta, fsj = np.nanmean([d for d, _ in curves], 0), np.nanmean([f for _, f in curves], 0)
+    if not (np.isfinite(delta).all() and np.isfinite(fsj).all()):  # a trend of a curve with holes is not one
+        return Verdict("undecided", f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, "
+                       f"JPEG FS {np.round(fsj, 3).tolist()}",
+                       "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one block has no "
+                       "delta SSDC)")
     rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
     parts = []
     for sign, mean_r, per_seed in ((1, rd, [_trend(alphas, d) for d, _ in curves]),
@@ -299,9 +318,14 @@ def evaluate_claims(results: StudyResults) -> list[dict]:
     """The paper's five claims: ``claim``, ``status`` (held / not held / undecided / not measured), ``held``
     (True / False / None), ``evidence`` and ``reason`` (why undecided or not measured)."""
     by: dict[str, list[StudyRun]] = {}
+    seen: set[tuple[str, int]] = set()
     for run in results.runs:
+        if (run.condition, run.seed) in seen:  # counted twice it would be a second seed with no spread
+            raise ValueError(f"the results hold {run.condition} seed {run.seed} twice")
+        seen.add((run.condition, run.seed))
         by.setdefault(run.condition, []).append(run)
     seeds = min((len(v) for v in by.values()), default=0)
+    counts = {LABELS.get(c, c): len(v) for c, v in by.items()}
     classes = (results.eval_data or {}).get("classes")
     out = []
     for claim, check, conditions in CLAIMS:
@@ -309,6 +333,10 @@ def evaluate_claims(results: StudyResults) -> list[dict]:
         chance = _chance_reason(by, conditions, classes)
         if chance and verdict.status in ("held", "not held", "undecided"):
             verdict = Verdict("undecided", verdict.evidence, chance)
+        elif verdict.status == "undecided" and len(set(counts.values())) > 1:
+            verdict = Verdict("undecided", verdict.evidence, verdict.reason + "; the conditions have different "
+                              f"seed counts ({', '.join(f'{c} {n}' for c, n in counts.items())}), and a comparison "
+                              "across them is decided only where both sides have a spread")
         out.append(dict(claim=claim, status=verdict.status, held=verdict.held, evidence=verdict.evidence,
                         reason=verdict.reason))
     return out

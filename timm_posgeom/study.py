@@ -112,6 +112,9 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     bad = [c for c in config.conditions if c not in CONDITIONS]
     if bad:
         raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
+    twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
+    if twice:  # the same run twice would count as a second seed with no spread
+        raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --seeds for more runs of one")
     if config.seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {config.seeds}")
     _check_init(config.init)
@@ -132,6 +135,8 @@ def _run_overrides(config: StudyConfig, seed: int) -> list[str]:
     """The recipe overrides of one run: ``--set`` values, then ``--init`` (it wins), seed and data."""
     _check_init(config.init)
     overrides = list(config.train_overrides)
+    if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):  # the study's seeds would replace it
+        raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --seeds, not --set seed=...")
     if config.init is not None:
         overrides.append(f"model_kwargs.init={config.init}")
     overrides.append(f"seed={seed}")

@@ -45,6 +45,11 @@ def run(args: argparse.Namespace) -> int:
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
                            imagenet_c=args.imagenet_c or None, init=args.init)
+    owned = {"seed": "--seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
+    for item in args.overrides or []:
+        key = item.split("=", 1)[0].strip()
+        if key in owned:
+            raise ValueError(f"--set {key}=... would be replaced by the study's own {key}: use {owned[key]}")
     if args.overrides:
         config.train_overrides = list(config.train_overrides) + list(args.overrides)
     out = args.out or Path("runs") / f"study-{args.preset}"
