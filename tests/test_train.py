@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,6 +259,22 @@ def test_overrides_are_coerced():
         apply_overrides(Recipe(), ["epochs=1.5"])
     with pytest.raises(RecipeError, match="key=value"):
         apply_overrides(Recipe(), ["epochs"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("clip_grad=-1", "clip_grad must be > 0"),  # clip_grad_norm_(max_norm=-1) flips the gradient: ascent
+    ("ema_decay=1.5", "ema_decay must be in [0, 1)"), ("ema_decay=-20", "ema_decay must be in [0, 1)"),
+    ("weight_decay=-0.1", "weight_decay must be >= 0"), ("hflip=2", "hflip must be in [0, 1]"),
+    ("warmup_epochs=-3", "warmup_epochs must be >= 0"), ("crop_pct=1.5", "crop_pct must be in (0, 1]"),
+    ("scale=[1.0, 0.08]", "0 < min <= max <= 1"), ("min_lr=-1", "min_lr must be >= 0"),
+    ("momentum=-1", "momentum must be >= 0"), ("crop_pad=-2", "crop_pad must be >= 0"),
+    ("opt_betas=[0.9, 1.2]", "opt_betas must be two values in [0, 1)"),
+])
+def test_recipe_values_that_would_train_something_else_are_refused(override, message):
+    """Each was accepted and changed what was trained without an error (a negative clip_grad trained by
+    gradient ascent; ema_decay -20 exported weights of 1e11)."""
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        load_recipe(None, [override])
 
 
 VARIANTS = {"nope": ("none", "none"), "ape": ("ape", "none"), "sincos": ("sincos", "none"),

@@ -136,6 +136,20 @@ class Recipe:
         need(not (self.cache and self.augment == "timm"),
              "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm")
         need(len(self.scale) == 2, f"scale must be [min, max], got {self.scale}")
+        # values that would train something else than asked, without an error of their own (a negative
+        # max gradient norm flips the gradient's sign; an EMA decay outside [0, 1) diverges)
+        need(0 < self.scale[0] <= self.scale[1] <= 1, f"scale must be [min, max] with 0 < min <= max <= 1, got {self.scale}")
+        need(self.clip_grad is None or self.clip_grad > 0, f"clip_grad must be > 0 or none, got {self.clip_grad}")
+        need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        for key in ("hflip", "reprob", "mixup_prob", "mixup_switch_prob"):
+            need(0 <= getattr(self, key) <= 1, f"{key} must be in [0, 1], got {getattr(self, key)}")
+        for key in ("weight_decay", "warmup_epochs", "warmup_lr", "min_lr", "momentum", "mixup", "cutmix", "crop_pad"):
+            need(getattr(self, key) >= 0, f"{key} must be >= 0, got {getattr(self, key)}")
+        need(self.color_jitter is None or self.color_jitter >= 0, f"color_jitter must be >= 0, got {self.color_jitter}")
+        need(0 < self.crop_pct <= 1, f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        need(self.opt_eps is None or self.opt_eps > 0, f"opt_eps must be > 0, got {self.opt_eps}")
+        need(self.opt_betas is None or (len(self.opt_betas) == 2 and all(0 <= b < 1 for b in self.opt_betas)),
+             f"opt_betas must be two values in [0, 1), got {self.opt_betas}")
         for key in ("img_size", "num_classes", "pretrained"):
             need(key not in self.model_kwargs,
                  f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)")
