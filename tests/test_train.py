@@ -31,6 +31,7 @@ from timm_posgeom.recipe import (
 )
 from timm_posgeom.records import RunSummary
 from timm_posgeom.train import latest_checkpoint, main, train
+from timm_posgeom.train.rundir import RunDirError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -225,6 +226,22 @@ def test_existing_run_needs_resume(tmp_path, capsys):
     train(tiny("max_steps=1"), tmp_path, progress=False)
     err = _cli_error(capsys, tmp_path, "max_steps=1")
     assert "--resume" in err
+
+
+def test_resume_with_allowed_changes_uses_the_new_optimiser_settings(tmp_path):
+    """load_state restored the checkpoint's lr and weight decay in every parameter group: a resume with
+    --allow-changes recorded the new values and went on with the old (with sched none, the lr too)."""
+    base = ("sched=none", "opt=adamw", "wd_exclude_1d=false", "checkpoint_every=2", "log_every=1")
+    train(tiny(*base, "max_steps=2", "lr=1e-3", "weight_decay=0.05"), tmp_path, progress=False)
+    train(tiny(*base, "max_steps=4", "lr=2e-3", "weight_decay=0.01"), tmp_path, resume=True, progress=False,
+          allow_changes=True)
+    assert [r["lr"] for r in _records(tmp_path, "train")] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])
+    saved = torch.load(latest_checkpoint(tmp_path) / "optimizer.bin", weights_only=False)
+    assert [(g["lr"], g["weight_decay"]) for g in saved["param_groups"]] == [(2e-3, 0.0), (2e-3, 0.01)]  # no-decay group, decayed
+    # weight decay 0 makes other parameter groups: refused in one line, not called a damaged checkpoint
+    with pytest.raises(RunDirError, match="other parameter groups than this recipe's"):
+        train(tiny("sched=none", "opt=adamw", "checkpoint_every=2", "max_steps=6", "weight_decay=0"), tmp_path,
+              resume=True, progress=False, allow_changes=True)
 
 
 def test_diverging_training_stops_and_exports_nothing(tmp_path, capsys):

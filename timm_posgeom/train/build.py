@@ -215,19 +215,33 @@ def _load_newest_intact(accelerator, out: Path, say) -> str:
         try:
             accelerator.load_state(str(checkpoint))
             return checkpoint.name
+        except ValueError as e:
+            if "parameter groups" not in str(e):
+                say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
+                continue
+            raise RunDirError(f"{out}: the checkpoint's optimizer has other parameter groups than this recipe's "
+                              f"({str(e)[:80]}; weight_decay 0 against > 0, or wd_exclude_1d, change them): it cannot "
+                              "continue with these settings; choose another --out") from None
         except Exception as e:  # what a damaged file raises depends on the format and the library version
             say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
     raise RunDirError(f"no intact checkpoint in {out / 'checkpoints'} ({len(candidates)} damaged): cannot resume; choose another --out")
 
 
 def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, changes: dict[str, tuple[Any, Any]],
-            state: TrainState) -> str | None:
+            state: TrainState, optimizer=None) -> str | None:
     """Load the newest intact checkpoint when there is one (else start, recording the recipe); its name or None.
     A resume with changed settings (``changes``, allowed) records them in ``recipe_changes.jsonl`` and the
     new recipe."""
     if accelerator.is_main_process:
         remove_partial_saves(out)
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups] if optimizer else []
     resumed_from = _load_newest_intact(accelerator, out, accelerator.print) if checkpoint is not None else None
+    if resumed_from and changes and optimizer is not None:
+        # load_state restored the checkpoint's hyperparameters (lr, weight decay, betas, eps, momentum) in
+        # every parameter group: the new recipe's, allowed and recorded, must be the ones used from here on
+        # (the scheduler, stepped to the resumed step next, then sets the lr of a scheduled run)
+        for group, new in zip(optimizer.param_groups, fresh):
+            group.update(new)
     if accelerator.is_main_process:
         if resumed_from and changes:
             with (out / "recipe_changes.jsonl").open("a") as f:
@@ -270,7 +284,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
-    resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state)
+    resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None)
