@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -242,6 +243,29 @@ def test_resume_with_allowed_changes_uses_the_new_optimiser_settings(tmp_path):
     with pytest.raises(RunDirError, match="other parameter groups than this recipe's"):
         train(tiny("sched=none", "opt=adamw", "checkpoint_every=2", "max_steps=6", "weight_decay=0"), tmp_path,
               resume=True, progress=False, allow_changes=True)
+
+
+def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
+    """Only the data path was compared: with the images of two class folders swapped, a resume trained its
+    remaining steps on flipped labels, exit 0. The run's data.json now holds both splits' identity."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data"
+    for split in ("train", "validation"):
+        for c in ("cat", "dog"):
+            (data / split / c).mkdir(parents=True)
+            for i in range(16):
+                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(data / split / c / f"{i}.png")
+    out = tmp_path / "run"
+    base = (f"data={data}", "checkpoint_every=2")
+    train(tiny(*base, "max_steps=2"), out, progress=False)
+    assert json.loads((out / "data.json").read_text())["train"]["images"] == 32
+    (data / "train" / "cat").rename(data / "train" / "tmp")  # the two classes' images swapped
+    (data / "train" / "dog").rename(data / "train" / "cat")
+    (data / "train" / "tmp").rename(data / "train" / "dog")
+    with pytest.raises(RunDirError, match="was trained on other data: .* other labels or images in its train split"):
+        train(tiny(*base, "max_steps=4"), out, resume=True, progress=False, allow_changes=True)
 
 
 def test_diverging_training_stops_and_exports_nothing(tmp_path, capsys):

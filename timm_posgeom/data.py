@@ -45,7 +45,7 @@ from .transforms import eval_transform
 __all__ = [
     "AUGMENTATIONS",
     "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "check_images",
-    "BAD_IMAGE_POLICIES", "load_split", "resolve_source", "find_columns", "split_name",
+    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "resolve_source", "find_columns", "split_name",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
@@ -336,6 +336,19 @@ def load_split(
         classes = [str(i) for i in range(max(labels) + 1)]
     return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
                       lambda index: f"row {index} of the {split!r} split of {source}")
+
+
+def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:
+    """What identifies a split's content, the same in any checkout or folder: its classes, size, a hash of
+    its labels and a hash of the pixels of its first ``images`` items (decoded RGB). The study's data is
+    named by a path that may be relative (committed runs move between checkouts), so the path alone
+    cannot tell that a resume is looking at other data (the study and training compare it on resume)."""
+    pixels = hashlib.sha1()
+    for i in range(min(images, len(split))):
+        image = split[i][0]
+        pixels.update(np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes())
+    labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
+    return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
 
 
 # --------------------------------------------------------------------------------------------

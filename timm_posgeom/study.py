@@ -35,7 +35,7 @@ from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResult
 from .train.rundir import changed_keys, describe_changes
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
-           "write_plan", "data_identity"]
+           "write_plan"]
 
 CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
 SWEPT = ("ape", "sincos", "rope")
@@ -393,21 +393,6 @@ def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str,
     return path
 
 
-def data_identity(split, images: int = 8) -> dict[str, Any]:
-    """What identifies a split's content, the same in any checkout or folder: its classes, size, a hash of
-    its labels and a hash of the pixels of its first ``images`` items (decoded RGB). The study's data is
-    named by a path that may be relative (committed runs move between checkouts), so the path alone
-    cannot tell that a resume is looking at other data."""
-    import numpy as np
-
-    pixels = hashlib.sha1()
-    for i in range(min(images, len(split))):
-        image = split[i][0]
-        pixels.update(np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes())
-    labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
-    return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
-
-
 def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
               allow_changes: bool = False) -> StudyResults:
     """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``.
@@ -419,7 +404,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     ``settings``)."""
     from tqdm.auto import tqdm
 
-    from .data import load_split
+    from .data import data_identity, load_split
     from .report import write_report
 
     out = Path(out)

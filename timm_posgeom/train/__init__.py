@@ -7,6 +7,8 @@
 What a run writes under ``--out``:
 
 * ``recipe.yaml``       the resolved recipe;
+* ``data.json``         the identity of both splits (classes, size, hashes of the labels and of the
+                        first images' pixels): a resume on other data under the same path is refused;
 * ``metrics.jsonl``     one JSON record per log step (``kind: train``: step, epoch, loss, lr,
                         images/s, and ``pe_ssdc``, the learned position table's own SSDC), per
                         evaluation (``kind: eval``: val top-1 / loss, EMA top-1) and at the end;

@@ -5,6 +5,7 @@ unknown model or an unwritable output folder fails in seconds, not after an epoc
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -125,7 +126,28 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
     val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
                                       shuffle=False, drop_last=False)
     skipped = list(getattr(train_split, "skipped", [])) + list(getattr(val_split, "skipped", []))
-    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler, skipped
+    identity = dict(train=D.data_identity(train_split), validation=D.data_identity(val_split))
+    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity
+
+
+def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str | None, is_main: bool) -> None:
+    """``out/data.json``: the identity of the data the run trains on (:func:`timm_posgeom.data.data_identity`).
+    A resume on other data (the same path, other content) is refused, even with allowed changes: the
+    checkpoint's steps were taken on the former data. A run without the file (older) gains it."""
+    path = out / "data.json"
+    if resuming and path.is_file():
+        saved = json.loads(path.read_text())
+        for split in ("train", "validation"):
+            was, now = saved.get(split), identity[split]
+            if was is not None and was != now:
+                what = ("classes" if was.get("classes") != now["classes"] else
+                        "number of images" if was.get("images") != now["images"] else "labels or images")
+                raise RunDirError(f"{out} was trained on other data: {data or 'synthetic'} now has other {what} in "
+                                  f"its {split} split than when the run started; point data at that data, or "
+                                  "choose another --out")
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(identity, indent=2) + "\n")
 
 
 def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -261,8 +283,9 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     batch = per_process_batch(accelerator, recipe)
     checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
-    classes, train_ds, val_ds, train_sampler, val_sampler, skipped = build_data(recipe, accelerator, mean, std, batch,
-                                                                                progress)
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
+        recipe, accelerator, mean, std, batch, progress)
+    _check_data(out, identity, checkpoint is not None, recipe.data, accelerator.is_main_process)
     if skipped:
         accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
                           f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
