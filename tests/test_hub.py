@@ -77,6 +77,29 @@ def test_card_without_eval_has_no_invented_results(tmp_path):
     assert "fragility" not in card.text and "0.3125" not in card.text
 
 
+def test_card_for_other_weights_does_not_show_the_eval_of_these(tmp_path):
+    """`--weights export_ema` showed the study's measurements (made on export/) and the raw weights' table
+    SSDC as the EMA weights'. eval.json now names the weights it measured (their SHA-1)."""
+    from timm_posgeom.hub import weights_sha1
+
+    run = _run_dir(tmp_path, name="posgeom_vit_micro_patch8_64_ape")
+    summary = RunSummary.read(run / "summary.json")
+    summary.pe_ssdc = 0.4321
+    summary.write(run / "summary.json")
+    torch.manual_seed(5)
+    export_for_hub(timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10), run / "export_ema")
+    evals = RunEval.read(run / "eval.json")
+    evals.weights_sha1 = weights_sha1(run / "export" / "model.safetensors")
+    evals.write(run / "eval.json")
+    raw = ModelCard(render_card(run)).text
+    assert "0.3125" in raw and "0.4321" in raw
+    ema = ModelCard(render_card(run, weights="export_ema")).text
+    assert "0.3125" not in ema and "0.4321" not in ema and "made on other weights than these" in ema
+    evals.weights_sha1 = "0" * 40  # export/ re-exported since the eval: not shown for export either
+    evals.write(run / "eval.json")
+    assert "0.3125" not in ModelCard(render_card(run)).text
+
+
 def test_push_dry_run_lists_the_exact_files_and_sends_nothing(tmp_path, capsys, monkeypatch):
     run = _run_dir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

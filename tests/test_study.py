@@ -12,10 +12,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from timm_posgeom import study as study_mod
 from timm_posgeom.cli import main as cli_main
-from timm_posgeom.records import HistoryPoint, StudyResults
+from timm_posgeom.records import HistoryPoint, RunEval, StudyResults
 from timm_posgeom.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
 from timm_posgeom.study import StudyError, dry_run, plan_study, preset_config, run_study
 
@@ -325,3 +326,23 @@ def test_study_options_that_would_be_silently_replaced_are_refused(tmp_path, cap
     config.train_overrides = list(config.train_overrides) + ["seed=3"]  # the library refuses it too
     with pytest.raises(ValueError, match="use --seeds"):
         plan_study(config, tmp_path)
+
+
+def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_path):
+    """eval.json was reused whatever export/ held since; it now records the SHA-1 of the weights it measured."""
+    import timm
+
+    from timm_posgeom.hub import export_for_hub
+
+    config = _tiny(conditions=("nope",))
+    run_study(config, tmp_path, progress=False)
+    export = tmp_path / "runs" / "nope_s0" / "export"
+    assert RunEval.read(export.parent / "eval.json").weights_sha1
+    args = json.loads((export / "config.json").read_text())
+    torch.manual_seed(9)  # other weights, same architecture
+    model = timm.create_model(args["architecture"], **args["model_args"])
+    export_for_hub(model, export, args["model_args"], args["pretrained_cfg"])
+    with pytest.raises(StudyError, match=r"measured with other settings \(weights \(export/model.safetensors\)"):
+        run_study(config, tmp_path, resume=True, progress=False)
+    results = run_study(config, tmp_path, resume=True, progress=False, allow_changes=True)
+    assert (export.parent / "eval.json.replaced-1").is_file() and results.runs[0].eval.weights_sha1

@@ -7,6 +7,7 @@ files only: a number that no run recorded never appears on a card.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
+           "weights_sha1",
            "card_template"]
 
 UPLOAD_FILES = ("config.json", "model.safetensors", "README.md")
@@ -108,9 +110,27 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _results_rows(summary: RunSummary | None, evals: RunEval | None) -> list[tuple[str, str]]:
-    """(what, value) rows of the card's results table: only numbers the run's records hold."""
+def weights_sha1(path: str | os.PathLike) -> str:
+    """SHA-1 of a weights file (``model.safetensors``): which weights a measurement was made on."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _results_rows(summary: RunSummary | None, evals: RunEval | None, weights: str = "export",
+                  sha1: str | None = None) -> list[tuple[str, str]]:
+    """(what, value) rows of the card's results table: only numbers the run's records hold about the
+    weights the card is for (``weights``, whose file hashes to ``sha1``). The study's measurements
+    (``eval.json``) are shown only when they were made on these weights; the position table's own SSDC
+    (``summary.json``) is the raw weights' (``export``)."""
     rows = []
+    if evals is not None:
+        same = evals.weights_sha1 == sha1 if evals.weights_sha1 is not None else weights == "export"
+        if not same:
+            rows.append(("robustness eval (eval.json)", "made on other weights than these: not shown"))
+            evals = None
     if summary is not None and summary.val_top1 is not None:
         rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
     if summary is not None and summary.ema_val_top1 is not None:
@@ -125,7 +145,7 @@ def _results_rows(summary: RunSummary | None, evals: RunEval | None) -> list[tup
         rows.append(("SSDC per layer under RPI", ", ".join(_fmt3(v) for v in ssdc.rpi_per_layer)))
         if ssdc.rpi_delta is not None:
             rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc.rpi_delta)))
-    if summary is not None and summary.pe_ssdc is not None:
+    if summary is not None and summary.pe_ssdc is not None and weights == "export":
         rows.append(("SSDC of the learned position table", _fmt(summary.pe_ssdc)))
     return rows
 
@@ -227,7 +247,8 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         num_classes=args["num_classes"], num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
         dataset=dataset, steps=summary.steps if summary else "?", epochs=_fmt(summary.epochs) if summary else "?",
         time_s=summary.time_s if summary else "?", processes=summary.processes if summary else "?",
-        recipe_yaml=recipe_text, results=_results_rows(summary, evals), figures=figures,
+        recipe_yaml=recipe_text, figures=figures,
+        results=_results_rows(summary, evals, weights, weights_sha1(wdir / "model.safetensors")),
     )
     return str(card)
 

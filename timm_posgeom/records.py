@@ -181,6 +181,7 @@ class RunEval(Record):
 
     KIND: ClassVar[str] = "run-eval"
     settings: dict[str, Any] | None = None  # what the measurements depended on (data, images, shifts, alphas)
+    weights_sha1: str | None = None  # of the export/model.safetensors measured (None: recorded before it was kept)
     clean_accuracy: Num = None
     accuracy: dict[str, Num] | None = None
     fs: dict[str, Num] | None = None

@@ -309,19 +309,26 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
     """Fragility, SSDC and (for PE models) the alpha sweep of a trained run; each part is written to
     ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
     from .factory import create_model
+    from .hub import weights_sha1
     from .robustness import alpha_sweep, fragility
     from .shifts import IMAGENET_C
 
     eval_path = run_dir / "eval.json"
     settings = _eval_settings(config, val)
-    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings)
-    if evals.settings != settings:
-        changed = config_changes(evals.settings or {}, settings)
+    sha1 = weights_sha1(run_dir / "export" / "model.safetensors")
+    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1)
+    changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
+    if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
+        changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
+    if evals.settings != settings or changed:
         if not allow_changes:
             raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                              "--allow-changes to measure again (the former file is kept)")
         _set_aside(eval_path, log)
-        evals = RunEval(settings=settings)
+        evals = RunEval(settings=settings, weights_sha1=sha1)
+    if evals.weights_sha1 is None:  # recorded before the weights were: they are the run's export, unchanged since
+        evals.weights_sha1 = sha1
+        evals.write(eval_path)
     model = create_model(f"local-dir:{run_dir / 'export'}").eval()
     if evals.fs is None:
         log(f"[{run_dir.name}] fragility")
