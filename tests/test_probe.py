@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -228,3 +229,24 @@ def test_cli_probe_on_imagenette(tmp_path, capsys):
     data = json.loads((tmp_path / "ssdc.json").read_text())
     assert data["metadata"]["n_images"] == 4 and data["metadata"]["rpi"] is True
     assert (tmp_path / "ssdc.png").is_file()
+
+
+def test_a_constant_layer_is_nan_with_both_reductions_not_rounding_noise():
+    """Uniform-colour images through a model without PE: every patch token alike, so the map is constant and
+    SSDC undefined. With reduction='both' the float32 batch sum varied by one rounding step (5.9999995 against
+    6.0) and Spearman ranked that: SSDC -0.25, no warning."""
+    import warnings
+
+    from timm_posgeom.probes.spearman import ConstantMapWarning
+
+    torch.manual_seed(0)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", depth=1, img_size=32).eval()
+    for b in (2, 3, 4, 5):  # the draws before the colours that showed it (most batches round consistently)
+        torch.randn(b, 3, 1, 1)
+    x = torch.ones(6, 3, 32, 32) * torch.randn(6, 3, 1, 1)
+    for reduction in ("both", "mean_map"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = probe_ssdc(model, x, progress=False, reduction=reduction, batch_size=6)
+        assert math.isnan(result.per_layer[0]), reduction
+        assert any(issubclass(w.category, ConstantMapWarning) for w in caught), reduction

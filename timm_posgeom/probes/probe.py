@@ -187,7 +187,9 @@ class _Accumulator:
             sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
             pairs = self._per_image(layer, sim, grid)  # (B, M) the pairs i < j
             if self.want_map:
-                self._add_map(layer, pairs.sum(0), sim.diagonal(dim1=1, dim2=2).sum(0))
+                # summed in float64: a float32 sum adds columns in different orders, so a constant map came
+                # out varying by a rounding step, and Spearman ranked that noise (a number where NaN is right)
+                self._add_map(layer, pairs.sum(0, dtype=torch.float64), sim.diagonal(dim1=1, dim2=2).sum(0))
         else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
             flat = z.transpose(0, 1).reshape(z.shape[1], -1)
             total = flat @ flat.T  # (N, N)
@@ -609,6 +611,22 @@ def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, 
         acc.add_feature_map(layer, fmap)
 
 
+# The similarities are float32 dot products of unit vectors (relative error ~1e-6 and below); a map whose
+# pairs spread less than this, relative to their size, holds no ranking but rounding noise.
+_CONSTANT_RTOL = 1e-5
+
+
+def _near_constant(mean_map: torch.Tensor) -> bool:
+    """The pairs i < j of an (N, N) mean map are equal up to float32 rounding (NaN maps: False)."""
+    n = mean_map.shape[0]
+    iu = torch.triu_indices(n, n, offset=1, device=mean_map.device)
+    pairs = mean_map[iu[0], iu[1]]
+    if pairs.numel() == 0 or not torch.isfinite(pairs).all():
+        return False
+    spread = float(pairs.max() - pairs.min())
+    return spread <= _CONSTANT_RTOL * max(float(pairs.abs().mean()), 1e-12)
+
+
 def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int], reduction: str, distance: str,
             rpi: bool, seed, site: str, n_images: int, image_size, model: nn.Module) -> SSDCResult:
     grids = [acc.grids[layer] for layer in layers]
@@ -620,11 +638,16 @@ def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int]
                       "images", ConstantMapWarning, stacklevel=3)
     if acc.want_map:
         maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each
-        per_layer = [float(ssdc(m, g, distance)) if layer not in acc.too_small else math.nan
+        flat = [layer for layer, m in zip(layers, maps) if layer not in acc.too_small and _near_constant(m)]
+        if flat:
+            warnings.warn(f"the mean similarity map of layer(s) {', '.join(map(str, flat))} is constant up to float "
+                          "rounding (every patch token alike): its SSDC is undefined (NaN)", ConstantMapWarning,
+                          stacklevel=3)
+        per_layer = [float(ssdc(m, g, distance)) if layer not in acc.too_small and layer not in flat else math.nan
                      for layer, m, g in zip(layers, maps, grids)]
         if rpi:
             content = [float(ssdc(m, g, distance, positions=grid_positions(g)[perm]))
-                       if acc.content_defined(g) and layer not in acc.too_small else math.nan
+                       if acc.content_defined(g) and layer not in acc.too_small and layer not in flat else math.nan
                        for layer, m, g in zip(layers, maps, grids)]
         same = len({m.shape for m in maps}) == 1
         mean_maps = torch.stack(maps).float().cpu() if same else [m.float().cpu() for m in maps]
