@@ -60,6 +60,15 @@ def test_same_classes_in_another_order_are_refused_unless_mapped(tmp_path, capsy
     assert main(argv + ["--labels", "by-name"]) == 0
 
 
+def test_fragility_refuses_unlabelled_images():
+    """Label -1 (Hugging Face's unlabelled test rows) never matches a prediction: it was counted as wrong
+    (3 right + 3 unlabelled gave clean accuracy 0.5 where it is 1.0)."""
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=3, img_size=32, depth=1).eval()
+    data = [(Image.new("RGB", (32, 32)), 0), (Image.new("RGB", (32, 32)), -1)]
+    with pytest.raises(ValueError, match="label -1: the data has unlabelled images"):
+        fragility(model, data, shifts=("jpeg:50",), num_workers=0, progress=False)
+
+
 def test_library_fragility_refuses_labels_beyond_the_model_outputs():
     model = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=3, img_size=32, depth=1).eval()
     data = [(Image.new("RGB", (32, 32)), 7)]

@@ -561,6 +561,9 @@ def imagenet_c_released(
             if labels.numel() and int(labels.max()) >= logits.shape[-1]:
                 raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
                                  "outputs: the classes do not index this model's classes")
+            if labels.numel() and int(labels.min()) < 0:  # -1 marks unlabelled rows (Hugging Face test splits)
+                raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
+                                 "would count as wrong; use a labelled split")
             b = labels.shape[0]
             correct[start:start + b] = (logits.argmax(dim=-1).cpu() == labels).numpy()
             start += b

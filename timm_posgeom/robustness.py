@@ -442,6 +442,9 @@ def fragility(
             if labels.numel() and int(labels.max()) >= logits.shape[-1]:
                 raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
                                  "outputs: the data's labels do not index this model's classes")
+            if labels.numel() and int(labels.min()) < 0:  # -1 marks unlabelled rows (Hugging Face test splits)
+                raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
+                                 "would count as wrong; use a labelled split")
             hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
             if own is not None:
                 own_hits.append(hits)
