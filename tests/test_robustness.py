@@ -297,6 +297,10 @@ def test_cli_fragility_and_sweep(tmp_path, capsys):
     assert main(["sweep", *common, "--alphas", "1,0.5", "--probe-images", "4", "--out", str(tmp_path / "s")]) == 0
     assert [r["alpha"] for r in json.loads((tmp_path / "s" / "sweep.json").read_text())["rows"]] == [1.0, 0.5]
     assert "| alpha |" in (tmp_path / "s" / "sweep.md").read_text()
+    # --max-images caps fragility only: --probe-images 10 > 6 probes 10 (the data was cut to 6 first)
+    assert main(["sweep", *common, "--alphas", "1,0.5", "--probe-images", "10", "--out", str(tmp_path / "s2")]) == 0
+    settings = json.loads((tmp_path / "s2" / "sweep.json").read_text())["settings"]
+    assert settings["probe_images"] == 10 and settings["num_images"] == 6
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main(["fragility", *common, "--shift", "sharpen:3"])

@@ -103,8 +103,9 @@ def check_counts(args: argparse.Namespace) -> None:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
 
 
-def load_model_and_data(args: argparse.Namespace) -> tuple[Any, Any, str]:
-    """(model on its device in eval mode, the data split, device) from the shared arguments.
+def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[Any, Any, str]:
+    """(model on its device in eval mode, the data split, device) from the shared arguments; the split cut
+    to ``--max-images`` when ``subset`` (a command whose probe has its own count passes False).
 
     torch is seeded with ``--seed`` before the model is built (a random-init model is reproducible).
     """
@@ -114,7 +115,7 @@ def load_model_and_data(args: argparse.Namespace) -> tuple[Any, Any, str]:
     from ..factory import create_model
 
     check_counts(args)
-    data = load_split(args.data, args.split, subset=args.max_images)
+    data = load_split(args.data, args.split, subset=args.max_images if subset else None)
     if args.bad_images == "skip":
         data = check_images(data, "skip", progress=not args.no_progress)
         if data.skipped:

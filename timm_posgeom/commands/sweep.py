@@ -61,12 +61,13 @@ def run(args: argparse.Namespace) -> int:
     if args.device is None and world > 1:
         args.device = distributed.default_device()
     with distributed.main_process_first():  # a download or cache made once, by the main process
-        model, data, device = load_model_and_data(args)
+        # the whole split: --max-images caps fragility only (alpha_sweep's max_images), --probe-images the SSDC
+        model, data, device = load_model_and_data(args, subset=False)
     data = match_labels(model, data, args.labels)
     result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
                          include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
                          num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress,
-                         img_size=args.img_size)
+                         img_size=args.img_size, max_images=args.max_images)
     if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
         return 0
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
