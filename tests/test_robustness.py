@@ -321,3 +321,12 @@ def test_third_party_timm_vits(name):
     fragility(model, data, shifts="jpeg:5", alpha=0.3, rpi=True, batch_size=3, **FAST)
     model.train()
     model(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
+def test_a_twins_model_built_at_64_px_is_fed_64_px():
+    """twins keeps its input size in patch_embeds[0], not patch_embed: built for 64 px, it was fed its
+    pretrained config's 224 px by fragility, the probe and eval_loader, and ran without an error."""
+    from timm_posgeom.transforms import resolve_config
+
+    model = timm.create_model("twins_svt_small", img_size=64, depths=(1, 1, 1, 1), num_classes=3)
+    assert resolve_config(model)["input_size"] == (3, 64, 64)

@@ -33,7 +33,7 @@ def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module,
     """A full timm data config (input_size, interpolation, mean, std, crop_pct, crop_mode).
 
     A model gives ``timm.data.resolve_model_data_config(model)``, with ``input_size`` taken from
-    ``model.patch_embed.img_size`` when the model was built at another size than its pretrained
+    ``model.patch_embed.img_size`` (twins: ``patch_embeds[0]``) when the model was built at another size than its pretrained
     config says (``timm.create_model(..., img_size=32)``) and has no dynamic image size; a (partial)
     dict is completed with timm's defaults by ``timm.data.resolve_data_config``.
 
@@ -44,6 +44,9 @@ def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module,
     if isinstance(data_config_or_model, nn.Module):
         cfg = dict(resolve_model_data_config(data_config_or_model))
         patch_embed = getattr(data_config_or_model, "patch_embed", None)
+        if patch_embed is None:  # twins and pvt-style models: one patch embedding per stage, the first sees the image
+            embeds = getattr(data_config_or_model, "patch_embeds", None)
+            patch_embed = embeds[0] if isinstance(embeds, nn.ModuleList) and len(embeds) else None
         fixed = getattr(patch_embed, "img_size", None)
         dynamic = bool(getattr(data_config_or_model, "dynamic_img_size", False))
         if isinstance(fixed, (tuple, list)) and len(fixed) == 2 and all(isinstance(v, int) for v in fixed) \
