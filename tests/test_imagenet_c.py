@@ -21,6 +21,7 @@ from timm_posgeom.imagenet_c import (
     ImageNetCResult,
     ImageNetCTreeError,
     check_imagenet_c_tree,
+    frame_like_imagenet_c,
     imagenet_c_fragility,
     imagenet_c_released,
 )
@@ -309,7 +310,7 @@ def _write_tree(root, data, classes, corruptions=("fog", "jpeg_compression"), se
             for i, (img, label) in enumerate(data):
                 folder = root / c / str(s) / classes[label]
                 folder.mkdir(parents=True, exist_ok=True)
-                img = img if size is None else img.resize((size, size))
+                img = frame_like_imagenet_c(img) if size is None else img.resize((size, size))  # as the release
                 shift.for_image(img, i, 0).save(folder / f"ILSVRC2012_val_{i:08d}.JPEG", quality=85)
     return root
 
@@ -337,8 +338,8 @@ def test_released_tree_gives_the_accuracy_of_its_images(tmp_path):
     model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=len(classes), img_size=32)
     r = imagenet_c_released(model, data, root, "fog,jpeg_compression", batch_size=8, **FAST)
     assert r.source == "released" and r.fragility is None and r.num_images == len(data)
-    clean = fragility(model, data, (), **FAST)
-    assert r.clean_accuracy == clean.clean_accuracy
+    clean = fragility(model, [(frame_like_imagenet_c(img), y) for img, y in data], (), **FAST)
+    assert r.clean_accuracy == clean.clean_accuracy and r.settings["clean_framing"] == "imagenet-c"
     transform = eval_transform(model)
     model.eval()
     for c in ("fog", "jpeg_compression"):
@@ -354,6 +355,31 @@ def test_released_tree_gives_the_accuracy_of_its_images(tmp_path):
             if r.clean_accuracy:
                 assert r.fs[c][s] == pytest.approx(1 - r.accuracy[c][s] / r.clean_accuracy)
     assert r.mean_fs == pytest.approx(np.mean(list(r.corruption_fs.values()))) or math.isnan(r.mean_fs)
+
+
+def test_released_images_and_clean_images_are_framed_alike(tmp_path):
+    """The released images are ImageNet's resized to 256 and centre-cropped to 224, then corrupted; the clean
+    ones were given only the model's resize, so FS held the other framing too. Here the framing alone flips a
+    brightness classifier (white border, black centre): a tree of uncorrupted framed copies gave FS 1; with
+    the clean images framed alike it is 0, and 'as-is' keeps the old comparison."""
+    image = PIL.Image.new("RGB", (400, 300), (255, 255, 255))
+    image.paste((0, 0, 0), (80, 30, 320, 270))  # 48% black: brighter than mid-grey whole, dark once framed
+    dark = PIL.Image.new("RGB", (400, 300), (0, 0, 0))  # class 0 however it is framed
+    data = _Split([(image, 1), (dark, 0)], ["tench", "church"])
+    root = tmp_path / "c"
+    for c in ("fog", "snow"):
+        for i, (img, label) in enumerate(data):
+            folder = root / c / "1" / data.classes[label]
+            folder.mkdir(parents=True)
+            frame_like_imagenet_c(img).save(folder / f"{i}.png")  # lossless: the very pixels, no corruption
+    model = MeanBrightness()
+    r = imagenet_c_released(model, data, root, "fog,snow", (1,), **FAST)
+    assert frame_like_imagenet_c(image).size == (224, 224) and r.settings["clean_framing"] == "imagenet-c"
+    assert r.clean_accuracy == 0.5 and r.fs["fog"][1] == 0.0 and r.fs["snow"][1] == 0.0  # both see the dark centre
+    old = imagenet_c_released(model, data, root, "fog,snow", (1,), clean_framing="as-is", **FAST)
+    assert old.clean_accuracy == 1.0 and old.fs["fog"][1] == 0.5  # the framing alone
+    with pytest.raises(ValueError, match="clean_framing must be one of"):
+        imagenet_c_released(model, data, root, "fog", (1,), clean_framing="crop", **FAST)
 
 
 def test_released_tree_refusals(tmp_path):

@@ -59,6 +59,8 @@ __all__ = [
     "ImageNetCTreeError",
     "SEVERITIES",
     "IMAGE_EXTENSIONS",
+    "CLEAN_FRAMINGS",
+    "frame_like_imagenet_c",
 ]
 
 SEVERITIES = (1, 2, 3, 4, 5)
@@ -470,6 +472,39 @@ def _split_labels(data: Any, n: int) -> list[int]:
     return [split_item(data[i])[1] for i in range(n)]
 
 
+CLEAN_FRAMINGS = ("imagenet-c", "as-is")
+
+
+def frame_like_imagenet_c(image: PIL.Image.Image) -> PIL.Image.Image:
+    """An image framed as ImageNet-C's release framed ImageNet's validation images before corrupting
+    them: short side resized to 256 (bilinear), centre 224 x 224 crop. An image already 224 x 224 is
+    taken as framed and returned as it is."""
+    if image.size == (224, 224):
+        return image
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    return TF.center_crop(TF.resize(image.convert("RGB"), 256, interpolation=InterpolationMode.BILINEAR), 224)
+
+
+class _Framed(Dataset):
+    """The clean split with :func:`frame_like_imagenet_c` applied to each image (labels and classes kept)."""
+
+    def __init__(self, data: Any):
+        self.data = data
+        self.classes = getattr(data, "classes", None)
+        labels = getattr(data, "labels", None)
+        if labels is not None:
+            self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> tuple[PIL.Image.Image, int]:
+        image, label = split_item(self.data[index])
+        return frame_like_imagenet_c(image), label
+
+
 def imagenet_c_released(
         model: nn.Module,
         data: Any,
@@ -489,8 +524,15 @@ def imagenet_c_released(
         device: str | torch.device | None = None,
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
+        clean_framing: str = "imagenet-c",
 ) -> ImageNetCResult:
     """FS of each corruption and severity from the released ImageNet-C images under ``root``.
+
+    ``clean_framing``: ``"imagenet-c"`` (default) frames each clean image as the release framed the
+    images it corrupted (:func:`frame_like_imagenet_c`: short side 256, centre 224 crop) before the
+    model's preprocessing, so that A_clean and A[c][s] see the same pictures; without it FS also holds
+    the effect of the other framing (measured: FS 0.075 with no corruption at all). ``"as-is"``: the
+    clean images are already framed so.
 
     ``A_clean`` is counted on ``data`` (the clean split: ImageNet's validation images, or the classes of
     it a model knows) by :func:`~timm_posgeom.robustness.fragility` with no shift; ``A[c][s]`` on every
@@ -537,7 +579,10 @@ def imagenet_c_released(
             f"has {tree_counts.get(i, 0)} ({len(differ)} class(es) differ): the released images are corrupted copies "
             "of the clean ones, so FS needs the same images (the whole clean split, not a subset)")
 
-    clean = fragility(model, data, (), resize=resize, batch_size=batch_size, num_workers=num_workers, rpi=rpi,
+    if clean_framing not in CLEAN_FRAMINGS:
+        raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {clean_framing!r}")
+    clean_data = _Framed(data) if clean_framing == "imagenet-c" else data
+    clean = fragility(model, clean_data, (), resize=resize, batch_size=batch_size, num_workers=num_workers, rpi=rpi,
                       alpha=alpha, seed=seed, device=device, progress=progress, img_size=img_size)
 
     order = [(c, s) for c in names for s in levels]
@@ -575,7 +620,7 @@ def imagenet_c_released(
     for j, (c, s) in enumerate(order):
         counts.setdefault(c, {})[s] = {"correct": int(per_folder[j].sum()), "total": len(files)}
     accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
-    settings = {**clean.settings, "root": str(root), "extra_classes": extra_classes,
+    settings = {**clean.settings, "root": str(root), "extra_classes": extra_classes, "clean_framing": clean_framing,
                 "class_folders": None if class_folders is None else list(class_folders),
                 "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"]))
                                       for c, s in order},

@@ -52,6 +52,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--imagenet-c-class-folders", default=None, metavar="FILE",
                    help="the tree's folder name of each class, one a line in label order (e.g. wnids; default: the "
                         "class names)")
+    g.add_argument("--imagenet-c-clean-framing", default="imagenet-c", choices=("imagenet-c", "as-is"),
+                   help="with --imagenet-c-root: frame the clean images as the release framed its own (short side "
+                        "256, centre 224 crop; default), or use them as they are (already framed so)")
     g.add_argument("--imagenet-c-extra-classes", default="error", choices=("error", "ignore"),
                    help="class folders under ROOT that are none of the data's classes: error (default) or ignore")
     g.add_argument("--reference", default=None, metavar="JSON",
@@ -157,7 +160,8 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
         result = imagenet_c_fragility(model, data, names, severities, **common)
     else:
         result = imagenet_c_released(model, data, args.imagenet_c_root, names, severities, class_folders=folders,
-                                     extra_classes=args.imagenet_c_extra_classes, **common)
+                                     extra_classes=args.imagenet_c_extra_classes,
+                                     clean_framing=args.imagenet_c_clean_framing, **common)
     if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
         return 0
     result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
