@@ -248,5 +248,5 @@ def test_a_constant_layer_is_nan_with_both_reductions_not_rounding_noise():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = probe_ssdc(model, x, progress=False, reduction=reduction, batch_size=6)
-        assert math.isnan(result.per_layer[0]), reduction
+        assert math.isnan(result.per_layer[0]) and result.metadata["constant_layers"] == [0], reduction
         assert any(issubclass(w.category, ConstantMapWarning) for w in caught), reduction

@@ -632,6 +632,7 @@ def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int]
     grids = [acc.grids[layer] for layer in layers]
     perm = acc.permutation.permutation.cpu() if rpi else None
     mean_maps = per_layer = content = None
+    flat: list[int] = []
     if acc.too_small:
         names = ", ".join(f"{layer} ({'x'.join(map(str, acc.grids[layer]))})" for layer in sorted(acc.too_small))
         warnings.warn(f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger "
@@ -666,6 +667,8 @@ def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int]
         "image_size": list(image_size), "grid_size": list(grids[0]), "grid_sizes": [list(g) for g in grids],
         "num_prefix_tokens": 0 if staged else sites.num_prefix_tokens, "family": sites.family,
         "granularity": "stage" if staged else "block",
+        # layers whose mean map is constant up to float rounding (their SSDC NaN, with a ConstantMapWarning)
+        "constant_layers": flat if acc.want_map else [],
     }
     if staged:
         metadata["modules"] = [sites.names[layer] for layer in layers]
