@@ -27,7 +27,8 @@ def add_parser(subparsers) -> None:
                    help="with --resume: accept settings that differ from the study's; what they affect is recomputed")
     p.add_argument("--dry-run", action="store_true", help="validate recipes and print the plan; run nothing")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
-                   help="recipe override for every training run (repeatable), e.g. --set epochs=10")
+                   help="recipe override for every training run (repeatable), e.g. --set epochs=10; seed, data and "
+                        "model_kwargs.init are the study's own: --seeds, --data, --init")
     p.add_argument("--init", default=None, choices=["timm", "paper"],
                    help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
                         "model_kwargs.init of every run, after --set). Default: what each recipe says "
