@@ -45,7 +45,7 @@ from .transforms import eval_transform
 __all__ = [
     "AUGMENTATIONS",
     "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "check_images",
-    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "resolve_source", "find_columns", "split_name",
+    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "identity_change", "resolve_source", "find_columns", "split_name",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
@@ -349,6 +349,16 @@ def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:
         pixels.update(np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes())
     labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
     return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
+
+
+def identity_change(was: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between two :func:`data_identity` records, for a message ("classes", "number of
+    images", "labels or images"), or None when they are the same."""
+    if was == now:
+        return None
+    if was.get("classes") != now.get("classes"):
+        return "classes"
+    return "number of images" if was.get("images") != now.get("images") else "labels or images"
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,14 @@ from torch.utils.data import Dataset
 from .eval_data import check_split, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
-from .robustness import FragilityResult, _model_device, fragility, fragility_score, wilson_interval
+from .robustness import (
+    FragilityResult,
+    _model_device,
+    check_labels,
+    fragility,
+    fragility_score,
+    wilson_interval,
+)
 from .shifts import IMAGENET_C_CORRUPTIONS, _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
 
 __all__ = [
@@ -603,12 +610,7 @@ def imagenet_c_released(
         start = 0
         for images, labels in tqdm(loader, desc="imagenet-c", disable=not progress, leave=False):
             logits = model(images.to(dev, non_blocking=True))
-            if labels.numel() and int(labels.max()) >= logits.shape[-1]:
-                raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
-                                 "outputs: the classes do not index this model's classes")
-            if labels.numel() and int(labels.min()) < 0:  # -1 marks unlabelled rows (Hugging Face test splits)
-                raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
-                                 "would count as wrong; use a labelled split")
+            check_labels(labels, logits.shape[-1])
             b = labels.shape[0]
             correct[start:start + b] = (logits.argmax(dim=-1).cpu() == labels).numpy()
             start += b

@@ -312,6 +312,19 @@ def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, perm
 # --------------------------------------------------------------------------------------------
 # fragility
 # --------------------------------------------------------------------------------------------
+def check_labels(labels: torch.Tensor, outputs: int) -> None:
+    """Raise ValueError unless every label (B,) indexes one of the model's ``outputs`` classes: a label out of
+    range, or -1 (Hugging Face's unlabelled test rows), could never match a prediction and would count as wrong."""
+    if not labels.numel():
+        return
+    if int(labels.max()) >= outputs:
+        raise ValueError(f"label {int(labels.max())} is out of range for a model with {outputs} "
+                         "outputs: the data's labels do not index this model's classes")
+    if int(labels.min()) < 0:
+        raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
+                         "would count as wrong; use a labelled split")
+
+
 def fragility(
         model: nn.Module,
         data: Any,
@@ -439,12 +452,7 @@ def fragility(
             b, v = x.shape[:2]
             logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
                                         forward_size, permutation)
-            if labels.numel() and int(labels.max()) >= logits.shape[-1]:
-                raise ValueError(f"label {int(labels.max())} is out of range for a model with {logits.shape[-1]} "
-                                 "outputs: the data's labels do not index this model's classes")
-            if labels.numel() and int(labels.min()) < 0:  # -1 marks unlabelled rows (Hugging Face test splits)
-                raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
-                                 "would count as wrong; use a labelled split")
+            check_labels(labels, logits.shape[-1])
             hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
             if own is not None:
                 own_hits.append(hits)

@@ -411,7 +411,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     ``settings``)."""
     from tqdm.auto import tqdm
 
-    from .data import data_identity, load_split
+    from .data import data_identity, identity_change, load_split
     from .report import write_report
 
     out = Path(out)
@@ -434,11 +434,8 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None))
     identity = data_identity(val)
-    if saved is not None and saved.get("data") not in (None, identity):
-        # not even with allow_changes: runs trained on the former data would be reused under the same recipe
-        was = saved["data"]
-        what = "classes" if was.get("classes") != identity["classes"] else (
-            "number of images" if was.get("images") != identity["images"] else "labels or images")
+    what = identity_change(saved["data"], identity) if saved is not None and saved.get("data") else None
+    if what:  # not even with allow_changes: runs trained on the former data would be reused under the same recipe
         raise StudyError(f"{out} was measured on other data: {first.data or 'synthetic'} ({first.val_split}) now has other "
                          f"{what} than when the study started; point --data at that data, or choose another --out")
     write_plan(config, out, plan, data=identity)  # a plan written before the data was identified gains it here

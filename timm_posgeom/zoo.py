@@ -265,9 +265,13 @@ def weights_key(name: str, weights: str | None) -> str | None:
     if weights == "random-init":
         return "random-init"
     if name.startswith("local-dir:"):
+        from .data import (
+            _file_key,  # path|size|mtime: the data cache's key of a file, here a weights folder's
+        )
+
         root = Path(name[len("local-dir:"):]).expanduser().resolve()
         files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
-        digest = hashlib.sha1("\n".join(_file_key(p) for p in files).encode()).hexdigest()[:16]
+        digest = hashlib.sha1("\n".join(_file_key(str(p)) for p in files).encode()).hexdigest()[:16]
         return f"local-dir:{root}|{digest}"
     if name.startswith(("hf-hub:", "hf_hub:")):
         return _hub_revision(name.split(":", 1)[1].split("@")[0])
@@ -282,11 +286,6 @@ def weights_key(name: str, weights: str | None) -> str | None:
     if getattr(cfg, "hf_hub_id", None):
         return _hub_revision(cfg.hf_hub_id)
     return f"url:{cfg.url}" if getattr(cfg, "url", None) else None
-
-
-def _file_key(path: Path) -> str:
-    stat = path.stat()
-    return f"{path.name}|{stat.st_size}|{stat.st_mtime_ns}"
 
 
 def _hub_revision(repo_id: str) -> str | None:

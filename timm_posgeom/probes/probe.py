@@ -616,11 +616,8 @@ def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, 
 _CONSTANT_RTOL = 1e-5
 
 
-def _near_constant(mean_map: torch.Tensor) -> bool:
-    """The pairs i < j of an (N, N) mean map are equal up to float32 rounding (NaN maps: False)."""
-    n = mean_map.shape[0]
-    iu = torch.triu_indices(n, n, offset=1, device=mean_map.device)
-    pairs = mean_map[iu[0], iu[1]]
+def _near_constant(pairs: torch.Tensor) -> bool:
+    """The summed (or mean) similarities of the pairs i < j (M,) are equal up to float32 rounding (NaN: False)."""
     if pairs.numel() == 0 or not torch.isfinite(pairs).all():
         return False
     spread = float(pairs.max() - pairs.min())
@@ -639,7 +636,7 @@ def _finish(acc: _Accumulator, sites: ProbeSites | StageSites, layers: list[int]
                       "images", ConstantMapWarning, stacklevel=3)
     if acc.want_map:
         maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each
-        flat = [layer for layer, m in zip(layers, maps) if layer not in acc.too_small and _near_constant(m)]
+        flat = [layer for layer in layers if layer not in acc.too_small and _near_constant(acc.map_sum[layer][0])]
         if flat:
             warnings.warn(f"the mean similarity map of layer(s) {', '.join(map(str, flat))} is constant up to float "
                           "rounding (every patch token alike): its SSDC is undefined (NaN)", ConstantMapWarning,

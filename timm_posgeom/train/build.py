@@ -134,14 +134,14 @@ def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str |
     """``out/data.json``: the identity of the data the run trains on (:func:`timm_posgeom.data.data_identity`).
     A resume on other data (the same path, other content) is refused, even with allowed changes: the
     checkpoint's steps were taken on the former data. A run without the file (older) gains it."""
+    from ..data import identity_change
+
     path = out / "data.json"
     if resuming and path.is_file():
         saved = json.loads(path.read_text())
         for split in ("train", "validation"):
-            was, now = saved.get(split), identity[split]
-            if was is not None and was != now:
-                what = ("classes" if was.get("classes") != now["classes"] else
-                        "number of images" if was.get("images") != now["images"] else "labels or images")
+            what = identity_change(saved[split], identity[split]) if saved.get(split) else None
+            if what:
                 raise RunDirError(f"{out} was trained on other data: {data or 'synthetic'} now has other {what} in "
                                   f"its {split} split than when the run started; point data at that data, or "
                                   "choose another --out")
