@@ -11,7 +11,7 @@ ROOT = Path(timm_posgeom.__file__).parent
 # The library: what a user of timm imports. The application: what the `posgeom` command runs.
 LIBRARY = {"models", "pos", "interventions", "probes", "shifts", "transforms", "data", "eval_data", "robustness",
            "imagenet_c", "support", "synthetic", "factory", "jsonio", "version", "distributed"}
-APPLICATION = {"recipe", "records", "claims", "train", "study", "zoo", "report", "hub", "cli", "commands", "recipes",
+APPLICATION = {"recipe", "records", "provenance", "claims", "train", "study", "zoo", "report", "hub", "cli", "commands", "recipes",
                "hub_cards"}
 
 

@@ -59,6 +59,8 @@ def test_demo_study_end_to_end(demo_study):
         assert run.history and len(run.history[-1].rpi_ssdc) == 4  # from the training log
         assert run.history[-1].val_top1 == pytest.approx(run.train.val_top1)
     assert results.versions["timm"] and results.config["preset"] == "demo"
+    for run in results.runs:  # each run records what trained it and what measured it
+        assert run.train.versions == results.versions and run.eval.versions == [results.versions]
     # measured on synthetic_val_size images (not the training runs' 120 // 5 = 24): fragility on eval_images
     assert results.eval_data["images"] == 60 and {r.eval.num_images for r in results.runs} == {48}
     # what was written is what was returned: one schema, read back through the records
@@ -112,9 +114,18 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     monkeypatch.setattr(study_mod, "_measure_run", real)
     with pytest.raises(FileExistsError, match="--resume"):
         run_study(config, tmp_path, progress=False)
+    # resumed with another accelerate: the report said the resuming invocation's versions measured everything
+    other = dict(study_mod.package_versions(), accelerate="0.0.1")
+    monkeypatch.setattr(study_mod, "package_versions", lambda: dict(other))
     results = run_study(config, tmp_path, resume=True, progress=False)
     assert results.complete and [r.condition for r in results.runs] == ["nope", "ape"]
     assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
+    nope, ape = results.runs
+    assert results.versions == other == ape.eval.versions[0] and nope.eval.versions[0]["accelerate"] != "0.0.1"
+    header = (tmp_path / "report.md").read_text().splitlines()[2]
+    assert "accelerate 0.0.1, " in header and "(the study's last invocation)" in header
+    # both trainings and nope's measurements ran with the installed accelerate, named with the runs
+    assert f"; accelerate {nope.train.versions['accelerate']} for nope s0, ape s0." in header
 
 
 def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):
@@ -218,6 +229,28 @@ def test_report_states_the_images_probed_not_the_images_asked(demo_study, tmp_pa
     header = (copy / "report.md").read_text().splitlines()[2]
     counts = {r.eval.ssdc.n_images for r in results.runs}
     assert counts == {24} and "SSDC on 24 images" in header and "800" not in header
+
+
+def test_report_names_runs_measured_with_other_or_unrecorded_versions(demo_study, tmp_path):
+    """The header named results.json's versions as those of every number, also for runs recorded before
+    per-run versions were kept, or measured by an earlier invocation with other packages."""
+    import shutil
+
+    from timm_posgeom.report import write_report
+
+    out, results = demo_study
+    header = (out / "report.md").read_text().splitlines()[2]
+    assert "Versions: " + ", ".join(f"{k} {v}" for k, v in results.versions.items()) + "." in header
+    assert "last invocation" not in header
+    copy = tmp_path / "study"
+    shutil.copytree(out, copy)
+    data = json.loads((copy / "results.json").read_text())
+    data["runs"][0]["train"].pop("versions")  # nope s0: trained before versions were kept
+    data["runs"][1]["eval"]["versions"].append(dict(results.versions, torch="0.0.1"))  # ape s0: a part measured again
+    (copy / "results.json").write_text(json.dumps(data))
+    write_report(copy)
+    header = (copy / "report.md").read_text().splitlines()[2]
+    assert "(the study's last invocation); torch 0.0.1 for ape s0; not recorded for nope s0 (measured before" in header
 
 
 def test_cli_summary_prints_each_claims_status_and_reason(demo_study, monkeypatch, capsys):

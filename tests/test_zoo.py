@@ -37,6 +37,7 @@ from timm_posgeom.zoo import (
     read_models_file,
     relative_depth,
     safe_name,
+    versions,
 )
 
 IMG, N, BATCH = 112, 16, 8
@@ -165,6 +166,7 @@ def test_figures_and_markdown_name_every_model(zoo, export):
     for name in (VIT, ROPE, export):
         assert f"`{name}`" in md
     assert "Random-init models" in md
+    assert "Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()) + "." in md
     for figure in ("zoo_ssdc_depth.png", "zoo_fragility_vs_delta.png"):
         path = zoo / "figures" / figure
         assert path.stat().st_size > 10_000 and f"figures/{figure}" in md
@@ -183,6 +185,23 @@ def test_a_rerun_measures_nothing_again_and_other_settings_are_refused(zoo, data
     assert len(err.splitlines()) == 1 and "measured with other settings (images: 16 -> 8)" in err
     assert "--allow-changes" in err
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (zoo / "models").iterdir()} == before
+
+
+def test_markdown_names_models_measured_with_other_versions(zoo, data_dir, tmp_path, capsys):
+    """zoo.md named the first model's versions as those of every model, also in a zoo resumed after an
+    upgrade."""
+    import json
+    import shutil
+
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo, copy)
+    path = next(p for p in (copy / "models").iterdir() if json.loads(p.read_text())["model"] == ROPE)
+    record = json.loads(path.read_text())
+    record["versions"]["timm"] = "0.0.1"
+    path.write_text(json.dumps(record))
+    assert main(["zoo", "--data", str(data_dir), "--out", str(copy), *COMMON]) == 0
+    assert "3 models (0 measured now, 3 kept)" in capsys.readouterr().out
+    assert f"(this invocation); timm 0.0.1 for {ROPE}." in (copy / "zoo.md").read_text()
 
 
 def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, data_dir, export, capsys):

@@ -135,6 +135,7 @@ class RunSummary(Record):
     export: str | None = None
     export_ema: str | None = None
     skipped_images: list[str] | None = None  # images left out because they cannot be decoded (bad_images=skip)
+    versions: dict[str, str] | None = None  # of the process that finished the training (None: not recorded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,6 +190,7 @@ class RunEval(Record):
     num_images: int | None = None
     ssdc: SSDCSummary | None = None
     alpha_sweep: SweepSummary | None = None
+    versions: list[dict[str, str]] | None = None  # every version set that measured a part (None: not recorded)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .claims import CHANCE_FACTOR, LABELS, NEAR_ZERO, SUBSTANTIAL, evaluate_claims, spread
+from .provenance import describe_versions
 from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
 from .shifts import PAPER_SHIFTS
 
@@ -363,6 +364,13 @@ def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def _versions_text(results: StudyResults) -> str:
+    """The versions every run was trained and measured with (summary.json, eval.json), against this
+    results.json's invocation; runs recorded before per-run versions were kept are named as such."""
+    return describe_versions(results.versions, [(f"{r.condition} s{r.seed}", [r.train.versions, *(r.eval.versions or [None])])
+                                                for r in results.runs], label="the study's last invocation")
+
+
 def write_report(out: str | os.PathLike) -> Path:
     """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md."""
     out = Path(out)
@@ -385,8 +393,7 @@ def write_report(out: str | os.PathLike) -> Path:
              f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
              f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
              f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
-             f"{results.elapsed_s:.0f} s (all invocations). Versions: "
-             + ", ".join(f"{k} {v}" for k, v in results.versions.items()) + ".", "",
+             f"{results.elapsed_s:.0f} s (all invocations). Versions: {_versions_text(results)}.", "",
              "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
              "may differ, so compare orderings and shapes rather than values.", ""]
     lines += _claims_table(claims)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from .jsonio import to_jsonable, write_json
+from .provenance import package_versions
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 from .train.rundir import changed_keys, describe_changes
 
@@ -316,7 +316,9 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
     eval_path = run_dir / "eval.json"
     settings = _eval_settings(config, val)
     sha1 = weights_sha1(run_dir / "export" / "model.safetensors")
-    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1)
+    current = package_versions()
+    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
+                                                                         versions=[current])
     changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
     if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
         changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
@@ -325,10 +327,17 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
             raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                              "--allow-changes to measure again (the former file is kept)")
         _set_aside(eval_path, log)
-        evals = RunEval(settings=settings, weights_sha1=sha1)
+        evals = RunEval(settings=settings, weights_sha1=sha1, versions=[current])
     if evals.weights_sha1 is None:  # recorded before the weights were: they are the run's export, unchanged since
         evals.weights_sha1 = sha1
         evals.write(eval_path)
+
+    def measured() -> None:  # a part was measured now: with this invocation's versions
+        # an eval.json from before versions were kept (None) stays "not recorded": its earlier parts were not
+        if evals.versions is not None and current not in evals.versions:
+            evals.versions.append(current)
+        evals.write(eval_path)
+
     model = create_model(f"local-dir:{run_dir / 'export'}").eval()
     if evals.fs is None:
         log(f"[{run_dir.name}] fragility")
@@ -340,11 +349,11 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
         evals.clean_accuracy, evals.accuracy, evals.fs = res.clean_accuracy, dict(res.accuracy), dict(res.fs)
         evals.fs_interval = {k: list(v) for k, v in res.fs_interval.items()}
         evals.num_images = res.num_images
-        evals.write(eval_path)
+        measured()
     if evals.ssdc is None:
         log(f"[{run_dir.name}] SSDC across depth, normal and under RPI")
         evals.ssdc = _ssdc_summary(model, val, config, run_dir / "maps.pt")
-        evals.write(eval_path)
+        measured()
     if condition in SWEPT and evals.alpha_sweep is None:
         log(f"[{run_dir.name}] alpha sweep {list(config.alphas)}")
         sweep = alpha_sweep(model, val, config.alphas, shifts=("jpeg:5",), probe_images=config.probe_images,
@@ -354,7 +363,7 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
             alphas=list(sweep.alphas), delta_ssdc=list(sweep.delta_ssdc), fs=sweep.fs,
             clean_accuracy=[r.clean_accuracy for r in sweep.rows], rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows],
             fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts})
-        evals.write(eval_path)
+        measured()
     return evals
 
 
@@ -375,17 +384,6 @@ def _untrained(config: StudyConfig, condition: str, seed: int, val, out: Path) -
     path.parent.mkdir(parents=True, exist_ok=True)
     result.write(path)
     return result
-
-
-def _versions() -> dict[str, str]:
-    import accelerate
-    import datasets
-    import timm
-
-    from .version import __version__
-
-    return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
-                accelerate=accelerate.__version__, datasets=datasets.__version__, timm_posgeom=__version__)
 
 
 def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str, Any]] | None = None,
@@ -445,7 +443,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
         earlier = StudyResults.read(out / "results.json").elapsed_s
     bar = tqdm(plan, desc="study", unit="run", disable=not progress)
     log = bar.write if progress else (lambda s: None)
-    results = StudyResults(config=asdict(config), plan=plan, versions=_versions(),
+    results = StudyResults(config=asdict(config), plan=plan, versions=package_versions(),
                            recipes={c: _recipe_for(config, c, 0).to_dict() for c in config.conditions},
                            eval_data=dict(source=first.data or "synthetic", split=first.val_split, images=len(val),
                                           classes=val.num_classes, identity=identity))

@@ -34,7 +34,6 @@ import hashlib
 import io
 import math
 import os
-import platform
 import re
 import time
 import traceback
@@ -48,6 +47,7 @@ import torch
 
 from .distributed import broadcast_object, fail_together, is_main
 from .jsonio import to_jsonable
+from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
 from .shifts import PAPER_SHIFTS
 from .train.rundir import RunLock, changed_keys, describe_changes
@@ -167,12 +167,7 @@ def _default_device() -> str:
 
 def versions() -> dict[str, str]:
     """Python, torch, timm and timm-posgeom versions."""
-    import timm
-
-    from .version import __version__
-
-    return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
-                timm_posgeom=__version__)
+    return package_versions(training=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -812,15 +807,14 @@ def _md_cell(text: str) -> str:
 
 def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
     """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
-    from .version import __version__
-
-    vers = next((r.versions for r in records), versions())
+    # each model records the versions that measured it; a resumed zoo may mix several invocations' versions
+    vers = describe_versions(versions(), [(r.model, [r.versions]) for r in records if r.status == "ok"])
     lines = [
         "# Model zoo: positional encodings, SSDC and fragility", "",
         f"Data: `{config.data}` ({config.split}), the first {config.images} images for SSDC and for fragility; "
         f"probe site `{config.site}`; resize `{config.resize}`; input size "
         f"{config.img_size if config.img_size else 'each model own'}; weights `{config.pretrained}`; seed {config.seed}. "
-        f"timm-posgeom {vers.get('timm_posgeom', __version__)}, timm {vers.get('timm', '')}, torch {vers.get('torch', '')}.",
+        f"Versions: {vers}.",
         "",
         "SSDC: Spearman correlation of the patch tokens' cosine similarities with minus their grid distance, "
         "per layer (per block of a flat ViT, per stage otherwise), from the similarity map averaged over the "

@@ -213,6 +213,7 @@ def run_epochs(s: Session) -> None:
 def finish(s: Session) -> RunSummary:
     """Final evaluation (unless the last step was evaluated), export, ``summary.json``; the summary."""
     from ..hub import export_for_hub
+    from ..provenance import package_versions
 
     if s.last_eval != s.state.step:
         evaluate_now(s)
@@ -222,7 +223,7 @@ def finish(s: Session) -> RunSummary:
         model=r.model, steps=s.state.step, epochs=s.state.step / s.steps_per_epoch, train_images=len(s.train_ds),
         val_images=s.val_size, processes=s.world, time_s=round(s.elapsed(), 1), val_top1=ev.get("val_top1"),
         ema_val_top1=ev.get("ema_val_top1"), pe_ssdc=ev.get("pe_ssdc"), resumed_from=s.resumed_from,
-        skipped_images=s.skipped_images or None)
+        skipped_images=s.skipped_images or None, versions=package_versions())
     if s.accelerator.is_main_process:
         model_args = dict(r.model_kwargs, img_size=r.img_size, num_classes=len(s.classes))
         paper = r.eval_resize == "paper"
