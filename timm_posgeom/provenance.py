@@ -46,28 +46,23 @@ def describe_versions(current: Mapping[str, str], measured: Sequence[tuple[str, 
     whose versions were not recorded.
     """
     current = dict(current)
-    others: list[tuple[dict[str, str], list[str]]] = []
+    others: dict[tuple[tuple[str, str], ...], list[str]] = {}  # each other set (as written) -> its runs
     unrecorded: list[str] = []
     for name, sets in measured:
         for versions in sets:
             if versions is None:
-                if name not in unrecorded:
-                    unrecorded.append(name)
-                continue
-            versions = dict(versions)
-            if versions == current:
-                continue
-            for known, names in others:
-                if known == versions:
-                    if name not in names:
-                        names.append(name)
-                    break
+                group = unrecorded
+            elif dict(versions) != current:
+                group = others.setdefault(tuple(versions.items()), [])
             else:
-                others.append((versions, [name]))
+                continue
+            if name not in group:
+                group.append(name)
     if not others and not unrecorded:
         return _fmt(current)
     parts = [f"{_fmt(current)} ({label})"]
-    for versions, labels in others:
+    for items, labels in others.items():
+        versions = dict(items)
         differ = {k: v for k, v in versions.items() if current.get(k) != v}
         differ.update({k: "absent" for k in current if k not in versions})
         parts.append(f"{_fmt(differ)} for {', '.join(labels)}")
