@@ -128,6 +128,35 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert f"; accelerate {nope.train.versions['accelerate']} for nope s0, ape s0." in header
 
 
+def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_path, capsys):
+    """A resume with --conditions ape (or fewer --seeds) of a study that holds five measured conditions
+    rewrote results.json and the report with APE alone: claims it had decided read "not measured"."""
+    import shutil
+
+    out, results = demo_study
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    before = StudyResults.read(copy / "results.json")
+    resumed = run_study(_tiny(conditions=("ape",)), copy, resume=True, progress=False)
+    assert [(r.condition, r.seed) for r in resumed.runs] == [(r.condition, r.seed) for r in before.runs]
+    assert "beyond the ones asked for (nope, sincos, rope, rpt)" in capsys.readouterr().out
+    assert resumed.complete and list(resumed.config["conditions"]) == list(study_mod.CONDITIONS)
+    assert [r.eval.ssdc.rpi_per_layer for r in resumed.runs] == [r.eval.ssdc.rpi_per_layer for r in before.runs]
+    assert "not measured" not in (copy / "report.md").read_text()
+    assert json.loads((copy / "plan.json").read_text())["config"]["conditions"] == list(study_mod.CONDITIONS)
+
+
+def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path, monkeypatch):
+    (tmp_path / "results.json").write_text("{}")
+    measured = [SimpleNamespace(condition=c, seed=s) for c in ("ape", "rope") for s in (0, 1)]
+    monkeypatch.setattr(study_mod.StudyResults, "read", lambda path: SimpleNamespace(runs=measured))
+    config = study_mod._keep_measured(_tiny(conditions=("nope", "ape")), tmp_path)
+    assert config.conditions == ("nope", "ape", "rope") and config.seeds == 2
+    # a condition the study planned but never measured is not kept: naming it again is the user's choice
+    measured[:] = [SimpleNamespace(condition="ape", seed=0)]
+    assert study_mod._keep_measured(_tiny(conditions=("ape",)), tmp_path).conditions == ("ape",)
+
+
 def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):
     """Issue 14, item 1: --resume with other settings reused every result and recorded the new settings."""
     config = _tiny(conditions=("nope",))

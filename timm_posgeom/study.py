@@ -398,6 +398,29 @@ def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str,
     return path
 
 
+def _keep_measured(config: StudyConfig, out: Path) -> StudyConfig:
+    """``config`` widened to every condition and seed that ``out/results.json`` holds measured runs of.
+
+    ``--conditions`` and ``--seeds`` choose which runs a study holds; a resume that names fewer than were
+    measured would rewrite results.json and the report without them (a claim the study had decided would
+    read "not measured"). The measured runs stay; a condition or seed planned but never measured may be
+    dropped."""
+    from dataclasses import replace
+
+    if not (out / "results.json").is_file():
+        return config
+    runs = StudyResults.read(out / "results.json").runs
+    conditions = [c for c in CONDITIONS if c in config.conditions or any(r.condition == c for r in runs)]
+    seeds = max([config.seeds] + [r.seed + 1 for r in runs])
+    extra = [c for c in conditions if c not in config.conditions]
+    if not extra and seeds == config.seeds:
+        return config
+    kept = ", ".join(filter(None, [", ".join(extra), f"{seeds} seeds" if seeds > config.seeds else ""]))
+    print(f"resuming {out}: it holds measured runs beyond the ones asked for ({kept}); they stay in the study "
+          "and its report (choose another --out for a study of fewer)")
+    return replace(config, conditions=tuple(conditions) if extra else config.conditions, seeds=seeds)
+
+
 def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
               allow_changes: bool = False) -> StudyResults:
     """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``.
@@ -418,6 +441,8 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
+    if resume:
+        config = _keep_measured(config, out)
     plan = plan_study(config, out)  # validates every recipe before anything runs
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     if saved is not None:
