@@ -146,15 +146,13 @@ def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_
     assert json.loads((copy / "plan.json").read_text())["config"]["conditions"] == list(study_mod.CONDITIONS)
 
 
-def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path, monkeypatch):
-    (tmp_path / "results.json").write_text("{}")
+def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path):
     measured = [SimpleNamespace(condition=c, seed=s) for c in ("ape", "rope") for s in (0, 1)]
-    monkeypatch.setattr(study_mod.StudyResults, "read", lambda path: SimpleNamespace(runs=measured))
-    config = study_mod._keep_measured(_tiny(conditions=("nope", "ape")), tmp_path)
+    config = study_mod._keep_measured(_tiny(conditions=("nope", "ape")), measured, tmp_path)
     assert config.conditions == ("nope", "ape", "rope") and config.seeds == 2
     # a condition the study planned but never measured is not kept: naming it again is the user's choice
-    measured[:] = [SimpleNamespace(condition="ape", seed=0)]
-    assert study_mod._keep_measured(_tiny(conditions=("ape",)), tmp_path).conditions == ("ape",)
+    measured = [SimpleNamespace(condition="ape", seed=0)]
+    assert study_mod._keep_measured(_tiny(conditions=("ape",)), measured, tmp_path).conditions == ("ape",)
 
 
 def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):

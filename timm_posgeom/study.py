@@ -398,8 +398,8 @@ def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str,
     return path
 
 
-def _keep_measured(config: StudyConfig, out: Path) -> StudyConfig:
-    """``config`` widened to every condition and seed that ``out/results.json`` holds measured runs of.
+def _keep_measured(config: StudyConfig, runs: list[StudyRun], out: Path) -> StudyConfig:
+    """``config`` widened to every condition and seed of ``runs``, the measured runs of the study in ``out``.
 
     ``--conditions`` and ``--seeds`` choose which runs a study holds; a resume that names fewer than were
     measured would rewrite results.json and the report without them (a claim the study had decided would
@@ -407,18 +407,16 @@ def _keep_measured(config: StudyConfig, out: Path) -> StudyConfig:
     dropped."""
     from dataclasses import replace
 
-    if not (out / "results.json").is_file():
-        return config
-    runs = StudyResults.read(out / "results.json").runs
-    conditions = [c for c in CONDITIONS if c in config.conditions or any(r.condition == c for r in runs)]
+    measured = {r.condition for r in runs}
+    extra = [c for c in CONDITIONS if c in measured and c not in config.conditions]
     seeds = max([config.seeds] + [r.seed + 1 for r in runs])
-    extra = [c for c in conditions if c not in config.conditions]
     if not extra and seeds == config.seeds:
         return config
-    kept = ", ".join(filter(None, [", ".join(extra), f"{seeds} seeds" if seeds > config.seeds else ""]))
+    kept = ", ".join(extra + ([f"{seeds} seeds"] if seeds > config.seeds else []))
     print(f"resuming {out}: it holds measured runs beyond the ones asked for ({kept}); they stay in the study "
           "and its report (choose another --out for a study of fewer)")
-    return replace(config, conditions=tuple(conditions) if extra else config.conditions, seeds=seeds)
+    conditions = tuple(c for c in CONDITIONS if c in config.conditions or c in measured) if extra else config.conditions
+    return replace(config, conditions=conditions, seeds=seeds)
 
 
 def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
@@ -441,8 +439,10 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
-    if resume:
-        config = _keep_measured(config, out)
+    # the invocations this one resumes: their measured runs stay in the study, their time is added to its own
+    previous = StudyResults.read(out / "results.json") if resume and (out / "results.json").is_file() else None
+    if previous is not None:
+        config = _keep_measured(config, previous.runs, out)
     plan = plan_study(config, out)  # validates every recipe before anything runs
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     if saved is not None:
@@ -463,9 +463,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
                          f"{what} than when the study started; point --data at that data, or choose another --out")
     write_plan(config, out, plan, data=identity)  # a plan written before the data was identified gains it here
     started = time.time()
-    earlier = 0.0  # time spent by the invocations this one resumes
-    if resume and (out / "results.json").is_file():
-        earlier = StudyResults.read(out / "results.json").elapsed_s
+    earlier = previous.elapsed_s if previous is not None else 0.0
     bar = tqdm(plan, desc="study", unit="run", disable=not progress)
     log = bar.write if progress else (lambda s: None)
     results = StudyResults(config=asdict(config), plan=plan, versions=package_versions(),
