@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.probes import pe_table_ssdc
+from timm_posgeom.probes import pe_content_norm_ratio, pe_table_ssdc
 from timm_posgeom.recipe import (
     Recipe,
     RecipeError,
@@ -72,7 +72,7 @@ def test_few_steps_synthetic(tmp_path):
     steps = [r["step"] for r in _records(tmp_path, "train")]
     assert steps == [1, 2, 3]
     rec = _records(tmp_path, "train")[0]
-    assert {"step", "epoch", "loss", "lr", "images_per_s", "pe_ssdc"} <= set(rec)
+    assert {"step", "epoch", "loss", "lr", "images_per_s", "pe_ssdc", "pe_norm_ratio"} <= set(rec)
     assert -1.0 <= rec["pe_ssdc"] <= 1.0
     (final_eval,) = _records(tmp_path, "eval")
     assert len(final_eval["rpi_ssdc"]) == 2 and final_eval["rpi_delta_ssdc"] is not None
@@ -187,6 +187,17 @@ def test_pe_table_ssdc():
     assert abs(pe_table_ssdc(ape) - expected) < 1e-5
     assert pe_table_ssdc(timm.create_model("posgeom_vit_micro_patch8_64_sincos", num_classes=2)) is None
     assert pe_table_ssdc(timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=2)) is None
+
+
+def test_pe_content_norm_ratio_is_the_tables_mean_row_norm_over_the_tokens():
+    ape = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=2).eval()
+    images = torch.randn(3, 3, 64, 64)
+    tokens = ape.patch_embed(images).detach()  # (3, 64, C)
+    expected = ape.pos_embed[0, 1:].detach().norm(dim=-1).mean() / tokens.norm(dim=-1).mean()
+    assert abs(pe_content_norm_ratio(ape, images) - expected.item()) < 1e-5
+    ape.set_alpha(0.5)  # the table as applied: alpha scales it
+    assert abs(pe_content_norm_ratio(ape, images) - 0.5 * expected.item()) < 1e-5
+    assert pe_content_norm_ratio(timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=2), images) is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,14 +10,24 @@ cd "$(dirname "$0")/../.."
 echo 19 > /proc/self/autogroup 2>/dev/null || renice -n 19 $$ >/dev/null || true
 base=experiments/scaling
 
-study() {  # study OUT ARGS...: start OUT, or resume it
+study() {  # [SEEDS=n] study OUT ARGS...: start OUT, or resume it (2 seeds unless SEEDS says otherwise)
   local out=$1; shift
   local resume=()
   [[ -f $out/plan.json ]] && resume=(--resume)
-  echo "== $(date -u +%FT%TZ) posgeom study $* --seeds 2 --out $out ${resume[*]}"
-  posgeom study "$@" --seeds 2 --out "$out" "${resume[@]}"
+  echo "== $(date -u +%FT%TZ) posgeom study $* --seeds ${SEEDS:-2} --out $out ${resume[*]}"
+  posgeom study "$@" --seeds "${SEEDS:-2}" --out "$out" "${resume[@]}"
 }
+# the width ladder (issue 32): APE and no PE at 8 x 8 with the paper's init, head size 32 at every width
+# (width 64: 2 heads, 128: 4, 192: 6, 256: 8, 384: 12), depth 4 as in the imagenette-cpu preset
+width() {  # [SEEDS=n] width W: the ladder's study at width W
+  SEEDS=${SEEDS:-1} study $base/8x8-w$1-paper --preset imagenette-cpu --init paper --conditions ape,nope \
+    --set model_kwargs.embed_dim=$1 --set model_kwargs.num_heads=$(($1 / 32))
+}
+if [[ ${1:-} == issue32 ]]; then  # bash experiments/scaling/run.sh issue32: only issue 32's stages
+  issue32_only=1
+fi
 
+if [[ -z ${issue32_only:-} ]]; then
 study $base/8x8-paper --preset imagenette-cpu --init paper --conditions ape
 study $base/8x8-timm --preset imagenette-cpu --init timm --conditions ape
 # the 14 x 14 preset is width 64: the same width at 8 x 8 tells grid from width (and is quick)
@@ -33,4 +43,13 @@ study $base/8x8-paper --preset imagenette-cpu --init paper
 study $base/14x14-timm --preset imagenette-cpu-14 --init timm --conditions ape
 study $base/8x8-timm --preset imagenette-cpu --init timm
 study $base/14x14-timm --preset imagenette-cpu-14 --init timm --conditions nope,ape
+fi
+# issue 32: the width ladder (1 seed each first, the factor the closing question is about), then the
+# paper's seed count (4) for every condition with the paper's init, then second seeds of the ladder
+width 192
+SEEDS=4 study $base/8x8-paper --preset imagenette-cpu --init paper
+width 256
+width 384
+SEEDS=2 width 192
+SEEDS=2 width 256
 echo "== $(date -u +%FT%TZ) all stages done"

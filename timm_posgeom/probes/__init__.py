@@ -3,10 +3,11 @@
 * :func:`ssdc` - the metric, a pure function on similarity maps (one or a batch).
 * :func:`probe_ssdc` - SSDC of any flat timm ViT, layer by layer, over a whole dataset (optionally
   under random token permutation, RPI) -> :class:`SSDCResult`.
-* :func:`pe_table_ssdc` - the SSDC of a learned position table itself.
+* :func:`pe_table_ssdc` - the SSDC of a learned position table itself;
+  :func:`pe_content_norm_ratio` - its norm against the content tokens'.
 * :func:`find_sites` - the blocks, probe sites, prefix tokens and token grid of a timm ViT.
 """
-from .pe_table import pe_table_ssdc
+from .pe_table import pe_content_norm_ratio, pe_table_ssdc
 from .probe import REDUCTIONS, probe_ssdc
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, UnsupportedModelError, find_sites
@@ -16,6 +17,7 @@ __all__ = [
     "ssdc",
     "probe_ssdc",
     "pe_table_ssdc",
+    "pe_content_norm_ratio",
     "SSDCResult",
     "PerImageStats",
     "find_sites",

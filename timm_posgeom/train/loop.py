@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..interventions import eval_mode
-from ..probes import pe_table_ssdc
+from ..probes import pe_content_norm_ratio, pe_table_ssdc
 from ..records import RunSummary
 from .build import Session
 from .checkpoints import save_checkpoint
@@ -51,6 +51,7 @@ class _Window:
     loss: Any = 0.0
     batches: int = 0
     images: int = 0
+    last_images: Any = None  # the window's last batch (a reference): the content of the PE-to-content ratio
     start: float = field(default_factory=time.perf_counter)
 
 
@@ -133,6 +134,8 @@ def _log_train(s: Session, window: _Window, bar) -> _Window:
     record = dict(kind="train", step=s.state.step, epoch=s.state.step / s.steps_per_epoch, loss=mean_loss,
                   lr=s.optimizer.param_groups[0]["lr"], images_per_s=window.images / max(seconds, 1e-9),
                   pe_ssdc=pe_table_ssdc(s.raw_model), time_s=round(s.elapsed(), 1))
+    if window.last_images is not None:
+        record["pe_norm_ratio"] = pe_content_norm_ratio(s.raw_model, window.last_images)
     s.log.log(record)
     bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{record['lr']:.2e}", img_s=f"{record['images_per_s']:.0f}")
     return _Window()
@@ -171,6 +174,7 @@ def _train_epoch(s: Session, bar, window: _Window) -> _Window:
                                        torch.full_like(s.first_bad_step, s.state.step + 1), s.first_bad_step)
         window.batches += 1
         window.images += images.shape[0] * s.world
+        window.last_images = images
         s.state.batch += 1
         if not s.accelerator.sync_gradients:
             continue
