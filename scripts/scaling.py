@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from timm_posgeom.claims import LABELS, spread
-from timm_posgeom.records import StudyResults
+from timm_posgeom.app.claims import LABELS, spread
+from timm_posgeom.app.records import StudyResults
 
 # The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep (delta SSDC under
 # RPI, layer 1 - layer 0, and JPEG q5 FS) and sincos' delta SSDC at alpha 1 and 0.

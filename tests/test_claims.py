@@ -6,8 +6,8 @@ import math
 import pytest
 from scipy.stats import t
 
-from timm_posgeom.claims import evaluate_claims, spread
-from timm_posgeom.records import RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
+from timm_posgeom.app.claims import evaluate_claims, spread
+from timm_posgeom.app.records import RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 
 ALPHAS = [1.0, 0.5, 0.0]
 
@@ -187,7 +187,7 @@ def test_claim_5_with_undefined_or_too_few_alphas_is_not_decided():
 
 def test_report_html_is_a_rendered_self_contained_page(tmp_path):
     """report.html was the markdown inside <pre>; now rendered tables, styled, figures embedded."""
-    from timm_posgeom.report import render_html
+    from timm_posgeom.app.report import render_html
 
     figures = tmp_path / "figures"
     figures.mkdir()
@@ -204,7 +204,7 @@ def test_report_html_is_a_rendered_self_contained_page(tmp_path):
 
 def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path):
     """With 2 seeds every number is a mean with its spread; figures draw the seed bands."""
-    from timm_posgeom.report import _tables, fig_alpha_sweep, fig_ssdc_depth
+    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth
 
     results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))
     text = "\n".join(_tables(results))

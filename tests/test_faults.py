@@ -7,8 +7,8 @@ import pytest
 import timm
 from PIL import Image
 
+from timm_posgeom.app.hub import export_for_hub
 from timm_posgeom.cli import main
-from timm_posgeom.hub import export_for_hub
 from timm_posgeom.robustness import fragility
 
 NAMES = ["tench", "springer", "cassette", "chainsaw", "church", "horn", "truck", "pump", "ball", "parachute"]
@@ -85,7 +85,7 @@ TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_h
 
 
 def _tiny(*overrides):
-    from timm_posgeom.recipe import load_recipe
+    from timm_posgeom.app.recipe import load_recipe
 
     return load_recipe(None, TINY + list(overrides))
 
@@ -95,7 +95,7 @@ def test_a_second_training_into_a_locked_run_is_refused_and_a_dead_holder_is_tak
     import subprocess
     import sys
 
-    from timm_posgeom.train import RunDirError, train
+    from timm_posgeom.app.train import RunDirError, train
 
     out = tmp_path / "run"
     out.mkdir()
@@ -114,7 +114,7 @@ def test_a_second_training_into_a_locked_run_is_refused_and_a_dead_holder_is_tak
 
 
 def test_resume_with_another_recipe_is_refused_unless_allowed(tmp_path, capsys):
-    from timm_posgeom.train import RunDirError, train
+    from timm_posgeom.app.train import RunDirError, train
 
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):  # stop after the first checkpoint, as a Ctrl-C would
@@ -130,7 +130,7 @@ def test_resume_with_another_recipe_is_refused_unless_allowed(tmp_path, capsys):
 
 
 def _interrupt_after_checkpoint(run):
-    from timm_posgeom.train import loop
+    from timm_posgeom.app.train import loop
 
     real = loop.save_checkpoint
 
@@ -148,7 +148,7 @@ def _interrupt_after_checkpoint(run):
 def test_a_finished_run_is_never_retrained_over(tmp_path):
     import shutil
 
-    from timm_posgeom.train import RunDirError, train
+    from timm_posgeom.app.train import RunDirError, train
 
     out = tmp_path / "run"
     train(_tiny(), out, progress=False)
@@ -162,7 +162,7 @@ def test_a_finished_run_is_never_retrained_over(tmp_path):
 
 
 def test_resume_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
-    from timm_posgeom.train import train
+    from timm_posgeom.app.train import train
 
     full = train(_tiny(), tmp_path / "full", progress=False)
     out = tmp_path / "run"
@@ -196,7 +196,11 @@ def _folder_with_a_truncated_jpeg(root):
 
 
 def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_path, capsys):
-    from timm_posgeom.train import main as train_main
+    def train_main(argv: list[str]) -> int:  # `posgeom train ARGV`: its exit status
+        try:
+            return main(["train", *argv])
+        except SystemExit as e:
+            return e.code
 
     bad = _folder_with_a_truncated_jpeg(tmp_path / "data")
     def argv(out, *extra):
@@ -215,7 +219,7 @@ def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_pa
     assert f"cannot decode {bad}" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run3" / "checkpoints").exists()
     assert train_main(argv("run2", "bad_images=skip")) == 0
-    from timm_posgeom.records import RunSummary
+    from timm_posgeom.app.records import RunSummary
 
     summary = RunSummary.read(tmp_path / "run2" / "summary.json")
     assert [s.split(": ")[0] for s in summary.skipped_images] == [str(bad)] and summary.val_images == 15

@@ -14,9 +14,9 @@ import torch
 import yaml
 from huggingface_hub import ModelCard
 
+from timm_posgeom.app.hub import HubExportError, export_for_hub, push_run, render_card, upload_plan
+from timm_posgeom.app.records import RecordError, RunEval, RunSummary, SSDCSummary
 from timm_posgeom.cli import main as cli_main
-from timm_posgeom.hub import HubExportError, export_for_hub, push_run, render_card, upload_plan
-from timm_posgeom.records import RecordError, RunEval, RunSummary, SSDCSummary
 
 
 def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", with_eval: bool = True, **kwargs) -> Path:
@@ -80,7 +80,7 @@ def test_card_without_eval_has_no_invented_results(tmp_path):
 def test_card_for_other_weights_does_not_show_the_eval_of_these(tmp_path):
     """`--weights export_ema` showed the study's measurements (made on export/) and the raw weights' table
     SSDC as the EMA weights'. eval.json now names the weights it measured (their SHA-1)."""
-    from timm_posgeom.hub import weights_sha1
+    from timm_posgeom.app.hub import weights_sha1
 
     run = _run_dir(tmp_path, name="posgeom_vit_micro_patch8_64_ape")
     summary = RunSummary.read(run / "summary.json")

@@ -1,5 +1,6 @@
-"""The package's shape: the library never imports the application, nothing imports the package root,
-and every module is classified as one or the other (a new module must be put in its room)."""
+"""The package's shape (docs/architecture.md). import-linter checks the layers and cycles (its contracts in
+pyproject.toml, run by `lint-imports` in CI); here: the contracts name every library module (a new module
+must be put in its room), the root exports only the library, and nothing imports the package root."""
 from __future__ import annotations
 
 import ast
@@ -8,11 +9,23 @@ from pathlib import Path
 import timm_posgeom
 
 ROOT = Path(timm_posgeom.__file__).parent
-# The library: what a user of timm imports. The application: what the `posgeom` command runs.
-LIBRARY = {"models", "pos", "interventions", "probes", "shifts", "transforms", "data", "eval_data", "robustness",
-           "imagenet_c", "support", "synthetic", "factory", "jsonio", "version", "distributed"}
-APPLICATION = {"recipe", "records", "provenance", "claims", "train", "study", "zoo", "report", "hub", "cli", "commands", "recipes",
-               "hub_cards"}
+PYPROJECT = ROOT.parent / "pyproject.toml"
+# The library: what a user of timm imports (the package's top level). The application: what the `posgeom`
+# command runs (app/). The command line (cli/). errors: the bottom, importable by all.
+APPLICATION, COMMAND_LINE, BOTTOM = "app", "cli", "errors"
+DATA = {"recipes", "hub_cards"}  # shipped files, not code
+
+
+def _library() -> set[str]:
+    """The library's modules as the layers contract lists them (pyproject.toml)."""
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    layers = next(c["layers"] for c in contracts if c["type"] == "layers")
+    assert layers[0] == f"timm_posgeom.{COMMAND_LINE}" and layers[1] == f"timm_posgeom.{APPLICATION}"
+    assert layers[-1] == f"timm_posgeom.{BOTTOM}"
+    return {m.strip().removeprefix("timm_posgeom.") for m in layers[2].split(":")}
 
 
 def _modules() -> dict[str, Path]:
@@ -59,27 +72,35 @@ def _room(module: str) -> str:
     return module.split(".")[0]
 
 
-def test_every_module_is_library_or_application():
+def test_every_module_is_in_a_layer_of_the_contract():
+    """A module outside the layers contract would escape import-linter's checks."""
+    if not PYPROJECT.is_file():  # an installed wheel: the contract travels with the repository
+        import pytest
+
+        pytest.skip("pyproject.toml is not beside the package (an installed wheel)")
     rooms = {_room(m) for m in _modules() if m}
-    assert not rooms - LIBRARY - APPLICATION, f"unclassified modules: {sorted(rooms - LIBRARY - APPLICATION)}"
-    assert not LIBRARY & APPLICATION
+    library = _library()
+    assert not rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA, \
+        f"modules in no layer of pyproject.toml's contract: {sorted(rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA)}"
 
 
-def test_the_library_never_imports_the_application():
-    modules = _modules()
-    bad = {}
-    for name, path in modules.items():
-        if name == "" or _room(name) not in LIBRARY:
-            continue
-        wrong = sorted(m for m in _imports(name, path, modules) if m and _room(m) in APPLICATION)
-        if wrong:
-            bad[name] = wrong
-    assert not bad, f"library modules importing the application: {bad}"
+def test_the_layers_hold_and_nothing_is_circular():
+    """What CI's `lint-imports` checks, run by the tests too (where the repository is)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if not PYPROJECT.is_file() or shutil.which("lint-imports") is None:
+        pytest.skip("import-linter or pyproject.toml not here (an installed wheel): CI runs lint-imports")
+    out = subprocess.run(["lint-imports", "--config", str(PYPROJECT), "--no-cache"], capture_output=True, text=True,
+                         cwd=PYPROJECT.parent)
+    assert out.returncode == 0, out.stdout[-3000:]
 
 
 def test_the_root_exports_only_the_library():
     modules = _modules()
-    assert {_room(m) for m in _imports("", modules[""], modules)} <= LIBRARY
+    assert {_room(m) for m in _imports("", modules[""], modules)} <= _library() | {BOTTOM}
     assert set(timm_posgeom.__all__) == {n for n in dir(timm_posgeom) if n in timm_posgeom.__all__}
 
 
@@ -92,6 +113,6 @@ def test_nothing_imports_the_package_root():
 def test_the_checker_sees_what_it_should(tmp_path):
     """The rules above would catch a violation: the import reader on a made-up ``probes/fake.py``."""
     fake = tmp_path / "fake.py"
-    fake.write_text("from .. import __version__\nfrom ..hub import render_card\nimport timm_posgeom.report\n"
+    fake.write_text("from .. import __version__\nfrom ..hub import render_card\nimport timm_posgeom.app.report\n"
                     "from . import spearman\n\ndef f():\n    from ..train import train\n")
-    assert _imports("probes.fake", fake, _modules()) == {"", "hub", "report", "probes.spearman", "train"}
+    assert _imports("probes.fake", fake, _modules()) == {"", "hub", "app.report", "probes.spearman", "train"}

@@ -23,7 +23,7 @@ def _modules_after(code: str) -> set[str]:
 
 def test_import_and_help_stay_light():
     for code in ("import timm_posgeom",
-                 "from timm_posgeom.cli import build_parser; build_parser().format_help()"):
+                 "from timm_posgeom.cli.main import build_parser; build_parser().format_help()"):
         loaded = _modules_after(code)
         heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
         assert not heavy, f"{code!r} imported {heavy[:8]}"

@@ -27,11 +27,11 @@ import torch.nn as nn
 from timm.models.eva import Eva
 
 from timm_posgeom import PosGeomViT
-from timm_posgeom import study as study_mod
+from timm_posgeom.app import study as study_mod
+from timm_posgeom.app.hub import export_for_hub, render_card
+from timm_posgeom.app.recipe import load_recipe
+from timm_posgeom.app.study import StudyError, dry_run, preset_config, run_study, write_plan
 from timm_posgeom.cli import main as cli_main
-from timm_posgeom.hub import export_for_hub, render_card
-from timm_posgeom.recipe import load_recipe
-from timm_posgeom.study import StudyError, dry_run, preset_config, run_study, write_plan
 
 VARIANTS = ("nope", "ape", "sincos", "rope", "ape_rpt")
 PE = {"nope": "none", "ape": "ape", "sincos": "sincos", "rope": "rope", "ape_rpt": "ape"}

@@ -6,7 +6,7 @@ import timm
 import torch
 
 from timm_posgeom import __version__
-from timm_posgeom.provenance import describe_versions, package_versions
+from timm_posgeom.app.provenance import describe_versions, package_versions
 
 NOW = dict(python="3.12.0", torch="2.9.0", accelerate="1.16.0", timm_posgeom="0.1.0")
 

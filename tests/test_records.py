@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from timm_posgeom.jsonio import dumps, write_json
-from timm_posgeom.records import (
+from timm_posgeom.app.records import (
     SCHEMA_VERSION,
     HistoryPoint,
     RecordError,
@@ -20,6 +19,7 @@ from timm_posgeom.records import (
     StudyRun,
     SweepSummary,
 )
+from timm_posgeom.jsonio import dumps, write_json
 
 
 def _ssdc(nan: bool = False) -> SSDCSummary:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from timm_posgeom import study as study_mod
+from timm_posgeom.app import study as study_mod
+from timm_posgeom.app.records import HistoryPoint, RunEval, StudyResults
+from timm_posgeom.app.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
+from timm_posgeom.app.study import StudyError, dry_run, plan_study, preset_config, run_study
 from timm_posgeom.cli import main as cli_main
-from timm_posgeom.records import HistoryPoint, RunEval, StudyResults
-from timm_posgeom.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
-from timm_posgeom.study import StudyError, dry_run, plan_study, preset_config, run_study
 
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
         "rpi_ssdc_images=16"]
@@ -244,7 +244,7 @@ def test_report_states_the_images_probed_not_the_images_asked(demo_study, tmp_pa
     import json
     import shutil
 
-    from timm_posgeom.report import write_report
+    from timm_posgeom.app.report import write_report
 
     out, results = demo_study
     copy = tmp_path / "study"
@@ -263,7 +263,7 @@ def test_report_names_runs_measured_with_other_or_unrecorded_versions(demo_study
     per-run versions were kept, or measured by an earlier invocation with other packages."""
     import shutil
 
-    from timm_posgeom.report import write_report
+    from timm_posgeom.app.report import write_report
 
     out, results = demo_study
     header = (out / "report.md").read_text().splitlines()[2]
@@ -392,7 +392,7 @@ def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_p
     """eval.json was reused whatever export/ held since; it now records the SHA-1 of the weights it measured."""
     import timm
 
-    from timm_posgeom.hub import export_for_hub
+    from timm_posgeom.app.hub import export_for_hub
 
     config = _tiny(conditions=("nope",))
     run_study(config, tmp_path, progress=False)

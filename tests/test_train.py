@@ -19,8 +19,7 @@ from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.probes import pe_content_norm_ratio, pe_table_ssdc
-from timm_posgeom.recipe import (
+from timm_posgeom.app.recipe import (
     Recipe,
     RecipeError,
     accelerate_configs,
@@ -30,9 +29,11 @@ from timm_posgeom.recipe import (
     load_recipe,
     shipped_recipes,
 )
-from timm_posgeom.records import RunSummary
-from timm_posgeom.train import latest_checkpoint, main, train
-from timm_posgeom.train.rundir import RunDirError
+from timm_posgeom.app.records import RunSummary
+from timm_posgeom.app.train import latest_checkpoint, train
+from timm_posgeom.app.train.rundir import RunDirError
+from timm_posgeom.cli import main as cli_main
+from timm_posgeom.probes import pe_content_norm_ratio, pe_table_ssdc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,16 @@ def _env() -> dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
+def main(argv: list[str]) -> int:
+    """``posgeom train ARGV``: its exit status (a user error exits 2 with one line on stderr)."""
+    try:
+        return cli_main(["train", *argv])
+    except SystemExit as e:
+        return e.code
+
+
 def _cli(out: Path, *overrides: str, resume: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
+    cmd = [sys.executable, "-m", "timm_posgeom.cli", "train", "--out", str(out), "--no-progress"]
     for item in TINY + list(overrides):
         cmd += ["--set", item]
     return cmd + (["--resume"] if resume else [])
@@ -138,7 +147,7 @@ def test_two_processes_under_accelerate_launch(tmp_path):
     out = tmp_path / "ddp"
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           "-m", "timm_posgeom.train", "--out", str(out), "--no-progress"]
+           "-m", "timm_posgeom.cli", "train", "--out", str(out), "--no-progress"]
     # rpi_ssdc_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
     for item in TINY + ["max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"]:
         cmd += ["--set", item]
@@ -400,7 +409,7 @@ def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
 
 
 def test_metrics_log_on_resume_drops_later_and_torn_records(tmp_path):
-    from timm_posgeom.train import MetricsLog
+    from timm_posgeom.app.train import MetricsLog
 
     (tmp_path / "metrics.jsonl").write_text(
         '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr')

@@ -20,15 +20,8 @@ import timm
 import torch
 from conftest import IMAGENETTE
 
-from timm_posgeom.cli import main
-from timm_posgeom.data import load_split
-from timm_posgeom.eval_data import eval_loader
-from timm_posgeom.factory import create_model
-from timm_posgeom.probes import probe_ssdc
-from timm_posgeom.records import ZooModel
-from timm_posgeom.robustness import alpha_sweep, fragility
-from timm_posgeom.shifts import PAPER_SHIFTS
-from timm_posgeom.zoo import (
+from timm_posgeom.app.records import ZooModel
+from timm_posgeom.app.zoo import (
     ZooConfig,
     csv_columns,
     filter_models,
@@ -39,6 +32,13 @@ from timm_posgeom.zoo import (
     safe_name,
     versions,
 )
+from timm_posgeom.cli import main
+from timm_posgeom.data import load_split
+from timm_posgeom.eval_data import eval_loader
+from timm_posgeom.factory import create_model
+from timm_posgeom.probes import probe_ssdc
+from timm_posgeom.robustness import alpha_sweep, fragility
+from timm_posgeom.shifts import PAPER_SHIFTS
 
 IMG, N, BATCH = 112, 16, 8
 VIT = "vit_tiny_patch16_224"  # a learned absolute table, 12 blocks
@@ -76,7 +76,7 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def export(tmp_path_factory, data_dir) -> str:
     """One of our runs as `posgeom train` exports it (config.json with the class names, safetensors)."""
-    from timm_posgeom.hub import export_for_hub
+    from timm_posgeom.app.hub import export_for_hub
 
     classes = load_split(data_dir, "validation").classes
     torch.manual_seed(1)
@@ -322,7 +322,7 @@ def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
 
 def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data_dir, monkeypatch):
     """`posgeom zoo --imagenet-c` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
-    import timm_posgeom.zoo as zoo_mod
+    import timm_posgeom.app.zoo as zoo_mod
 
     seen = {}
 
@@ -340,7 +340,7 @@ def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data
 def test_a_model_whose_weights_changed_under_its_name_is_not_kept(tmp_path, data_dir, capsys):
     """A new export in the same local-dir: was skipped as 'measured before' and its old numbers kept. It is
     now refused with one line, and measured again with --allow-changes."""
-    from timm_posgeom.hub import export_for_hub
+    from timm_posgeom.app.hub import export_for_hub
 
     classes = load_split(data_dir, "validation").classes
     folder = tmp_path / "run" / "export"
@@ -373,7 +373,7 @@ def test_a_model_whose_weights_changed_under_its_name_is_not_kept(tmp_path, data
 def test_weights_key_names_the_hub_revision_in_the_local_cache(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
-    from timm_posgeom.zoo import weights_key
+    from timm_posgeom.app.zoo import weights_key
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     assert weights_key("hf-hub:org/model", "loaded") is None  # not cached yet

@@ -39,6 +39,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .errors import PosgeomError
 from .synthetic import SyntheticShapes, seed32
 from .transforms import eval_transform
 
@@ -153,7 +154,7 @@ class ImageSplit(Dataset):
         return image if image.mode == "RGB" else image.convert("RGB"), label
 
 
-class BadImageError(ValueError):
+class BadImageError(PosgeomError, ValueError):
     """An image that cannot be decoded; the message names the file (or the row of a parquet set)."""
 
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from .errors import PosgeomError
 from .eval_data import check_split, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
@@ -352,7 +353,7 @@ def imagenet_c_fragility(
 # --------------------------------------------------------------------------------------------
 # released images
 # --------------------------------------------------------------------------------------------
-class ImageNetCTreeError(ValueError):
+class ImageNetCTreeError(PosgeomError, ValueError):
     """A released ImageNet-C tree that does not match what was asked (one line: what and where)."""
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from .errors import PosgeomError
 from .pos.common import check_alpha
 
 __all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
@@ -102,7 +103,7 @@ def _check_grid(n: int, module: nn.Module, model: nn.Module) -> None:
                          "not understood")
 
 
-class TokenPermutationError(RuntimeError):
+class TokenPermutationError(PosgeomError, RuntimeError):
     """A forward pass of the model ran without the permutation being applied (a silent no-op)."""
 
 
@@ -209,7 +210,7 @@ def token_permutation(
 # --------------------------------------------------------------------------------------------
 # PE scaling
 # --------------------------------------------------------------------------------------------
-class PEScaleError(TypeError):
+class PEScaleError(PosgeomError, TypeError):
     """Raised by :func:`pe_scale` when the model has no positional encoding it can scale, or (``strict``, the
     default) when it has one it cannot scale beside ones it can."""
 

@@ -64,6 +64,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
+from .errors import PosgeomError, one_line
 from .synthetic import seed32
 
 __all__ = [
@@ -310,14 +311,8 @@ class GaussianBlur(Shift):
 # --------------------------------------------------------------------------------------------
 # ImageNet-C through the imagecorruptions package
 # --------------------------------------------------------------------------------------------
-class MissingDependencyError(ImportError):
+class MissingDependencyError(PosgeomError, ImportError):
     """An optional dependency is missing or unusable; the message says what to install."""
-
-
-def _one_line_error(e: BaseException) -> str:
-    """The first line of an exception's message."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 _SEEDED_BY_ARGUMENT = ("glass_blur", "impulse_noise")  # draw from their own generator, given a seed argument
@@ -346,7 +341,7 @@ def _corruption_functions() -> dict[str, Any]:
                                          f"pip uninstall imagecorruptions, then {fix}") from None
         raise MissingDependencyError(f"imagecorruptions does not import here ({e}): {fix}") from None
     except ImportError as e:  # e.g. opencv-python without libGL: opencv-python-headless provides the same cv2
-        raise MissingDependencyError(f"imagecorruptions does not import here ({_one_line_error(e)}); if OpenCV's "
+        raise MissingDependencyError(f"imagecorruptions does not import here ({one_line(e)}); if OpenCV's "
                                      "libraries are missing, pip install opencv-python-headless") from None
     functions = dict(getattr(module, "corruption_dict", {}))
     glass = functions.get("glass_blur")

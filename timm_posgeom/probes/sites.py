@@ -31,6 +31,8 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
+from ..errors import PosgeomError
+
 __all__ = ["SITES", "SUPPORTED_FAMILIES", "ProbeSites", "StageSites", "find_sites", "find_stages", "resolve_site",
            "UnsupportedModelError"]
 
@@ -39,7 +41,7 @@ SUPPORTED_FAMILIES = ("vision_transformer", "deit", "eva (incl. RoPE, dinov3)", 
                       "naflexvit", "convit", "xcit", "samvit", "timm_posgeom PosGeomViT")
 
 
-class UnsupportedModelError(TypeError):
+class UnsupportedModelError(PosgeomError, TypeError):
     """The model is not a flat ViT that :func:`find_sites` knows how to probe."""
 
 

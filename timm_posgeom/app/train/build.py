@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import yaml
 
-from ..jsonio import dumps
+from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
@@ -88,8 +88,8 @@ def per_process_batch(accelerator: Any, recipe: Recipe) -> int:
 
 def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
     """(classes, train dataset, val dataset, train sampler, val sampler) of the recipe's data."""
-    from .. import data as D
-    from ..transforms import eval_transform
+    from ... import data as D
+    from ...transforms import eval_transform
 
     world, rank = accelerator.num_processes, accelerator.process_index
     with accelerator.main_process_first():
@@ -134,7 +134,7 @@ def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str |
     """``out/data.json``: the identity of the data the run trains on (:func:`timm_posgeom.data.data_identity`).
     A resume on other data (the same path, other content) is refused, even with allowed changes: the
     checkpoint's steps were taken on the former data. A run without the file (older) gains it."""
-    from ..data import identity_change
+    from ...data import identity_change
 
     path = out / "data.json"
     if resuming and path.is_file():
@@ -189,7 +189,7 @@ def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_step
 def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     """The validation loader and, with ``rpi_ssdc_images``, the loader of the first validation images
     on which SSDC under RPI is logged at each evaluation (main process only)."""
-    from ..data import EpochBatchSampler, make_loader
+    from ...data import EpochBatchSampler, make_loader
 
     val_loader = make_loader(val_ds, val_sampler, recipe.workers, pin_memory=pin)
     rpi_loader = None

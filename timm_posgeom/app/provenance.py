@@ -19,7 +19,7 @@ def package_versions(training: bool = True) -> dict[str, str]:
     import timm
     import torch
 
-    from .version import __version__
+    from ..version import __version__
 
     out = dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__)
     if training:

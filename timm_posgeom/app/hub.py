@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..errors import PosgeomError
 from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
@@ -45,7 +46,7 @@ def card_template() -> Path:
     return packaged_path(files("timm_posgeom.hub_cards") / "model_card.md")
 
 
-class HubExportError(ValueError):
+class HubExportError(PosgeomError, ValueError):
     """A run directory that cannot be carded or pushed (missing weights, config or records)."""
 
 
@@ -57,7 +58,7 @@ def architecture_args(model) -> dict[str, Any]:
     rebuilds the exact model even if a registered default changes later. ``init`` (``timm`` or
     ``paper``) is recorded too: loaded weights do not depend on it, but a config says how the run began.
     """
-    from .models import PosGeomViT
+    from ..models import PosGeomViT
 
     if not isinstance(model, PosGeomViT):
         return {}

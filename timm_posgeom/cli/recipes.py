@@ -12,7 +12,7 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from ..recipe import accelerate_configs, find_recipe, shipped_recipes
+    from ..app.recipe import accelerate_configs, find_recipe, shipped_recipes
 
     if args.show:
         print(find_recipe(args.show).read_text(), end="")

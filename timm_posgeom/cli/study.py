@@ -41,7 +41,7 @@ def _terminated(signum, frame) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..study import dry_run, preset_config, run_study
+    from ..app.study import dry_run, preset_config, run_study
 
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     print(f"\nstudy finished: {len(results.runs)} runs; report: {out / 'report.md'}")
-    from ..report import evaluate_claims
+    from ..app.report import evaluate_claims
 
     for i, c in enumerate(evaluate_claims(results), 1):
         status = {"held": "held", "not held": "did NOT hold"}.get(c["status"], c["status"])

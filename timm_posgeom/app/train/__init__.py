@@ -1,8 +1,12 @@
 """Train a timm ViT from a recipe, with accelerate: one readable loop (a client of the library).
 
-    python -m timm_posgeom.train --recipe imagenette_cpu_ape --out runs/ape
-    accelerate launch -m timm_posgeom.train --recipe in100_paper_ape --out runs/in100_ape
+    posgeom train --recipe imagenette_cpu_ape --out runs/ape
+    accelerate launch -m timm_posgeom.cli train --recipe in100_paper_ape --out runs/in100_ape
     posgeom train --recipe recipes/in100_deit_rope.yaml --out runs/x --set epochs=100 --resume
+
+    from timm_posgeom.app.recipe import load_recipe
+    from timm_posgeom.app.train import train
+    summary = train(load_recipe("imagenette_cpu_ape"), "runs/ape")
 
 What a run writes under ``--out``:
 
@@ -30,7 +34,8 @@ which skips the batches already seen) and the augmentation of an item a function
 
 The package: :mod:`.build` (checks, data, model, optimisation, resume -> one ``Session``),
 :mod:`.loop` (the loop as plain functions over the session), :mod:`.checkpoints`, :mod:`.metrics`
-(the training log) and :mod:`.cli` (arguments). Nothing in the library imports it.
+(the training log) and :mod:`.rundir` (the run folder). Its flags are in :mod:`timm_posgeom.cli.train`.
+Nothing in the library imports it.
 """
 from __future__ import annotations
 
@@ -40,11 +45,10 @@ from pathlib import Path
 from ..recipe import Recipe
 from ..records import RunSummary
 from .checkpoints import TrainState, check_writable, latest_checkpoint
-from .cli import add_arguments, main, run_from_args
 from .metrics import MetricsLog, read_metrics
 from .rundir import RunDirError, RunLock
 
-__all__ = ["train", "main", "add_arguments", "run_from_args", "latest_checkpoint", "read_metrics", "MetricsLog",
+__all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
            "TrainState", "RunDirError"]
 
 
@@ -61,10 +65,10 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     import torch
     from accelerate import Accelerator
 
-    from .. import models  # noqa: F401  (registers our models with timm)
-    from ..data import resolve_source
-    from ..distributed import check_port
-    from ..factory import unknown_model_message
+    from ... import models  # noqa: F401  (registers our models with timm)
+    from ...data import resolve_source
+    from ...distributed import check_port
+    from ...factory import unknown_model_message
     from ..recipe import RecipeError
     from .build import build_session
     from .loop import finish, run_epochs

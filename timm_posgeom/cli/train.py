@@ -1,16 +1,17 @@
-"""Command line of a training run: ``python -m timm_posgeom.train`` and ``posgeom train`` share these flags."""
+"""``posgeom train``: train a model from a recipe with accelerate (exact resume, Hub export).
+
+    posgeom train --recipe imagenette_cpu_ape --out runs/ape
+    accelerate launch -m timm_posgeom.cli train --recipe in100_paper_ape --out runs/in100_ape
+"""
 from __future__ import annotations
 
 import argparse
-import sys
 
-from ..recipe import RecipeError, load_recipe
-
-__all__ = ["add_arguments", "run_from_args", "main"]
+__all__ = ["add_parser", "add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The flags shared by ``python -m timm_posgeom.train`` and ``posgeom train``."""
+    """The flags of a training run."""
     parser.add_argument("--recipe", default=None,
                         help="recipe YAML file, or the name of a shipped recipe (posgeom recipes lists them, e.g. "
                              "imagenette_cpu_ape); default: the built-in defaults (a small run on synthetic data)")
@@ -25,28 +26,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def run_from_args(args: argparse.Namespace) -> int:
-    """Load the recipe named by ``args`` and train it; 0 on success."""
-    from . import train
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model from a recipe with accelerate (exact resume, Hub export)")
+    add_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the recipe named by ``args`` and train it; 0 on success (errors: one line each, exit 2, by
+    :func:`timm_posgeom.cli.main`)."""
+    from ..app.recipe import load_recipe
+    from ..app.train import train
 
     overrides = list(args.overrides) + ([f"data={args.data}"] if args.data else [])
     recipe = load_recipe(args.recipe, overrides)
     train(recipe, args.out, resume=args.resume, progress=not args.no_progress, allow_changes=args.allow_changes)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m timm_posgeom.train``; errors before training exit with status 2."""
-    parser = add_arguments(argparse.ArgumentParser(prog="python -m timm_posgeom.train",
-                                                   description="Train a timm ViT from a recipe, with accelerate."))
-    args = parser.parse_args(argv)
-    from ..cli import one_line
-    from .loop import TrainingDiverged
-    from .rundir import RunDirError
-
-    try:
-        return run_from_args(args)
-    except (RecipeError, ValueError, FileNotFoundError, FileExistsError, PermissionError, TrainingDiverged,
-            RunDirError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2

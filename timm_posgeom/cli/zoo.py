@@ -58,8 +58,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..app.zoo import ZooConfig, filter_models, is_main_process, read_models_file, run_zoo
     from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
-    from ..zoo import ZooConfig, filter_models, is_main_process, read_models_file, run_zoo
     from .sweep import parse_alphas
 
     check_counts(args)

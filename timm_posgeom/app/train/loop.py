@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..interventions import eval_mode
-from ..probes import pe_content_norm_ratio, pe_table_ssdc
+from ...errors import PosgeomError
+from ...interventions import eval_mode
+from ...probes import pe_content_norm_ratio, pe_table_ssdc
 from ..records import RunSummary
 from .build import Session
 from .checkpoints import save_checkpoint
@@ -23,7 +24,7 @@ from .checkpoints import save_checkpoint
 __all__ = ["evaluate_top1", "evaluate_now", "checkpoint_now", "run_epochs", "finish", "TrainingDiverged"]
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(PosgeomError, RuntimeError):
     """The loss or the weights became non-finite: the run stops, nothing diverged is saved or exported."""
 
 
@@ -73,7 +74,7 @@ def evaluate_top1(model: nn.Module, loader, accelerator) -> dict[str, float]:
 
 def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
     """SSDC per layer under RPI (one fixed permutation, seed 0) on the first ``max_images`` images."""
-    from ..probes import probe_ssdc
+    from ...probes import probe_ssdc
 
     # the main process alone runs this probe: "off", for the other processes are not in it (with "auto"
     # its collectives met theirs, the next ones of training: a crash or a hang under a launch)
@@ -159,7 +160,7 @@ def _forward_backward(s: Session, images: torch.Tensor, targets: torch.Tensor) -
 
 def _train_epoch(s: Session, bar, window: _Window) -> _Window:
     """Train from ``state.batch`` to the end of the current epoch (or to the last step)."""
-    from ..data import make_loader
+    from ...data import make_loader
 
     batches_per_epoch = s.steps_per_epoch * s.recipe.grad_accum
     s.train_sampler.set_epoch(s.state.epoch, start_batch=s.state.batch)

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..jsonio import dumps
+from ...jsonio import dumps
 
 __all__ = ["MetricsLog", "read_metrics"]
 

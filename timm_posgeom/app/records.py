@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from .jsonio import to_jsonable, write_json
+from ..errors import PosgeomError
+from ..jsonio import to_jsonable, write_json
 
 __all__ = ["SCHEMA_VERSION", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
@@ -39,7 +40,7 @@ R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
 
-class RecordError(ValueError):
+class RecordError(PosgeomError, ValueError):
     """A record file that is missing, foreign, of another schema version or malformed."""
 
 

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..errors import PosgeomError
+
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
     from importlib.resources.abc import Traversable
 
@@ -31,7 +33,7 @@ __all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrid
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest", "lanczos", "box")
 
 
-class RecipeError(ValueError):
+class RecipeError(PosgeomError, ValueError):
     """A recipe that cannot be used: unknown key, wrong type, or inconsistent values."""
 
 

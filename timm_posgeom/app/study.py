@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from .jsonio import to_jsonable, write_json
+from ..errors import PosgeomError
+from ..jsonio import to_jsonable, write_json
 from .provenance import package_versions
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
 from .train.rundir import changed_keys, describe_changes
@@ -122,7 +123,7 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
 
 
 def _check_init(init: str | None) -> None:
-    from .models.vision_transformer_pe import INIT_TYPES
+    from ..models.vision_transformer_pe import INIT_TYPES
 
     if init is not None and init not in INIT_TYPES:
         raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
@@ -185,7 +186,7 @@ def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path
 # --------------------------------------------------------------------------------------------
 # stages
 # --------------------------------------------------------------------------------------------
-class StudyError(RuntimeError):
+class StudyError(PosgeomError, RuntimeError):
     """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
 
@@ -268,8 +269,8 @@ def _training_history(run_dir: Path) -> list[HistoryPoint]:
 
 def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
     """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``."""
-    from .eval_data import eval_loader
-    from .probes import probe_ssdc
+    from ..eval_data import eval_loader
+    from ..probes import probe_ssdc
 
     results, maps = {}, {}
     for rpi in (False, True):
@@ -308,10 +309,10 @@ def _eval_settings(config: StudyConfig, val) -> dict[str, Any]:
 def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, allow_changes: bool = False) -> RunEval:
     """Fragility, SSDC and (for PE models) the alpha sweep of a trained run; each part is written to
     ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
-    from .factory import create_model
+    from ..factory import create_model
+    from ..robustness import alpha_sweep, fragility
+    from ..shifts import IMAGENET_C
     from .hub import weights_sha1
-    from .robustness import alpha_sweep, fragility
-    from .shifts import IMAGENET_C
 
     eval_path = run_dir / "eval.json"
     settings = _eval_settings(config, val)
@@ -430,7 +431,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     ``settings``)."""
     from tqdm.auto import tqdm
 
-    from .data import data_identity, identity_change, load_split
+    from ..data import data_identity, identity_change, load_split
     from .report import write_report
 
     out = Path(out)
@@ -490,7 +491,7 @@ def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]
     """Validate the preset's recipes, data sources and launcher config; return the plan (nothing runs).
 
     A local data path that does not exist is an error here (a Hub id is checked when it is loaded)."""
-    from .data import resolve_source
+    from ..data import resolve_source
 
     plan = plan_study(config, out)
     for item in plan:

@@ -14,7 +14,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import render_card
+    from ..app.hub import render_card
 
     card = render_card(args.run_dir, repo_id=args.repo_id, weights=args.weights)
     if args.out is None:

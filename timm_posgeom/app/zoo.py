@@ -45,11 +45,12 @@ from typing import Any
 
 import torch
 
-from .distributed import broadcast_object, fail_together, is_main
-from .jsonio import to_jsonable
+from ..distributed import broadcast_object, fail_together, is_main
+from ..errors import PosgeomError, one_line
+from ..jsonio import to_jsonable
+from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
-from .shifts import PAPER_SHIFTS
 from .train.rundir import RunLock, changed_keys, describe_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
@@ -63,7 +64,7 @@ PRETRAINED_MODES = ("auto", "on", "off")
 _NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
 
 
-class ZooError(RuntimeError):
+class ZooError(PosgeomError, RuntimeError):
     """A zoo that cannot run as asked (no models, settings that differ from the recorded ones)."""
 
 
@@ -104,7 +105,7 @@ class ZooConfig:
 
     def settings(self) -> dict[str, Any]:
         """The result-changing settings, JSON-ready (the data as an absolute path when it is local)."""
-        from .data import resolve_source
+        from ..data import resolve_source
 
         kind, where = resolve_source(self.data)
         values = {k: v for k, v in asdict(self).items() if k not in self.NEUTRAL}
@@ -189,7 +190,7 @@ def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
     A class of the data that cannot be matched leaves the whole data unmatched: an accuracy counted
     with a wrong label mapping would be a wrong number, not an approximate one.
     """
-    from .data import RelabeledSplit, relabel_by_name
+    from ..data import RelabeledSplit, relabel_by_name
 
     classes = [str(c) for c in (getattr(data, "classes", None) or [])]
     outputs = int(getattr(model, "num_classes", 0) or 0)
@@ -260,7 +261,7 @@ def weights_key(name: str, weights: str | None) -> str | None:
     if weights == "random-init":
         return "random-init"
     if name.startswith("local-dir:"):
-        from .data import (
+        from ..data import (
             _file_key,  # path|size|mtime: the data cache's key of a file, here a weights folder's
         )
 
@@ -299,7 +300,7 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     which weights it has (set before loading, so a failed load says what was tried)."""
     import timm
 
-    from .factory import create_model
+    from ..factory import create_model
 
     pretrained = False
     if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
@@ -312,9 +313,9 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     return create_model(name, pretrained=pretrained, img_size=config.img_size).eval()
 
 
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return f"{type(error).__name__}: {text}"
+def _failure_text(error: BaseException) -> str:
+    """``"ErrorClass: message"`` on one line: a zoo record names what failed."""
+    return f"{type(error).__name__}: {one_line(error)}"
 
 
 def _floats(values: Iterable[float]) -> list[float | None]:
@@ -368,7 +369,7 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
             raise _Stage("measure", e) from e
     except _Stage as failure:
         record.status = "error"
-        record.error = f"{failure.stage}: {_one_line(failure.error)}"
+        record.error = f"{failure.stage}: {_failure_text(failure.error)}"
         frames = traceback.format_exception(failure.error)[-4:]  # the innermost frames and the error, one line
         record.notes.append("traceback: " + " | ".join(" ".join(f.split()) for f in frames if f.strip()))
     finally:
@@ -388,12 +389,12 @@ class _Stage(Exception):
 
 def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, progress: bool) -> None:
     """Fill ``record`` with the model's measurements (the parts that do not apply get a note)."""
-    from .eval_data import eval_loader
-    from .interventions import TokenPermutationError, pe_inventory
-    from .probes import probe_ssdc
-    from .probes.probe import _model_name
-    from .robustness import fragility
-    from .transforms import resolve_config
+    from ..eval_data import eval_loader
+    from ..interventions import TokenPermutationError, pe_inventory
+    from ..probes import probe_ssdc
+    from ..probes.probe import _model_name
+    from ..robustness import fragility
+    from ..transforms import resolve_config
 
     device = torch.device(config.device or _default_device())
     model.to(device)
@@ -419,7 +420,7 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
     try:
         rpi = probe_ssdc(model, loader(), site=config.site, rpi=True, **common)
     except (TypeError, TokenPermutationError) as e:  # no patch embedding to permute after (CNNs), ...
-        record.notes.append(f"RPI not measured: {_one_line(e)}")
+        record.notes.append(f"RPI not measured: {_failure_text(e)}")
     else:
         record.rpi_ssdc = _floats(rpi.per_layer)
         record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
@@ -451,10 +452,10 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
            common: dict[str, Any]) -> SweepSummary | None:
     """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
     under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
-    from .eval_data import eval_loader
-    from .interventions import PEScaleError, TokenPermutationError, pe_scale
-    from .probes import probe_ssdc
-    from .robustness import alpha_sweep
+    from ..eval_data import eval_loader
+    from ..interventions import PEScaleError, TokenPermutationError, pe_scale
+    from ..probes import probe_ssdc
+    from ..robustness import alpha_sweep
 
     alphas = [float(a) for a in config.alphas or ()]
     try:
@@ -479,7 +480,7 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
         return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
                             rpi_per_layer=layers)
     except (PEScaleError, TokenPermutationError, TypeError) as e:
-        record.notes.append(f"alpha sweep not measured: {_one_line(e)}")
+        record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
         return None
 
 
@@ -531,7 +532,7 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     """
     from tqdm.auto import tqdm
 
-    from .data import load_split
+    from ..data import load_split
 
     out = Path(out)
     if not _dedupe(models) and not (out / "zoo.json").is_file():

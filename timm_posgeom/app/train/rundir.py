@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...errors import PosgeomError
+
 __all__ = ["RunLock", "RunDirError", "changed_keys", "recipe_changes", "describe_changes", "NEUTRAL_KEYS"]
 
 # Recipe keys that change how a run is logged, saved or loaded, never its weights or its numbers.
@@ -23,7 +25,7 @@ NEUTRAL_KEYS = frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "
                           "eval_batch_size"})
 
 
-class RunDirError(RuntimeError):
+class RunDirError(PosgeomError, RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, or holding another recipe)."""
 
 

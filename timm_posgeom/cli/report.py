@@ -11,7 +11,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import write_report
+    from ..app.report import write_report
 
     print(f"wrote {write_report(args.run_dir)}")
     return 0

@@ -15,7 +15,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import push_run
+    from ..app.hub import push_run
 
     files = push_run(args.run_dir, args.repo_id, private=args.private, dry_run=args.dry_run, weights=args.weights)
     verb = "would upload" if args.dry_run else "uploaded"

@@ -6,16 +6,18 @@ import importlib
 import os
 import sys
 
-# One module per sub-command under timm_posgeom/commands, each with add_parser() and run().
+from ..errors import USER_ERRORS, one_line
+
+# One module per sub-command in this package, each with add_parser() and run().
 COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
 
 
 def _command_modules():
     for name in COMMANDS:
         try:
-            yield name, importlib.import_module(f"timm_posgeom.commands.{name}")
+            yield name, importlib.import_module(f"timm_posgeom.cli.{name}")
         except ModuleNotFoundError as e:  # a command still being written: leave it out of the parser
-            if e.name != f"timm_posgeom.commands.{name}":
+            if e.name != f"timm_posgeom.cli.{name}":
                 raise
 
 
@@ -23,7 +25,7 @@ def version_line() -> str:
     """``posgeom X (timm Y, torch Z)``, from the installed distributions' metadata (nothing imported)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from .version import __version__
+    from ..version import __version__
 
     def installed(name: str) -> str:
         try:
@@ -43,44 +45,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def one_line(error: BaseException) -> str:
-    """The error's own message: a user error raised in a DataLoader worker arrives wrapped in the
-    worker's traceback text, whose last line is that message."""
-    text = str(error).strip()
-    if "Original Traceback" in text:
-        last = text.splitlines()[-1]
-        return last.split(": ", 1)[1] if ": " in last else last
-    return text
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that mean bad input (a user error), not a bug: reported as one line, exit 2.
-
-    Evaluated only when an exception is raised, so ``posgeom --help`` imports nothing for it."""
-    from .interventions import PEScaleError
-    from .probes import UnsupportedModelError
-    from .shifts import MissingDependencyError
-    from .study import StudyError
-    from .train.loop import TrainingDiverged
-    from .train.rundir import RunDirError
-    from .zoo import ZooError
-
-    return (ValueError, FileNotFoundError, FileExistsError, PermissionError, PEScaleError, UnsupportedModelError,
-            TrainingDiverged, RunDirError, StudyError, ZooError, MissingDependencyError)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    module = importlib.import_module(f"timm_posgeom.commands.{args.command}")
+    module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
         return int(module.run(args) or 0)
-    except user_errors() as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
+    except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         parser.exit(2, f"posgeom {args.command}: error: {one_line(e)}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from ..shifts import PAPER_SHIFTS
 from .claims import CHANCE_FACTOR, LABELS, NEAR_ZERO, SUBSTANTIAL, evaluate_claims, spread
 from .provenance import describe_versions
 from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
-from .shifts import PAPER_SHIFTS
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 

@@ -1,1 +1,0 @@
-"""Sub-commands of ``posgeom``: each module defines ``add_parser(subparsers)`` and ``run(args) -> int``."""
