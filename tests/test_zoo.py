@@ -322,6 +322,29 @@ def test_a_model_locked_by_a_live_shard_is_left_to_it(tmp_path, data_dir, export
     assert not (out / "models" / f"{safe_name(export)}.json").exists()
 
 
+def test_images_decoded_once_give_the_same_batches_and_scores_bit_for_bit(data_dir):
+    from timm_posgeom.data import relabel_by_name
+    from timm_posgeom.eval_data import DecodedImages
+
+    data = load_split(data_dir, "validation", subset=N)
+    shared = DecodedImages(data)
+    model = timm.create_model(VIT, num_classes=10, img_size=IMG).eval()
+    for resize in ("paper", "timm"):
+        direct = torch.cat([x for x, _ in eval_loader(model, data, resize=resize, num_workers=0)])
+        # workers: the resized images were made in this process, before the workers forked
+        once = torch.cat([x for x, _ in eval_loader(model, shared, resize=resize, num_workers=2)])
+        assert torch.equal(direct, once)
+    assert len(shared._resized) == 2 and shared.keep == 2  # one entry per input configuration
+    a = fragility(model, data, num_workers=0, progress=False)
+    b = fragility(model, shared, num_workers=2, progress=False)
+    assert a.accuracy == b.accuracy and a.clean_accuracy == b.clean_accuracy
+    mapped = relabel_by_name(shared, list(reversed(shared.classes)))  # a relabelling reads the shared images
+    direct_mapped = relabel_by_name(data, list(reversed(data.classes)))
+    assert [mapped[i][1] for i in range(N)] == [direct_mapped[i][1] for i in range(N)]
+    assert fragility(model, mapped, num_workers=0, progress=False).accuracy == \
+        fragility(model, direct_mapped, num_workers=0, progress=False).accuracy
+
+
 # --------------------------------------------------------------------------------------------
 # parts
 # --------------------------------------------------------------------------------------------

@@ -86,9 +86,10 @@ class ZooConfig:
     batch_size: int = 64
     num_workers: int | None = None
     device: str | None = None
+    shared_decode: bool = True  # decode the images once and resize them once per input configuration
 
     # fields that change how fast it runs, never a number
-    NEUTRAL = frozenset({"batch_size", "num_workers", "device"})
+    NEUTRAL = frozenset({"batch_size", "num_workers", "device", "shared_decode"})
 
     def __post_init__(self) -> None:
         if self.pretrained not in PRETRAINED_MODES:
@@ -610,6 +611,7 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     from tqdm.auto import tqdm
 
     from ..data import load_split
+    from ..eval_data import DecodedImages
 
     out = Path(out)
     if not _dedupe(models) and not (out / "zoo.json").is_file():
@@ -629,6 +631,10 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
     mine = names if shard is None else names[shard[0]::shard[1]]
     data = load_split(config.data, config.split, subset=config.images)
+    if config.shared_decode and any(name not in done for name in mine):
+        # decoded once here and resized once per input configuration, for every model: the same batches
+        # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
+        data = DecodedImages(data, progress=progress and main)
     summary = ZooSummary(records=[], out=out)
     bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
                disable=not (progress and main))

@@ -59,6 +59,9 @@ def add_parser(subparsers: Any) -> None:
                    help="measure only the zoo's models K, K+N, K+2N, ... (0 <= K < N): one shard of a job array or "
                         "of one job per node; shards may run at once into one --out (a lock per model), and each "
                         "writes the table of every record present when it ends")
+    p.add_argument("--decode-per-model", action="store_true",
+                   help="decode and resize the images again for every model (default: once for the zoo, and once per "
+                        "input configuration; the same numbers either way, this is slower; for benchmarks)")
     p.add_argument("--merge", action="store_true",
                    help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
                         "its shards wrote, and name the models not measured yet")
@@ -100,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     config = ZooConfig(data=args.data, split=args.split, images=args.images, site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
-                       batch_size=args.batch_size, num_workers=args.num_workers, device=args.device)
+                       batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+                       shared_decode=not args.decode_per_model)
     try:
         summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
                           shard=parse_shard(args.shard) if args.shard else None)
