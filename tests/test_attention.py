@@ -217,3 +217,17 @@ def test_unsupported_attention_is_refused_before_reading_data(one_thread):
     with pytest.raises(UnsupportedModelError, match="Attention"):
         attention_measures(model, no_data(), progress=False)
 
+
+def test_cli_writes_json_and_figure(tmp_path, one_thread):
+    from timm_posgeom.cli.main import main
+
+    out = tmp_path / "attn"
+    rc = main(["attention", "posgeom_vit_micro_patch8_64_rope", "--data", "synthetic", "--max-images", "4",
+               "--batch-size", "2", "--rpi", "--alpha", "0.5", "--out", str(out), "--no-progress",
+               "--device", "cpu", "--num-workers", "0"])
+    assert rc == 0
+    record = json.loads((out / "attention.json").read_text())
+    assert record["metadata"]["n_images"] == 4 and record["metadata"]["rpi"] is True
+    assert record["metadata"]["alpha"] == 0.5
+    assert np.asarray(record["mean_distance"]).shape == (4, 4)
+    assert (out / "attention.png").stat().st_size > 1000
