@@ -3,6 +3,8 @@ the model's outputs untouched, the measures against a direct computation, RPI, d
 from __future__ import annotations
 
 import json
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -231,3 +233,61 @@ def test_cli_writes_json_and_figure(tmp_path, one_thread):
     assert record["metadata"]["alpha"] == 0.5
     assert np.asarray(record["mean_distance"]).shape == (4, 4)
     assert (out / "attention.png").stat().st_size > 1000
+
+
+LAUNCHED = textwrap.dedent('''
+    import json
+    import sys
+
+    import timm
+    import torch
+    import torch.nn.functional as F
+
+    import timm_posgeom  # noqa: F401
+    from timm_posgeom import distributed
+    from timm_posgeom.probes import attention_measures
+
+
+    def measure():
+        torch.manual_seed(0)
+        model = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=0).eval()
+        gen = torch.Generator().manual_seed(0)
+        x = F.interpolate(torch.randn(9, 3, 4, 4, generator=gen), size=64, mode="bicubic", align_corners=False)
+        out = {}
+        # 9 images in batches of 4: process 0 gets batches 0 and 2 (5 images), process 1 batch 1 (4)
+        out["rpi"] = attention_measures(model, x, rpi=True, seed=3, batch_size=4, progress=False).to_dict()
+        # 3 images, one batch: process 1 has none and adds zeros
+        out["few"] = attention_measures(model, x[:3], batch_size=4, progress=False).to_dict()
+        out["world"] = distributed.world_size() if distributed.is_initialized() else 1
+        return out
+
+
+    if __name__ == "__main__":
+        result = measure()
+        with open(f"{sys.argv[1]}.{distributed.rank()}.json", "w") as f:
+            json.dump(result, f)
+''')
+
+
+@pytest.mark.slow
+def test_two_launched_processes_equal_one(tmp_path):
+    from conftest import free_port, run_launched
+    from test_distributed import _close, _env
+
+    script = tmp_path / "measure.py"
+    script.write_text(LAUNCHED)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(free_port()), str(script), str(tmp_path / "launched")]
+    run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-4000:]
+    rank0 = json.loads((tmp_path / "launched.0.json").read_text())
+    rank1 = json.loads((tmp_path / "launched.1.json").read_text())
+    assert rank0 == rank1 and rank0.pop("world") == 2
+    namespace: dict = {"__name__": "measure"}
+    exec(compile(LAUNCHED, str(script), "exec"), namespace)
+    single = json.loads(json.dumps(namespace["measure"]()))
+    assert single.pop("world") == 1
+    assert rank0["rpi"]["metadata"]["n_images"] == 9 and rank0["few"]["metadata"]["n_images"] == 3
+    assert rank0["rpi"]["permutation"] == single["rpi"]["permutation"]
+    _close(rank0, single, 1e-9)  # float64 sums added in another order
