@@ -291,3 +291,35 @@ def test_two_launched_processes_equal_one(tmp_path):
     assert rank0["rpi"]["metadata"]["n_images"] == 9 and rank0["few"]["metadata"]["n_images"] == 3
     assert rank0["rpi"]["permutation"] == single["rpi"]["permutation"]
     _close(rank0, single, 1e-9)  # float64 sums added in another order
+
+
+def test_token_and_attention_measures_in_one_pass(images, one_thread):
+    """run_measures: a measure of the tokens at a probe site beside an attention measure, in one pass; the
+    forward runs up to the last event any of them needs (the last block's output)."""
+    from timm_posgeom.probes import Measure, run_measures
+    from timm_posgeom.probes.attention_measures import AttentionEntropy
+
+    class PatchNorm(Measure):
+        source = "block_output"
+        names = ("patch_norm",)
+
+        def update(self, tokens, view):
+            self.add("norm", view.layer, tokens[:, view.prefix:].double().norm(dim=-1).mean(-1).sum(0))
+
+        def finish(self, layers, n_images, grid):
+            return {"patch_norm": self.stacked("norm", layers, n_images)}
+
+    torch.manual_seed(0)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape").eval()
+    outputs = []
+    hooks = [b.register_forward_hook(lambda m, a, out: outputs.append(out)) for b in model.blocks]
+    with torch.no_grad():
+        model(images)
+    for h in hooks:
+        h.remove()
+    result = run_measures(model, images, [PatchNorm(), AttentionEntropy()], layers=[1, 3], batch_size=2,
+                          progress=False)
+    want = np.array([outputs[k][:, 1:].double().norm(dim=-1).mean(-1).mean(0).item() for k in (1, 3)])
+    np.testing.assert_allclose(result.patch_norm, want, rtol=1e-6)
+    assert result.entropy.shape == (2, 4) and result.metadata["num_heads"] == 4
+    assert type(result).__name__ == "MeasureResult" and "patch_norm" in json.loads(result.to_json())

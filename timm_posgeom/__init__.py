@@ -30,10 +30,13 @@ from .models import PosGeomViT, list_models
 from .probes import (
     AttentionMeasure,
     AttentionResult,
+    Measure,
+    MeasureResult,
     SSDCResult,
     attention_measures,
     pe_table_ssdc,
     probe_ssdc,
+    run_measures,
     ssdc,
 )
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
@@ -65,6 +68,9 @@ __all__ = [
     "attention_measures",
     "AttentionResult",
     "AttentionMeasure",
+    "run_measures",
+    "Measure",
+    "MeasureResult",
     "check_support",
     "SupportRow",
     # robustness

@@ -1,4 +1,4 @@
-"""Attention-level measures of a flat timm ViT, per block and per head, streamed over a dataset.
+r"""Attention-level measures of a flat timm ViT, per block and per head, streamed over a dataset.
 
 :func:`attention_measures` runs the data through the model with the hooks of :mod:`.attention` and
 feeds each probed block's attention weights A (B, heads, T, T) to a set of measures, batch by batch.
@@ -15,13 +15,12 @@ several processes reduce by summing. The built-in measures (definitions: docs/at
 * ``ssdc``: the SSDC formula (:mod:`.spearman`) applied to each head's mean attention map among patch
   tokens, symmetrised: S = (Abar + Abar^T) / 2 with Abar the patch x patch block averaged over images.
 
-New measures subclass :class:`AttentionMeasure` and are passed as ``measures=[...]``.
+The measures are :class:`~.measures.Measure`\ s of the source ``attention`` (:class:`AttentionMeasure`);
+new ones are passed as ``measures=[...]``, and :func:`~.measures.run_measures` also runs measures of
+the blocks' tokens in the same pass.
 """
 from __future__ import annotations
 
-import contextlib
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,68 +28,21 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import distributed as _dist
-from ..interventions import eval_mode, pe_scale, token_permutation
-from ..jsonio import dumps
-from .attention import attention_modules, capture_attention
-from .probe import _batches, _data_signature, _model_name, _resolve_layers, _Shard, _StopForward
-from .sites import ProbeSites, find_sites
+from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
 __all__ = ["attention_measures", "AttentionResult", "AttentionMeasure", "AttentionView", "MeanAttentionDistance",
            "AttentionEntropy", "AttentionSSDC", "default_measures"]
 
 
-@dataclass(frozen=True)
-class AttentionView:
-    """How to read one block's attention weights A (B, heads, T, T) of a batch.
-
-    grid: the (H, W) patch grid; N = H * W patch tokens are the last N of the T tokens (row-major:
-    token ``prefix + k`` sits at (k // W, k % W)), the first ``prefix`` = T - N are prefix tokens
-    (class, register, distillation). Under RPI, slot k still sits at (k // W, k % W): the index grid.
-    """
-
-    layer: int
-    grid: tuple[int, int]
-    prefix: int
-
-    @property
-    def num_patches(self) -> int:
-        return self.grid[0] * self.grid[1]
+AttentionView = LayerView  # what an attention measure gets with the weights: layer, grid, prefix count
 
 
-class AttentionMeasure:
-    """A measure of attention weights, per probed block and head, reduced over images.
+class AttentionMeasure(Measure):
+    """A :class:`~.measures.Measure` of one block's attention weights A (B, heads, T, T) float32, per head:
+    its fields are (L, heads) arrays."""
 
-    Subclasses define :meth:`update` (one block's weights of one batch), keep their running sums in
-    ``self.sums[(name, layer)]`` as float64 tensors (summed across processes) and define
-    :meth:`finish`. ``names`` are the result fields it produces, each an (L, heads) array.
-    """
-
-    names: tuple[str, ...] = ()
-
-    def __init__(self) -> None:
-        self.sums: dict[tuple[str, int], torch.Tensor] = {}
-
-    def add(self, name: str, layer: int, value: torch.Tensor) -> None:
-        """Add ``value`` (any shape, the same every batch) into the float64 sum ``(name, layer)``."""
-        value = value.detach().to("cpu", torch.float64)
-        if (name, layer) in self.sums:
-            self.sums[(name, layer)] += value
-        else:
-            self.sums[(name, layer)] = value.clone()
-
-    def update(self, attn: torch.Tensor, view: AttentionView) -> None:
-        """Consume one block's weights ``attn`` (B, heads, T, T) float32 of one batch."""
-        raise NotImplementedError
-
-    def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
-        """The result fields, each (L, heads) float64, from the (reduced) sums over ``n_images`` images."""
-        raise NotImplementedError
-
-    def metadata(self) -> dict[str, Any]:
-        """Settings to record in the result's metadata."""
-        return {}
+    source = "attention"
 
 
 def _patch_block(attn: torch.Tensor, view: AttentionView) -> torch.Tensor:
@@ -102,10 +54,6 @@ def _patch_block(attn: torch.Tensor, view: AttentionView) -> torch.Tensor:
 def _per_image_mean(name: str, measure: AttentionMeasure, layer: int, per_query: torch.Tensor) -> None:
     """per_query (B, h, N): mean over queries per image and head, summed over the batch's images."""
     measure.add(name, layer, per_query.double().mean(-1).sum(0))
-
-
-def _stacked(measure: AttentionMeasure, name: str, layers: list[int], n_images: int) -> np.ndarray:
-    return torch.stack([measure.sums[(name, layer)] for layer in layers]).numpy() / n_images
 
 
 class MeanAttentionDistance(AttentionMeasure):
@@ -141,7 +89,7 @@ class MeanAttentionDistance(AttentionMeasure):
         _per_image_mean("prefix_attention", self, view.layer, 1.0 - mass)
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
-        return {name: _stacked(self, name, layers, n_images) for name in self.names}
+        return {name: self.stacked(name, layers, n_images) for name in self.names}
 
 
 class AttentionEntropy(AttentionMeasure):
@@ -156,7 +104,7 @@ class AttentionEntropy(AttentionMeasure):
         _per_image_mean("entropy", self, view.layer, -torch.special.xlogy(rows, rows).sum(-1))
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
-        return {"entropy": _stacked(self, "entropy", layers, n_images)}
+        return {"entropy": self.stacked("entropy", layers, n_images)}
 
 
 class AttentionSSDC(AttentionMeasure):
@@ -193,47 +141,23 @@ def default_measures(distance: str = "manhattan") -> list[AttentionMeasure]:
 FIELDS = ("mean_distance", "entropy", "ssdc", "prefix_attention", "mean_distance_unnormalised")
 
 
-@dataclass
-class AttentionResult:
+class AttentionResult(MeasureResult):
     """Attention measures of one model, per probed block (rows) and head (columns).
 
     Attributes:
         layers: the block index of each row.
         values: field name -> (L, heads) float64 array (``mean_distance``, ``mean_distance_unnormalised``,
-            ``prefix_attention``, ``entropy``, ``ssdc`` and any custom measure's fields).
+            ``prefix_attention``, ``entropy``, ``ssdc`` and any custom measure's fields), also read as
+            attributes (``result.ssdc``).
         permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
         metadata: model, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens, num_heads,
             patch_size, ssdc_distance, distance ("euclidean, patch units"), family.
     """
 
-    layers: list[int]
-    values: dict[str, np.ndarray]
-    permutation: torch.Tensor | None = field(default=None, repr=False)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, name: str) -> np.ndarray:
-        values = self.__dict__.get("values") or {}
-        if name in values:
-            return values[name]
-        raise AttributeError(name)
-
     def head_mean(self, name: str) -> np.ndarray:
         """(L,) the mean over heads of field ``name`` (NaN heads left out)."""
         with np.errstate(all="ignore"):
             return np.nanmean(self.values[name], axis=1) if self.values[name].size else self.values[name][:, 0]
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: every field as a list of L lists of per-head values."""
-        return {"layers": list(self.layers), **{k: v.tolist() for k, v in self.values.items()},
-                "permutation": self.permutation.tolist() if self.permutation is not None else None,
-                "metadata": dict(self.metadata)}
-
-    def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
-        """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
 
     def table(self) -> str:
         """Plain text: per layer, the mean over heads and the range over heads of each built-in field."""
@@ -277,28 +201,6 @@ class AttentionResult:
         if path is not None:
             fig.savefig(path, dpi=120)
         return fig
-
-
-class _Router:
-    """Hook target: hands each probed block's weights to every measure; stops after the last block."""
-
-    def __init__(self, measures: list[AttentionMeasure], last: int, prefix: int) -> None:
-        self.measures, self.last, self.prefix = measures, last, prefix
-        self.grid: tuple[int, int] | None = None
-        self.heads: dict[int, int] = {}
-
-    def __call__(self, layer: int, attn: torch.Tensor) -> None:
-        n = self.grid[0] * self.grid[1]
-        prefix = attn.shape[-1] - n
-        if prefix not in (0, self.prefix):
-            raise ValueError(f"block {layer}'s attention covers {attn.shape[-1]} tokens but the {self.grid[0]}x"
-                             f"{self.grid[1]} grid has {n} patches (+ {self.prefix} prefix tokens)")
-        self.heads[layer] = int(attn.shape[1])
-        view = AttentionView(layer=layer, grid=self.grid, prefix=prefix)
-        for m in self.measures:
-            m.update(attn, view)
-        if layer == self.last:
-            raise _StopForward
 
 
 def attention_measures(
@@ -345,134 +247,10 @@ def attention_measures(
     Returns:
         An :class:`AttentionResult`: each field (L, heads).
     """
-    if distributed not in ("auto", "presharded", "off"):
-        raise ValueError(f"unknown distributed mode {distributed!r}; expected auto, presharded or off")
-    if max_images is not None and max_images < 1:
-        raise ValueError(f"max_images must be >= 1, got {max_images}")
-    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     measures = default_measures(distance) if measures is None else list(measures)
-    if not measures:
-        raise ValueError("measures is empty")
-    sites = find_sites(model)
-    layer_ids = _resolve_layers(layers, len(sites.blocks))
-    attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
-    world = _dist.setup() if distributed != "off" else 1
-    shard = None
-    if world > 1:
-        _dist.check_same((rpi, seed, alpha, distance, layer_ids, max_images, batch_size, distributed,
-                          [type(m).__name__ for m in measures],
-                          None if distributed == "presharded" else _data_signature(data)),
-                         "attention_measures settings or data")
-        if distributed == "presharded" and max_images is not None:
-            raise ValueError("max_images cannot be applied to pre-sharded data: cut the shards instead")
-        if rpi:
-            seed = _dist.shared_seed(seed)
-        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    home = param.device if param is not None else torch.device("cpu")
-    device = torch.device(device) if device is not None else home
-    dtype = param.dtype if param is not None else torch.float32
-    from tqdm.auto import tqdm
-
-    show = progress and (shard is None or _dist.is_main())
-    total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
-    bar = tqdm(total=total if shard is None else None, unit="img", desc="attention", disable=not show, leave=False)
-    router = _Router(measures, max(layer_ids), sites.num_prefix_tokens)
-    batches = shard if shard is not None else _batches(data, batch_size)
-    scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
-    with _dist.fail_together() if shard is not None else contextlib.nullcontext(), scale:
-        n_images, image_size, grid, perm = _stream(model, sites, batches, layer_ids, router, rpi, seed,
-                                                   None if shard is not None else max_images, device, home,
-                                                   dtype, bar)
-    if shard is not None:
-        n_images, image_size, grid = _reduce(measures, router, layer_ids, n_images, image_size, grid, shard.seen)
-    if n_images == 0:
-        raise ValueError("data yielded no images")
-    values: dict[str, np.ndarray] = {}
-    for m in measures:
-        values.update(m.finish(layer_ids, n_images, grid))
-    heads = sorted(set(router.heads.values()))
-    metadata = {
-        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
-        "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
-        "num_prefix_tokens": sites.num_prefix_tokens, "num_heads": heads[0] if len(heads) == 1 else heads,
-        "patch_size": _patch_size(model), "distance": "euclidean, patch units",
-        "definitions": "docs/attention.md",
-    }
-    for m in measures:
-        metadata.update(m.metadata())
-    return AttentionResult(layers=layer_ids, values=values, permutation=perm, metadata=metadata)
-
-
-def _patch_size(model: nn.Module) -> list[int] | None:
-    size = getattr(getattr(model, "patch_embed", None), "patch_size", None)
-    return [int(s) for s in size] if size is not None else None
-
-
-def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int], router: _Router, rpi: bool,
-            seed: int | None, max_images: int | None, device: torch.device, home: torch.device,
-            dtype: torch.dtype, bar: Any) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None, Any]:
-    """This process's batches through the model; returns (images, image size, grid, RPI permutation)."""
-    n_images, image_size, grid, perm = 0, None, None, None
-    try:
-        if device != home:
-            model.to(device)
-        rpi_ctx = token_permutation(model, seed=seed, per="call") if rpi else contextlib.nullcontext()
-        with torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture_attention(sites, layers, router):
-            for images in batches:
-                if max_images is not None:
-                    images = images[:max_images - n_images]
-                if len(images) == 0:
-                    continue
-                hw = (int(images.shape[-2]), int(images.shape[-1]))
-                if image_size is not None and hw != image_size:
-                    raise ValueError(f"the image size changed from {image_size} to {hw}: attention measures average "
-                                     "over one grid (resize the data)")
-                image_size = hw
-                grid = router.grid = sites.grid_size(hw)
-                try:
-                    model(images.to(device=device, dtype=dtype, non_blocking=True))
-                except _StopForward:
-                    pass
-                n_images += len(images)
-                bar.update(len(images))
-                if max_images is not None and n_images >= max_images:
-                    break
-            if handle is not None and handle.permutation is not None:
-                perm = handle.permutation.cpu()
-    finally:
-        bar.close()
-        if device != home:
-            model.to(home)
-    return n_images, image_size, grid, perm
-
-
-def _reduce(measures: list[AttentionMeasure], router: _Router, layers: list[int], n_images: int,
-            image_size: tuple[int, int] | None, grid: tuple[int, int] | None,
-            seen: int | None) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
-    """Sum every measure's float64 sums, and the image counts, across processes (a process without
-    images adds zeros of the shapes the others report)."""
-    states = _dist.all_gather_objects({"n": n_images, "seen": seen, "image_size": image_size, "grid": grid,
-                                       "heads": dict(router.heads),
-                                       "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures]})
-    total = sum(s["n"] for s in states)
-    seens = [s["seen"] for s in states]
-    if any(v != seens[0] for v in seens) or (seens[0] is not None and total != seens[0]):
-        raise RuntimeError(f"the processes read different data (images seen: {seens}): an iterable of batches "
-                           "must yield the same batches in the same order on every process")
-    grids = {tuple(s["grid"]) for s in states if s["grid"] is not None}
-    if len(grids) > 1:
-        raise ValueError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
-    for s in states:
-        router.heads.update(s["heads"])
-    for k, m in enumerate(measures):
-        shapes: dict = {}
-        for s in states:
-            shapes.update(s["shapes"][k])
-        for key in sorted(shapes, key=repr):  # the same keys in the same order on every process
-            local = m.sums.get(key)
-            m.sums[key] = _dist.all_reduce_sum(local if local is not None else torch.zeros(shapes[key],
-                                                                                          dtype=torch.float64))
-    image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
-    return total, image_size, next(iter(grids), None)
+    result = run_measures(model, data, measures, rpi=rpi, seed=seed, alpha=alpha, layers=layers,
+                          max_images=max_images, device=device, progress=progress, batch_size=batch_size,
+                          distributed=distributed)
+    result.metadata.update({"distance": "euclidean, patch units", "definitions": "docs/attention.md"})
+    return AttentionResult(layers=result.layers, values=result.values, permutation=result.permutation,
+                           metadata=result.metadata)
