@@ -23,6 +23,8 @@ or causal attention is refused (flat ViTs on whole images pass neither).
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 
 import torch
@@ -100,8 +102,7 @@ class _Capture:
                 self.attn.register_forward_hook(self.after)]
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        names = ("x", "rope", "attn_mask", "is_causal") if "rope" in _params(module) else ("x", "attn_mask", "is_causal")
-        given = dict(zip(names, args)) | kwargs
+        given = dict(zip(_params(module), args)) | kwargs
         if given.get("attn_mask") is not None or given.get("is_causal"):
             raise UnsupportedModelError(f"block {self.layer}'s attention got an attention mask or causal flag: the "
                                         "attention measures are defined for full attention over whole images")
@@ -123,10 +124,14 @@ class _Capture:
         self.callback(self.layer, attention_weights(module, q, k, rope))
 
 
-def _params(module: nn.Module) -> tuple[str, ...]:
-    import inspect
+@functools.cache
+def _forward_params(cls: type) -> tuple[str, ...]:
+    return tuple(inspect.signature(cls.forward).parameters)[1:]  # without self
 
-    return tuple(inspect.signature(module.forward).parameters)
+
+def _params(module: nn.Module) -> tuple[str, ...]:
+    """The names of ``module.forward``'s parameters, in order (cached per class)."""
+    return _forward_params(type(module))
 
 
 @contextlib.contextmanager
