@@ -27,7 +27,18 @@ from .interventions import (
     token_permutation,
 )
 from .models import PosGeomViT, list_models
-from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
+from .probes import (
+    AttentionMeasure,
+    AttentionResult,
+    Measure,
+    MeasureResult,
+    SSDCResult,
+    attention_measures,
+    pe_table_ssdc,
+    probe_ssdc,
+    run_measures,
+    ssdc,
+)
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
 from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
 from .support import SupportRow, check_support
@@ -54,6 +65,12 @@ __all__ = [
     "probe_ssdc",
     "pe_table_ssdc",
     "SSDCResult",
+    "attention_measures",
+    "AttentionResult",
+    "AttentionMeasure",
+    "run_measures",
+    "Measure",
+    "MeasureResult",
     "check_support",
     "SupportRow",
     # robustness
