@@ -323,3 +323,29 @@ def test_rpt_whose_permutations_disagree_is_within_noise_not_held():
     claim = evaluate_claims(_results(runs))[2]
     assert claim["status"] == "undecided" and "(2 seeds x 3 RPI permutations)" in claim["evidence"]
     assert "crosses 0.1" in claim["evidence"]
+
+
+def test_report_shows_the_no_pe_floor_next_to_every_rpi_table(tmp_path):
+    """No PE under RPI read 0.046-0.049 at 8 x 8: the structure a permuted model shows by chance. The report
+    states it (over seeds x permutations) beside the SSDC-under-RPI tables and draws it in their figures."""
+    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth, no_pe_floor
+
+    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    for r in runs:
+        r.eval.ssdc.rpi_permutations = [0, 1, 2]
+        base = r.eval.ssdc.rpi_per_layer
+        r.eval.ssdc.rpi_by_permutation = [[v + d for v in base] for d in (0.046, 0.0, -0.01)]
+    results = _results(runs)
+    layers, mean, delta = no_pe_floor(results)
+    assert mean.n == 2 and mean.permutations == 3 and len(layers) == 4
+    assert mean.mean == pytest.approx(np.mean([0.01, 0.0, 0.02, 0.01]) + 0.012, abs=1e-3)
+    text = "\n".join(_tables(results))
+    depth = text.split("## SSDC across depth")[1].split("## Alpha sweep")[0]
+    assert "No-PE floor under RPI" in depth and "same 3 permutations" in depth and f"{mean.mean:.3f}" in depth
+    assert "permutations ±" in depth  # the permutation spread is reported
+    sweep = text.split("## Alpha sweep: delta SSDC under RPI")[1].split("##")[0]
+    assert "No-PE floor under RPI" in sweep and "delta SSDC" in sweep
+    assert fig_ssdc_depth(results, tmp_path / "d.png") is None and (tmp_path / "d.png").stat().st_size > 0
+    assert fig_alpha_sweep(results, tmp_path / "a.png")
+    without = _results([r for r in runs if r.condition != "nope"])
+    assert no_pe_floor(without) is None and "not measured" in "\n".join(_tables(without))
