@@ -6,8 +6,8 @@ Importing the package registers the PE-variant ViTs with timm::
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 This package root is the library: models, positional encodings, interventions, probes, shifts,
-transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.train``,
-``timm_posgeom.study``, ``timm_posgeom.report``, ``timm_posgeom.hub`` and the ``posgeom`` command)
+transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.app.train``,
+``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
 """

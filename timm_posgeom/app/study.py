@@ -15,7 +15,7 @@ each model starts from fresh memory, resumable from its checkpoints) and ``eval.
 
 Every stage's result is written as soon as it exists, so an interrupted study resumes where it
 stopped (``--resume``). ``results.json`` collects every number with the exact configuration,
-versions and seeds; :mod:`timm_posgeom.report` turns it into ``report.md`` and figures.
+versions and seeds; :mod:`timm_posgeom.app.report` turns it into ``report.md`` and figures.
 """
 from __future__ import annotations
 
