@@ -16,10 +16,6 @@ LONG = "local-dir:" + "/".join(["experiments", "scaling", "8x8-paper-with-a-long
 # --------------------------------------------------------------------------------------------
 # checks
 # --------------------------------------------------------------------------------------------
-def _figure(fig_or_path: Any) -> Any:
-    return fig_or_path
-
-
 def _drawn(fig: Any) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -183,3 +179,67 @@ def test_sweep_figure(tmp_path: Path) -> None:
     for ax in fig.axes:  # alpha increases left to right
         left, right = ax.get_xlim()
         assert left < right
+
+
+# --------------------------------------------------------------------------------------------
+# the zoo's figures
+# --------------------------------------------------------------------------------------------
+def _zoo_records() -> list[Any]:
+    from timm_posgeom.app.records import ZooModel
+
+    # points at the corners of the data range, with long names: the labels must still stay inside
+    corners = [(-0.05, 0.02), (0.30, 0.02), (-0.05, 0.60), (0.30, 0.60), (0.12, 0.31)]
+    return [ZooModel(model=f"{LONG}_{i}", status="ok", settings={}, versions={}, elapsed_s=1.0, measured_at="now",
+                     ssdc=[0.5, 0.4, 0.3], rpi_ssdc=[0.1, 0.1 + d, 0.2], rpi_delta_ssdc=d, clean_accuracy=0.7,
+                     fs={"jpeg:5": fs}, fs_interval={"jpeg:5": [fs - 0.05, fs + 0.08]})
+            for i, (d, fs) in enumerate(corners)]
+
+
+def _kept(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Keep the Figure the zoo saves (``seen["fig"]``) while still writing the PNG."""
+    from timm_posgeom.app import zoo
+
+    seen: dict[str, Any] = {}
+    original = zoo._save
+
+    def save(fig: Any, path: Path) -> None:
+        seen["fig"] = fig
+        original(fig, path)
+
+    monkeypatch.setattr(zoo, "_save", save)
+    return seen
+
+
+def test_zoo_fragility_scatter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from matplotlib.text import Annotation
+
+    from timm_posgeom.app import zoo
+
+    records = _zoo_records()
+    fig = _kept(monkeypatch)
+    left_out = zoo.fig_fragility_delta(records, tmp_path / "scatter.png")
+    fig = fig["fig"]
+    assert left_out == [] and (tmp_path / "scatter.png").stat().st_size > 0
+    assert_titles_fit(fig)
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if isinstance(t, Annotation)]
+    assert len(labels) == len(records)
+    assert_texts_inside(ax, labels)
+    # one vertical error bar per point, and the legend says what it is
+    bars = [c for c in ax.containers if getattr(c, "has_yerr", False)]
+    assert len(bars) == len(records)
+    assert any("95% interval" in x for x in legend_labels(fig))
+
+
+def test_zoo_depth_figure_and_top1_fraction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from timm_posgeom.app import zoo
+
+    records = _zoo_records()
+    seen = _kept(monkeypatch)
+    zoo.fig_ssdc_depth(records, tmp_path / "depth.png")
+    assert_titles_fit(seen["fig"])
+    config = zoo.ZooConfig(data="synthetic", shifts=("jpeg:5",))
+    row = zoo.csv_rows(records, config)[0]
+    assert float(row["top1"]) == pytest.approx(0.7)  # a fraction, as FS and SSDC
+    table = zoo.zoo_markdown(records, config)
+    assert "top-1 %" not in table and "| 0.700 |" in table
