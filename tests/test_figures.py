@@ -243,3 +243,174 @@ def test_zoo_depth_figure_and_top1_fraction(tmp_path: Path, monkeypatch: pytest.
     assert float(row["top1"]) == pytest.approx(0.7)  # a fraction, as FS and SSDC
     table = zoo.zoo_markdown(records, config)
     assert "top-1 %" not in table and "| 0.700 |" in table
+
+
+# --------------------------------------------------------------------------------------------
+# the study's report: its figures, header, contents, captions
+# --------------------------------------------------------------------------------------------
+CONDITIONS = ("nope", "ape", "rope")
+
+
+def _study(tmp_path: Path, seeds: int = 2) -> Path:
+    """A small hand-built study folder: results.json for 3 conditions x ``seeds`` seeds, maps.pt for the
+    first seed of each; the models are the package's micro ViTs, narrowed by an override."""
+    import torch
+
+    from timm_posgeom.app.records import (
+        HistoryPoint,
+        RunEval,
+        RunSummary,
+        SSDCSummary,
+        StudyResults,
+        StudyRun,
+        SweepSummary,
+    )
+
+    rng = np.random.default_rng(0)
+    alphas = [1.0, 0.5, 0.0]
+    runs = []
+    for c in CONDITIONS:
+        for seed in range(seeds):
+            def layers(base: float) -> list[float]:
+                return [float(base + 0.05 * k + 0.01 * rng.random()) for k in range(4)]
+
+            ssdc = SSDCSummary(n_images=16, per_layer=layers(0.5), delta=0.01, rpi_per_layer=layers(0.1),
+                               rpi_delta=0.05, rpi_content_per_layer=layers(0.5))
+            sweep = None
+            if c != "nope":
+                sweep = SweepSummary(alphas=alphas, delta_ssdc=[0.1 * a + 0.01 * seed for a in alphas],
+                                     fs={"jpeg:5": [0.3 - 0.05 * a for a in alphas]}, clean_accuracy=[0.6] * 3,
+                                     rpi_per_layer=[layers(0.1) for _ in alphas],
+                                     fs_interval={"jpeg:5": [[0.1, 0.5] for _ in alphas]})
+            run_dir = f"runs/{c}_s{seed}"
+            if seed == 0:
+                (tmp_path / run_dir).mkdir(parents=True)
+                maps = {"normal": torch.rand(2, 16, 16), "rpi": torch.rand(2, 16, 16)}
+                torch.save(maps, tmp_path / run_dir / "maps.pt")
+            runs.append(StudyRun(
+                condition=c, seed=seed, run_dir=run_dir,
+                train=RunSummary(model=f"posgeom_vit_micro_patch8_64_{c}", steps=10, epochs=2, train_images=100,
+                                 val_images=50, processes=1, time_s=1.0, val_top1=0.6),
+                eval=RunEval(clean_accuracy=0.6 + 0.01 * seed, accuracy={"jpeg:5": 0.45, "blur:2.5:5": 0.5},
+                             fs={"jpeg:5": 0.25 + 0.01 * seed, "blur:2.5:5": 0.17}, num_images=50, ssdc=ssdc,
+                             fs_interval={"jpeg:5": [0.2, 0.3], "blur:2.5:5": [0.1, 0.2]}, alpha_sweep=sweep),
+                history=[HistoryPoint(step=s, epoch=float(s), val_top1=0.1 * s, rpi_ssdc=layers(0.02 * s))
+                         for s in (1, 2)],
+                untrained=ssdc))
+    recipes = {c: {"model": f"posgeom_vit_micro_patch8_64_{c}", "img_size": 64, "epochs": 2, "batch_size": 32,
+                   "model_kwargs": {"init": "paper", "embed_dim": 64, "num_heads": 2}} for c in CONDITIONS}
+    config = {"preset": "demo", "recipe_prefix": "demo", "seeds": seeds, "conditions": list(CONDITIONS),
+              "train_overrides": ["model_kwargs.embed_dim=64", "model_kwargs.num_heads=2"], "init": "paper",
+              "probe_images": 16, "alphas": alphas, "shifts": ["jpeg:5", "blur:2.5:5"]}
+    eval_data = {"source": "synthetic", "split": "validation", "images": 50, "classes": 10,
+                 "identity": {"labels": "0123456789abcdef", "pixels": "fedcba9876543210"}}
+    StudyResults(config=config, plan=[], versions={"timm_posgeom": "0"}, runs=runs, recipes=recipes,
+                 eval_data=eval_data, elapsed_s=3.0, complete=True).write(tmp_path / "results.json")
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each study figure drawn from the hand-built study, kept open (savefig recorded, close skipped)."""
+    from timm_posgeom.app import report
+    from timm_posgeom.app.records import StudyResults
+
+    out = _study(tmp_path_factory.mktemp("study"))
+    results = StudyResults.read(out / "results.json")
+    kept: dict[str, Any] = {}
+    mp = pytest.MonkeyPatch()
+    plt = report._plt()
+    mp.setattr(plt, "close", lambda fig=None: None)
+    try:
+        for name, draw in (("ssdc_depth", report.fig_ssdc_depth), ("fragility", report.fig_fragility),
+                           ("alpha_sweep", report.fig_alpha_sweep), ("training", report.fig_training)):
+            draw(results, out / f"{name}.png")
+            kept[name] = plt.gcf()
+        report.fig_similarity_maps(out, results, out / "similarity_maps.png")
+        kept["similarity_maps"] = plt.gcf()
+    finally:
+        mp.undo()
+    assert len({id(f) for f in kept.values()}) == len(kept)
+    yield kept
+    for fig in kept.values():
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("name", ["ssdc_depth", "fragility", "alpha_sweep", "training", "similarity_maps"])
+def test_study_figure_titles_fit(study_figures: dict[str, Any], name: str) -> None:
+    assert_titles_fit(study_figures[name])
+
+
+@pytest.mark.parametrize("name", ["ssdc_depth", "alpha_sweep", "training"])
+def test_study_figure_bands_are_named(study_figures: dict[str, Any], name: str) -> None:
+    """Each band is named in a legend: ± std over seeds (or a 95% interval)."""
+    fig = study_figures[name]
+    assert any(bands(ax) for ax in fig.axes)
+    assert any(("std over seeds" in x or "95% interval" in x) for x in legend_labels(fig)), legend_labels(fig)
+
+
+def test_study_fragility_error_bars_are_named(study_figures: dict[str, Any]) -> None:
+    assert any("error bars: ± std over seeds" in x for x in legend_labels(study_figures["fragility"]))
+
+
+def test_study_alpha_sweep_no_twin_axes_alpha_upwards(study_figures: dict[str, Any]) -> None:
+    fig = study_figures["alpha_sweep"]
+    positions = [tuple(np.round(ax.get_position().bounds, 4)) for ax in fig.axes]
+    assert len(fig.axes) == 2 and len(set(positions)) == 2  # two panels, not one panel with a twin
+    for ax in fig.axes:
+        left, right = ax.get_xlim()
+        assert left < right
+        for line in ax.get_lines():
+            x = np.asarray(line.get_xdata(), dtype=float)
+            assert x.size < 2 or (np.diff(x) > 0).all()
+
+
+def test_study_similarity_maps_masked_with_colour_bars(study_figures: dict[str, Any]) -> None:
+    fig = study_figures["similarity_maps"]
+    maps = image_axes(fig)
+    assert len(maps) == 4 * len(CONDITIONS)
+    assert len(colorbars(fig)) == len(CONDITIONS)  # one per condition (a row shares its colour scale)
+    for ax in maps:
+        img = np.asarray(ax.get_images()[0].get_array(), dtype=float)
+        assert np.isnan(np.diag(img)).all() and not np.isnan(img[0, 1])
+
+
+def test_report_header_contents_and_captions(tmp_path: Path) -> None:
+    """The title and the header table say what the study varied; the contents link to every section with
+    the anchors the HTML page gives them; each figure sits in the section of its table, captioned."""
+    import re
+
+    from timm_posgeom.app.report import _slug, write_report
+
+    out = _study(tmp_path)
+    md = write_report(out).read_text()
+    lines = md.splitlines()
+    assert lines[0] == "# PE geometry study: 8x8 grid, width 64, depth 4, paper init (preset `demo`)"
+    varied = md.split("## What this study varied")[1].split("## Contents")[0]
+    for needle in ("| preset | `demo`", "| initialisation | paper", "| width / depth / heads | 64 / 4 / 2 |",
+                   "| grid | 8 x 8 (64 px, patch 8) |", "`model_kwargs.embed_dim=64`", "| seeds | 2 per condition",
+                   "labels `0123456789abcdef`", "pixels `fedcba9876543210`"):
+        assert needle in varied, needle
+    # contents: one link per section, each to an anchor the HTML page has
+    sections = [line[3:] for line in lines if line.startswith("## ") and line != "## Contents"]
+    links = re.findall(r"^- \[(.+)\]\(#([^)]+)\)$", md.split("## Contents")[1].split("\n## ")[0], re.M)
+    assert [t for t, _ in links] == sections and all(a == _slug(t) for t, a in links)
+    page = (out / "report.html").read_text()
+    for _, anchor in links:
+        assert f'id="{anchor}"' in page, anchor
+    assert "<title>PE geometry study: 8x8 grid, width 64" in page
+    # figures next to their tables, not gathered at the end, each with a numbered caption
+    def section(title: str) -> str:
+        return md.split("\n## " + title)[1].split("\n## ")[0]
+
+    assert "figures/fragility.png" in section("Accuracy and fragility")
+    assert "figures/ssdc_depth.png" in section("SSDC across depth") and "similarity_maps.png" in section("SSDC across depth")
+    assert "figures/alpha_sweep.png" in section("Alpha sweep: JPEG")
+    assert "figures/training.png" in section("During training")
+    captions = re.findall(r"^\*Figure (\d)\. (.+)\*$", md, re.M)
+    assert [int(n) for n, _ in captions] == [1, 2, 3, 4, 5]
+    assert all(("std over seeds" in c or "colour bar" in c) for _, c in captions)
+    assert page.count("data:image/png;base64,") == 5
+    # the sweep tables run alpha upwards, as the figure's axis
+    rows = re.findall(r"^\| (\d(?:\.\d+)?) \|", section("Alpha sweep: delta SSDC"), re.M)
+    assert [float(a) for a in rows] == [0.0, 0.5, 1.0]
