@@ -179,6 +179,9 @@ def test_sweep_figure(tmp_path: Path) -> None:
     for ax in fig.axes:  # alpha increases left to right
         left, right = ax.get_xlim()
         assert left < right
+    # and so does the table written next to the figure (sweep.md)
+    alphas = [float(line.split("|")[1]) for line in _sweep().to_markdown().splitlines()[2:]]
+    assert alphas == sorted(alphas) == [0.0, 0.5, 1.0]
 
 
 # --------------------------------------------------------------------------------------------

@@ -535,10 +535,11 @@ class AlphaSweepResult:
         return text
 
     def to_markdown(self, digits: int = 3) -> str:
-        """A markdown table: alpha, delta SSDC, clean top-1, FS per shift, per-layer SSDC under RPI."""
+        """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC, clean top-1, FS per
+        shift, per-layer SSDC under RPI."""
         head = ["alpha", "delta SSDC (RPI)", "clean top-1", *(f"FS {s}" for s in self.shifts), "SSDC per layer (RPI)"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in self.rows:
+        for r in sorted(self.rows, key=lambda r: r.alpha):
             cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", f"{r.clean_accuracy:.{digits}f}",
                      *(f"{r.fs[s]:.{digits}f}" for s in self.shifts),
                      ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer)]
