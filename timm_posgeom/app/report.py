@@ -468,8 +468,10 @@ def _header(results: StudyResults) -> tuple[str, list[str]]:
     grid = _one_or_each({c: _grid_text(a) for c, a in archs.items()}) if archs else na
     short_grid = _one_or_each({c: "x".join(map(str, a["grid"])) if a.get("grid") else na for c, a in archs.items()}) \
         if archs else na
-    title = (f"PE geometry study: {short_grid} grid, width {width}, depth {depth}, {init} init "
-             f"(preset `{cfg['preset']}`)")
+    known = [part for part, value in ((f"{short_grid} grid", short_grid), (f"width {width}", width),
+                                      (f"depth {depth}", depth), (f"{init} init", init)) if value != na]
+    title = f"PE geometry study: {', '.join(known)} (preset `{cfg['preset']}`)" if known else \
+        f"PE geometry study: preset `{cfg['preset']}`"
     overrides = cfg.get("train_overrides") or []
     seeds_run = "; ".join(f"{LABELS.get(c, c)} {', '.join(str(r.seed) for r in runs)}" for c, runs in by.items())
     epochs = _one_or_each({c: r.get("epochs", na) for c, r in recipes.items() if r}) if archs else na
@@ -643,6 +645,7 @@ def render_html(md: str, figures: Path) -> str:
             return match.group(0)
         return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
 
+    body = re.sub(r'<h1 id="[^"]*">', "<h1>", body)  # the contents link to sections (h2) only
     body = re.sub(r'src="(figures/[^"]+\.png)"', embed, body)
     body = re.sub(r"<td>yes</td>", '<td class="verdict-yes">yes</td>', body)
     body = re.sub(r"<td>(undecided: [^<]*)</td>", r'<td class="verdict-undecided">\1</td>', body)
