@@ -264,7 +264,7 @@ def test_alpha_sweep_at_one_equals_unscaled_model():
     assert zero.clean_accuracy < 1.0 and zero.ssdc_per_layer != one.ssdc_per_layer  # the PE matters here
     md = sweep.to_markdown()
     assert md.splitlines()[0].startswith("| alpha | delta SSDC (RPI)") and "FS blur:2.5:5" in md
-    assert len(sweep.plot().axes) == 2  # delta SSDC and FS on two y axes
+    assert len(sweep.plot().axes) == 2  # delta SSDC and FS: two panels sharing alpha, no twin axes
     assert json.loads(sweep.to_json())["rows"][0]["alpha"] == 1.0
     assert model.alpha == 1.0
 

@@ -215,12 +215,15 @@ class FragilityResult:
         return text
 
     def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
-        """Bar chart: clean and shifted accuracy with Wilson 95% error bars, FS written above each
-        shift's bar. Returns the matplotlib Figure; also saved to ``path`` if given."""
+        """Bar chart: clean and shifted accuracy with Wilson 95% error bars, each shift's FS and its paired
+        bootstrap 95% interval written above its bar. Returns the matplotlib Figure; also saved to ``path``
+        if given."""
         from matplotlib.figure import Figure
 
+        from .plotting import fit_titles
+
         if ax is None:
-            fig = Figure(figsize=(1.6 + 1.3 * (1 + len(self.shifts)), 3.6), layout="constrained")
+            fig = Figure(figsize=(1.8 + 1.5 * (1 + len(self.shifts)), 3.8), layout="constrained")
             ax = fig.subplots()
         else:
             fig = ax.figure
@@ -228,18 +231,22 @@ class FragilityResult:
         values = [self.clean_accuracy, *(self.accuracy[s] for s in self.shifts)]
         intervals = [self.clean_interval, *(self.accuracy_interval[s] for s in self.shifts)]
         err = np.array([[max(v - lo, 0), max(hi - v, 0)] for v, (lo, hi) in zip(values, intervals)]).T
-        bars = ax.bar(range(len(names)), values, yerr=err, capsize=4,
-                      color=["0.55", *[f"C{i}" for i in range(len(self.shifts))]])
+        bars = ax.bar(range(len(names)), values, color=["0.55", *[f"C{i}" for i in range(len(self.shifts))]])
+        ax.errorbar(range(len(names)), values, yerr=err, fmt="none", ecolor="k", capsize=4,
+                    label="top-1: Wilson 95% interval")
         for bar, s in zip(bars[1:], self.shifts):
             top = self.accuracy_interval[s][1]
             top = bar.get_height() if math.isnan(top) else top
-            ax.annotate(f"FS {self.fs[s]:.3f}", (bar.get_x() + bar.get_width() / 2, top),
-                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=8)
+            lo, hi = self.fs_interval.get(s, (math.nan, math.nan))
+            ax.annotate(f"FS {self.fs[s]:.3f}\n[{lo:.3f}, {hi:.3f}]", (bar.get_x() + bar.get_width() / 2, top),
+                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
         ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel("top-1 accuracy")
-        ax.set_ylim(0, min(1.0, max(values + [0.05]) * 1.25 + 0.05))
+        ax.set_ylabel("top-1 accuracy (fraction)")
+        ax.set_ylim(0, min(1.0, max(values + [0.05]) * 1.25 + 0.1))
+        ax.legend(fontsize=7, loc="lower right", title="FS: [paired bootstrap 95%]", title_fontsize=7)
         title = self.settings.get("model") or ""
         ax.set_title(f"{title} (n={self.num_images})".strip(), fontsize=9)
+        fit_titles(fig)
         if path is not None:
             fig.savefig(path, dpi=150)
         return fig
@@ -528,10 +535,11 @@ class AlphaSweepResult:
         return text
 
     def to_markdown(self, digits: int = 3) -> str:
-        """A markdown table: alpha, delta SSDC, clean top-1, FS per shift, per-layer SSDC under RPI."""
+        """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC, clean top-1, FS per
+        shift, per-layer SSDC under RPI."""
         head = ["alpha", "delta SSDC (RPI)", "clean top-1", *(f"FS {s}" for s in self.shifts), "SSDC per layer (RPI)"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in self.rows:
+        for r in sorted(self.rows, key=lambda r: r.alpha):
             cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", f"{r.clean_accuracy:.{digits}f}",
                      *(f"{r.fs[s]:.{digits}f}" for s in self.shifts),
                      ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer)]
@@ -539,24 +547,35 @@ class AlphaSweepResult:
         return "\n".join(lines)
 
     def plot(self, path: str | os.PathLike | None = None) -> Any:
-        """Delta SSDC (left axis) and FS per shift (right axis) against alpha. Returns the matplotlib
-        Figure; also saved to ``path`` if given."""
+        """Against alpha (increasing left to right), two panels sharing the x axis: delta SSDC under RPI
+        (top) and FS per shift with its paired-bootstrap 95% interval as a band (bottom); no twin axes.
+        Returns the matplotlib Figure; also saved to ``path`` if given."""
         from matplotlib.figure import Figure
 
-        fig = Figure(figsize=(5.2, 4.0), layout="constrained")
-        ax = fig.subplots()
+        from .plotting import fit_titles
+
+        fig = Figure(figsize=(5.4, 5.4), layout="constrained")
+        top, bottom = fig.subplots(2, 1, sharex=True)
         order = np.argsort(self.alphas)
-        alphas = np.asarray(self.alphas)[order]
-        ax.plot(alphas, np.asarray(self.delta_ssdc)[order], "o-", color="k", label="delta SSDC (RPI)")
-        ax.set_xlabel("alpha (PE scale)")
-        ax.set_ylabel("delta SSDC under RPI")
-        right = ax.twinx()
+        alphas = np.asarray(self.alphas, dtype=float)[order]
+        top.plot(alphas, np.asarray(self.delta_ssdc, dtype=float)[order], "o-", color="k",
+                 label="delta SSDC under RPI (no interval recorded)")
+        top.axhline(0, color="0.6", lw=0.5)
+        top.set_ylabel("delta SSDC under RPI")
+        top.legend(fontsize=7)
         for i, s in enumerate(self.shifts):
-            right.plot(alphas, np.asarray(self.fs[s])[order], "s--", color=f"C{i}", label=f"FS {s}")
-        right.set_ylabel("fragility score")
-        handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-        fig.legend(handles=handles, fontsize=8, loc="outside lower center", ncols=min(3, len(handles)))
-        ax.set_title(str(self.settings.get("model") or ""), fontsize=9)
+            bottom.plot(alphas, np.asarray(self.fs[s], dtype=float)[order], "s-", color=f"C{i}", ms=4, label=f"FS {s}")
+            rows = [self.rows[k] for k in order]
+            ci = [getattr(r.fragility, "fs_interval", {}).get(s, (math.nan, math.nan)) for r in rows]
+            if not all(math.isnan(lo) for lo, _ in ci):
+                bottom.fill_between(alphas, [lo for lo, _ in ci], [hi for _, hi in ci], color=f"C{i}", alpha=0.2,
+                                    lw=0, label=f"FS {s}: paired bootstrap 95% interval")
+        bottom.axhline(0, color="0.6", lw=0.5)
+        bottom.set_xlabel("alpha (PE scale)")
+        bottom.set_ylabel("fragility score FS")
+        bottom.legend(fontsize=7)
+        top.set_title(str(self.settings.get("model") or ""), fontsize=9)
+        fit_titles(fig)
         if path is not None:
             fig.savefig(path, dpi=150)
         return fig

@@ -26,7 +26,7 @@ from .claims import (
     spread_sp,
 )
 from .provenance import describe_versions
-from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
+from .records import HistoryPoint, StudyResults, StudyRun
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -102,16 +102,6 @@ def _floor_line(results: StudyResults, delta: bool = False) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# claims
-# --------------------------------------------------------------------------------------------
-def _sweep_means(sweeps: list[SweepSummary], shift: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per alpha, delta SSDC and FS of ``shift`` averaged over seeds (missing values ignored)."""
-    def mean(rows):
-        return np.nanmean([_floats(row) for row in rows], 0)
-    return mean(s.delta_ssdc for s in sweeps), mean(s.fs[shift] for s in sweeps)
-
-
-# --------------------------------------------------------------------------------------------
 # figures
 # --------------------------------------------------------------------------------------------
 def _plt():
@@ -123,10 +113,35 @@ def _plt():
     return plt
 
 
+def _band_note(results: StudyResults) -> str:
+    """What a band over seeds is, for a legend: mean ± std over seeds (zero width with one seed)."""
+    n = {len(runs) for runs in _by_condition(results).values()}
+    return "band: ± std over seeds" + (" (none with 1 seed)" if 1 in n else "")
+
+
+def _proxy_band(label: str) -> Any:
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor="0.6", alpha=0.35, label=label)
+
+
+def _save(fig: Any, path: Path, dpi: int = 120) -> None:
+    """Fit the titles to the canvas, save, close."""
+    from ..plotting import fit_titles
+
+    fit_titles(fig)
+    fig.savefig(path, dpi=dpi)
+    _plt().close(fig)
+
+
 def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
+    """SSDC of the mean map per layer, normal (left) and under RPI (right): one line per condition, the mean
+    over seeds with a ± std band; dotted, the untrained models."""
+    from matplotlib.lines import Line2D
+
     plt = _plt()
     by = _by_condition(results)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True, layout="constrained")
     for ax, key, title in ((axes[0], "per_layer", "SSDC across depth"), (axes[1], "rpi_per_layer", "under RPI")):
         for c, runs in by.items():
             m, s = _layers(runs, key)
@@ -135,7 +150,7 @@ def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
             x = np.arange(len(m))
             ax.set_xticks(x)
             ax.plot(x, m, "-o", color=COLORS.get(c), label=LABELS.get(c, c), ms=4)
-            ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2)
+            ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2, lw=0, label="_band")
             u, _ = _layers(runs, key, source="untrained")
             if key == "per_layer" and u.size:
                 ax.plot(x, u, ":", color=COLORS.get(c), lw=1)
@@ -148,19 +163,20 @@ def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
             ax.legend(fontsize=7, loc="upper right")
         ax.set_title(title)
         ax.set_xlabel("layer (attention input)")
-    axes[0].set_ylabel("SSDC (mean map)")
-    axes[0].legend(fontsize=8, title="dotted: untrained", title_fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    axes[0].set_ylabel("SSDC (mean map), mean over seeds")
+    handles = axes[0].get_legend_handles_labels()[0]
+    handles += [_proxy_band(_band_note(results)), Line2D([], [], color="0.3", ls=":", lw=1, label="untrained (dotted)")]
+    axes[0].legend(handles=handles, fontsize=7)
+    _save(fig, path)
 
 
 def fig_fragility(results: StudyResults, path: Path) -> None:
+    """FS per shift and condition: bars the mean over seeds, error bars ± std over seeds (none with one)."""
     plt = _plt()
     by = _by_condition(results)
     shifts = sorted({s for r in results.runs for s in r.eval.fs or {}},
                     key=lambda s: (s not in PAPER_SHIFTS, s))
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(shifts) + 3), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(shifts) + 3.5), 3.8), layout="constrained")
     width = 0.8 / max(1, len(by))
     for i, (c, runs) in enumerate(by.items()):
         stats = [spread([_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
@@ -170,48 +186,69 @@ def fig_fragility(results: StudyResults, path: Path) -> None:
     ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
     ax.set_xticklabels(shifts, rotation=20 if len(shifts) > 3 else 0, fontsize=8)
     ax.set_ylabel("fragility score 1 - A_shift / A_clean")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.set_title("Fragility per shift (mean over seeds)", fontsize=10)
+    n = {len(runs) for runs in by.values()}
+    ax.legend(fontsize=8, title="error bars: ± std over seeds" + (" (none with 1 seed)" if 1 in n else ""),
+              title_fontsize=7)
+    _save(fig, path)
+
+
+def _sweep_order(alphas: list[float]) -> list[int]:
+    """Indices that put a sweep's alphas in increasing order (every figure and table runs alpha upwards)."""
+    return sorted(range(len(alphas)), key=lambda k: alphas[k])
 
 
 def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
+    """Against alpha (increasing), delta SSDC under RPI (left) and JPEG q5 FS (right), one line per swept
+    condition: the mean over seeds with a ± std band; with one seed, FS's band is its paired-bootstrap 95%
+    interval over images. Two panels, no twin axes."""
     plt = _plt()
     by = _by_condition(results)
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if not swept:
         return False
-    fig, axes = plt.subplots(1, len(swept), figsize=(4.2 * len(swept), 3.4), squeeze=False)
-    for ax, (c, sweeps) in zip(axes[0], swept):
-        alphas = sweeps[0].alphas
-        delta, fsj = _sweep_means(sweeps, "jpeg:5")
-        ax.plot(alphas, delta, "-o", color="#1f77b4", ms=4)
-        ax2 = ax.twinx()
-        ax2.plot(alphas, fsj, "-s", color="#d62728", ms=4)
-        if len(sweeps) > 1:  # the seed spread: mean ± std bands
-            for axis, key, color in ((ax, "delta", "#1f77b4"), (ax2, "fs", "#d62728")):
-                rows = np.array([_floats(s.delta_ssdc if key == "delta" else s.fs["jpeg:5"]) for s in sweeps], float)
-                m, sd = np.nanmean(rows, 0), np.nanstd(rows, 0, ddof=1)
-                axis.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15)
-        floor = no_pe_floor(results)
-        if floor is not None and math.isfinite(floor[2].mean):  # the no-PE floor of delta SSDC under RPI
-            ax.axhline(floor[2].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor")
-            ax.legend(fontsize=7, loc="lower left")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0), sharex=True, layout="constrained")
+    notes = set()
+    for c, sweeps in swept:
+        order = _sweep_order(sweeps[0].alphas)
+        alphas = np.asarray(sweeps[0].alphas, dtype=float)[order]
+        color = COLORS.get(c)
+        for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
+            arr = np.array([_floats(row) for row in rows], dtype=float)[:, order]
+            m = np.nanmean(arr, 0)
+            ax.plot(alphas, m, "-o", color=color, ms=4, label=f"{LABELS.get(c, c)} ({len(sweeps)} seed"
+                    f"{'s' if len(sweeps) > 1 else ''})")
+            if len(sweeps) > 1:
+                sd = np.nanstd(arr, 0, ddof=1)
+                ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
+                notes.add("band: ± std over seeds")
+            elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
+                ci = np.array([_floats(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
+                ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
+                notes.add("FS band, 1 seed: paired bootstrap 95% interval")
+    floor = no_pe_floor(results)
+    if floor is not None and math.isfinite(floor[2].mean):  # the no-PE floor of delta SSDC under RPI
+        left.axhline(floor[2].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor")
+    for ax in (left, right):
+        ax.axhline(0, color="k", lw=0.5)
         ax.set_xlabel("alpha (PE scale)")
-        ax.set_ylabel("delta SSDC under RPI", color="#1f77b4")
-        ax.invert_xaxis()
-        ax2.set_ylabel("JPEG q5 fragility", color="#d62728")
-        ax.set_title(f"{LABELS.get(c, c)} ({len(sweeps)} seed{'s' if len(sweeps) > 1 else ''})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    left.set_ylabel("delta SSDC under RPI")
+    left.set_title("delta SSDC under RPI against alpha", fontsize=10)
+    right.set_ylabel("JPEG q5 fragility score")
+    right.set_title("JPEG q5 FS against alpha", fontsize=10)
+    handles = left.get_legend_handles_labels()[0] + [_proxy_band(n) for n in sorted(notes)]
+    left.legend(handles=handles, fontsize=7)
+    _save(fig, path)
     return True
 
 
 def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
+    """Mean token-similarity maps of each condition's first seed: layers 0 and 1, normal and under RPI;
+    diagonal masked (as in every map of the package), one colour scale and colour bar per condition."""
     import torch
+
+    from ..plotting import MAP_LABEL, show_map
 
     plt = _plt()
     by = _by_condition(results)
@@ -222,25 +259,25 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
             rows.append((c, torch.load(maps_file, weights_only=True)))
     if not rows:
         return False
-    fig, axes = plt.subplots(len(rows), 4, figsize=(8, 2.1 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 4, figsize=(9, 2.2 * len(rows) + 0.4), squeeze=False, layout="constrained")
     for r, (c, maps) in enumerate(rows):
         panels = [(maps["normal"][0], "layer 0"), (maps["normal"][1], "layer 1"),
                   (maps["rpi"][0], "layer 0, RPI"), (maps["rpi"][1], "layer 1, RPI")]
-        for k, (m, title) in enumerate(panels):
+        imgs = [m.numpy().astype(float) for m, _ in panels]
+        off = np.concatenate([img[~np.eye(len(img), dtype=bool)] for img in imgs])
+        vmin, vmax = float(np.nanmin(off)), float(np.nanmax(off))
+        for k, ((_, title), img) in enumerate(zip(panels, imgs)):
             ax = axes[r][k]
-            img = m.numpy().astype(float)
-            np.fill_diagonal(img, np.nan)  # self-similarity (1) would swamp the colour scale
-            ax.imshow(img, cmap="viridis")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            im = show_map(ax, img, vmin=vmin, vmax=vmax, colorbar=False)
             if r == 0:
                 ax.set_title(title, fontsize=8)
             if k == 0:
                 ax.set_ylabel(LABELS.get(c, c), fontsize=8)
+        bar = fig.colorbar(im, ax=list(axes[r]), shrink=0.9)
+        bar.set_label(MAP_LABEL, fontsize=6)
+        bar.ax.tick_params(labelsize=6)
     fig.suptitle("mean token-similarity maps (token slot order, row-major; diagonal masked)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, dpi=110)
     return True
 
 
@@ -291,7 +328,8 @@ def fig_training(results: StudyResults, path: Path) -> bool:
     curves = [(c, h) for c, h in curves if h[0].size]
     if not curves:
         return False
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.3 * len(curves), 3.3), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(curves), figsize=(3.4 * len(curves), 3.6), sharey=True, squeeze=False,
+                             layout="constrained")
     cmap = plt.get_cmap("viridis")
     for ax, (c, (epochs, ssdc_l, top1, records)) in zip(axes[0], curves):
         L = ssdc_l.shape[1]
@@ -301,9 +339,9 @@ def fig_training(results: StudyResults, path: Path) -> bool:
             ax.plot(epochs, ssdc_l[:, layer], color=color, lw=1.3,
                     label=f"layer {layer}" if layer in (0, L - 1) else None)
             ax.fill_between(epochs, ssdc_l[:, layer] - ssdc_sd[:, layer], ssdc_l[:, layer] + ssdc_sd[:, layer],
-                            color=color, alpha=0.15, lw=0)
+                            color=color, alpha=0.15, lw=0, label="_band")
         ax.plot(epochs, top1, "--", color="0.45", lw=1, label="val top-1")
-        ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0)
+        ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0, label="_band")
         ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
         ax.axhline(0, color="k", lw=0.5)
         floor = no_pe_floor(results)
@@ -312,10 +350,9 @@ def fig_training(results: StudyResults, path: Path) -> bool:
         ax.set_title(LABELS.get(c, c))
         ax.set_xlabel("epoch")
     axes[0][0].set_ylabel("SSDC under RPI (lines) / top-1")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    handles = axes[0][0].get_legend_handles_labels()[0] + [_proxy_band(_band_note(results))]
+    axes[0][0].legend(handles=handles, fontsize=7)
+    _save(fig, path)
     return True
 
 
@@ -394,7 +431,9 @@ def _tables(results: StudyResults) -> list[str]:
                 lines += ["One RPI permutation per alpha (the first of every model). " + _floor_line(results, delta=True), ""]
             lines += ["| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
                       "|---|" + "---|" * len(swept)]
-            for i, a in enumerate(swept[0][1][0].alphas):
+            alphas = swept[0][1][0].alphas
+            for i in _sweep_order(alphas):  # alpha upwards, as in the figure
+                a = alphas[i]
                 lines.append(f"| {a:g} | " + " | ".join(
                     spread([value(s, i) for s in sweeps]).text() for _, sweeps in swept) + " |")
     return lines
@@ -442,8 +481,135 @@ def _versions_text(results: StudyResults) -> str:
                                                 for r in results.runs], label="the study's last invocation")
 
 
+def _architecture(recipe: dict[str, Any]) -> dict[str, Any]:
+    """Width, depth, heads, patch and grid of a recipe's model, read off the model built on the meta device
+    (no weights, no memory); what the recipe itself says when the model cannot be built that way."""
+    kwargs = dict(recipe.get("model_kwargs") or {})
+    if recipe.get("img_size"):
+        kwargs["img_size"] = recipe["img_size"]
+    out: dict[str, Any] = {"width": kwargs.get("embed_dim"), "depth": kwargs.get("depth"),
+                           "heads": kwargs.get("num_heads"), "img_size": recipe.get("img_size")}
+    try:
+        import timm
+        import torch
+
+        from .. import models  # noqa: F401  (registers the package's models with timm)
+
+        with torch.device("meta"):
+            model = timm.create_model(recipe["model"], **kwargs)
+        grid = tuple(model.patch_embed.grid_size)
+        out.update(width=model.embed_dim, depth=len(model.blocks), heads=model.blocks[0].attn.num_heads,
+                   patch=tuple(model.patch_embed.patch_size), grid=grid)
+    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError, NotImplementedError):
+        pass  # not a ViT timm can build here: the recipe's values (or "not recorded") stand
+    return out
+
+
+def _one_or_each(values: dict[str, Any], fmt=str) -> str:
+    """One value when every condition shares it, else each condition's."""
+    distinct = {fmt(v) for v in values.values()}
+    if len(distinct) == 1:
+        return distinct.pop()
+    return "; ".join(f"{LABELS.get(c, c)} {fmt(v)}" for c, v in values.items())
+
+
+def _grid_text(arch: dict[str, Any]) -> str:
+    grid = arch.get("grid")
+    if not grid:
+        return "not recorded"
+    size = f"{arch['img_size']} px, " if arch.get("img_size") else ""
+    patch = f"patch {arch['patch'][0]}" if arch.get("patch") else ""
+    return f"{grid[0]} x {grid[1]} ({size}{patch})"
+
+
+def _header(results: StudyResults) -> tuple[str, list[str]]:
+    """The report's title (what the study varied: grid, width, depth, init) and the table under it: preset,
+    init, model, width, depth, grid, overrides, seeds, training, data identity, what was measured."""
+    cfg = results.config
+    by = _by_condition(results)
+    recipes = {c: results.recipes.get(c) or {} for c in cfg.get("conditions", by)}
+    archs = {c: _architecture(r) for c, r in recipes.items() if r}
+    inits = {c: (r.get("model_kwargs") or {}).get("init", "timm") for c, r in recipes.items() if r}
+    init = cfg.get("init") or _one_or_each(inits) if inits else cfg.get("init") or "not recorded"
+    na = "not recorded"
+    width = _one_or_each({c: a.get("width") or na for c, a in archs.items()}) if archs else na
+    depth = _one_or_each({c: a.get("depth") or na for c, a in archs.items()}) if archs else na
+    heads = _one_or_each({c: a.get("heads") or na for c, a in archs.items()}) if archs else na
+    grid = _one_or_each({c: _grid_text(a) for c, a in archs.items()}) if archs else na
+    short_grid = _one_or_each({c: "x".join(map(str, a["grid"])) if a.get("grid") else na for c, a in archs.items()}) \
+        if archs else na
+    known = [part for part, value in ((f"{short_grid} grid", short_grid), (f"width {width}", width),
+                                      (f"depth {depth}", depth), (f"{init} init", init)) if value != na]
+    title = f"PE geometry study: {', '.join(known)} (preset `{cfg['preset']}`)" if known else \
+        f"PE geometry study: preset `{cfg['preset']}`"
+    overrides = cfg.get("train_overrides") or []
+    seeds_run = "; ".join(f"{LABELS.get(c, c)} {', '.join(str(r.seed) for r in runs)}" for c, runs in by.items())
+    epochs = _one_or_each({c: r.get("epochs", na) for c, r in recipes.items() if r}) if archs else na
+    batch = _one_or_each({c: r.get("batch_size", na) for c, r in recipes.items() if r}) if archs else na
+    models = _one_or_each({c: f"`{r.get('model', na)}`" for c, r in recipes.items() if r}) if archs else na
+    data = results.eval_data or {}
+    identity = data.get("identity") or {}
+    ident = ", ".join(f"{k} `{identity[k]}`" for k in ("labels", "pixels") if identity.get(k))
+    alphas = cfg.get("alphas")
+    rows = [
+        ("preset", f"`{cfg['preset']}`" + (f" (recipes `{cfg['recipe_prefix']}_<condition>`)"
+                                            if cfg.get("recipe_prefix") else "")),
+        ("conditions", ", ".join(LABELS.get(c, c) for c in cfg.get("conditions", by))),
+        ("model", models),
+        ("initialisation", f"{init}" + (" (`--init`, every run)" if cfg.get("init") else " (each recipe's own)")),
+        ("width / depth / heads", f"{width} / {depth} / {heads}"),
+        ("grid", grid),
+        ("overrides", ", ".join(f"`{o}`" for o in overrides) if overrides else "none (the preset's recipes)"),
+        ("seeds", f"{cfg.get('seeds', na)} per condition; measured: {seeds_run}"),
+        ("training", f"{epochs} epochs, batch {batch}"),
+        ("data", f"`{data.get('source', na)}`, {data.get('split', na)} split, {data.get('images', na)} images, "
+                 f"{data.get('classes', na)} classes" + (f"; identity: {ident}" if ident else "")),
+        ("measured", f"fragility under {', '.join(cfg.get('shifts') or []) or 'no shift'}; SSDC on "
+                     f"{cfg.get('probe_images')} images (normal and under RPI)"
+                     + (f"; alpha sweep at {', '.join(f'{a:g}' for a in sorted(alphas))}" if alphas else "")),
+    ]
+    table = ["## What this study varied", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    return title, table
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it (lower case, punctuation dropped, spaces to hyphens); the
+    HTML page uses the same (:func:`render_html`), so the contents' links work in both."""
+    import re
+
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _contents(lines: list[str]) -> list[str]:
+    """A table of contents: a link to every second-level heading in ``lines``."""
+    heads = [line[3:].strip() for line in lines if line.startswith("## ")]
+    return ["## Contents", ""] + [f"- [{h}](#{_slug(h)})" for h in heads] + [""]
+
+
+def _place(lines: list[str], heading: str, block: list[str]) -> list[str]:
+    """``block`` inserted at the end of the last section whose heading starts with ``heading`` (appended
+    when there is none): a figure goes next to the table it illustrates."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("## " + heading)]
+    if not starts:
+        return lines + [""] + block
+    end = next((j for j in range(starts[-1] + 1, len(lines)) if lines[j].startswith("## ")), len(lines))
+    while end > 0 and lines[end - 1] == "":
+        end -= 1
+    while block and block[-1] == "":
+        block = block[:-1]
+    return lines[:end] + [""] + block + lines[end:]
+
+
+def _figure(number: int, file: str, alt: str, caption: str) -> list[str]:
+    return [f"![{alt}](figures/{file})", "", f"*Figure {number}. {caption}*", ""]
+
+
 def write_report(out: str | os.PathLike) -> Path:
-    """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md."""
+    """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md.
+
+    The page: a title and a table saying what the study varied (preset, init, width, depth, grid,
+    overrides, seeds, data identity), a table of contents, the claims, then each table with the figure
+    that illustrates it, captioned (what is drawn, what the bands are), and provenance last."""
     out = Path(out)
     results = StudyResults.read(out / "results.json")
     if not results.runs:
@@ -459,26 +625,51 @@ def write_report(out: str | os.PathLike) -> Path:
     claims = evaluate_claims(results)
     probed = sorted({r.eval.ssdc.n_images for r in results.runs if r.eval.ssdc is not None})
     probed_text = "no" if not probed else f"{probed[0]}" if len(probed) == 1 else f"{probed[0]}-{probed[-1]}"
-    lines = [f"# PE geometry study: preset `{cfg['preset']}`", "",
-             f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
-             f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
-             f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
-             f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
-             f"{results.elapsed_s:.0f} s (all invocations). Versions: {_versions_text(results)}.", "",
-             "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
-             "may differ, so compare orderings and shapes rather than values.", ""]
-    lines += _claims_table(claims)
-    lines += _tables(results)
-    lines += _training_table(results)
-    lines += ["", "## Figures", "", "![SSDC across depth](figures/ssdc_depth.png)", "",
-              "![Fragility](figures/fragility.png)", ""]
+    title, varied = _header(results)
+    head = [f"# {title}", "",
+            f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
+            f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
+            f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
+            f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
+            f"{results.elapsed_s:.0f} s (all invocations). Versions: {_versions_text(results)}.", "",
+            "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
+            "may differ, so compare orderings and shapes rather than values.", ""]
+    body = _claims_table(claims) + _tables(results) + _training_table(results)
+    seeds = "mean ± std over seeds (zero width with one seed)"
+    n = 0
+
+    def figure(file: str, alt: str, caption: str) -> list[str]:
+        nonlocal n
+        n += 1
+        return _figure(n, file, alt, caption)
+
+    body = _place(body, "Accuracy and fragility", figure(
+        "fragility.png", "Fragility per shift",
+        "Fragility score FS = 1 - A_shift / A_clean per shift and condition: bars the mean over seeds, error bars "
+        "± std over seeds (none with one seed); the table gives the 95% intervals."))
+    maps_caption = ("Mean token-similarity maps of each condition's first seed, layers 0 and 1, without and under "
+                    "RPI (token slot order, row-major). The diagonal (each token with itself) is masked; each row "
+                    "has its own colour scale and colour bar.")
+    body = _place(body, "SSDC across depth", figure(
+        "ssdc_depth.png", "SSDC across depth",
+        f"SSDC of the mean similarity map per layer, without RPI (left) and under RPI against the index grid "
+        f"(right): lines the mean over seeds, bands {seeds}; dotted, the same models untrained.")
+        + (figure("similarity_maps.png", "Similarity maps", maps_caption) if has_maps else []))
     if has_sweep:
-        lines += ["![Alpha sweep](figures/alpha_sweep.png)", ""]
-    if has_maps:
-        lines += ["![Similarity maps](figures/similarity_maps.png)", ""]
+        body = _place(body, "Alpha sweep", figure(
+            "alpha_sweep.png", "Alpha sweep",
+            f"Delta SSDC under RPI (left) and JPEG q5 FS (right) against the PE scale alpha (increasing to the "
+            f"right, as in the tables): lines the mean over seeds, bands {seeds}; with one seed the FS band is "
+            f"the paired-bootstrap 95% interval over images."))
     if has_training:
-        lines += ["![SSDC under RPI during training](figures/training.png)", ""]
-    lines += ["Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
+        body = _place(body, "During training", figure(
+            "training.png", "SSDC under RPI during training",
+            f"SSDC under RPI per layer (colour: depth) and validation top-1 (dashed) across training, from "
+            f"the training log: lines the mean over seeds, bands {seeds}; dotted line: the 'substantial' "
+            f"threshold {SUBSTANTIAL}."))
+    tail = ["", "## Provenance", "", f"Versions: {_versions_text(results)}.", "",
+            "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
+    lines = head + varied + [""] + _contents(varied + body + tail) + body + tail
     md = "\n".join(lines) + "\n"
     (out / "report.md").write_text(md)
     _write_html(out, md)
@@ -497,6 +688,7 @@ tr:nth-child(even) td { background: #f6f8fa; }
 td strong { color: #b31d28; }
 code { background: #f0f2f4; padding: .1em .3em; border-radius: 3px; font-size: .92em; }
 img { max-width: 100%; border: 1px solid #e1e4e8; margin: .5em 0; }
+p > em:only-child { color: #57606a; font-size: .9em; }
 .verdict-yes { color: #1a7f37; font-weight: 600; }
 .verdict-undecided { color: #9a6700; }
 """
@@ -504,12 +696,18 @@ img { max-width: 100%; border: 1px solid #e1e4e8; margin: .5em 0; }
 
 def render_html(md: str, figures: Path) -> str:
     """A self-contained page from the report's markdown: rendered with Python-Markdown (tables), styled,
-    every ``figures/*.png`` it shows embedded as a data URI, the claims' verdicts coloured."""
+    every ``figures/*.png`` it shows embedded as a data URI, the claims' verdicts coloured, the headings given
+    the anchors the contents link to, the title taken from the report's first heading."""
+    import html
     import re
 
     import markdown
+    from markdown.extensions.toc import TocExtension
 
-    body = markdown.markdown(md, extensions=["tables", "sane_lists"], output_format="html")
+    toc = TocExtension(slugify=lambda value, separator: _slug(value))  # the anchors report.md links to
+    body = markdown.markdown(md, extensions=["tables", "sane_lists", toc], output_format="html")
+    title = next((line[2:].strip() for line in md.splitlines() if line.startswith("# ")), "timm-posgeom report")
+    title = html.escape(title.replace("`", ""))
 
     def embed(match: re.Match) -> str:
         png = figures / Path(match.group(1)).name
@@ -517,10 +715,11 @@ def render_html(md: str, figures: Path) -> str:
             return match.group(0)
         return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
 
+    body = re.sub(r'<h1 id="[^"]*">', "<h1>", body)  # the contents link to sections (h2) only
     body = re.sub(r'src="(figures/[^"]+\.png)"', embed, body)
     body = re.sub(r"<td>yes</td>", '<td class="verdict-yes">yes</td>', body)
     body = re.sub(r"<td>(undecided: [^<]*)</td>", r'<td class="verdict-undecided">\1</td>', body)
-    return ("<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>timm-posgeom report</title>"
+    return (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
             f"<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
 
 

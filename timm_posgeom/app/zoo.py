@@ -790,8 +790,8 @@ def csv_columns(config: ZooConfig) -> list[str]:
 def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, str]]:
     """One dict per record, keyed by :func:`csv_columns`; a value that does not exist is ``""``.
 
-    ``param_count`` is in millions (3 decimals) and ``top1`` in percent (3 decimals), as timm's results
-    tables; FS and SSDC are fractions with 6 significant digits; ``*_per_layer`` are space-separated."""
+    ``param_count`` is in millions (3 decimals); ``top1`` (clean top-1), FS and SSDC are fractions with 6
+    significant digits, as everywhere in the package; ``*_per_layer`` are space-separated."""
     rows = []
     for r in records:
         row = {c: "" for c in csv_columns(config)}
@@ -807,7 +807,7 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 interpolation=str((r.data_config or {}).get("interpolation") or ""), pe_kinds=pe_kinds(r.pe),
                 site=r.site or "", granularity=r.granularity or "", n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
                 probe_images=_fmt(r.probe_images), n_images=_fmt(r.num_images), labels=r.labels or "",
-                top1=_fmt(100 * r.clean_accuracy if r.clean_accuracy is not None else None, ".3f"),
+                top1=_fmt(r.clean_accuracy),
                 delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc), ssdc_per_layer=_series(r.ssdc),
                 rpi_ssdc_per_layer=_series(r.rpi_ssdc), notes=" | ".join(n for n in r.notes))
             for s in config.shifts:
@@ -891,35 +891,56 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(3, len(handles)))
+    from ..plotting import fit_titles
+
+    fit_titles(fig)
     _save(fig, path)
 
 
 def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JPEG_SHIFT) -> list[str]:
-    """``shift``'s FS against delta SSDC under RPI, one labelled point per model that has both; returns
-    the models left out."""
+    """``shift``'s FS against delta SSDC under RPI, one labelled point per model that has both, with FS's
+    paired-bootstrap 95% interval as a vertical error bar (delta SSDC has no interval in a zoo record);
+    labels point inwards so they stay inside the axes. Returns the models left out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6, 4.6), layout="constrained")
+    from ..plotting import fit_titles
+
+    fig = Figure(figsize=(6.4, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     left_out = []
-    drawn = 0
+    points = []
     for i, r in enumerate(records):
         fs = (r.fs or {}).get(shift)
         if r.status != "ok" or fs is None or r.rpi_delta_ssdc is None:
             left_out.append(r.model)
             continue
-        ax.scatter([r.rpi_delta_ssdc], [fs], color=f"C{i % 10}", s=30, zorder=3)
-        ax.annotate(_label(r.model), (r.rpi_delta_ssdc, fs), xytext=(4, 4), textcoords="offset points", fontsize=7)
-        drawn += 1
-    if not drawn:
+        lo, hi = ((r.fs_interval or {}).get(shift) or [None, None])[:2]
+        err = None if lo is None or hi is None else [[max(fs - lo, 0.0)], [max(hi - fs, 0.0)]]
+        ax.errorbar([r.rpi_delta_ssdc], [fs], yerr=err, fmt="o", color=f"C{i % 10}", ms=5, capsize=3, zorder=3)
+        points.append((r.rpi_delta_ssdc, fs, r.model, i))
+    if not points:
         _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
     ax.axhline(0, color="0.6", lw=0.5)
     ax.axvline(0, color="0.6", lw=0.5)
-    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
+    ax.margins(0.12)
+    if points:
+        from matplotlib.lines import Line2D
+
+        bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
+        ax.legend(handles=[bar], fontsize=7, loc="best")
+        mid = sum(ax.get_xlim()) / 2
+        top = sum(ax.get_ylim()) / 2
+        for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
+            right, above = x <= mid, y <= top
+            ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
+                        textcoords="offset points", fontsize=7, ha="left" if right else "right",
+                        va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
+    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0; no interval recorded)")
     ax.set_ylabel(f"fragility score FS, {shift}")
-    ax.set_title(f"JPEG fragility against delta SSDC ({drawn} model{'s' if drawn != 1 else ''})", fontsize=10)
+    ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
+    fit_titles(fig)
     _save(fig, path)
     return left_out
 
@@ -946,13 +967,13 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
         "SSDC: Spearman correlation of the patch tokens' cosine similarities with minus their grid distance, "
         "per layer (per block of a flat ViT, per stage otherwise), from the similarity map averaged over the "
         "images. RPI: the patch contents permuted once before any PE. Delta SSDC: SSDC under RPI of layer 1 "
-        "minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 in percent, only where the "
+        "minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 as a fraction, only where the "
         "data's labels match the model's classes. Definitions: docs/method.md.", "",
     ]
     if any(r.weights == "random-init" for r in records):
         lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
                   "describe the architecture's prior, and say nothing about a trained or pretrained model.", ""]
-    head = ["model", "weights", "params (M)", "size", "PE", "top-1 %", *(f"FS {s}" for s in config.shifts),
+    head = ["model", "weights", "params (M)", "size", "PE", "top-1", *(f"FS {s}" for s in config.shifts),
             "SSDC first / last / peak (layer)", "RPI: first / last / mean", "ΔSSDC (RPI)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
@@ -964,7 +985,7 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
         cells = [
             f"`{_md_cell(r.model)}`", r.weights or "", _fmt(r.params / 1e6 if r.params else None, ".2f"),
             "x".join(map(str, size[1:])), _md_cell(pe_kinds(r.pe)),
-            _fmt(100 * r.clean_accuracy if r.clean_accuracy is not None else None, ".1f"),
+            _f3(r.clean_accuracy),
             *(_f3((r.fs or {}).get(sh)) for sh in config.shifts),
             (f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
              if s["first"] is not None else ""),
@@ -976,14 +997,16 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
     if config.alphas is not None:
         lines += ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
         if sweeps:
-            lines += ["| model | " + " | ".join(f"α={a:g}" for a in config.alphas) + " |",
+            order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
+            lines += ["| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
                       "|---|" + "---|" * len(config.alphas)]
             for r in sweeps:
                 sw = r.alpha_sweep
                 fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
+                cells = sorted(zip(sw.alphas, sw.delta_ssdc, fs), key=lambda c: c[0])
                 lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
                     f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
-                    for d, f in zip(sw.delta_ssdc, fs)) + " |")
+                    for _, d, f in cells) + " |")
             lines += ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
         else:
             lines.append("No model could be swept (see the notes).")
@@ -994,7 +1017,11 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
     if failed:
         lines += ["", "## Failed", ""] + [f"- `{r.model}`: {_md_cell(r.error or '')}" for r in failed]
     lines += ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
-              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)"]
+              "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
+              "RPI (against the index grid). One run per model: no band.*",
+              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
+              "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
+              "paired-bootstrap 95% interval over the images. Delta SSDC has no interval in a zoo record.*"]
     if left_out:
         lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
                   + ", ".join(f"`{m}`" for m in left_out) + "."]

@@ -132,8 +132,13 @@ class SSDCResult:
         return "stage" if self.metadata.get("granularity") == "stage" else "layer"
 
     def plot(self, path: str | Path | None = None, maps: bool = True, max_maps: int = 4):
-        """SSDC across depth (with the per-image 95% CI band, and the content grid under RPI) and, when
-        ``maps`` and mean maps exist, up to ``max_maps`` mean similarity maps (first, ..., last layer).
+        """SSDC across depth and, when ``maps`` and mean maps exist, up to ``max_maps`` mean similarity
+        maps (first, ..., last layer; diagonal masked, each with its colour bar).
+
+        The depth panel draws the SSDC of the mean map (the headline number) and, when per-image SSDC was
+        kept, the mean of the per-image SSDCs with its own 95% interval as a band: the two are different
+        statistics (averaging the maps first removes per-image noise, so the mean map's SSDC is usually the
+        higher), and each band belongs to the line drawn with it. Under RPI the content grid is drawn too.
 
         Uses matplotlib's Agg canvas (no display, global backend untouched). Returns the Figure;
         saves it to ``path`` when given.
@@ -141,31 +146,34 @@ class SSDCResult:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
+        from ..plotting import fit_titles, show_map
+
         show_maps = maps and self.mean_maps is not None
         idx = _spread(len(self.layers), max_maps) if show_maps else []
-        fig = Figure(figsize=(4.5 + 2.6 * len(idx), 3.6), layout="constrained")
+        fig = Figure(figsize=(4.8 + 2.9 * len(idx), 4.6), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, 1 + len(idx), squeeze=False)[0]
         ax = axes[0]
-        ax.plot(self.layers, self.per_layer, "o-", label="index grid" if self.content_per_layer else "SSDC")
+        grid = " (index grid)" if self.content_per_layer else ""
+        ax.plot(self.layers, self.per_layer, "o-", color="C0", label=f"SSDC of the mean map{grid}")
         if self.per_image is not None:
+            ax.plot(self.layers, [s.mean for s in self.per_image], "^:", color="C2", ms=4,
+                    label=f"per-image SSDC, mean{grid}")
             ax.fill_between(self.layers, [s.ci_low for s in self.per_image], [s.ci_high for s in self.per_image],
-                            alpha=0.25, label="per-image 95% CI")
+                            color="C2", alpha=0.2, lw=0, label="per-image SSDC, 95% interval of its mean")
         if self.content_per_layer is not None:
-            ax.plot(self.layers, self.content_per_layer, "s--", label="content grid")
+            ax.plot(self.layers, self.content_per_layer, "s--", color="C1", label="SSDC of the mean map (content grid)")
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set_xlabel(self._unit())
         ax.set_ylabel("SSDC")
         md = self.metadata
         ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(),
                      fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # under the panel, off the lines
         for a, k in zip(axes[1:], idx):
-            im = a.imshow(self.mean_maps[k].numpy(), cmap="viridis")
+            show_map(a, self.mean_maps[k])
             a.set_title(f"{self._unit()} {self.layers[k]} mean map", fontsize=8)
-            a.set_xticks([])
-            a.set_yticks([])
-            fig.colorbar(im, ax=a, shrink=0.7)
+        fit_titles(fig)
         if path is not None:
             fig.savefig(path, dpi=120)
         return fig
