@@ -1,9 +1,9 @@
-"""The front door and the documentation site: what the README promises, what the site is built from.
+"""Every ``docs/...#anchor`` the code and the docs cite names a heading that exists.
 
-The site itself is built in CI with ``mkdocs build --strict`` (CONTRIBUTING.md); these checks need no
-mkdocs: every public name has an API entry, every page of the navigation exists, the relative links of
-the README and docs/ lead to files that exist, the citation names this version, and the README keeps
-its two contract commands (the main job, and the tests that ``.ci/run`` follows).
+Anchors follow GitHub's rule for a heading: lower case; every character that is not a letter, a digit,
+a space, a hyphen or an underscore removed; spaces turned into hyphens; a repeated anchor gains ``-1``,
+``-2``, ... in the order the headings appear. (docs/method.md once lost its SSDC, RPI and delta SSDC
+sections while ten modules still linked to them.)
 """
 from __future__ import annotations
 
@@ -11,114 +11,82 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
-
-import timm_posgeom
 
 ROOT = Path(__file__).resolve().parents[1]
-MAIN_JOB = "python3 -m venv .venv && . .venv/bin/activate && pip install . && posgeom study"
-TESTS = ('python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && python -m pytest -q '
-         "&& python scripts/run_timm_model_tests.py")
-GENERATED = {"index.md": "README.md", "contributing.md": "CONTRIBUTING.md"}  # scripts/mkdocs_hooks.py
+DOCS = ROOT / "docs"
+CODE_DIRS = ("timm_posgeom", "scripts", "benchmarks")
+CITED = re.compile(r"docs/([A-Za-z0-9_./-]+\.md)#([A-Za-z0-9_-]+)")  # docs/method.md#ssdc, anywhere
+LINK = re.compile(r"\]\(([A-Za-z0-9_./-]*\.md)?#([A-Za-z0-9_-]+)\)")  # [text](method.md#ssdc) or [text](#ssdc)
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 
 
-def need(path: Path) -> Path:
-    if not path.exists():  # the sdist carries docs/, README, CITATION.cff and mkdocs.yml, not .ci/
-        pytest.skip(f"{path.name} is not in this tree")
-    return path
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading's text (before de-duplication)."""
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)  # \w: letters (any script), digits and underscore
+    return text.replace(" ", "-")
 
 
-def readme() -> str:
-    return (ROOT / "README.md").read_text(encoding="utf-8")
+def anchors(path: Path) -> set[str]:
+    """Every anchor of a markdown file's headings (fenced code blocks skipped), duplicates numbered."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+            continue
+        match = None if fenced else HEADING.match(line)
+        if match is None:
+            continue
+        base = github_anchor(match.group(1))
+        n = seen.get(base, 0)
+        out.add(base if n == 0 else f"{base}-{n}")
+        seen[base] = n + 1
+    return out
 
 
-def test_readme_is_a_front_door():
-    text = readme()
-    assert len(text.splitlines()) <= 200
-    for heading in ("Install and run the main job", "Using the library", "The command line", "Models",
-                    "Install and run the tests", "Documentation", "Citation"):
-        assert f"\n## {heading}\n" in text, heading
-    assert text.count("```python") == 1  # one example, the one tests/test_readme.py runs
+def test_github_anchor_rule():
+    assert github_anchor("SSDC") == "ssdc"
+    assert github_anchor("RPI and RPT") == "rpi-and-rpt"
+    assert github_anchor("PE scaling (alpha)") == "pe-scaling-alpha"
+    assert github_anchor("PE-to-content norm ratio") == "pe-to-content-norm-ratio"
+    assert github_anchor("How a study's report decides the claims") == "how-a-studys-report-decides-the-claims"
+    assert github_anchor("`token_permutation` and x.y") == "token_permutation-and-xy"
 
 
-def test_readme_contract_commands():
-    text = readme()
-    assert f"```bash\n{MAIN_JOB}\n```" in text
-    assert f"## Install and run the tests\n\n```bash\n{TESTS}\n```" in text
+def test_duplicate_headings_are_numbered(tmp_path):
+    doc = tmp_path / "d.md"
+    doc.write_text("# A\n\n## Notes\n\n```\n# not a heading\n```\n\n## Notes\n")
+    assert anchors(doc) == {"a", "notes", "notes-1"}
 
 
-def test_ci_installs_as_the_readme_says():
-    ci = need(ROOT / ".ci" / "run").read_text()
-    # the README's test command, step by step, in order
-    steps = [s.strip() for s in TESTS.split("&&")]
-    positions = [ci.find("\n" + s + "\n") for s in steps]
-    assert -1 not in positions and positions == sorted(positions), positions
-    # then the documentation site, in strict mode, after the tests
-    assert 'pip install -e ".[docs]"' in ci and "mkdocs build --strict" in ci
-    assert ci.index("mkdocs build --strict") > positions[-1]
+def _citations() -> list[tuple[str, Path, str]]:
+    """(where, target file, anchor) of every cited docs anchor."""
+    found = []
+    for folder in CODE_DIRS:
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".md", ".yaml", ".yml", ".txt", ".html", ".j2") or not path.is_file():
+                continue
+            for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for name, anchor in CITED.findall(line):
+                    found.append((f"{path.relative_to(ROOT)}:{line_no}", ROOT / "docs" / name, anchor))
+    for path in sorted(DOCS.glob("*.md")):
+        for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            where = f"{path.relative_to(ROOT)}:{line_no}"
+            for name, anchor in CITED.findall(line):
+                found.append((where, ROOT / "docs" / name, anchor))
+            for name, anchor in LINK.findall(line):
+                found.append((where, (path.parent / name) if name else path, anchor))
+    return found
 
 
-def api_entries() -> set[str]:
-    entries = set()
-    for page in need(ROOT / "docs" / "api").glob("*.md"):
-        entries |= set(re.findall(r"^::: ([\w.]+)$", page.read_text(), flags=re.M))
-    return entries
+def test_the_code_and_docs_cite_docs_anchors():
+    cited = _citations()
+    assert any(a == "ssdc" for _, _, a in cited) and any(a == "delta-ssdc" for _, _, a in cited)
 
 
-def test_every_public_name_has_an_api_entry():
-    entries = api_entries()
-    missing = [n for n in timm_posgeom.__all__ if n != "__version__" and f"timm_posgeom.{n}" not in entries]
-    assert not missing, f"add '::: timm_posgeom.NAME' to a page of docs/api/: {missing}"
-    # and the entry points of the application and the command line
-    assert {"timm_posgeom.app.train.train", "timm_posgeom.app.study.run_study",
-            "timm_posgeom.cli.main.main"} <= entries
-
-
-def test_every_api_entry_exists():
-    import importlib
-
-    for entry in api_entries():
-        module, _, name = entry.rpartition(".")
-        assert hasattr(importlib.import_module(module), name), entry
-
-
-def nav_pages(nav) -> list[str]:
-    pages = []
-    for item in nav:
-        value = next(iter(item.values())) if isinstance(item, dict) else item
-        pages += nav_pages(value) if isinstance(value, list) else [value]
-    return pages
-
-
-def test_every_nav_page_exists_and_every_doc_is_in_the_nav():
-    config = yaml.safe_load(need(ROOT / "mkdocs.yml").read_text())
-    pages = nav_pages(config["nav"])
-    for page in pages:
-        assert (ROOT / GENERATED[page]).is_file() if page in GENERATED else (ROOT / "docs" / page).is_file(), page
-    docs = {p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")}
-    assert docs <= set(pages), f"pages not in the nav of mkdocs.yml: {sorted(docs - set(pages))}"
-
-
-def relative_links(path: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
-    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
-
-
-@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "docs"])
-def test_relative_links_lead_to_files(name):
-    """As GitHub shows them (mkdocs checks the site's links and anchors in CI)."""
-    files = [ROOT / name] if name.endswith(".md") else sorted((ROOT / name).rglob("*.md"))
-    for path in files:
-        for target in relative_links(need(path)):
-            assert (path.parent / target.split("#")[0]).exists(), f"{path.name}: {target}"
-
-
-def test_citation_names_this_version_and_the_paper():
-    cff = yaml.safe_load(need(ROOT / "CITATION.cff").read_text())
-    assert cff["version"] == timm_posgeom.__version__
-    assert cff["license"] == "Apache-2.0" and "timm-posgeom" in cff["title"]
-    paper = cff["preferred-citation"]
-    assert paper["title"].startswith("Positional Encodings Anchor Spatial Structure in Vision Transformers")
-    assert paper["year"] == 2026 and paper["authors"][0]["family-names"] == "Mannes"
-    assert "2606.00124" in paper["url"]
-    assert "2606.00124" in readme().split("\n## Citation\n")[1]
+@pytest.mark.parametrize("where, target, anchor", _citations(), ids=lambda v: str(v) if isinstance(v, str) else "")
+def test_every_cited_docs_anchor_exists(where, target, anchor):
+    assert target.is_file(), f"{where} cites {target.name}#{anchor}: no such file"
+    assert anchor in anchors(target), f"{where} cites {target.name}#{anchor}: no such heading"
