@@ -98,8 +98,8 @@ class ImageNetCResult:
         severities: severities, in order (1-5).
         num_images: n, the number of clean images.
         clean_accuracy: A_clean on the clean images.
-        accuracy: corruption -> severity -> A[c][s].
-        fs: corruption -> severity -> FS[c][s] = 1 - A[c][s] / A_clean (NaN when A_clean = 0).
+        accuracy: corruption -> severity -> ``A[c][s]``.
+        fs: corruption -> severity -> ``FS[c][s] = 1 - A[c][s] / A_clean`` (NaN when A_clean = 0).
         counts: ``"clean"`` and corruption -> severity -> ``{"correct": k, "total": n}``.
         source: ``"generated"`` (corrupted on the fly) or ``"released"`` (read from a tree).
         fragility: the underlying :class:`~timm_posgeom.robustness.FragilityResult` of a generated run
@@ -121,12 +121,12 @@ class ImageNetCResult:
 
     @property
     def corruption_fs(self) -> dict[str, float]:
-        """corruption -> FS_c, the mean of FS[c][s] over the severities."""
+        """corruption -> FS_c, the mean of ``FS[c][s]`` over the severities."""
         return {c: _nanmean([self.fs[c][s] for s in self.severities]) for c in self.corruptions}
 
     @property
     def corruption_accuracy(self) -> dict[str, float]:
-        """corruption -> the mean of A[c][s] over the severities."""
+        """corruption -> the mean of ``A[c][s]`` over the severities."""
         return {c: _nanmean([self.accuracy[c][s] for s in self.severities]) for c in self.corruptions}
 
     @property
@@ -140,7 +140,7 @@ class ImageNetCResult:
         return sorted(self.corruptions) == sorted(IMAGENET_C_CORRUPTIONS) and sorted(self.severities) == list(SEVERITIES)
 
     def relative_fs(self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]]) -> dict[str, float]:
-        """corruption -> rFS_c = sum_s FS[c][s] / sum_s FS_ref[c][s] (normalised like mCE's CE_c).
+        """corruption -> ``rFS_c = sum_s FS[c][s] / sum_s FS_ref[c][s]`` (normalised like mCE's CE_c).
 
         ``reference``: another result, or its ``fs`` table (corruption -> severity -> FS). It must hold
         every corruption and severity of this one (ValueError otherwise). NaN with a RuntimeWarning for a
@@ -323,7 +323,8 @@ def imagenet_c_fragility(
         severities: a subset of 1-5.
         batch_size: images (clean and corrupted copies together) per model forward; each loader step
             takes ``max(1, batch_size // (1 + number of corrupted copies))`` clean images.
-        Others as :func:`~timm_posgeom.robustness.fragility`.
+
+    The other arguments are those of :func:`~timm_posgeom.robustness.fragility`.
 
     Returns:
         An :class:`ImageNetCResult` (``source="generated"``) holding the FragilityResult.
@@ -380,7 +381,8 @@ def check_imagenet_c_tree(
     Args:
         root: the tree's root (holding ``gaussian_noise/``, ``fog/``, ...).
         classes: the clean split's class names, in label order (label i is ``classes[i]``).
-        corruptions, severities: what must be there (as :func:`imagenet_c_fragility`).
+        corruptions: the corruptions that must be there (as :func:`imagenet_c_fragility`).
+        severities: the severities that must be there (as :func:`imagenet_c_fragility`).
         class_folders: the folder name of each class, in the same order (e.g. ImageNet wnids
             ``n01440764`` for class names such as ``tench``); default the class names themselves.
         extra_classes: ``"error"`` (default): a class folder that is no class is refused; ``"ignore"``:
@@ -391,10 +393,10 @@ def check_imagenet_c_tree(
         ``ROOT/CORRUPTION/SEVERITY`` folder holds (checked), listed once.
 
     Raises:
-        ImageNetCTreeError (a ValueError), one line, when: the root is not a folder; a corruption or
-        severity folder is missing; a class has no folder, or (``extra_classes="error"``) a folder is no
-        class; a class folder holds no image (``.JPEG``, ``.jpg``, ``.png``); or two corruption/severity
-        folders do not hold the same files (an incomplete download or extraction).
+        ImageNetCTreeError: (a ValueError) one line, when: the root is not a folder; a corruption or
+            severity folder is missing; a class has no folder, or (``extra_classes="error"``) a folder is
+            no class; a class folder holds no image (``.JPEG``, ``.jpg``, ``.png``); or two
+            corruption/severity folders do not hold the same files (an incomplete download or extraction).
     """
     root = Path(root)
     if not root.is_dir():
@@ -538,7 +540,7 @@ def imagenet_c_released(
 
     ``clean_framing``: ``"imagenet-c"`` (default) frames each clean image as the release framed the
     images it corrupted (:func:`frame_like_imagenet_c`: short side 256, centre 224 crop) before the
-    model's preprocessing, so that A_clean and A[c][s] see the same pictures; without it FS also holds
+    model's preprocessing, so that A_clean and ``A[c][s]`` see the same pictures; without it FS also holds
     the effect of the other framing (measured: FS 0.075 with no corruption at all). ``"as-is"``: the
     clean images are already framed so.
 
@@ -552,17 +554,19 @@ def imagenet_c_released(
         data: the clean split; its labels index ``classes``.
         root: the released tree's root.
         classes: the class names in label order (default ``data.classes``).
-        class_folders, extra_classes: as :func:`check_imagenet_c_tree`.
-        rpi, alpha, seed: as :func:`~timm_posgeom.robustness.fragility`; under RPI the released images
-            get permutations of their own (they are not paired with the clean images).
-        Launched as several processes, the clean split is shared by batch (``fragility``) but every
-        process reads every released image: the same result in each, not faster.
-        Others as :func:`~timm_posgeom.robustness.fragility` (``batch_size``: images per forward).
+        class_folders: as :func:`check_imagenet_c_tree`.
+        extra_classes: as :func:`check_imagenet_c_tree`.
+        rpi: as :func:`~timm_posgeom.robustness.fragility`; under RPI the released images get
+            permutations of their own (they are not paired with the clean images).
+
+    The other arguments (``alpha``, ``seed``, ...) are those of :func:`~timm_posgeom.robustness.fragility`
+    (``batch_size``: images per forward). Launched as several processes, the clean split is shared by
+    batch (``fragility``) but every process reads every released image: the same result in each, not faster.
 
     Raises:
-        ImageNetCTreeError for a tree that does not match, and for a tree whose number of images of
-        some class differs from the clean split's (they would not be the same images: a subset of the
-        clean split, ``max_images``, or another split).
+        ImageNetCTreeError: for a tree that does not match, and for a tree whose number of images of
+            some class differs from the clean split's (they would not be the same images: a subset of
+            the clean split, ``max_images``, or another split).
 
     Returns:
         An :class:`ImageNetCResult` with ``source="released"`` (no paired intervals).

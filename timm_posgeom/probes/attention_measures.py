@@ -241,8 +241,9 @@ def attention_measures(
         distance: the grid distance of the attention SSDC (``manhattan``, the paper's; ``euclidean``;
             ``chebyshev``). The mean attention distance is always Euclidean.
         measures: the measures to run (default :func:`default_measures`\\ (``distance``)).
-        max_images, device, progress, batch_size, distributed: as
-            :func:`~timm_posgeom.probes.probe_ssdc` (several processes sum their float64 sums).
+
+    ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed`` are those of
+    :func:`~timm_posgeom.probes.probe_ssdc` (several processes sum their float64 sums).
 
     Returns:
         An :class:`AttentionResult`: each field (L, heads).

@@ -95,8 +95,9 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
     """Linear minibatch CKA between every probed block of ``model_a`` and of ``model_b`` on ``data``.
 
     Args:
-        model_a, model_b: flat timm ViTs (the same model twice compares its blocks with each other); both
-            read the same batches, so they must take the same input (transform ``data`` for both).
+        model_a: a flat timm ViT (the same model twice compares its blocks with each other).
+        model_b: a flat timm ViT; both read the same batches, so they must take the same input
+            (transform ``data`` for both).
         data: a (n, C, H, W) tensor (chunks of ``batch_size``) or a fixed iterable of batches (e.g. an
             ``eval_loader``; it is read once per model, in the same order); batches of >= 4 images.
         site: ``attn_input`` or ``block_output``.

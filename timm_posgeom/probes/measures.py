@@ -189,8 +189,9 @@ def run_measures(
         seed: the RPI permutation's seed.
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`).
         layers: block indices (negative allowed); default every block.
-        max_images, device, progress, batch_size, distributed: as ``probe_ssdc`` (several processes sum
-            the measures' float64 sums and the image counts).
+
+    ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed`` are those of ``probe_ssdc``
+    (several processes sum the measures' float64 sums and the image counts).
 
     Returns:
         A :class:`MeasureResult` of every measure's fields.

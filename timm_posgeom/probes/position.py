@@ -122,8 +122,9 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
 
     Args:
         model: a flat timm ViT (as :func:`~timm_posgeom.probes.run_measures`).
-        train, test: batches as :func:`~timm_posgeom.probe_ssdc` reads them (e.g. ``eval_loader`` of two
-            splits, or of two parts of one); one image size.
+        train: batches as :func:`~timm_posgeom.probe_ssdc` reads them (e.g. ``eval_loader`` of one split,
+            or of one part of a split); one image size.
+        test: batches of the other split (or part), read the same way, at the same image size.
         site: ``attn_input`` (the paper's) or ``block_output``.
         rpi: tokens permuted after the patch embedding, a fresh permutation every batch (seeded by
             ``seed`` for the fit and ``seed + 1`` for the score); targets are the index grid.
