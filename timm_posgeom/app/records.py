@@ -12,7 +12,8 @@ file               record                                  written by / read by
 =================  ======================================  ===========================================
 
 Every file carries ``"schema": "timm-posgeom/<kind>"`` and ``"schema_version"``; :meth:`Record.read`
-refuses, with one line naming the file, a file of another kind, of another schema version, with
+refuses, with one line naming the file, a file of another kind, of a schema version it cannot read
+(:data:`READABLE_VERSIONS`: version 1 files are read, their later keys None), with
 unknown or missing keys, or that is not JSON. Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
@@ -32,10 +33,12 @@ from typing import Any, ClassVar, TypeVar
 from ..errors import PosgeomError
 from ..jsonio import to_jsonable, write_json
 
-__all__ = ["SCHEMA_VERSION", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this package reads: 1 lacks summary.json's weights hashes (read as None: "not recorded").
+READABLE_VERSIONS = (1, 2)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -63,9 +66,10 @@ class Record:
         schema, version = values.pop("schema", None), values.pop("schema_version", None)
         if schema is not None and schema != f"timm-posgeom/{cls.KIND}":
             raise RecordError(f"{source}: a {schema!r} record, not timm-posgeom/{cls.KIND}")
-        if version is not None and version != SCHEMA_VERSION:
-            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads version {SCHEMA_VERSION} "
-                              "(re-run the command that wrote it with this version)")
+        if version is not None and version not in READABLE_VERSIONS:
+            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads versions "
+                              f"{', '.join(map(str, READABLE_VERSIONS))} (re-run the command that wrote it with this "
+                              "version)")
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
@@ -135,6 +139,10 @@ class RunSummary(Record):
     resumed_from: str | None = None
     export: str | None = None
     export_ema: str | None = None
+    # SHA-1 of export/ and export_ema/model.safetensors as exported (schema 2; None: not recorded): val_top1 and
+    # pe_ssdc were measured on the first, ema_val_top1 on the second; a card shows each only for those weights
+    export_sha1: str | None = None
+    export_ema_sha1: str | None = None
     skipped_images: list[str] | None = None  # images left out because they cannot be decoded (bad_images=skip)
     versions: dict[str, str] | None = None  # of the process that finished the training (None: not recorded)
 
