@@ -307,7 +307,8 @@ def load_split(
 
         root = Path(where)
         name = split_name([p.name for p in root.iterdir() if p.is_dir()], split)
-        folder = ImageFolder(str(root / name), loader=_open_image)
+        # allow_empty: a class folder without images (in this split) is a class with no images here, not an error
+        folder = ImageFolder(str(root / name), loader=_open_image, allow_empty=True)
         # One class numbering for every split: ImageFolder numbers each split's own class folders, so a
         # class missing from one split would shift the labels of every class after it (silently wrong).
         classes = _folder_classes(root, name)
