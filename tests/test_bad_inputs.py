@@ -395,7 +395,8 @@ def test_library_probe_refuses_a_batch_size_below_one(one_thread):
 # --------------------------------------------------------------------------------------------
 # cards: every number tied to the weights it was measured on (issue 31, items 2, 3 and T4)
 # --------------------------------------------------------------------------------------------
-def _run(tmp_path: Path) -> Path:
+def _run(tmp_path: Path, hashed: bool = True) -> Path:
+    """A run directory: an export, summary.json (with the export's SHA-1 when ``hashed``) and eval.json."""
     from timm_posgeom.app.hub import export_for_hub, weights_sha1
     from timm_posgeom.app.records import RunEval, RunSummary
 
@@ -403,7 +404,7 @@ def _run(tmp_path: Path) -> Path:
     export_for_hub(timm.create_model(MODEL, num_classes=2, img_size=32, depth=1), run / "export")
     sha1 = weights_sha1(run / "export" / "model.safetensors")
     RunSummary(model=MODEL, steps=120, epochs=3.0, train_images=64, val_images=16, processes=1, time_s=42.5,
-               val_top1=0.6125, pe_ssdc=0.4321, export_sha1=sha1).write(run / "summary.json")
+               val_top1=0.6125, pe_ssdc=0.4321, **(dict(export_sha1=sha1) if hashed else {})).write(run / "summary.json")
     RunEval(clean_accuracy=0.5875, fs={"jpeg:5": 0.3125}, weights_sha1=sha1).write(run / "eval.json")
     return run
 
@@ -474,7 +475,7 @@ def test_a_card_of_a_version_1_summary_reads_it_and_states_no_unhashed_number(tm
 @pytest.mark.parametrize("cut", [0, 7, 100, -16])
 def test_a_card_of_a_truncated_export_is_one_line(tmp_path, capsys, cut):
     """Issue 31, T4: a SafetensorError traceback."""
-    run = _run(tmp_path)
+    run = _run(tmp_path, hashed=False)
     weights = run / "export" / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:cut] if cut >= 0 else data[:cut])
