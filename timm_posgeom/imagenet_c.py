@@ -471,7 +471,8 @@ class _TreeImages(Dataset):
         j, k = divmod(index, len(self.files))
         (corruption, severity), (relative, label) = self.folders[j], self.files[k]
         with PIL.Image.open(self.root / corruption / str(severity) / relative) as image:
-            return to_rgb(image), label
+            rgb = to_rgb(image)
+            return (rgb.copy() if rgb is image else rgb), label  # the file is closed on leaving: a copy of RGB
 
 
 def _split_labels(data: Any, n: int) -> list[int]:
