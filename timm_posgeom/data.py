@@ -41,11 +41,11 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .errors import PosgeomError
 from .synthetic import SyntheticShapes, seed32
-from .transforms import eval_transform
+from .transforms import class_index, eval_transform, to_rgb
 
 __all__ = [
     "AUGMENTATIONS",
-    "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "check_images",
+    "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "DataSourceError", "check_images",
     "BAD_IMAGE_POLICIES", "load_split", "data_identity", "identity_change", "resolve_source", "find_columns", "split_name",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
@@ -133,7 +133,7 @@ class ImageSplit(Dataset):
                  where: Callable[[int], str] | None = None):
         self.items = items
         self.classes = list(classes)
-        self.labels = [int(v) for v in labels]
+        self.labels = [class_index(v) for v in labels]
         self.fingerprint = fingerprint
         self._get = getter
         self.where = where or (lambda index: f"item {index}")
@@ -149,9 +149,14 @@ class ImageSplit(Dataset):
         try:
             image, label = self._get(self.items, index)
             image.load()  # decode now: a damaged file fails here, named, not later inside a transform
+            image = to_rgb(image)  # 16-bit, palette, CMYK, alpha: 8-bit RGB, or refused (see to_rgb)
         except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for truncated or invalid files
             raise BadImageError(f"cannot decode {self.where(index)}: {e}") from None
-        return image if image.mode == "RGB" else image.convert("RGB"), label
+        return image, label
+
+
+class DataSourceError(PosgeomError, ValueError):
+    """A data source that cannot be read: a Hub dataset out of reach (offline)."""
 
 
 class BadImageError(PosgeomError, ValueError):
@@ -229,8 +234,17 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
 def _hf_getter(image_col: str, label_col: str):
     def get(ds, index):
         row = ds[int(index)]
-        return row[image_col], int(row[label_col])
+        return row[image_col], class_index(row[label_col])
     return get
+
+
+def _open_image(path: str) -> Image.Image:
+    """An image file decoded in its own mode (torchvision's default loader converts to RGB itself, which
+    clips 16-bit images at 255: :func:`~timm_posgeom.transforms.to_rgb` converts it later, correctly)."""
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        image.load()
+    return image
 
 
 def _folder_getter(ds, index):
@@ -308,7 +322,8 @@ def load_split(
 
         root = Path(where)
         name = split_name([p.name for p in root.iterdir() if p.is_dir()], split)
-        folder = ImageFolder(str(root / name))
+        # allow_empty: a class folder without images (in this split) is a class with no images here, not an error
+        folder = ImageFolder(str(root / name), loader=_open_image, allow_empty=True)
         # One class numbering for every split: ImageFolder numbers each split's own class folders, so a
         # class missing from one split would shift the labels of every class after it (silently wrong).
         classes = _folder_classes(root, name)
@@ -334,7 +349,14 @@ def load_split(
 
     import datasets
 
-    ds = _load_hf_split(where, source, split, subset=subset, config=config, revision=revision, streaming=streaming)
+    try:
+        ds = _load_hf_split(where, source, split, subset=subset, config=config, revision=revision, streaming=streaming)
+    except OSError as e:  # ConnectionError and the Hub's HTTP errors: offline, or the Hub unreachable
+        if kind != "hub" or isinstance(e, FileNotFoundError):
+            raise
+        raise DataSourceError(f"cannot reach the Hugging Face Hub for the dataset {source!r} ({type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): download it while online "
+                              "(it is then cached), or pass a local folder") from None
     image_col, label_col = find_columns(ds.features)
     ds = ds.select_columns([image_col, label_col])
     if subset and subset < len(ds):
@@ -342,10 +364,14 @@ def load_split(
     feature = ds.features[label_col]
     labels = ds[label_col]
     labels = list(labels) if not isinstance(labels, list) else labels
+    try:
+        labels = [class_index(v) for v in labels]
+    except ValueError as e:
+        raise ValueError(f"the {split!r} split of {source}, column {label_col!r}: {e}") from None
     if isinstance(feature, datasets.ClassLabel):
         classes = feature.names
     else:
-        classes = [str(i) for i in range(max(labels) + 1)]
+        classes = [str(i) for i in range(max(labels, default=-1) + 1)]
     return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
                       lambda index: f"row {index} of the {split!r} split of {source}")
 
@@ -383,7 +409,7 @@ def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:
     pixels = hashlib.sha1()
     for i in range(min(images, len(split))):
         image = split[i][0]
-        pixels.update(np.asarray(image.convert("RGB"), dtype=np.uint8).tobytes())
+        pixels.update(np.asarray(to_rgb(image), dtype=np.uint8).tobytes())
     labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
     return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
 
@@ -408,7 +434,7 @@ def _pil_interp(name: str) -> int:
 
 def _resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
     """PIL image -> (3, img_size, img_size) uint8 tensor, resized straight (squashed) to the size."""
-    image = image if image.mode == "RGB" else image.convert("RGB")
+    image = to_rgb(image)
     if image.size != (img_size, img_size):
         image = image.resize((img_size, img_size), _pil_interp(interpolation))
     return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()

@@ -22,7 +22,7 @@ import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
 from .data import ImageSplit, RelabeledSplit
-from .transforms import resize_transform, resolve_config
+from .transforms import class_index, resize_transform, resolve_config
 
 __all__ = ["split_item", "check_split", "EvalImages", "eval_loader", "default_workers", "DecodedImages",
            "resized_item", "prepare_shared"]
@@ -41,7 +41,7 @@ def split_item(item: Any) -> tuple[PIL.Image.Image, int]:
         raise TypeError(f"a data item must be (PIL image, label) or {{'image', 'label'}}, got {type(item).__name__}")
     if not isinstance(image, PIL.Image.Image):
         raise TypeError(f"data images must be PIL images, got {type(image).__name__}")
-    return image, int(label)
+    return image, class_index(label)
 
 
 def check_split(data: Any, max_images: int | None = None) -> int:

@@ -5,14 +5,17 @@ Our own models are registered with timm by importing :mod:`timm_posgeom.models` 
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
+from .errors import PosgeomError
 
-__all__ = ["create_model", "unknown_model_message", "WEIGHTED_PREFIXES"]
+__all__ = ["create_model", "unknown_model_message", "WEIGHTED_PREFIXES", "ModelLoadError", "check_patch_multiple",
+           "load_checkpoint_file"]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
 WEIGHTED_PREFIXES = ("hf-hub:", "hf_hub:", "local-dir:")
@@ -50,10 +53,14 @@ def create_model(
         num_classes: classifier size.
 
     Raises:
-        ValueError: an unknown model name (one line, no traceback).
+        ValueError: an unknown model name, or an ``img_size`` that is not a multiple of a ViT's patch size
+            (one line, no traceback).
+        ModelLoadError: weights that cannot be loaded (not a checkpoint, truncated, another model's, a Hub
+            repo out of reach).
         FileNotFoundError: a missing checkpoint or ``local-dir:`` folder.
     """
     import timm
+    from safetensors import SafetensorError
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
@@ -67,12 +74,74 @@ def create_model(
         raise ValueError(unknown_model_message(name))
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
-    create = dict(pretrained=pretrained or weighted, checkpoint_path=checkpoint or "")
-    if img_size is None:
-        return timm.create_model(name, **create, **kwargs)
     try:
-        return timm.create_model(name, **create, **kwargs, img_size=img_size)
+        model = _create(name, pretrained or weighted, img_size, kwargs)
+    except (OSError, RuntimeError, SafetensorError) as e:
+        if not weighted or isinstance(e, FileNotFoundError):
+            raise
+        # a Hub repo that cannot be reached offline, a truncated or foreign model.safetensors in an export
+        raise ModelLoadError(f"cannot load the weights of {name}: {type(e).__name__}: {_first_line(e)}") from e
+    if img_size is not None:
+        check_patch_multiple(model, img_size)
+    if checkpoint is not None:
+        load_checkpoint_file(model, checkpoint)
+    return model
+
+
+class ModelLoadError(PosgeomError, ValueError):
+    """Weights that cannot be loaded: not a checkpoint, truncated, for another model, or out of reach offline."""
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0].strip() if lines else ""
+
+
+def _create(name: str, pretrained: bool, img_size: int | None, kwargs: dict[str, Any]) -> nn.Module:
+    import timm
+
+    if img_size is None:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs, img_size=img_size)
     except TypeError as e:  # a constructor without img_size (CNNs, MLP models with a conv stem): any size runs
         if "img_size" not in str(e):
             raise
-    return timm.create_model(name, **create, **kwargs)
+    return timm.create_model(name, pretrained=pretrained, **kwargs)
+
+
+def check_patch_multiple(model: nn.Module, img_size: int) -> None:
+    """Refuse an input size that is not a multiple of a ViT's patch size: its patch embedding (a strided
+    convolution) would silently drop the last ``img_size % patch`` rows and columns of every image."""
+    embed = getattr(model, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if not isinstance(patch, (tuple, list)) or len(patch) != 2:
+        return
+    ph, pw = (int(v) for v in patch)
+    if img_size % ph or img_size % pw:
+        step = max(ph, pw)
+        lower, upper = img_size // step * step, (img_size // step + 1) * step
+        raise ValueError(f"image size {img_size} is not a multiple of the patch size {ph}x{pw} of "
+                         f"{type(model).__name__}: the last {img_size % step} pixel rows and columns would be dropped "
+                         f"unseen; use {lower or upper} or {upper}")
+
+
+def load_checkpoint_file(model: nn.Module, checkpoint: str | os.PathLike) -> None:
+    """Load a checkpoint file into ``model`` (timm's ``load_checkpoint``: a state dict, a training checkpoint
+    with ``state_dict`` / ``model`` / ``state_dict_ema``, or safetensors); :class:`ModelLoadError` in one line
+    for a file that is not a checkpoint, is truncated, or holds another model's weights."""
+    from timm.models import load_checkpoint
+
+    try:
+        load_checkpoint(model, str(checkpoint))
+    except Exception as e:  # noqa: BLE001  garbage fed to an unpickler raises anything (IndexError, KeyError, ...)
+        if isinstance(e, FileNotFoundError):
+            raise
+        mismatch = isinstance(e, RuntimeError) and ("Missing key" in str(e) or "size mismatch" in str(e))
+        if not mismatch:
+            raise ModelLoadError(f"{checkpoint} is not a checkpoint this model can load ({type(e).__name__}: "
+                                 f"{_first_line(e)}): pass a file written by torch.save or safetensors, such as a "
+                                 "run's checkpoints/*/model.safetensors or export/model.safetensors") from e
+        raise ModelLoadError(f"{checkpoint} holds the weights of another model than {type(model).__name__} "
+                             f"({_first_line(e)[:200]}): build the model it was trained as (name, --num-classes, "
+                             "--img-size)") from e

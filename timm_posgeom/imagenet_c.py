@@ -58,6 +58,7 @@ from .robustness import (
     wilson_interval,
 )
 from .shifts import IMAGENET_C_CORRUPTIONS, _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
+from .transforms import to_rgb
 
 __all__ = [
     "ImageNetCResult",
@@ -472,7 +473,8 @@ class _TreeImages(Dataset):
         j, k = divmod(index, len(self.files))
         (corruption, severity), (relative, label) = self.folders[j], self.files[k]
         with PIL.Image.open(self.root / corruption / str(severity) / relative) as image:
-            return image.convert("RGB"), label
+            rgb = to_rgb(image)
+            return (rgb.copy() if rgb is image else rgb), label  # the file is closed on leaving: a copy of RGB
 
 
 def _split_labels(data: Any, n: int) -> list[int]:
@@ -494,7 +496,7 @@ def frame_like_imagenet_c(image: PIL.Image.Image) -> PIL.Image.Image:
     from torchvision.transforms import InterpolationMode
     from torchvision.transforms import functional as TF
 
-    return TF.center_crop(TF.resize(image.convert("RGB"), 256, interpolation=InterpolationMode.BILINEAR), 224)
+    return TF.center_crop(TF.resize(to_rgb(image), 256, interpolation=InterpolationMode.BILINEAR), 224)
 
 
 class _Framed(Dataset):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -17,7 +18,8 @@ import torch.nn as nn
 from .errors import PosgeomError
 from .pos.common import check_alpha
 
-__all__ = ["token_permutation", "TokenPermutation", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
+__all__ = ["token_permutation", "TokenPermutation", "TokenPermutationError", "TokenPermutationUnsupported",
+           "active_permutations", "check_unpermuted", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
            "pe_inventory", "PEEntry"]
 
 
@@ -38,7 +40,7 @@ def find_embed_module(model: nn.Module) -> nn.Module:
         return embeds.norm
     patch_embed = getattr(model, "patch_embed", None)
     if isinstance(patch_embed, (nn.ModuleList, nn.ModuleDict)):
-        raise TypeError(f"{type(model).__name__}.patch_embed is a {type(patch_embed).__name__} of "
+        raise TokenPermutationUnsupported(f"{type(model).__name__}.patch_embed is a {type(patch_embed).__name__} of "
                         f"{len(patch_embed)} branches (a multi-branch model such as crossvit), never called as one "
                         "module: token permutation does not support it")
     if isinstance(patch_embed, nn.Module):
@@ -46,9 +48,10 @@ def find_embed_module(model: nn.Module) -> nn.Module:
     stem = getattr(model, "stem", None)
     if isinstance(stem, nn.Module) and type(stem).__name__ == "PatchEmbed":
         return stem
-    raise TypeError(
+    raise TokenPermutationUnsupported(
         f"{type(model).__name__} has no `patch_embed` (nor naflexvit `embeds.norm`, nor a PatchEmbed `stem`): token "
-        "permutation needs the module that embeds the patches")
+        "permutation (RPI) needs the module that embeds the patches, which CNNs and hybrid models do not have; probe "
+        "it without RPI")
 
 
 def _embed_channels(module: nn.Module) -> int | None:
@@ -104,7 +107,40 @@ def _check_grid(n: int, module: nn.Module, model: nn.Module) -> None:
 
 
 class TokenPermutationError(PosgeomError, RuntimeError):
-    """A forward pass of the model ran without the permutation being applied (a silent no-op)."""
+    """A forward pass of the model ran without the permutation being applied (a silent no-op), or with two
+    permutations applied at once (nested contexts: neither result would say what was applied)."""
+
+
+class TokenPermutationUnsupported(PosgeomError, TypeError):
+    """A model without a patch embedding to permute the tokens of (CNNs, multi-branch models)."""
+
+
+# The token_permutation contexts open on each patch-embedding module (weakly held: a model deleted inside a
+# context leaves nothing behind). Two contexts on one module would compose (slot i holds p1[p2[i]]) while each
+# handle, and any result built from it, reports only its own permutation: nesting is refused.
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, list[TokenPermutation]] = weakref.WeakKeyDictionary()
+
+
+def active_permutations(model: nn.Module) -> list[TokenPermutation]:
+    """The :func:`token_permutation` contexts open on ``model`` (outermost first); empty for a model without a
+    patch embedding or with none open."""
+    try:
+        target = find_embed_module(model)
+    except TokenPermutationUnsupported:
+        return []
+    return list(_ACTIVE.get(target, ()))
+
+
+def check_unpermuted(model: nn.Module, what: str) -> None:
+    """Refuse to run ``what`` (a measurement that reports whether tokens were permuted) while a
+    ``token_permutation(mode="inference")`` context is open on ``model``: its tokens would be permuted by a
+    permutation the result does not report. A ``mode="training"`` context does not permute in eval mode."""
+    active = [h for h in active_permutations(model) if h.mode == "inference"]
+    if active:
+        raise TokenPermutationError(
+            f"{what} ran inside token_permutation(seed={active[-1].seed}) on {type(model).__name__}: its tokens would "
+            "be permuted by a permutation the result does not report; leave that context and ask the measurement "
+            "for the permutation itself (rpi=True, seed=...)")
 
 
 @dataclass
@@ -169,6 +205,13 @@ def token_permutation(
     if per not in ("call", "batch"):
         raise ValueError(f"per must be 'call' or 'batch', got {per!r}")
     target = find_embed_module(model)
+    clash = [h for h in _ACTIVE.get(target, ()) if h.mode == mode]
+    if clash:
+        raise TokenPermutationError(
+            f"token_permutation(seed={seed}) inside another token_permutation(seed={clash[-1].seed}, mode={mode!r}) "
+            f"on the same {type(model).__name__}: both permutations would apply (slot i holding p1[p2[i]]) while each "
+            "reports only its own; use one context (a probe's rpi=True draws its own permutation: do not wrap it "
+            "in token_permutation)")
     generator = None
     if seed is not None:
         generator = torch.Generator().manual_seed(int(seed))
@@ -177,6 +220,11 @@ def token_permutation(
     def hook(module: nn.Module, args, output):
         if mode == "training" and not model.training:
             return output
+        others = [h for h in _ACTIVE.get(target, ()) if h is not handle and (h.mode == "inference" or model.training)]
+        if others:  # an inference context inside a training one (or the reverse), in a training-mode forward
+            raise TokenPermutationError(
+                f"two token permutations (seeds {others[0].seed} and {seed}) would both apply to this forward pass "
+                f"of {type(model).__name__}: nested token_permutation contexts are refused")
         x = output[0] if isinstance(output, tuple) else output
         layout = _token_layout(x, module)
         n = _num_tokens(x, layout)
@@ -200,11 +248,17 @@ def token_permutation(
 
     removables = [target.register_forward_hook(hook), model.register_forward_pre_hook(before),
                   model.register_forward_hook(after)]
+    _ACTIVE.setdefault(target, []).append(handle)
     try:
         yield handle
     finally:
         for removable in removables:
             removable.remove()
+        opened = [h for h in _ACTIVE.get(target, ()) if h is not handle]  # by identity (handles hold tensors)
+        if opened:
+            _ACTIVE[target] = opened
+        else:
+            _ACTIVE.pop(target, None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ from torchvision.transforms.v2 import functional as F
 
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
-from .interventions import eval_mode, pe_scale, token_permutation
+from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
 from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
@@ -442,6 +442,8 @@ def fragility(
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
         permutation = None
+        if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported rpi=False
+            check_unpermuted(model, "fragility(rpi=False)")
         if rpi:
             permutation = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
             if own is not None:

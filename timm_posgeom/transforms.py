@@ -10,9 +10,11 @@ the uint8 image -> to tensor -> normalise with the model's mean / std. Two resiz
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import PIL.Image
 import torch
 import torch.nn as nn
@@ -21,9 +23,11 @@ from timm.data import resolve_data_config, resolve_model_data_config
 from timm.data.transforms import MaybePILToTensor, str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_eval
 
+from .errors import PosgeomError
 from .shifts import Shift, parse_shift
 
-__all__ = ["eval_transform", "resize_transform", "resolve_config", "normalize_batch", "RESIZE_MODES"]
+__all__ = ["eval_transform", "resize_transform", "resolve_config", "normalize_batch", "RESIZE_MODES", "to_rgb",
+           "class_index", "ImageModeError", "ALPHA_BACKGROUND"]
 
 RESIZE_MODES = ("paper", "timm")
 
@@ -75,11 +79,70 @@ def _size_pair(img_size: int | Sequence[int]) -> tuple[int, int]:
     return pair
 
 
+class ImageModeError(PosgeomError, ValueError):
+    """An image whose pixel values cannot be read as colours without a guess (32-bit float, unknown modes)."""
+
+
+# Background that transparent pixels are composited onto: what they show in most viewers. Dropping the alpha
+# channel instead shows whatever colour the file stores under a transparent pixel (often black, or garbage).
+ALPHA_BACKGROUND = (255, 255, 255)
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` as an 8-bit RGB PIL image, whatever its mode.
+
+    Pillow's ``convert("RGB")`` clips integer images at 255: a 16-bit grayscale PNG (mode ``I;16``, or
+    ``I`` from older Pillows) became 99% white. Here 16-bit values are scaled to 8 bit (``v / 257``,
+    rounded: 65535 -> 255), an ``I`` image with values outside 0..65535 is refused, images with an alpha
+    channel (``RGBA``, ``LA``, ``PA``, palette with transparency) are composited onto white
+    (:data:`ALPHA_BACKGROUND`), and the other modes (``1``, ``L``, ``P``, ``CMYK``, ``YCbCr``, ``LAB``,
+    ``HSV``) go through Pillow's conversion. 32-bit float images (``F``) have no fixed range and are
+    refused (:class:`ImageModeError`), as is any mode Pillow cannot convert.
+    """
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in _SIXTEEN_BIT:
+        values = np.asarray(image).astype(np.int64)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise ImageModeError(f"a 32-bit integer image (mode I) with values {values.min()}..{values.max()}, "
+                                 "outside the 16-bit range: convert it to 8-bit RGB first")
+        eight = ((values * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
+        return PIL.Image.fromarray(eight, mode="L").convert("RGB")
+    if mode == "F":
+        raise ImageModeError("a 32-bit float image (mode F) has no fixed value range: convert it to 8-bit RGB first")
+    has_alpha = mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode == "P" and "transparency" in image.info)
+    try:
+        if has_alpha:
+            rgba = image.convert("RGBA")
+            background = PIL.Image.new("RGBA", rgba.size, (*ALPHA_BACKGROUND, 255))
+            return PIL.Image.alpha_composite(background, rgba).convert("RGB")
+        return image.convert("RGB")
+    except ValueError as e:  # Pillow: "conversion from X to RGB not supported"
+        raise ImageModeError(f"an image of mode {mode} cannot be converted to RGB ({e})") from None
+
+
+def class_index(label: Any) -> int:
+    """A label as a class index: an int (or a float / numpy number holding a whole number). A fractional
+    label such as 7.7 is refused (ValueError): truncating it to 7 would score against the wrong class."""
+    if isinstance(label, bool) or label is None:
+        raise ValueError(f"label {label!r} is not a class index (an integer)")
+    if isinstance(label, (int, np.integer)):
+        return int(label)
+    if isinstance(label, (float, np.floating)) and math.isfinite(label) and float(label).is_integer():
+        return int(label)
+    if isinstance(label, torch.Tensor) and label.numel() == 1 and not label.is_floating_point():
+        return int(label)
+    raise ValueError(f"label {label!r} is not a class index (an integer): the data's label column must hold "
+                     "whole numbers")
+
+
 class _ToRGB:
-    """PIL image to mode RGB (grayscale, CMYK, palette and RGBA images happen in real datasets)."""
+    """PIL image to 8-bit RGB with :func:`to_rgb` (16-bit, palette, CMYK and RGBA images happen in real data)."""
 
     def __call__(self, image: PIL.Image.Image) -> PIL.Image.Image:
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return to_rgb(image)
 
     def __repr__(self) -> str:
         return "ToRGB()"

@@ -20,7 +20,7 @@ from ..errors import PosgeomError
 from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
-           "weights_sha1",
+           "weights_sha1", "check_safetensors",
            "card_template"]
 
 UPLOAD_FILES = ("config.json", "model.safetensors", "README.md")
@@ -120,21 +120,28 @@ def weights_sha1(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _results_rows(summary: RunSummary | None, evals: RunEval | None, weights: str = "export",
-                  sha1: str | None = None) -> list[tuple[str, str]]:
-    """(what, value) rows of the card's results table: only numbers the run's records hold about the
-    weights the card is for (``weights``, whose file hashes to ``sha1``). The study's measurements
-    (``eval.json``) are shown only when they were made on these weights; the position table's own SSDC
-    (``summary.json``) is the raw weights' (``export``)."""
+def _results_rows(summary: RunSummary | None, evals: RunEval | None, sha1: str) -> list[tuple[str, str]]:
+    """(what, value) rows of the card's results table: only numbers whose record names, by SHA-1, the weights
+    the card is for (their file hashes to ``sha1``). The study's measurements (``eval.json``: ``weights_sha1``),
+    the training's validation top-1 and the position table's SSDC (``summary.json``: ``export_sha1``) and the
+    EMA weights' top-1 (``export_ema_sha1``); a record without the hash (written before it was kept) or with
+    another is not shown, and a row says so."""
     rows = []
-    if evals is not None:
-        same = evals.weights_sha1 == sha1 if evals.weights_sha1 is not None else weights == "export"
-        if not same:
-            rows.append(("robustness eval (eval.json)", "made on other weights than these: not shown"))
-            evals = None
-    if summary is not None and summary.val_top1 is not None:
+    if evals is not None and evals.weights_sha1 != sha1:
+        rows.append(("robustness eval (eval.json)", "made on other weights than these: not shown"
+                     if evals.weights_sha1 is not None else "recorded without the weights' hash: not shown"))
+        evals = None
+    raw = summary is not None and summary.export_sha1 == sha1
+    ema = summary is not None and summary.export_ema_sha1 == sha1
+    recorded = summary is not None and any(v is not None for v in (summary.val_top1, summary.ema_val_top1,
+                                                                      summary.pe_ssdc))
+    if recorded and not (raw or ema):
+        hashed = summary.export_sha1 is not None or summary.export_ema_sha1 is not None
+        rows.append(("training results (summary.json)", "measured on other weights than these: not shown" if hashed
+                     else "recorded without the weights' hash: not shown"))
+    if raw and summary.val_top1 is not None:
         rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
-    if summary is not None and summary.ema_val_top1 is not None:
+    if ema and summary.ema_val_top1 is not None:
         rows.append(("validation top-1, EMA weights", _fmt(summary.ema_val_top1)))
     if evals is not None and evals.clean_accuracy is not None:
         rows.append(("clean accuracy (robustness eval)", _fmt(evals.clean_accuracy)))
@@ -146,9 +153,34 @@ def _results_rows(summary: RunSummary | None, evals: RunEval | None, weights: st
         rows.append(("SSDC per layer under RPI", ", ".join(_fmt3(v) for v in ssdc.rpi_per_layer)))
         if ssdc.rpi_delta is not None:
             rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc.rpi_delta)))
-    if summary is not None and summary.pe_ssdc is not None and weights == "export":
+    if raw and summary.pe_ssdc is not None:
         rows.append(("SSDC of the learned position table", _fmt(summary.pe_ssdc)))
     return rows
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Refuse a ``model.safetensors`` that is not one whole safetensors file (truncated, empty, foreign):
+    :class:`HubExportError` in one line. Its header (8-byte length, JSON) must parse and the file must be as
+    long as the header's last tensor says; no tensor is read."""
+    path = Path(path)
+    size = path.stat().st_size
+    why = None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n <= 0 or 8 + n > size:
+                why = "no safetensors header"
+            else:
+                header = json.loads(f.read(n))
+                ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+                if 8 + n + max(ends, default=0) != size:
+                    why = f"{size:,} bytes where its header needs {8 + n + max(ends, default=0):,}"
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # not JSON, not the layout
+        why = f"an unreadable header ({type(e).__name__})"
+    if why is not None:
+        raise HubExportError(f"{path} is not a whole safetensors file ({why}): truncated or damaged; export the "
+                             "run again (posgeom train writes it at the end of a run)")
 
 
 def _fmt3(v: float | None) -> str:
@@ -214,6 +246,8 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
 
     run = Path(run_dir)
     wdir = _weights_dir(run, weights)
+    check_safetensors(wdir / "model.safetensors")
+    sha1 = weights_sha1(wdir / "model.safetensors")
     config = _read_json(wdir / "config.json")
     summary = RunSummary.read(run / "summary.json") if (run / "summary.json").is_file() else None
     evals = RunEval.read(run / "eval.json") if (run / "eval.json").is_file() else None
@@ -239,6 +273,8 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
     pe_description += _INIT_TEXT[args["init"]]
     figures = sorted(p.name for p in run.glob("*.png"))
+    # the training's own numbers (steps, epochs, time) describe these weights only if the run exported them
+    trained = summary if summary is not None and sha1 in (summary.export_sha1, summary.export_ema_sha1) else None
     card = ModelCard.from_template(
         card_data, template_path=str(card_template()),
         model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
@@ -246,17 +282,16 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         token_shuffle=token_shuffle, init=args["init"], embed_dim=args["embed_dim"], depth=args["depth"],
         num_heads=args["num_heads"], img_size=_side(args["img_size"]), patch_size=_side(args["patch_size"]),
         num_classes=args["num_classes"], num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
-        dataset=dataset, steps=summary.steps if summary else "?", epochs=_fmt(summary.epochs) if summary else "?",
-        time_s=summary.time_s if summary else "?", processes=summary.processes if summary else "?",
-        recipe_yaml=recipe_text, figures=figures,
-        results=_results_rows(summary, evals, weights, weights_sha1(wdir / "model.safetensors")),
+        dataset=dataset, steps=trained.steps if trained else "?", epochs=_fmt(trained.epochs) if trained else "?",
+        time_s=trained.time_s if trained else "?", processes=trained.processes if trained else "?",
+        recipe_yaml=recipe_text, figures=figures, results=_results_rows(summary, evals, sha1),
     )
     return str(card)
 
 
 def upload_plan(run_dir: str | os.PathLike, weights: str = "export") -> list[str]:
     """The exact files a push uploads: config.json, model.safetensors (never pickle weights), README.md."""
-    _weights_dir(Path(run_dir), weights)
+    check_safetensors(_weights_dir(Path(run_dir), weights) / "model.safetensors")
     return list(UPLOAD_FILES)
 
 

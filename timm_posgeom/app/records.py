@@ -21,7 +21,10 @@ reads; files are written with ``SCHEMA_VERSION``):
 * 1: the first.
 * 2: :class:`SSDCSummary` gains ``rpi_permutations`` (the RPI permutation seeds measured) and
   ``rpi_by_permutation`` (SSDC per layer under each); ``rpi_per_layer`` and ``rpi_delta`` are their mean
-  over permutations. A version 1 record has neither: one permutation, seed 0. Files are written through
+  over permutations. A version 1 record has neither: one permutation, seed 0.
+* 3: :class:`RunSummary` gains ``export_sha1`` and ``export_ema_sha1`` (SHA-1 of the exported weights its
+  top-1 and table SSDC were measured on); older records have None: not recorded, and a card states none
+  of their numbers. Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
 back into NaN.
@@ -43,8 +46,8 @@ from ..jsonio import to_jsonable, write_json
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # older versions whose records this one reads (new keys take their defaults)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -145,6 +148,10 @@ class RunSummary(Record):
     resumed_from: str | None = None
     export: str | None = None
     export_ema: str | None = None
+    # SHA-1 of export/ and export_ema/model.safetensors as exported (schema 3; None: not recorded): val_top1 and
+    # pe_ssdc were measured on the first, ema_val_top1 on the second; a card shows each only for those weights
+    export_sha1: str | None = None
+    export_ema_sha1: str | None = None
     skipped_images: list[str] | None = None  # images left out because they cannot be decoded (bad_images=skip)
     versions: dict[str, str] | None = None  # of the process that finished the training (None: not recorded)
 

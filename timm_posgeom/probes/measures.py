@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
-from ..interventions import eval_mode, pe_scale, token_permutation
+from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from ..jsonio import dumps
 from .attention import attention_modules, capture_attention
 from .probe import _batches, _data_signature, _model_name, _resolve_layers, _Shard, _StopForward
@@ -281,6 +281,8 @@ def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int]
         if device != home:
             model.to(device)
         # rpi: False, or how often a permutation is drawn ("call" or "batch")
+        if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported unpermuted
+            check_unpermuted(model, "run_measures without rpi")
         rpi_ctx = token_permutation(model, seed=seed, per=rpi) if rpi else contextlib.nullcontext()
         capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
                    else contextlib.nullcontext())

@@ -19,7 +19,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler
 
 from .. import distributed as _dist
-from ..interventions import TokenPermutationError, eval_mode, token_permutation
+from ..interventions import (
+    TokenPermutationError,
+    check_unpermuted,
+    eval_mode,
+    find_embed_module,
+    token_permutation,
+)
 from .result import PerImageStats, SSDCResult
 from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
 from .spearman import (
@@ -456,6 +462,12 @@ def probe_ssdc(
         raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be an integer >= 1 (or None: the whole tensor at once), got {batch_size!r}")
+    if rpi:
+        find_embed_module(model)  # a model without a patch embedding (CNNs): refused before any data is read
+    else:
+        check_unpermuted(model, "probe_ssdc(rpi=False)")
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
     depth = len(sites.names) if site == "stage_output" else len(sites.blocks)
     layer_ids = _resolve_layers(layers, depth)

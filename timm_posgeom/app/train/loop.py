@@ -217,7 +217,7 @@ def run_epochs(s: Session) -> None:
 
 def finish(s: Session) -> RunSummary:
     """Final evaluation (unless the last step was evaluated), export, ``summary.json``; the summary."""
-    from ..hub import export_for_hub
+    from ..hub import export_for_hub, weights_sha1
     from ..provenance import package_versions
 
     if s.last_eval != s.state.step:
@@ -236,8 +236,10 @@ def finish(s: Session) -> RunSummary:
                    mean=s.mean, std=s.std, interpolation=r.interpolation, crop_pct=1.0 if paper else r.crop_pct,
                    crop_mode="squash" if paper else "center")
         summary.export = str(export_for_hub(s.raw_model, s.out / "export", model_args, cfg))
+        summary.export_sha1 = weights_sha1(s.out / "export" / "model.safetensors")  # what val_top1 is of
         if s.ema is not None:
             summary.export_ema = str(export_for_hub(s.ema.module, s.out / "export_ema", model_args, cfg))
+            summary.export_ema_sha1 = weights_sha1(s.out / "export_ema" / "model.safetensors")
         s.log.log(dict(summary.to_dict(tagged=False), kind="final"))
         summary.write(s.out / "summary.json")
         s.accelerator.print(f"done: {s.state.step} steps in {summary.time_s:.0f}s, val top-1 "
