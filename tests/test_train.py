@@ -467,3 +467,38 @@ def test_a_tracker_that_is_not_installed_is_refused_before_training(tmp_path, ca
     assert not (tmp_path / "run" / "checkpoints").exists()
     err = _cli_error(capsys, tmp_path / "run2", "log_with=[no_such_tracker]")
     assert "unknown tracker 'no_such_tracker'" in err
+
+
+def test_a_resume_after_the_final_checkpoint_logs_each_evaluation_once(tmp_path):
+    """Killed after its final checkpoint (saved after the epoch-end evaluation), a resumed run repeated
+    that evaluation: metrics.jsonl held the last step's eval row twice (three times after two kills), and
+    the study's report counted each."""
+    import shutil
+
+    out = tmp_path / "run"
+    first = train(tiny("epochs=1"), out, progress=False)  # 10 steps: the last is an epoch end
+    evals = _records(out, "eval")
+    assert [r["step"] for r in evals] == [10]
+    # what a SIGKILL between the final checkpoint and the summary leaves
+    (out / "summary.json").unlink()
+    shutil.rmtree(out / "export")
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("".join(line + "\n" for line in lines if '"final"' not in line))
+    for _ in range(2):
+        resumed = train(tiny("epochs=1"), out, resume=True, progress=False)
+        assert [r["step"] for r in _records(out, "eval")] == [10]
+        assert resumed.val_top1 == first.val_top1
+        (out / "summary.json").unlink()
+        shutil.rmtree(out / "export")
+
+
+def test_read_metrics_counts_a_repeated_step_once(tmp_path):
+    from timm_posgeom.app.train import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"kind": "train", "step": 5, "loss": 1}\n{"kind": "eval", "step": 10, "val_top1": 0.5}\n'
+        '{"kind": "eval", "step": 10, "val_top1": 0.6}\n{"kind": "eval", "step": 10, "val_top1": 0.7}\n'
+        '{"kind": "final", "val_top1": 0.7}\n')
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["kind"], r.get("step")) for r in records] == [("train", 5), ("eval", 10), ("final", None)]
+    assert records[1]["val_top1"] == 0.7

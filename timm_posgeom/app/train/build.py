@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import yaml
 
+from ...distributed import broadcast_object
 from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
@@ -319,7 +320,11 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
         f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
         + (f", resumed from {resumed_from}" if resumed_from else ""))
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
-    return Session(first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
+    # resumed right after an evaluation (a kill after the final checkpoint): it is not evaluated and logged
+    # again (the main process read the log; the others learn the step from it)
+    evaluated = broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
+    return Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
+                   first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,

@@ -37,13 +37,22 @@ def tracker_config(recipe: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a ``metrics.jsonl``, in file order; a torn line (an interrupted write) is skipped."""
-    records = []
+    """The records of a ``metrics.jsonl``, in file order; a torn line (an interrupted write) is skipped, and
+    a step logged more than once under one kind (a log of a version that repeated the last evaluation on
+    resume) counts once, its last record in the place of its first: no reader counts a step twice."""
+    records: list[dict[str, Any]] = []
+    where: dict[tuple[Any, Any], int] = {}
     for line in path.read_text().splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        key = (record.get("kind"), record.get("step"))
+        if key[1] is not None and key in where:
+            records[where[key]] = record
+            continue
+        where[key] = len(records)
+        records.append(record)
     return records
 
 
@@ -59,10 +68,14 @@ class MetricsLog:
         self.enabled = enabled
         self.file = out / "metrics.jsonl"
         self.tracker = tracker
+        self.resumed_eval: dict[str, Any] | None = None  # the evaluation logged at the resume step, if any
         if not enabled:
             return
         if resume_step is not None and self.file.exists():
             kept = [r for r in read_metrics(self.file) if r.get("step", 0) <= resume_step and r.get("kind") != "final"]
+            # the checkpoint at this step was saved after its evaluation: the session need not evaluate again
+            self.resumed_eval = next((r for r in reversed(kept) if r.get("kind") == "eval"
+                                      and r.get("step") == resume_step), None)
             self.file.write_text("".join(dumps(r, indent=None) + "\n" for r in kept))
         elif resume_step is None and self.file.exists():
             self.file.unlink()
