@@ -7,6 +7,7 @@ import os
 import sys
 
 from ..errors import USER_ERRORS, one_line
+from ._options import check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
 COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
@@ -47,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # parsed before torch or timm is imported: --help and bad flags answer at once
     module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
+        check_counts(args)  # counts no run could use, refused before anything heavy is loaded
         return int(module.run(args) or 0)
     except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         parser.exit(2, f"posgeom {args.command}: error: {one_line(e)}\n")

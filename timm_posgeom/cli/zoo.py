@@ -11,7 +11,17 @@ import argparse
 import sys
 from typing import Any
 
-from ._options import add_site_arg, check_counts
+from ._options import (
+    add_device_args,
+    add_img_size_arg,
+    add_loader_args,
+    add_max_images_arg,
+    add_probe_images_arg,
+    add_seed_arg,
+    add_site_arg,
+    add_source_args,
+    check_counts,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,35 +36,29 @@ def add_parser(subparsers: Any) -> None:
                    help="a file with one model per line ('#' starts a comment)")
     p.add_argument("--filter", default=None, metavar="PATTERN",
                    help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained")
-    p.add_argument("--data", required=True,
-                   help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'")
-    p.add_argument("--split", default="validation", help="dataset split (default: validation)")
+    add_source_args(p)
     p.add_argument("--out", default="zoo_out", help="output folder (default: zoo_out); a rerun into it resumes")
     p.add_argument("--pretrained", default=None, action=argparse.BooleanOptionalAction,
                    help="timm names: --pretrained loads timm's weights (a name without any fails); --no-pretrained "
                         "builds every timm name at random init (seeded by --seed). Default: weights for every timm "
                         "name that has them, random init (marked in the weights column) for those that have none. "
                         "hf-hub: and local-dir: always load theirs")
-    p.add_argument("--images", type=int, default=1000,
-                   help="the first N images of the split for SSDC and for fragility (default 1000, the paper's)")
-    p.add_argument("--img-size", type=int, default=None,
-                   help="measure every model at S x S (default: each model's own input size)")
-    p.add_argument("--resize", default="paper", choices=("paper", "timm"),
-                   help="paper: straight to the input size (default); timm: timm's resize + centre crop")
+    add_max_images_arg(p)
+    add_probe_images_arg(p)
+    # renamed: --images N (SSDC and fragility on the first N) is --max-images N; accepted for one release
+    p.add_argument("--images", type=int, default=None, help=argparse.SUPPRESS)
+    add_img_size_arg(p)
     add_site_arg(p)
     p.add_argument("--alphas", default=None,
                    help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)")
     p.add_argument("--imagenet-c", action="store_true",
                    help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
-    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seeds random init (before each model is built), the RPI permutation and the bootstrap")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    add_loader_args(p)
+    add_seed_arg(p)
     p.add_argument("--allow-changes", action="store_true",
                    help="accept settings that differ from those DIR was measured with: its models are measured "
                         "again (former records kept as .replaced-N)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_device_args(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,8 +67,14 @@ def run(args: argparse.Namespace) -> int:
     from .sweep import parse_alphas
 
     check_counts(args)
-    if args.images < 1:
-        raise ValueError(f"--images must be >= 1, got {args.images}")
+    if args.images is not None:  # the old name, for one release
+        if args.max_images is not None:
+            raise ValueError("--images is the old name of --max-images: give only --max-images")
+        print("posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
+              "--max-images N (the same: SSDC and fragility on the first N images)", file=sys.stderr)
+        args.max_images = args.images
+        if args.probe_images is None:
+            args.probe_images = args.images
     pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]
     names = list(args.models)
     if args.models_file:
@@ -72,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     if args.filter:
         names += filter_models(args.filter, pretrained)
     shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if args.imagenet_c else [])  # its JPEG and blur, severities 1-5
-    config = ZooConfig(data=args.data, split=args.split, images=args.images, site=args.site, resize=args.resize,
+    config = ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
+                       site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
                        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device)
