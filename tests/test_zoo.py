@@ -388,3 +388,18 @@ def test_weights_key_names_the_hub_revision_in_the_local_cache(tmp_path, monkeyp
     assert weights_key("vit_tiny_patch16_224.augreg_in21k_ft_in1k", "pretrained") == (
         "hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k@c0ffee")
     assert weights_key("vit_tiny_patch16_224", "random-init") == "random-init"
+
+
+def test_old_names_still_work_for_one_release_with_a_warning(tmp_path, capsys):
+    with pytest.warns(DeprecationWarning, match="use max_images=N"):
+        config = ZooConfig(data="synthetic", images=16)
+    assert config.max_images == config.probe_images == 16
+    assert ZooConfig(data="synthetic").probe_count() == 1000 and ZooConfig(data="synthetic", max_images=8).probe_count() == 8
+    from timm_posgeom.app import zoo
+
+    with pytest.warns(DeprecationWarning, match="timm_posgeom.labels.map_by_name"):
+        assert zoo.match_labels(torch.nn.Identity(), None) == (None, "the model has no classifier head")
+    with pytest.raises(SystemExit):  # --images N: a warning, then the zoo as with --max-images N (here: no models)
+        main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--images", "4"])
+    err = capsys.readouterr().err
+    assert "--images is deprecated" in err and "use --max-images N" in err and "no models to measure" in err

@@ -39,7 +39,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +88,19 @@ class ZooConfig:
     batch_size: int = 64
     num_workers: int | None = None
     device: str | None = None
+    images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
     # fields that change how fast it runs, never a number
     NEUTRAL = frozenset({"batch_size", "num_workers", "device"})
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, images: int | None = None) -> None:
+        if images is not None:
+            warnings.warn("ZooConfig(images=N) is deprecated and will be removed in the next release: use "
+                          "max_images=N (and probe_images=N for the same SSDC count)", DeprecationWarning, stacklevel=3)
+            if self.max_images is None:
+                self.max_images = images
+            if self.probe_images is None:
+                self.probe_images = images
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         self.probe_count()  # max_images, probe_images >= 1
@@ -181,6 +189,14 @@ def _default_device() -> str:
 def versions() -> dict[str, str]:
     """Python, torch, timm and timm-posgeom versions."""
     return package_versions(training=False)
+
+
+def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
+    """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
+    scores labels); kept for one release."""
+    warnings.warn("timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
+                  "timm_posgeom.labels.map_by_name", DeprecationWarning, stacklevel=2)
+    return map_by_name(model, data)
 
 
 # --------------------------------------------------------------------------------------------
