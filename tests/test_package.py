@@ -67,7 +67,6 @@ PER_COMMAND = {
     "--pretrained": "zoo: three ways (auto, on, off) across many models",
     "--shift": "each command's own default shifts",
     "--alphas": "zoo: no sweep unless asked",
-    "--imagenet-c": "zoo and study: ImageNet-C's JPEG and blur only (a flag, not fragility's corruption list)",
     "--allow-changes": "what changed: a recipe, a study's settings, a zoo's settings",
     "--resume": "a training run or a study",
     "--set": "one training run or every run of a study",
@@ -103,6 +102,8 @@ def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
         assert table["--max-images"][command][0] is None
     assert set(table["--probe-images"]) == {"sweep", "zoo"} and table["--probe-images"]["zoo"][0] is None
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
+    # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name
+    assert set(table["--imagenet-c"]) == {"fragility"} and set(table["--imagenet-c-jpeg-blur"]) == {"zoo", "study"}
     for flag in PER_COMMAND:
         assert len(table.get(flag, {})) > 1, f"{flag} is no longer shared: drop it from PER_COMMAND"
     # what --help prints is what was compared

@@ -321,7 +321,7 @@ def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
 
 
 def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data_dir, monkeypatch):
-    """`posgeom zoo --imagenet-c` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
+    """`posgeom zoo --imagenet-c-jpeg-blur` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
     import timm_posgeom.app.zoo as zoo_mod
 
     seen = {}
@@ -331,7 +331,7 @@ def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data
         raise KeyboardInterrupt  # stop before measuring anything
 
     monkeypatch.setattr(zoo_mod, "run_zoo", fake_run_zoo)
-    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c", "--data", str(data_dir),
+    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c-jpeg-blur", "--data", str(data_dir),
                  "--out", str(tmp_path / "zoo")]) == 130
     assert seen["shifts"] == tuple(PAPER_SHIFTS) + tuple(
         f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6))
@@ -403,3 +403,7 @@ def test_old_names_still_work_for_one_release_with_a_warning(tmp_path, capsys):
         main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--images", "4"])
     err = capsys.readouterr().err
     assert "--images is deprecated" in err and "use --max-images N" in err and "no models to measure" in err
+    with pytest.raises(SystemExit):  # zoo's --imagenet-c (JPEG and blur only) is --imagenet-c-jpeg-blur
+        main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--imagenet-c"])
+    err = capsys.readouterr().err
+    assert "use --imagenet-c-jpeg-blur" in err and "no models to measure" in err

@@ -89,6 +89,26 @@ SEED_HELP = ("seed of everything random (default 0): torch before a model is bui
              "permutation, the bootstrap, random corruptions")
 
 
+def add_imagenet_c_jpeg_blur_arg(p: argparse.ArgumentParser) -> None:
+    """--imagenet-c-jpeg-blur (zoo, study); its old name --imagenet-c, which meant something else in
+    ``fragility`` (every ImageNet-C corruption), is accepted for one release with a warning
+    (:func:`imagenet_c_jpeg_blur`)."""
+    p.add_argument("--imagenet-c-jpeg-blur", action="store_true",
+                   help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts; posgeom "
+                        "fragility --imagenet-c runs every ImageNet-C corruption)")
+    p.add_argument("--imagenet-c", dest="imagenet_c_old_name", action="store_true", help=argparse.SUPPRESS)
+
+
+def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
+    """Whether --imagenet-c-jpeg-blur was given (or its old name, with a warning on stderr)."""
+    if getattr(args, "imagenet_c_old_name", False):
+        print(f"posgeom {args.command}: warning: --imagenet-c is deprecated here and will be removed in the next "
+              "release: use --imagenet-c-jpeg-blur (the same: ImageNet-C's JPEG and blur, severities 1-5)",
+              file=sys.stderr)
+        return True
+    return bool(args.imagenet_c_jpeg_blur)
+
+
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ._options import (
     add_device_args,
+    add_imagenet_c_jpeg_blur_arg,
     add_img_size_arg,
     add_loader_args,
     add_max_images_arg,
@@ -21,6 +22,7 @@ from ._options import (
     add_site_arg,
     add_source_args,
     check_counts,
+    imagenet_c_jpeg_blur,
 )
 
 
@@ -51,8 +53,7 @@ def add_parser(subparsers: Any) -> None:
     add_site_arg(p)
     p.add_argument("--alphas", default=None,
                    help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)")
-    p.add_argument("--imagenet-c", action="store_true",
-                   help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts)")
+    add_imagenet_c_jpeg_blur_arg(p)
     add_loader_args(p)
     add_seed_arg(p)
     p.add_argument("--allow-changes", action="store_true",
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         names += read_models_file(args.models_file)
     if args.filter:
         names += filter_models(args.filter, pretrained)
-    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if args.imagenet_c else [])  # its JPEG and blur, severities 1-5
+    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else [])  # its JPEG and blur, severities 1-5
     config = ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
                        site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
