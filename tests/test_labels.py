@@ -55,8 +55,8 @@ def test_an_imagenet_head_on_ten_wordnet_classes_is_refused_with_the_remedy(imag
             call()
         message = one_line(e.value)
         assert isinstance(e.value, PosgeomError) and isinstance(e.value, ValueError)
-        assert "1000 outputs but the data has 10 classes" in message and "labels='by-name'" in message
-        assert "it maps these classes" in message
+        assert "the model has 1000 classes but the data has 10" in message
+        assert "labels='by-name' maps them" in message and "cannot" not in message
 
 
 def test_with_the_mapping_chosen_the_scores_are_on_the_mapped_classes(imagenet_model):

@@ -23,8 +23,8 @@ __all__ = ["LABEL_POLICIES", "LabelMismatchError", "match_labels", "map_by_name"
 
 LABEL_POLICIES = ("check", "by-name", "as-is")
 _WNID = re.compile(r"n\d{8}")
-_REMEDY = ("labels='by-name' (posgeom: --labels by-name) maps the data's classes onto the model's by name or "
-           "WordNet id; labels='as-is' (--labels as-is) uses the indices unchecked")
+_REMEDY = ("labels='by-name' maps them onto the model's classes by name or WordNet id; labels='as-is' uses the "
+           "indices unchecked")
 
 
 class LabelMismatchError(PosgeomError, ValueError):
@@ -132,6 +132,12 @@ def match_labels(model: Any, data: Any, labels: str = "check") -> Any:
     outputs = int(getattr(model, "num_classes", 0) or 0)
     if not data_names or outputs < 1:
         return data
+    if outputs != len(data_names):
+        mapped, how = map_by_name(model, data)
+        hint = "" if mapped is not None else f" (here by name cannot: {how})"
+        raise LabelMismatchError(
+            f"the model has {outputs} classes but the data has {len(data_names)}: accuracy and FS would count the "
+            f"data's labels as the model's first classes; {_REMEDY}{hint}")
     names = model_class_names(model)
     if names:
         if names == data_names:
@@ -141,12 +147,6 @@ def match_labels(model: Any, data: Any, labels: str = "check") -> Any:
             f"the model's class names differ from the data's ({', '.join(names[:3])}, ... vs "
             f"{', '.join(data_names[:3])}, ...){': the same classes in another order' if same_set else ''}; "
             + _REMEDY)
-    if outputs != len(data_names):
-        mapped, how = map_by_name(model, data)
-        hint = "; it maps these classes" if mapped is not None else f" (here it cannot: {how})"
-        raise LabelMismatchError(
-            f"the model has {outputs} outputs but the data has {len(data_names)} classes: accuracy and FS "
-            f"would count the data's labels as the model's first classes; {_REMEDY}{hint}")
     if all(_WNID.fullmatch(c) for c in data_names):  # WordNet ids on an ImageNet head: also in its order?
         imagenet = _imagenet(model)
         if imagenet is not None and imagenet[1] != data_names:
