@@ -63,7 +63,7 @@ def test_model_names_have_their_own_prefix():
 # meaning depends on the command (the reason given).
 PER_COMMAND = {
     "--out": "each command writes its own folder",
-    "--data": "train and study: overrides the recipe's or preset's data (required elsewhere)",
+    "--data": "train and study: overrides the recipe's or preset's data; zoo: required unless --merge",
     "--pretrained": "zoo: three ways (auto, on, off) across many models",
     "--shift": "each command's own default shifts",
     "--alphas": "zoo: no sweep unless asked",

@@ -42,7 +42,18 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     )
     from .labels import LabelMismatchError, match_labels
     from .models import PosGeomViT, list_models
-    from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
+    from .probes import (
+        AttentionMeasure,
+        AttentionResult,
+        Measure,
+        MeasureResult,
+        SSDCResult,
+        attention_measures,
+        pe_table_ssdc,
+        probe_ssdc,
+        run_measures,
+        ssdc,
+    )
     from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
@@ -68,6 +79,12 @@ __all__ = [
     "probe_ssdc",
     "pe_table_ssdc",
     "SSDCResult",
+    "attention_measures",
+    "AttentionResult",
+    "AttentionMeasure",
+    "run_measures",
+    "Measure",
+    "MeasureResult",
     "check_support",
     "SupportRow",
     # robustness
@@ -108,7 +125,8 @@ _LAZY = {
                      "pe_inventory", "pe_scale", "token_permutation"), "interventions"),
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
-    **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc"), "probes"),
+    **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc", "AttentionMeasure", "AttentionResult",
+                     "Measure", "MeasureResult", "attention_measures", "run_measures"), "probes"),
     **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
     **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"),
                     "shifts"),

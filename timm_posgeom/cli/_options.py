@@ -109,6 +109,12 @@ def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
     return bool(args.imagenet_c_jpeg_blur)
 
 
+def add_distance_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"),
+                   help="grid distance of SSDC (default manhattan; attention's mean attention distance is always "
+                        "Euclidean)")
+
+
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
 

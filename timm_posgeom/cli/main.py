@@ -12,7 +12,7 @@ from ..labels import LabelMismatchError
 from ._options import check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
-COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
+COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
 
 
 def _command_modules():

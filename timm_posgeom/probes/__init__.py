@@ -5,8 +5,13 @@
   under random token permutation, RPI) -> :class:`SSDCResult`.
 * :func:`pe_table_ssdc` - the SSDC of a learned position table itself;
   :func:`pe_content_norm_ratio` - its norm against the content tokens'.
+* :func:`attention_measures` - mean attention distance, attention entropy and attention SSDC per
+  block and head (docs/attention.md) -> :class:`AttentionResult`; :func:`run_measures` runs any
+  :class:`Measure` of the blocks' tokens or attention weights in one streamed pass.
 * :func:`find_sites` - the blocks, probe sites, prefix tokens and token grid of a timm ViT.
 """
+from .attention_measures import AttentionMeasure, AttentionResult, attention_measures
+from .measures import LayerView, Measure, MeasureResult, run_measures
 from .pe_table import pe_content_norm_ratio, pe_table_ssdc
 from .probe import REDUCTIONS, probe_ssdc
 from .result import PerImageStats, SSDCResult
@@ -16,6 +21,13 @@ from .spearman import DISTANCES, ConstantMapWarning, grid_positions, pair_distan
 __all__ = [
     "ssdc",
     "probe_ssdc",
+    "attention_measures",
+    "AttentionResult",
+    "AttentionMeasure",
+    "run_measures",
+    "Measure",
+    "MeasureResult",
+    "LayerView",
     "pe_table_ssdc",
     "pe_content_norm_ratio",
     "SSDCResult",

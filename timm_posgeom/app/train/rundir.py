@@ -22,7 +22,7 @@ __all__ = ["RunLock", "RunDirError", "changed_keys", "recipe_changes", "describe
 
 # Recipe keys that change how a run is logged, saved or loaded, never its weights or its numbers.
 NEUTRAL_KEYS = frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "workers", "notes", "disk_cache",
-                          "eval_batch_size"})
+                          "eval_batch_size", "log_with", "tracker_project"})
 
 
 class RunDirError(PosgeomError, RuntimeError):
