@@ -6,8 +6,8 @@ Importing the package registers the PE-variant ViTs with timm::
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 This package root is the library: models, positional encodings, interventions, probes, shifts,
-transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.train``,
-``timm_posgeom.study``, ``timm_posgeom.report``, ``timm_posgeom.hub`` and the ``posgeom`` command)
+transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.app.train``,
+``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
 
@@ -45,11 +45,15 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .probes import (
         AttentionMeasure,
         AttentionResult,
+        CKAResult,
         Measure,
         MeasureResult,
+        PositionProbeResult,
         SSDCResult,
         attention_measures,
+        cka,
         pe_table_ssdc,
+        position_probe,
         probe_ssdc,
         run_measures,
         ssdc,
@@ -85,6 +89,10 @@ __all__ = [
     "run_measures",
     "Measure",
     "MeasureResult",
+    "position_probe",
+    "PositionProbeResult",
+    "cka",
+    "CKAResult",
     "check_support",
     "SupportRow",
     # robustness
@@ -126,7 +134,8 @@ _LAZY = {
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
     **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc", "AttentionMeasure", "AttentionResult",
-                     "Measure", "MeasureResult", "attention_measures", "run_measures"), "probes"),
+                     "Measure", "MeasureResult", "attention_measures", "run_measures", "CKAResult", "cka",
+                     "PositionProbeResult", "position_probe"), "probes"),
     **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
     **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"),
                     "shifts"),

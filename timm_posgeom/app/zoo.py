@@ -19,7 +19,7 @@ For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of 
 Each model runs at its own data config (input size, interpolation, mean / std:
 :func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given.
 
-Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.records.ZooModel` per model,
+Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.app.records.ZooModel` per model,
 written atomically as soon as the model is done), ``zoo.json`` (settings and model list),
 ``zoo.csv`` (one row per model, as timm's ``results/*.csv``), ``zoo.md`` and ``figures/*.png``.
 A rerun into the same ``out`` skips every model already measured with the same settings (a kill

@@ -8,11 +8,15 @@
 * :func:`attention_measures` - mean attention distance, attention entropy and attention SSDC per
   block and head (docs/attention.md) -> :class:`AttentionResult`; :func:`run_measures` runs any
   :class:`Measure` of the blocks' tokens or attention weights in one streamed pass.
+* :func:`position_probe` - a linear (row, col) probe of the patch tokens per block; :func:`cka` - linear
+  minibatch CKA between the blocks of two models (both built on :func:`run_measures`).
 * :func:`find_sites` - the blocks, probe sites, prefix tokens and token grid of a timm ViT.
 """
 from .attention_measures import AttentionMeasure, AttentionResult, attention_measures
+from .cka import CKAResult, cka
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .pe_table import pe_content_norm_ratio, pe_table_ssdc
+from .position import PositionProbeResult, position_probe
 from .probe import REDUCTIONS, probe_ssdc
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, UnsupportedModelError, find_sites
@@ -28,6 +32,10 @@ __all__ = [
     "Measure",
     "MeasureResult",
     "LayerView",
+    "position_probe",
+    "PositionProbeResult",
+    "cka",
+    "CKAResult",
     "pe_table_ssdc",
     "pe_content_norm_ratio",
     "SSDCResult",

@@ -170,6 +170,7 @@ def run_measures(
         progress: bool = True,
         batch_size: int | None = 64,
         distributed: str = "auto",
+        rpi_per: str = "call",
 ) -> MeasureResult:
     """Run ``measures`` on every (or the chosen) block of a flat timm ViT over ``data``, in one pass.
 
@@ -182,6 +183,9 @@ def run_measures(
         measures: :class:`Measure` instances (fresh: they keep their sums).
         rpi: random permutation of the patch tokens at inference, one permutation (from ``seed``) for
             the call, after the patch embedding and before any PE (as ``probe_ssdc``).
+        rpi_per: ``call`` (one permutation for the call) or ``batch`` (a fresh one per batch, from the
+            seeded generator: what a measure fitted on some batches and scored on others needs, so that
+            no permutation is shared between them).
         seed: the RPI permutation's seed.
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`).
         layers: block indices (negative allowed); default every block.
@@ -193,6 +197,8 @@ def run_measures(
     """
     if distributed not in ("auto", "presharded", "off"):
         raise ValueError(f"unknown distributed mode {distributed!r}; expected auto, presharded or off")
+    if rpi_per not in ("call", "batch"):
+        raise ValueError(f"rpi_per must be 'call' or 'batch', got {rpi_per!r}")
     if max_images is not None and max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
     if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
@@ -233,7 +239,8 @@ def run_measures(
     batches = shard if shard is not None else _batches(data, batch_size)
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with _dist.fail_together() if shard is not None else contextlib.nullcontext(), scale:
-        n_images, image_size, grid, perm = _stream(model, sites, batches, layer_ids, sources, router, rpi, seed,
+        n_images, image_size, grid, perm = _stream(model, sites, batches, layer_ids, sources, router,
+                                                   rpi and rpi_per, seed,
                                                    None if shard is not None else max_images, device, home,
                                                    dtype, bar)
     if shard is not None:
@@ -245,6 +252,7 @@ def run_measures(
         values.update(m.finish(layer_ids, n_images, grid))
     metadata: dict[str, Any] = {
         "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
+        "rpi_per": rpi_per if rpi else None,
         "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
         "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
     }
@@ -262,7 +270,7 @@ def _patch_size(model: nn.Module) -> list[int] | None:
 
 
 def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int], sources: list[str],
-            router: _Router, rpi: bool, seed: int | None, max_images: int | None, device: torch.device,
+            router: _Router, rpi: bool | str, seed: int | None, max_images: int | None, device: torch.device,
             home: torch.device, dtype: torch.dtype,
             bar: Any) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None, Any]:
     """This process's batches through the model; returns (images, image size, grid, RPI permutation)."""
@@ -271,7 +279,8 @@ def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int]
     try:
         if device != home:
             model.to(device)
-        rpi_ctx = token_permutation(model, seed=seed, per="call") if rpi else contextlib.nullcontext()
+        # rpi: False, or how often a permutation is drawn ("call" or "batch")
+        rpi_ctx = token_permutation(model, seed=seed, per=rpi) if rpi else contextlib.nullcontext()
         capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
                    else contextlib.nullcontext())
         with torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
