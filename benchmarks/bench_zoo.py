@@ -31,7 +31,7 @@ MODELS = "vit_tiny_patch16_224,deit_tiny_patch16_224,vit_small_patch16_224"
 
 
 def _zoo(models: list[str], data: str, images: int, out: Path, per_model: bool, workers: int) -> float:
-    args = ["zoo", *models, "--data", data, "--out", str(out), "--no-pretrained", "--images", str(images),
+    args = ["zoo", *models, "--data", data, "--out", str(out), "--no-pretrained", "--max-images", str(images),
             "--batch-size", "50", "--num-workers", str(workers), "--no-progress"]
     started = time.perf_counter()
     code = main(args + (["--decode-per-model"] if per_model else []))

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from importlib.metadata import version
 
+import pytest
 import timm
 
 import timm_posgeom
@@ -53,3 +54,84 @@ def test_model_names_have_their_own_prefix():
     assert len(ours) == 20
     # timm's own names are not ours, and none of ours hides among timm's unprefixed names
     assert not ours & set(timm.list_models("vit_*"))
+
+
+# --------------------------------------------------------------------------------------------
+# the command line: one name and one meaning per idea; fast --help
+# --------------------------------------------------------------------------------------------
+# A flag several commands take has one default and one help text everywhere, except these, whose
+# meaning depends on the command (the reason given).
+PER_COMMAND = {
+    "--out": "each command writes its own folder",
+    "--data": "train and study: overrides the recipe's or preset's data; zoo: required unless --merge",
+    "--pretrained": "zoo: three ways (auto, on, off) across many models",
+    "--shift": "each command's own default shifts",
+    "--alphas": "zoo: no sweep unless asked",
+    "--allow-changes": "what changed: a recipe, a study's settings, a zoo's settings",
+    "--resume": "a training run or a study",
+    "--set": "one training run or every run of a study",
+    "--dry-run": "study plans, push lists uploads",
+    "--repo-id": "card: a placeholder by default; push: required",
+}
+
+
+def _options_by_command() -> dict[str, dict[str, tuple[object, str]]]:
+    """flag -> {command: (default, help)} from the parser every ``posgeom COMMAND --help`` prints."""
+    import argparse
+
+    from timm_posgeom.cli.main import COMMANDS, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(sub.choices) == sorted(COMMANDS)
+    table: dict[str, dict[str, tuple[object, str]]] = {}
+    for command, parser in sub.choices.items():
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help") and action.help is not argparse.SUPPRESS:
+                    table.setdefault(flag, {})[command] = (action.default, action.help)
+    return table
+
+
+def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
+    table = _options_by_command()
+    differ = {flag: sorted(by) for flag, by in table.items()
+              if len(by) > 1 and flag not in PER_COMMAND and len({repr(v) for v in by.values()}) > 1}
+    assert not differ, f"one flag, several defaults or help texts: {differ}"
+    # the image limit: one name in every measuring command, the whole split by default; SSDC's own count
+    for command in ("probe", "fragility", "sweep", "zoo"):
+        assert table["--max-images"][command][0] is None
+    assert set(table["--probe-images"]) == {"sweep", "zoo"} and table["--probe-images"]["zoo"][0] is None
+    assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
+    # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name
+    assert set(table["--imagenet-c"]) == {"fragility"} and set(table["--imagenet-c-jpeg-blur"]) == {"zoo", "study"}
+    for flag in PER_COMMAND:
+        assert len(table.get(flag, {})) > 1, f"{flag} is no longer shared: drop it from PER_COMMAND"
+    # what --help prints is what was compared
+    with pytest.raises(SystemExit):
+        main(["zoo", "--help"])
+    assert "--max-images N" in capsys.readouterr().out
+
+
+def test_zoo_old_images_flag_is_refused_beside_the_new_name(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["zoo", "m", "--data", "synthetic", "--images", "4", "--max-images", "4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--images is the old name of --max-images" in err
+
+
+def test_help_and_argument_errors_import_neither_torch_nor_timm():
+    """`posgeom --help`, `posgeom COMMAND --help` and a bad flag answer before torch or timm is imported
+    (the time they cost: benchmarks/bench_cli.py)."""
+    for argv in (["--help"], ["probe", "--help"], ["zoo", "--help"], ["fragility", "m"],
+                 ["sweep", "m", "--data", "synthetic", "--max-images", "0"]):
+        code = f"from timm_posgeom.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
+        loaded = {m.split(".")[0] for m in _modules_after(code)}
+        assert not loaded & {"torch", "timm", "torchvision", "numpy", *HEAVY}, (argv, sorted(loaded & {"torch", "timm"}))
+
+
+def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
+    for code in ("import timm_posgeom, timm", "import timm, timm_posgeom", "import timm_posgeom.models, timm"):
+        out = subprocess.run([sys.executable, "-c", code + "\nprint(len(timm.list_models('posgeom_*')))"],
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.split()[-1] == "20", code

@@ -26,7 +26,6 @@ from timm_posgeom.app.zoo import (
     csv_columns,
     filter_models,
     layer_summary,
-    match_labels,
     read_models_file,
     relative_depth,
     safe_name,
@@ -36,6 +35,7 @@ from timm_posgeom.cli import main
 from timm_posgeom.data import load_split
 from timm_posgeom.eval_data import eval_loader
 from timm_posgeom.factory import create_model
+from timm_posgeom.labels import map_by_name
 from timm_posgeom.probes import probe_ssdc
 from timm_posgeom.robustness import alpha_sweep, fragility
 from timm_posgeom.shifts import PAPER_SHIFTS
@@ -43,7 +43,7 @@ from timm_posgeom.shifts import PAPER_SHIFTS
 IMG, N, BATCH = 112, 16, 8
 VIT = "vit_tiny_patch16_224"  # a learned absolute table, 12 blocks
 ROPE = "eva02_tiny_patch14_224"  # a learned table and axial RoPE, 12 blocks, no classifier (num_classes 0)
-COMMON = ["--no-pretrained", "--img-size", str(IMG), "--images", str(N), "--batch-size", str(BATCH),
+COMMON = ["--no-pretrained", "--img-size", str(IMG), "--max-images", str(N), "--batch-size", str(BATCH),
           "--num-workers", "0", "--no-progress"]
 
 
@@ -145,7 +145,7 @@ def test_csv_has_one_row_per_model_equal_to_direct_measurements(zoo, data_dir, e
             assert float(row[f"{prefix}_mean"]) == pytest.approx(sum(values) / len(values), abs=1e-6)
         assert [float(v) for v in row["rpi_ssdc_per_layer"].split()] == pytest.approx(rpi.per_layer, abs=1e-6)
 
-        matched, how = match_labels(model, data)
+        matched, how = map_by_name(model, data)
         if labels is None:  # no top-1, no FS: empty cells and the reason
             assert matched is None and how == "the model has no classifier head" and how in row["notes"]
             assert row["labels"] == row["top1"] == row["n_images"] == row["fs_jpeg:5"] == row["fs_blur:2.5:5"] == ""
@@ -182,7 +182,7 @@ def test_a_rerun_measures_nothing_again_and_other_settings_are_refused(zoo, data
         main(["zoo", VIT, "--data", str(data_dir), "--out", str(zoo), *changed])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "measured with other settings (images: 16 -> 8)" in err
+    assert len(err.splitlines()) == 1 and "measured with other settings (max_images: 16 -> 8)" in err
     assert "--allow-changes" in err
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in (zoo / "models").iterdir()} == before
 
@@ -234,8 +234,8 @@ def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, dat
     # other settings, allowed: measured again, the former record kept beside the new one
     fewer = [a if a != str(N) else "4" for a in COMMON]
     assert main(["zoo", "--data", str(data_dir), "--out", str(out), "--alphas", "1,0", "--allow-changes", *fewer]) == 1
-    assert ZooModel.read(record).settings["images"] == 4 and ZooModel.read(record).probe_images == 4
-    assert ZooModel.read(record.with_name(record.name + ".replaced-1")).settings["images"] == N
+    assert ZooModel.read(record).settings["max_images"] == 4 and ZooModel.read(record).probe_images == 4
+    assert ZooModel.read(record.with_name(record.name + ".replaced-1")).settings["max_images"] == N
     assert _rows(out)[export]["n_images"] == "4"
 
 
@@ -356,13 +356,13 @@ class _Split:
 
 def test_labels_match_imagenet_heads_by_wordnet_id_or_unique_name_only():
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=16, depth=1)  # a 1000-class head
-    assert match_labels(model, load_or_stub(["n01440764", "goldfish"]))[0].labels == [0, 1]
-    matched, why = match_labels(model, load_or_stub(["tench", "crane"]))  # two ImageNet classes are "crane"
+    assert map_by_name(model, load_or_stub(["n01440764", "goldfish"]))[0].labels == [0, 1]
+    matched, why = map_by_name(model, load_or_stub(["tench", "crane"]))  # two ImageNet classes are "crane"
     assert matched is None and "crane (ambiguous)" in why
-    matched, why = match_labels(model, load_or_stub(["cat", "dog"]))
+    matched, why = map_by_name(model, load_or_stub(["cat", "dog"]))
     assert matched is None and "neither WordNet ids nor names" in why
     ten = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=10)
-    matched, why = match_labels(ten, load_or_stub([str(i) for i in range(10)]))
+    matched, why = map_by_name(ten, load_or_stub([str(i) for i in range(10)]))
     assert matched is None and "no recorded class names and are not an ImageNet head" in why
 
 
@@ -397,7 +397,7 @@ def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
 
 
 def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data_dir, monkeypatch):
-    """`posgeom zoo --imagenet-c` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
+    """`posgeom zoo --imagenet-c-jpeg-blur` measures the paper's shifts and ImageNet-C's JPEG and blur at severities 1-5."""
     import timm_posgeom.app.zoo as zoo_mod
 
     seen = {}
@@ -407,7 +407,7 @@ def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data
         raise KeyboardInterrupt  # stop before measuring anything
 
     monkeypatch.setattr(zoo_mod, "run_zoo", fake_run_zoo)
-    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c", "--data", str(data_dir),
+    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c-jpeg-blur", "--data", str(data_dir),
                  "--out", str(tmp_path / "zoo")]) == 130
     assert seen["shifts"] == tuple(PAPER_SHIFTS) + tuple(
         f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6))
@@ -464,3 +464,22 @@ def test_weights_key_names_the_hub_revision_in_the_local_cache(tmp_path, monkeyp
     assert weights_key("vit_tiny_patch16_224.augreg_in21k_ft_in1k", "pretrained") == (
         "hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k@c0ffee")
     assert weights_key("vit_tiny_patch16_224", "random-init") == "random-init"
+
+
+def test_old_names_still_work_for_one_release_with_a_warning(tmp_path, capsys):
+    with pytest.warns(DeprecationWarning, match="use max_images=N"):
+        config = ZooConfig(data="synthetic", images=16)
+    assert config.max_images == config.probe_images == 16
+    assert ZooConfig(data="synthetic").probe_count() == 1000 and ZooConfig(data="synthetic", max_images=8).probe_count() == 8
+    from timm_posgeom.app import zoo
+
+    with pytest.warns(DeprecationWarning, match="timm_posgeom.labels.map_by_name"):
+        assert zoo.match_labels(torch.nn.Identity(), None) == (None, "the model has no classifier head")
+    with pytest.raises(SystemExit):  # --images N: a warning, then the zoo as with --max-images N (here: no models)
+        main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--images", "4"])
+    err = capsys.readouterr().err
+    assert "--images is deprecated" in err and "use --max-images N" in err and "no models to measure" in err
+    with pytest.raises(SystemExit):  # zoo's --imagenet-c (JPEG and blur only) is --imagenet-c-jpeg-blur
+        main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--imagenet-c"])
+    err = capsys.readouterr().err
+    assert "use --imagenet-c-jpeg-blur" in err and "no models to measure" in err

@@ -10,45 +10,59 @@ transforms, data and robustness. The application built on it (recipes, ``timm_po
 ``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
+
+The import is light (docs/architecture.md, rule 6): the public names below are loaded on first use
+(PEP 562), and the models are registered with timm as soon as timm is imported, before or after this
+package, so ``posgeom --help`` answers without loading torch.
 """
-from . import models  # noqa: F401  (registers the models with timm)
-from .data import ImageSplit, load_split
-from .eval_data import eval_loader
-from .factory import create_model
-from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
-from .interventions import (
-    PEEntry,
-    PEScaleError,
-    TokenPermutation,
-    TokenPermutationError,
-    find_embed_module,
-    pe_inventory,
-    pe_scale,
-    token_permutation,
-)
-from .models import PosGeomViT, list_models
-from .probes import (
-    AttentionMeasure,
-    AttentionResult,
-    CKAResult,
-    Measure,
-    MeasureResult,
-    PositionProbeResult,
-    SSDCResult,
-    attention_measures,
-    cka,
-    pe_table_ssdc,
-    position_probe,
-    probe_ssdc,
-    run_measures,
-    ssdc,
-)
-from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
-from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
-from .support import SupportRow, check_support
-from .synthetic import SyntheticShapes
-from .transforms import eval_transform
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__
+
+if TYPE_CHECKING:  # what each public name is, for type checkers and readers; loaded lazily below
+    from .data import ImageSplit, load_split
+    from .eval_data import eval_loader
+    from .factory import create_model
+    from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
+    from .interventions import (
+        PEEntry,
+        PEScaleError,
+        TokenPermutation,
+        TokenPermutationError,
+        find_embed_module,
+        pe_inventory,
+        pe_scale,
+        token_permutation,
+    )
+    from .labels import LabelMismatchError, match_labels
+    from .models import PosGeomViT, list_models
+    from .probes import (
+        AttentionMeasure,
+        AttentionResult,
+        CKAResult,
+        Measure,
+        MeasureResult,
+        PositionProbeResult,
+        SSDCResult,
+        attention_measures,
+        cka,
+        pe_table_ssdc,
+        position_probe,
+        probe_ssdc,
+        run_measures,
+        ssdc,
+    )
+    from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
+    from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
+    from .support import SupportRow, check_support
+    from .synthetic import SyntheticShapes
+    from .transforms import eval_transform
 
 __all__ = [
     "__version__",
@@ -96,6 +110,9 @@ __all__ = [
     "ImageNetCResult",
     "alpha_sweep",
     "AlphaSweepResult",
+    # labels
+    "match_labels",
+    "LabelMismatchError",
     # data
     "load_split",
     "eval_loader",
@@ -104,3 +121,79 @@ __all__ = [
     "SyntheticShapes",
     "eval_transform",
 ]
+
+# public name -> the module (relative to this package) that defines it
+_LAZY = {
+    **dict.fromkeys(("ImageSplit", "load_split"), "data"),
+    "eval_loader": "eval_data",
+    "create_model": "factory",
+    **dict.fromkeys(("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"),
+                    "imagenet_c"),
+    **dict.fromkeys(("PEEntry", "PEScaleError", "TokenPermutation", "TokenPermutationError", "find_embed_module",
+                     "pe_inventory", "pe_scale", "token_permutation"), "interventions"),
+    **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
+    **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
+    **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc", "AttentionMeasure", "AttentionResult",
+                     "Measure", "MeasureResult", "attention_measures", "run_measures", "CKAResult", "cka",
+                     "PositionProbeResult", "position_probe"), "probes"),
+    **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
+    **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"),
+                    "shifts"),
+    **dict.fromkeys(("SupportRow", "check_support"), "support"),
+    "SyntheticShapes": "synthetic",
+    "eval_transform": "transforms",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name on first use (PEP 562); the value is then cached in the module."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _RegisterWithTimm(importlib.abc.MetaPathFinder):
+    """Imports :mod:`timm_posgeom.models` (which registers the models) right after timm itself is imported.
+
+    Installed only while timm is not imported yet; it finds timm's own spec, wraps its loader to run the
+    registration after timm's ``__init__``, gives timm back its own loader, and removes itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "timm":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("timm")
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+class _ThenRegister(importlib.abc.Loader):
+    def __init__(self, loader: Any):
+        self.loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_data, get_resource_reader, ...: timm's own loader's
+        return getattr(self.loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__spec__.loader = module.__loader__ = self.loader
+        self.loader.exec_module(module)
+        importlib.import_module(".models", __name__)
+
+
+if "timm" in sys.modules:  # `import timm, timm_posgeom`: timm is loaded, register now
+    importlib.import_module(".models", __name__)
+elif not any(isinstance(f, _RegisterWithTimm) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterWithTimm())

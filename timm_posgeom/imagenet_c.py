@@ -49,6 +49,7 @@ from .errors import PosgeomError
 from .eval_data import check_split, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
+from .labels import match_labels
 from .robustness import (
     FragilityResult,
     _model_device,
@@ -309,6 +310,7 @@ def imagenet_c_fragility(
         device: str | torch.device | None = None,
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
+        labels: str = "check",
 ) -> ImageNetCResult:
     """FS of every ImageNet-C corruption and severity, corrupting the clean split on the fly.
 
@@ -325,7 +327,8 @@ def imagenet_c_fragility(
         batch_size: images (clean and corrupted copies together) per model forward; each loader step
             takes ``max(1, batch_size // (1 + number of corrupted copies))`` clean images.
 
-    The other arguments are those of :func:`~timm_posgeom.robustness.fragility`.
+    The other arguments are those of :func:`~timm_posgeom.robustness.fragility` (``labels`` too: the data's
+    classes checked against the model's, or mapped).
 
     Returns:
         An :class:`ImageNetCResult` (``source="generated"``) holding the FragilityResult.
@@ -339,7 +342,7 @@ def imagenet_c_fragility(
     step = max(1, batch_size // (1 + len(specs)))
     result = fragility(model, data, shifts, resize=resize, batch_size=step, num_workers=num_workers, rpi=rpi,
                        alpha=alpha, seed=seed, max_images=max_images, device=device, progress=progress,
-                       img_size=img_size, forward_size=batch_size)
+                       img_size=img_size, forward_size=batch_size, labels=labels)
     assert result.shifts == specs, (result.shifts, specs)
     counts: dict[str, Any] = {"clean": dict(result.counts["clean"])}
     for c in names:
@@ -537,6 +540,7 @@ def imagenet_c_released(
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
         clean_framing: str = "imagenet-c",
+        labels: str = "check",
 ) -> ImageNetCResult:
     """FS of each corruption and severity from the released ImageNet-C images under ``root``.
 
@@ -560,6 +564,8 @@ def imagenet_c_released(
         extra_classes: as :func:`check_imagenet_c_tree`.
         rpi: as :func:`~timm_posgeom.robustness.fragility`; under RPI the released images get
             permutations of their own (they are not paired with the clean images).
+        labels: as :func:`~timm_posgeom.robustness.fragility`: the data's classes checked against the
+            model's, or mapped (``"by-name"``; the released images' labels mapped the same way).
 
     The other arguments (``alpha``, ``seed``, ...) are those of :func:`~timm_posgeom.robustness.fragility`
     (``batch_size``: images per forward). Launched as several processes, the clean split is shared by
@@ -578,6 +584,7 @@ def imagenet_c_released(
         if not classes:
             raise ValueError("the clean split has no class names (data.classes): pass classes=[...] in label order")
     classes = list(classes)
+    matched = match_labels(model, data, labels)  # a mismatch refused before the tree is read
     names = _corruption_list(corruptions)
     levels = [_check_severity(s) for s in severities]
     files = check_imagenet_c_tree(root, classes, names, levels, class_folders=class_folders,
@@ -595,9 +602,12 @@ def imagenet_c_released(
 
     if clean_framing not in CLEAN_FRAMINGS:
         raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {clean_framing!r}")
-    clean_data = _Framed(data) if clean_framing == "imagenet-c" else data
+    if matched is not data:  # mapped by name: the released images' labels (indices of `classes`) map alike
+        mapping = list(matched.mapping)
+        files = [(path, mapping[label]) for path, label in files]
+    clean_data = _Framed(matched) if clean_framing == "imagenet-c" else matched
     clean = fragility(model, clean_data, (), resize=resize, batch_size=batch_size, num_workers=num_workers, rpi=rpi,
-                      alpha=alpha, seed=seed, device=device, progress=progress, img_size=img_size)
+                      alpha=alpha, seed=seed, device=device, progress=progress, img_size=img_size, labels="as-is")
 
     order = [(c, s) for c in names for s in levels]
     tree = _TreeImages(Path(root), order, files)

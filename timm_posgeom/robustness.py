@@ -50,7 +50,9 @@ from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
 from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from .jsonio import dumps, to_jsonable
+from .labels import match_labels
 from .probes.probe import _model_name
+from .protocol import DEFAULT_ALPHAS, probe_count
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import RESIZE_MODES, normalize_batch, resize_transform, resolve_config
 
@@ -66,7 +68,6 @@ __all__ = [
     "DEFAULT_ALPHAS",
 ]
 
-DEFAULT_ALPHAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
 _Z95 = 1.959963984540054  # two-sided 95% normal quantile
 
 
@@ -350,6 +351,7 @@ def fragility(
         img_size: int | tuple[int, int] | None = None,
         distributed: str = "auto",
         forward_size: int | None = None,
+        labels: str = "check",
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -389,6 +391,11 @@ def fragility(
             data alone. A ``seed`` of None is replaced by one drawn on the main process.
         forward_size: at most this many copies per model forward (memory: many shifts times a large
             batch); default None, every copy of a step in one forward.
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
+            ``"check"`` (default) raises :class:`~timm_posgeom.labels.LabelMismatchError` when they differ
+            (e.g. a 1000-class ImageNet model on 10-class data), ``"by-name"`` maps the data's classes onto
+            the model's (recorded class names, or an ImageNet head's WordNet ids and names), ``"as-is"``
+            uses the indices unchecked.
 
     Returns:
         A :class:`FragilityResult`.
@@ -407,6 +414,7 @@ def fragility(
         raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
     if forward_size is not None and forward_size < 1:
         raise ValueError(f"forward_size must be >= 1, got {forward_size}")
+    data = match_labels(model, data, labels)
     n = check_split(data, max_images)
     world = _dist.setup() if distributed == "auto" else 1
     own = None  # with several processes: this process's batches, as ranges of image indices
@@ -589,7 +597,7 @@ def alpha_sweep(
         alphas: Sequence[float] = DEFAULT_ALPHAS,
         shifts: Sequence[str | Shift] = ("jpeg:5",),
         *,
-        probe_images: int = 1000,
+        probe_images: int | None = None,
         probe_data: Any = None,
         site: str = "auto",
         include_prefix: bool = True,
@@ -602,6 +610,7 @@ def alpha_sweep(
         progress: bool = True,
         img_size: int | tuple[int, int] | None = None,
         distributed: str = "auto",
+        labels: str = "check",
 ) -> AlphaSweepResult:
     """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
 
@@ -610,8 +619,14 @@ def alpha_sweep(
 
     * SSDC per layer under RPI at ``site`` on the first ``probe_images`` clean images of
       ``probe_data`` (default: ``data``), via :func:`~timm_posgeom.probes.probe_ssdc` with ``seed``;
-      delta SSDC = SSDC(layer 1) - SSDC(layer 0) (the paper uses 1,000 validation images);
-    * :func:`fragility` of every shift on ``data`` (no RPI), with the same loader settings.
+      delta SSDC = SSDC(layer 1) - SSDC(layer 0);
+    * :func:`fragility` of every shift on the first ``max_images`` images of ``data`` (default all; no
+      RPI), with the same loader settings.
+
+    ``max_images`` bounds all the work: the probe too uses at most that many images unless
+    ``probe_images`` says otherwise (default: 1,000, the paper's count, or ``max_images`` if fewer;
+    :func:`~timm_posgeom.protocol.probe_count`). ``labels`` is checked (or mapped) once, as in
+    :func:`fragility`.
 
     alpha = 1 reproduces the unscaled model exactly. ``img_size`` sets the input size of both (see
     :func:`fragility`). ``distributed`` (``auto`` / ``off``) is passed to both: launched as several
@@ -628,8 +643,8 @@ def alpha_sweep(
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty")
-    if probe_images < 1:
-        raise ValueError(f"probe_images must be >= 1, got {probe_images}")
+    probe_images = probe_count(probe_images, max_images)
+    data = match_labels(model, data, labels)
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
     shift_names = [s if isinstance(s, str) else parse_shift(s).spec for s in shifts]
@@ -649,7 +664,7 @@ def alpha_sweep(
                               device=dev, progress=False, distributed=distributed)
             frag = fragility(model, data, shifts, resize=resize, batch_size=batch_size, num_workers=num_workers,
                              seed=seed, max_images=max_images, device=dev, progress=False, img_size=img_size,
-                             distributed=distributed)
+                             distributed=distributed, labels="as-is")  # checked (or mapped) above
         rows.append(AlphaSweepRow(
             alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
             clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),

@@ -65,6 +65,7 @@ from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
 from .errors import PosgeomError, one_line
+from .protocol import PAPER_SHIFTS, SPEC_FORMS
 from .synthetic import seed32
 
 __all__ = [
@@ -86,9 +87,6 @@ __all__ = [
     "SPEC_FORMS",
 ]
 
-PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
-"""The paper's two shifts: JPEG quality 5 and Gaussian blur sigma 2.5 with a 5x5 kernel."""
-
 IMAGENET_C: dict[str, tuple[float, ...]] = {
     "jpeg_compression": (25, 18, 15, 10, 7),  # JPEG quality per severity 1..5
     "gaussian_blur": (1, 2, 3, 4, 6),  # sigma per severity 1..5
@@ -109,13 +107,6 @@ IMAGENET_C_EXTRA: tuple[str, ...] = ("speckle_noise", "gaussian_blur", "spatter"
 
 IMAGENET_C_EXTRA_INSTALL = "pip install 'timm-posgeom[imagenet-c]'"
 """How to install what the ImageNet-C corruptions other than ours need (the imagecorruptions package)."""
-
-SPEC_FORMS = (
-    "jpeg:Q (JPEG quality Q, integer 1-100, e.g. jpeg:5)",
-    "blur:SIGMA[:KERNEL] (Gaussian blur, sigma > 0, optional odd kernel size, e.g. blur:2.5:5)",
-    "imagenet-c:NAME:SEVERITY (NAME one of ImageNet-C's 15 corruptions or 4 extras, e.g. fog, "
-    "gaussian_noise, jpeg_compression, gaussian_blur; SEVERITY 1-5, e.g. imagenet-c:fog:3)",
-)
 
 _SKIMAGE_TRUNCATE = 4.0
 

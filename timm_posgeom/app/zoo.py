@@ -12,7 +12,7 @@ For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of 
 * clean top-1 and the fragility score ``FS = 1 - A_shift / A_clean`` of each shift (the paper's JPEG
   q5 and blur sigma 2.5 / kernel 5, optionally ImageNet-C's severities) with
   :func:`~timm_posgeom.robustness.fragility`, only when the data's labels can be matched to the
-  model's outputs (:func:`match_labels`); otherwise left empty with the reason;
+  model's outputs (:func:`~timm_posgeom.labels.map_by_name`); otherwise left empty with the reason;
 * optionally an alpha sweep (:func:`~timm_posgeom.robustness.alpha_sweep`: delta SSDC under RPI and
   JPEG q5 FS per PE scale alpha).
 
@@ -40,7 +40,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,14 @@ import torch
 from ..distributed import broadcast_object, fail_together, is_main
 from ..errors import PosgeomError, one_line
 from ..jsonio import to_jsonable
+from ..labels import map_by_name
+from ..protocol import probe_count
 from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
 from .train.rundir import RunDirError, RunLock, changed_keys, describe_changes
 
-__all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
+__all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
            "SWEEP_SHIFTS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
            "versions", "weights_key"]
@@ -75,7 +77,8 @@ class ZooConfig:
 
     data: str
     split: str = "validation"
-    images: int = 1000  # at most this many images for SSDC and for fragility (the first ones)
+    max_images: int | None = None  # at most the first N images for all the work (None: the whole split)
+    probe_images: int | None = None  # SSDC's count (None: protocol.PROBE_IMAGES, or max_images if fewer)
     site: str = "auto"
     resize: str = "paper"
     img_size: int | None = None  # None: each model's own input size
@@ -87,15 +90,22 @@ class ZooConfig:
     num_workers: int | None = None
     device: str | None = None
     shared_decode: bool = True  # decode the images once and resize them once per input configuration
+    images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
     # fields that change how fast it runs, never a number
     NEUTRAL = frozenset({"batch_size", "num_workers", "device", "shared_decode"})
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, images: int | None = None) -> None:
+        if images is not None:
+            warnings.warn("ZooConfig(images=N) is deprecated and will be removed in the next release: use "
+                          "max_images=N (and probe_images=N for the same SSDC count)", DeprecationWarning, stacklevel=3)
+            if self.max_images is None:
+                self.max_images = images
+            if self.probe_images is None:
+                self.probe_images = images
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
-        if self.images < 1:
-            raise ValueError(f"images must be >= 1, got {self.images}")
+        self.probe_count()  # max_images, probe_images >= 1
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.img_size is not None and self.img_size < 1:
@@ -104,6 +114,16 @@ class ZooConfig:
             raise ValueError("alphas is empty")
         if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
             raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
+
+    def probe_count(self) -> int:
+        """The images of each SSDC probe: ``probe_images``, else 1,000 or ``max_images`` if fewer."""
+        return probe_count(self.probe_images, self.max_images)
+
+    def load_count(self) -> int | None:
+        """The images to load: ``max_images``, or more when ``probe_images`` asks for more (None: all)."""
+        if self.max_images is None:
+            return None
+        return max(self.max_images, self.probe_images or 0)
 
     def settings(self) -> dict[str, Any]:
         """The result-changing settings, JSON-ready (the data as an absolute path when it is local)."""
@@ -173,70 +193,12 @@ def versions() -> dict[str, str]:
     return package_versions(training=False)
 
 
-# --------------------------------------------------------------------------------------------
-# labels
-# --------------------------------------------------------------------------------------------
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
-    """``(data relabelled so that its labels index the model's outputs, how)``, or ``(None, why not)``.
-
-    In order:
-
-    1. the model records its class names (``pretrained_cfg["label_names"]``, as exports of ``posgeom
-       train`` do): the data's class names are looked up there (the same list: the data as is);
-    2. its head is an ImageNet head by timm's rule (``timm.data.infer_imagenet_subset``: 1000 outputs
-       are ImageNet-1k, ...): each of the data's classes is matched to the one ImageNet class whose
-       WordNet id it is (``n01440764``) or, failing that, to the one class that has it among its names
-       (``"tench"`` in ``"tench, Tinca tinca"``); a name shared by two ImageNet classes matches none;
-    3. otherwise the outputs' meaning is unknown: no match.
-
-    A class of the data that cannot be matched leaves the whole data unmatched: an accuracy counted
-    with a wrong label mapping would be a wrong number, not an approximate one.
-    """
-    from ..data import RelabeledSplit, relabel_by_name
-
-    classes = [str(c) for c in (getattr(data, "classes", None) or [])]
-    outputs = int(getattr(model, "num_classes", 0) or 0)
-    if outputs < 1:
-        return None, "the model has no classifier head"
-    if not classes:
-        return None, "the data has no class names"
-    names = [str(n) for n in ((getattr(model, "pretrained_cfg", None) or {}).get("label_names") or [])]
-    if names:
-        if len(names) != outputs:
-            return None, f"the model records {len(names)} class names for {outputs} outputs"
-        if names == classes:
-            return data, "the model's recorded class names (the data's, in the same order)"
-        missing = [c for c in classes if c not in names]
-        if missing:
-            return None, (f"the model's recorded classes lack {len(missing)} of the data's "
-                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-        return relabel_by_name(data, names), "by name onto the model's recorded class names"
-    from timm.data import ImageNetInfo, infer_imagenet_subset
-
-    subset = infer_imagenet_subset(model)
-    if subset is None:
-        return None, f"the model's {outputs} outputs have no recorded class names and are not an ImageNet head"
-    info = ImageNetInfo(subset)
-    wnids = list(info.label_names())
-    by_wnid = {w: i for i, w in enumerate(wnids)}
-    by_name: dict[str, set[int]] = {}
-    for i, description in enumerate(info.label_descriptions()):
-        for synonym in description.split(","):
-            by_name.setdefault(synonym.strip().lower(), set()).add(i)
-    mapping, missing = [], []
-    for c in classes:
-        hits = {by_wnid[c]} if c in by_wnid else by_name.get(c.strip().lower(), set())
-        if len(hits) == 1:
-            mapping.append(next(iter(hits)))
-        else:
-            missing.append(c + (" (ambiguous)" if hits else ""))
-    if missing:
-        return None, (f"an {subset} head ({outputs} outputs), but {len(missing)} of the data's classes are neither "
-                      f"WordNet ids nor names of one {subset} class ({', '.join(missing[:3])}"
-                      f"{', ...' if len(missing) > 3 else ''})")
-    if not hasattr(data, "labels"):
-        return None, "the data has no label list to map (load it with timm_posgeom.load_split)"
-    return RelabeledSplit(data, wnids, mapping), f"{subset} head: the data's classes matched by WordNet id or name"
+    """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
+    scores labels); kept for one release."""
+    warnings.warn("timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
+                  "timm_posgeom.labels.map_by_name", DeprecationWarning, stacklevel=2)
+    return map_by_name(model, data)
 
 
 # --------------------------------------------------------------------------------------------
@@ -409,7 +371,7 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
     common = dict(seed=config.seed, device=device, progress=progress)
 
     def loader():
-        return eval_loader(model, data, max_images=config.images, batch_size=config.batch_size, resize=config.resize,
+        return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
                            num_workers=config.num_workers, img_size=config.img_size)
 
     normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
@@ -430,14 +392,14 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
         if record.granularity == "stage":
             record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
 
-    matched, how = match_labels(model, data)
+    matched, how = map_by_name(model, data)
     if matched is None:
         record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
                             f"outputs ({how})")
     else:
         record.labels = how
         frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
-                         num_workers=config.num_workers, max_images=config.images, img_size=config.img_size,
+                         num_workers=config.num_workers, max_images=config.max_images, img_size=config.img_size,
                          **common)
         record.num_images = frag.num_images
         record.clean_accuracy = _num(frag.clean_accuracy)
@@ -462,16 +424,16 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
     alphas = [float(a) for a in config.alphas or ()]
     try:
         if matched is not None:
-            sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.images, site=config.site,
+            sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.probe_count(), site=config.site,
                                 resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
-                                max_images=config.images, img_size=config.img_size, **common)
+                                max_images=config.max_images, img_size=config.img_size, **common)
             return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
                                 fs={k: _floats(v) for k, v in sweep.fs.items()},
                                 clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
                                 rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows])
         deltas, layers = [], []
         for alpha in alphas:
-            loader = eval_loader(model, data, max_images=config.images, batch_size=config.batch_size,
+            loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
                                  resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
             with pe_scale(model, alpha):
                 res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"],
@@ -630,7 +592,7 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
                     _set_aside(out / "models" / f"{safe_name(name)}.json")
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
     mine = names if shard is None else names[shard[0]::shard[1]]
-    data = load_split(config.data, config.split, subset=config.images)
+    data = load_split(config.data, config.split, subset=config.load_count())
     if config.shared_decode and any(name not in done for name in mine):
         # decoded once here and resized once per input configuration, for every model: the same batches
         # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
@@ -959,7 +921,8 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
     vers = describe_versions(versions(), [(r.model, [r.versions]) for r in records if r.status == "ok"])
     lines = [
         "# Model zoo: positional encodings, SSDC and fragility", "",
-        f"Data: `{config.data}` ({config.split}), the first {config.images} images for SSDC and for fragility; "
+        f"Data: `{config.data}` ({config.split}), the first {config.probe_count()} images for SSDC and "
+        f"{'all' if config.max_images is None else f'the first {config.max_images}'} for fragility; "
         f"probe site `{config.site}`; resize `{config.resize}`; input size "
         f"{config.img_size if config.img_size else 'each model own'}; weights `{config.pretrained}`; seed {config.seed}. "
         f"Versions: {vers}.",

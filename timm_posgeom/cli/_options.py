@@ -1,4 +1,11 @@
-"""Command-line options shared by ``probe``, ``fragility`` and ``sweep``: defined once, here.
+"""Command-line options shared by the commands (``probe``, ``fragility``, ``sweep``, ``zoo``): defined once, here.
+
+One name and one meaning per idea: the same flag has the same default and help in every command that takes
+it (``tests/test_package.py`` compares them across every command's ``--help``). ``--max-images`` bounds all
+the work of a command unless a more specific option (``--probe-images``) says otherwise.
+
+Nothing here imports torch or timm: ``posgeom --help`` and argument errors answer without them; the
+heavy imports happen in the commands' ``run()``.
 
 The same model and data flags, with the same defaults, and one loader (:func:`load_model_and_data`):
 every measuring command accepts the same data sources (a Hub id, a parquet folder, an ImageFolder
@@ -10,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..shifts import SPEC_FORMS
+from ..protocol import PROBE_IMAGES, SPEC_FORMS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -20,20 +27,51 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="load the timm name's pretrained weights (always on for hf-hub: / local-dir:)")
     p.add_argument("--num-classes", type=int, default=None,
                    help="classifier size (default with --checkpoint: the dataset's number of classes)")
+    add_img_size_arg(p)
+
+
+def add_img_size_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--img-size", type=int, default=None,
                    help="input size S: the model is built for S x S where it has a fixed grid, and the images are "
                         "resized to S x S (dynamic-size ViTs and CNNs run at S; default: the model's own size)")
 
 
-def add_data_args(p: argparse.ArgumentParser, max_images_help: str = "use only the first N images") -> None:
+MAX_IMAGES_HELP = ("use at most the first N images of the split, for all the work (SSDC and fragility alike, "
+                   "unless --probe-images says otherwise); default: the whole split")
+
+
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """--data and --split."""
     p.add_argument("--data", required=True,
                    help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'")
     p.add_argument("--split", default="validation", help="dataset split (default: validation)")
-    p.add_argument("--max-images", type=int, default=None, help=max_images_help)
+
+
+def add_max_images_arg(p: argparse.ArgumentParser) -> None:
+    """--max-images: the one limit on the images of a command's work."""
+    p.add_argument("--max-images", type=int, default=None, metavar="N", help=MAX_IMAGES_HELP)
+
+
+def add_probe_images_arg(p: argparse.ArgumentParser) -> None:
+    """--probe-images: the SSDC probe's own count, inside a command that also measures fragility."""
+    p.add_argument("--probe-images", type=int, default=None, metavar="N",
+                   help=f"images for SSDC under RPI (default: {PROBE_IMAGES}, the paper's count, or --max-images "
+                        "if fewer)")
+
+
+def add_loader_args(p: argparse.ArgumentParser) -> None:
+    """--resize, --batch-size and --num-workers."""
     p.add_argument("--resize", default="paper", choices=("paper", "timm"),
                    help="paper: straight to the input size (default); timm: timm's resize + centre crop")
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """The data flags of a command that measures one model: source, limit, loader, bad images."""
+    add_source_args(p)
+    add_max_images_arg(p)
+    add_loader_args(p)
     p.add_argument("--bad-images", default="error", choices=("error", "skip"),
                    help="an image that cannot be decoded: error (default; named) or skip (checked first, left out, "
                         "listed)")
@@ -41,45 +79,57 @@ def add_data_args(p: argparse.ArgumentParser, max_images_help: str = "use only t
 
 def add_labels_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--labels", default="check", choices=("check", "by-name", "as-is"),
-                   help="how the data's labels meet the model's classes: check (default: refuse a different "
-                        "number of classes, or different class names when the model records them), by-name (map "
-                        "the data's class names onto the model's), as-is (use the indices unchecked)")
+                   help="how the data's labels meet the model's classes: check (default: refuse a different number "
+                        "of classes or different class names), by-name (map the data's classes onto the model's by "
+                        "its recorded class names, or an ImageNet head's WordNet ids and names), as-is (use the "
+                        "indices unchecked)")
 
 
-def match_labels(model: Any, data: Any, policy: str) -> Any:
-    """The data split whose labels index the model's classes, or ValueError (one line) for a mismatch.
-
-    An accuracy computed with mismatched labels is a silent wrong number: a 10-class model scored on
-    a 3-class folder gives an accuracy and an FS that mean nothing."""
-    from ..data import relabel_by_name
-
-    if policy == "as-is":
-        return data
-    names = list((getattr(model, "pretrained_cfg", None) or {}).get("label_names") or [])
-    model_classes = getattr(model, "num_classes", None)
-    if policy == "by-name":
-        if not names:
-            raise ValueError("--labels by-name needs the model's class names (an export of posgeom train records "
-                             "them in config.json); this model has none")
-        return relabel_by_name(data, names)
-    data_names = list(getattr(data, "classes", []) or [])
-    if model_classes and data_names and model_classes != len(data_names):
-        raise ValueError(f"the model has {model_classes} classes but the data has {len(data_names)}: accuracy and "
-                         "FS would be meaningless; use the data the model was trained on, --labels by-name to map "
-                         "classes by name, or --labels as-is if the indices match")
-    if names and data_names and names != data_names:
-        same_set = sorted(names) == sorted(data_names)
-        raise ValueError(f"the model's class names differ from the data's ({names[:3]}... vs {data_names[:3]}...)"
-                         + ("; the same classes in another order: --labels by-name maps them" if same_set else
-                            "; pass --labels by-name to map them or --labels as-is to use the indices unchecked"))
-    return data
+SEED_HELP = ("seed of everything random (default 0): torch before a model is built (random init), the RPI "
+             "permutation, the bootstrap, random corruptions")
 
 
-def add_run_args(p: argparse.ArgumentParser, out: str, seed_help: str) -> None:
-    p.add_argument("--seed", type=int, default=0, help=seed_help)
+def add_imagenet_c_jpeg_blur_arg(p: argparse.ArgumentParser) -> None:
+    """--imagenet-c-jpeg-blur (zoo, study); its old name --imagenet-c, which meant something else in
+    ``fragility`` (every ImageNet-C corruption), is accepted for one release with a warning
+    (:func:`imagenet_c_jpeg_blur`)."""
+    p.add_argument("--imagenet-c-jpeg-blur", action="store_true",
+                   help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts; posgeom "
+                        "fragility --imagenet-c runs every ImageNet-C corruption)")
+    p.add_argument("--imagenet-c", dest="imagenet_c_old_name", action="store_true", help=argparse.SUPPRESS)
+
+
+def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
+    """Whether --imagenet-c-jpeg-blur was given (or its old name, with a warning on stderr)."""
+    if getattr(args, "imagenet_c_old_name", False):
+        print(f"posgeom {args.command}: warning: --imagenet-c is deprecated here and will be removed in the next "
+              "release: use --imagenet-c-jpeg-blur (the same: ImageNet-C's JPEG and blur, severities 1-5)",
+              file=sys.stderr)
+        return True
+    return bool(args.imagenet_c_jpeg_blur)
+
+
+def add_distance_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"),
+                   help="grid distance of SSDC (default manhattan; attention's mean attention distance is always "
+                        "Euclidean)")
+
+
+def add_seed_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    """--device and --no-progress."""
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--out", default=out, help=f"output folder (default: {out})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
+    """--seed, --device, --out (default ``out``) and --no-progress."""
+    add_seed_arg(p)
+    p.add_argument("--out", default=out, help=f"output folder (default: {out})")
+    add_device_args(p)
 
 
 def add_shift_arg(p: argparse.ArgumentParser, default_help: str) -> None:
@@ -96,7 +146,7 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
 
 def check_counts(args: argparse.Namespace) -> None:
     """Refuse counts no run could use (one line, before anything is loaded)."""
-    for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images"):
+    for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images", "images"):
         value = getattr(args, flag, None)
         low = 0 if flag == "num_workers" else 1
         if value is not None and value < low:

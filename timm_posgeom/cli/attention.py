@@ -12,20 +12,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._options import add_data_args, add_model_args, add_run_args, load_model_and_data
+from ._options import add_data_args, add_distance_arg, add_model_args, add_run_args, load_model_and_data
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("attention", help="mean attention distance, entropy and SSDC per block and head of a "
                                                 "flat timm ViT on a dataset")
     add_model_args(p)
-    add_data_args(p, max_images_help="measure at most N images")
+    add_data_args(p)
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
-    p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"),
-                   help="grid distance of the attention SSDC (the mean attention distance is always Euclidean)")
-    add_run_args(p, out="attention_out",
-                 seed_help="seeds torch before the model is built (random init) and the RPI permutation (default 0)")
+    add_distance_arg(p)
+    add_run_args(p, out="attention_out")
 
 
 def run(args: argparse.Namespace) -> int:

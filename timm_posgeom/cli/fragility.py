@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..shifts import PAPER_SHIFTS
+from ..protocol import PAPER_SHIFTS
 from ._options import (
     add_data_args,
     add_labels_arg,
@@ -25,7 +25,6 @@ from ._options import (
     add_run_args,
     add_shift_arg,
     load_model_and_data,
-    match_labels,
 )
 
 
@@ -34,7 +33,7 @@ def add_parser(subparsers) -> None:
                                                 "or all of ImageNet-C")
     add_model_args(p)
     add_labels_arg(p)
-    add_data_args(p, max_images_help="evaluate only the first N images")
+    add_data_args(p)
     add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
@@ -60,8 +59,7 @@ def add_parser(subparsers) -> None:
     g.add_argument("--reference", default=None, metavar="JSON",
                    help="a reference model's imagenet_c.json: also print FS normalised by its FS per corruption "
                         "(like mCE)")
-    add_run_args(p, out="fragility_out", seed_help="seed of RPI permutations, the bootstrap and the random "
-                                                   "corruptions (default 0)")
+    add_run_args(p, out="fragility_out")
 
 
 def _fmt_interval(lo: float, hi: float) -> str:
@@ -90,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
         args.device = distributed.default_device()
     with distributed.main_process_first():  # a download or cache made once, by the main process
         model, data, device = load_model_and_data(args)
-    data = match_labels(model, data, args.labels)
-    result = fragility(model, data, shifts, resize=args.resize, batch_size=args.batch_size,
+    result = fragility(model, data, shifts, labels=args.labels, resize=args.resize, batch_size=args.batch_size,
                        num_workers=args.num_workers, rpi=args.rpi, alpha=args.alpha, seed=args.seed,
                        blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress,
                        img_size=args.img_size)
@@ -152,8 +149,7 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
         args.device = distributed.default_device()
     with distributed.main_process_first():
         model, data, device = load_model_and_data(args)
-    data = match_labels(model, data, args.labels)
-    common = dict(batch_size=args.batch_size, resize=args.resize, num_workers=args.num_workers, rpi=args.rpi,
+    common = dict(labels=args.labels, batch_size=args.batch_size, resize=args.resize, num_workers=args.num_workers, rpi=args.rpi,
                   alpha=args.alpha, seed=args.seed, device=device, progress=not args.no_progress,
                   img_size=args.img_size)
     if args.imagenet_c_root is None:

@@ -4,9 +4,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from ..errors import USER_ERRORS, one_line
+from ..labels import LabelMismatchError
+from ._options import check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
 COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
@@ -47,12 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # parsed before torch or timm is imported: --help and bad flags answer at once
     module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
+        check_counts(args)  # counts no run could use, refused before anything heavy is loaded
         return int(module.run(args) or 0)
     except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
-        parser.exit(2, f"posgeom {args.command}: error: {one_line(e)}\n")
+        text = one_line(e)
+        if isinstance(e, LabelMismatchError):  # the library names its parameter; the command line, its flag
+            text = re.sub(r"labels='([\w-]+)'", r"--labels \1", text)
+        parser.exit(2, f"posgeom {args.command}: error: {text}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -12,20 +12,26 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from ._options import add_data_args, add_model_args, add_run_args, add_site_arg, load_model_and_data
+from ._options import (
+    add_data_args,
+    add_distance_arg,
+    add_model_args,
+    add_run_args,
+    add_site_arg,
+    load_model_and_data,
+)
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("probe", help="SSDC per layer (ViTs) or per stage (hierarchical ViTs, CNNs) of a timm model on a dataset")
     add_model_args(p)
-    add_data_args(p, max_images_help="probe at most N images")
+    add_data_args(p)
     add_site_arg(p)
     p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
     p.add_argument("--reduction", default="both", choices=("mean_map", "per_image", "both"))
-    p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"))
-    add_run_args(p, out="probe_out",
-                 seed_help="seeds torch before the model is built (random init) and the RPI permutation (default 0)")
+    add_distance_arg(p)
+    add_run_args(p, out="probe_out")
 
 
 def run(args: argparse.Namespace) -> int:

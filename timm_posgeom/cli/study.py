@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from ._options import add_imagenet_c_jpeg_blur_arg, imagenet_c_jpeg_blur
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -23,7 +25,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rpi-permutations", type=int, default=None,
                    help="RPI permutations per model (seeds 0..n-1; default 3): SSDC under RPI is their mean and "
                         "their spread enters the claims' intervals")
-    p.add_argument("--imagenet-c", action="store_true", help="also ImageNet-C JPEG/blur severities 1-5")
+    add_imagenet_c_jpeg_blur_arg(p)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
     p.add_argument("--allow-changes", action="store_true",
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
-                           imagenet_c=args.imagenet_c or None, init=args.init,
+                           imagenet_c=imagenet_c_jpeg_blur(args) or None, init=args.init,
                            rpi_permutations=args.rpi_permutations)
     owned = {"seed": "--seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
     for item in args.overrides or []:

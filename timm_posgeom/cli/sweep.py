@@ -10,16 +10,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..robustness import DEFAULT_ALPHAS
+from ..protocol import DEFAULT_ALPHAS
 from ._options import (
     add_data_args,
     add_labels_arg,
     add_model_args,
+    add_probe_images_arg,
     add_run_args,
     add_shift_arg,
     add_site_arg,
     load_model_and_data,
-    match_labels,
 )
 
 
@@ -37,15 +37,15 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("sweep", help="alpha sweep: delta SSDC under RPI and FS as the PE is scaled")
     add_model_args(p)
     add_labels_arg(p)
-    add_data_args(p, max_images_help="fragility on the first N images (SSDC: --probe-images)")
+    add_data_args(p)
     add_shift_arg(p, default_help="jpeg:5")
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
                    help="comma-separated PE scales (default 1,0.9,...,0.1)")
-    p.add_argument("--probe-images", type=int, default=1000, help="images for SSDC under RPI (paper: 1000)")
+    add_probe_images_arg(p)
     add_site_arg(p)
     p.add_argument("--patch-only", action="store_true",
                    help="scale only patch rows of an APE table (default: class row too, as the paper)")
-    add_run_args(p, out="sweep_out", seed_help="seed of the RPI permutation and the bootstrap (default 0)")
+    add_run_args(p, out="sweep_out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.device is None and world > 1:
         args.device = distributed.default_device()
     with distributed.main_process_first():  # a download or cache made once, by the main process
-        # the whole split: --max-images caps fragility only (alpha_sweep's max_images), --probe-images the SSDC
+        # the whole split: alpha_sweep applies --max-images to all its work, and --probe-images (when given) to SSDC
         model, data, device = load_model_and_data(args, subset=False)
-    data = match_labels(model, data, args.labels)
-    result = alpha_sweep(model, data, alphas, shifts, probe_images=args.probe_images, site=args.site,
+    result = alpha_sweep(model, data, alphas, shifts, labels=args.labels, probe_images=args.probe_images, site=args.site,
                          include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
                          num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress,
                          img_size=args.img_size, max_images=args.max_images)

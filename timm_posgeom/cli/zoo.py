@@ -11,7 +11,18 @@ import argparse
 import sys
 from typing import Any
 
-from ._options import add_site_arg, check_counts
+from ._options import (
+    add_device_args,
+    add_imagenet_c_jpeg_blur_arg,
+    add_img_size_arg,
+    add_loader_args,
+    add_max_images_arg,
+    add_probe_images_arg,
+    add_seed_arg,
+    add_site_arg,
+    check_counts,
+    imagenet_c_jpeg_blur,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -36,22 +47,17 @@ def add_parser(subparsers: Any) -> None:
                         "builds every timm name at random init (seeded by --seed). Default: weights for every timm "
                         "name that has them, random init (marked in the weights column) for those that have none. "
                         "hf-hub: and local-dir: always load theirs")
-    p.add_argument("--images", type=int, default=1000,
-                   help="the first N images of the split for SSDC and for fragility (default 1000, the paper's)")
-    p.add_argument("--img-size", type=int, default=None,
-                   help="measure every model at S x S (default: each model's own input size)")
-    p.add_argument("--resize", default="paper", choices=("paper", "timm"),
-                   help="paper: straight to the input size (default); timm: timm's resize + centre crop")
+    add_max_images_arg(p)
+    add_probe_images_arg(p)
+    # renamed: --images N (SSDC and fragility on the first N) is --max-images N; accepted for one release
+    p.add_argument("--images", type=int, default=None, help=argparse.SUPPRESS)
+    add_img_size_arg(p)
     add_site_arg(p)
     p.add_argument("--alphas", default=None,
                    help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)")
-    p.add_argument("--imagenet-c", action="store_true",
-                   help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts)")
-    p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
-    p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seeds random init (before each model is built), the RPI permutation and the bootstrap")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    add_imagenet_c_jpeg_blur_arg(p)
+    add_loader_args(p)
+    add_seed_arg(p)
     p.add_argument("--allow-changes", action="store_true",
                    help="accept settings that differ from those DIR was measured with: its models are measured "
                         "again (former records kept as .replaced-N)")
@@ -65,7 +71,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--merge", action="store_true",
                    help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
                         "its shards wrote, and name the models not measured yet")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_device_args(p)
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -91,16 +97,23 @@ def run(args: argparse.Namespace) -> int:
     if args.data is None:
         raise ValueError("--data is required (the images every model is measured on)")
     check_counts(args)
-    if args.images < 1:
-        raise ValueError(f"--images must be >= 1, got {args.images}")
+    if args.images is not None:  # the old name, for one release
+        if args.max_images is not None:
+            raise ValueError("--images is the old name of --max-images: give only --max-images")
+        print("posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
+              "--max-images N (the same: SSDC and fragility on the first N images)", file=sys.stderr)
+        args.max_images = args.images
+        if args.probe_images is None:
+            args.probe_images = args.images
     pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]
     names = list(args.models)
     if args.models_file:
         names += read_models_file(args.models_file)
     if args.filter:
         names += filter_models(args.filter, pretrained)
-    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if args.imagenet_c else [])  # its JPEG and blur, severities 1-5
-    config = ZooConfig(data=args.data, split=args.split, images=args.images, site=args.site, resize=args.resize,
+    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else [])  # its JPEG and blur, severities 1-5
+    config = ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
+                       site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
                        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
