@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import timm
 import torch
@@ -159,6 +160,33 @@ def test_csv_has_one_row_per_model_equal_to_direct_measurements(zoo, data_dir, e
             got = _number(row[f"fs_{shift}"])
             assert got == (None if expected is None else pytest.approx(expected, abs=1e-6))
         assert row["timm_version"] == timm.__version__ and row["timm_posgeom_version"]
+
+
+def test_attention_and_position_columns_equal_direct_measurements(zoo, data_dir, export):
+    from torch.utils.data import Subset
+
+    from timm_posgeom import attention_measures, position_probe
+
+    rows = _rows(zoo)
+    data = load_split(data_dir, "validation", subset=N)
+    for name in (VIT, ROPE, export):
+        row, record = rows[name], ZooModel.read(zoo / "models" / f"{safe_name(name)}.json")
+        torch.manual_seed(0)
+        model = create_model(name, img_size=IMG).eval()
+        att = attention_measures(model, _loader(model, data), progress=False, distributed="off")
+        heads = att.mean_distance  # (L, heads)
+        np.testing.assert_allclose(np.array(record.attention_distance_heads, dtype=float), heads, atol=1e-9)
+        assert record.attention_distance == pytest.approx(heads.mean(1).tolist(), abs=1e-9)
+        assert record.attention_entropy == pytest.approx(att.entropy.mean(1).tolist(), abs=1e-9)
+        assert [float(v) for v in row["attn_distance_per_layer"].split()] == pytest.approx(heads.mean(1), abs=1e-5)
+        halves = [_loader(model, Subset(data, range(0, N // 2))), _loader(model, Subset(data, range(N // 2, N)))]
+        for rpi, got in ((False, record.position_accuracy), (True, record.position_accuracy_rpi)):
+            direct = position_probe(model, *halves, rpi=rpi, batch_size=BATCH, progress=False, distributed="off")
+            assert got == pytest.approx(direct.accuracy.tolist(), abs=1e-12)
+        (h, w), = {tuple(g) for g in record.grid_sizes}
+        assert record.position_chance == pytest.approx(1 / (h * w))  # 7 x 7, 8 x 8 and 14 x 14 grids here
+    md = (zoo / "zoo.md").read_text()
+    assert "## Attention and position, per block" in md and all(f"`{m}`" in md for m in (VIT, ROPE))
 
 
 def test_figures_and_markdown_name_every_model(zoo, export):

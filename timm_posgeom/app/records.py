@@ -309,6 +309,16 @@ class ZooModel(Record):
     fs: dict[str, Num] | None = None
     fs_interval: dict[str, list[Num]] | None = None
     alpha_sweep: SweepSummary | None = None
+    # attention per block (flat ViTs with timm's or eva's attention; docs/attention.md): mean attention
+    # distance in patch units and entropy in nats, each the mean over heads; per head in *_heads
+    attention_distance: list[Num] | None = None
+    attention_distance_heads: list[list[Num]] | None = None
+    attention_entropy: list[Num] | None = None
+    # the linear (row, col) position probe per block (docs/attention.md#position-probe): accuracy of both
+    # on the second half of the probe images, fitted on the first; under RPI too; chance 1 / (H * W)
+    position_accuracy: list[Num] | None = None
+    position_accuracy_rpi: list[Num] | None = None
+    position_chance: Num = None
     notes: list[str] = field(default_factory=list)
 
 

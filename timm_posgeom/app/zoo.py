@@ -44,6 +44,7 @@ from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..distributed import broadcast_object, fail_together, is_main
@@ -64,6 +65,7 @@ __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "r
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
 SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
 PRETRAINED_MODES = ("auto", "on", "off")
+EXTRAS = ("attention", "position")  # measures beyond SSDC and fragility, each a group of columns
 _NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
 
 
@@ -90,6 +92,7 @@ class ZooConfig:
     num_workers: int | None = None
     device: str | None = None
     shared_decode: bool = True  # decode the images once and resize them once per input configuration
+    extras: tuple[str, ...] = EXTRAS  # attention (distance, entropy per head), position (the linear probe)
     images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
     # fields that change how fast it runs, never a number
@@ -112,6 +115,9 @@ class ZooConfig:
             raise ValueError(f"img_size must be >= 1, got {self.img_size}")
         if self.alphas is not None and not self.alphas:
             raise ValueError("alphas is empty")
+        unknown = [e for e in self.extras if e not in EXTRAS]
+        if unknown:
+            raise ValueError(f"unknown extras {unknown}: choose among {', '.join(EXTRAS)} (or none)")
         if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
             raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
 
@@ -410,6 +416,58 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
             record.notes.append("FS undefined: clean top-1 is 0")
     if config.alphas is not None:
         record.alpha_sweep = _sweep(model, record, config, data, matched, common)
+    if record.granularity == "block":
+        _extras(model, record, config, data, loader, common)
+    elif config.extras:
+        record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
+
+
+def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, loader: Callable[[], Any],
+            common: dict[str, Any]) -> None:
+    """Attention distance and entropy per block (mean over heads, and per head), and the linear position
+    probe (fitted on the first half of the probe images, scored on the second), normal and under RPI."""
+    from ..probes import attention_measures, position_probe
+    from ..probes.attention_measures import AttentionEntropy, MeanAttentionDistance
+
+    if "attention" in config.extras:
+        try:
+            att = attention_measures(model, loader(), measures=[MeanAttentionDistance(), AttentionEntropy()],
+                                     distributed="off",
+                                     **common)
+        except PosgeomError as e:  # an attention module the capture does not know
+            record.notes.append(f"attention not measured: {_failure_text(e)}")
+        else:
+            heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
+            record.attention_distance_heads = [_floats(row) for row in heads]
+            record.attention_distance = _floats(np.nanmean(heads, axis=1))
+            record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+    if "position" in config.extras:
+        from torch.utils.data import Subset
+
+        from ..eval_data import eval_loader
+
+        n = min(config.probe_count(), len(data))
+        if n < 2:
+            record.notes.append("position probe not measured: it needs 2 probe images or more")
+            return
+        half = n // 2
+
+        def part(indices: range) -> Any:  # the probe images' first or second half, as the model reads them
+            return eval_loader(model, Subset(data, indices), batch_size=config.batch_size, resize=config.resize,
+                               num_workers=config.num_workers, img_size=config.img_size)
+
+        options = dict(batch_size=config.batch_size, device=common["device"], progress=common["progress"],
+                       distributed="off")
+        fit, score = range(0, half), range(half, n)
+        plain = position_probe(model, part(fit), part(score), seed=config.seed, **options)
+        record.position_accuracy = _floats(plain.accuracy)
+        record.position_chance = plain.chance["both"]
+        try:
+            shuffled = position_probe(model, part(fit), part(score), rpi=True, seed=config.seed, **options)
+        except PosgeomError as e:
+            record.notes.append(f"position probe under RPI not measured: {_failure_text(e)}")
+        else:
+            record.position_accuracy_rpi = _floats(shuffled.accuracy)
 
 
 def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any,
@@ -746,6 +804,11 @@ def csv_columns(config: ZooConfig) -> list[str]:
     cols += ["delta_ssdc_rpi", "ssdc_per_layer", "rpi_ssdc_per_layer"]
     if config.alphas is not None:
         cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
+    if "attention" in config.extras:
+        cols += ["attn_distance_mean", "attn_distance_per_layer", "attn_entropy_per_layer"]
+    if "position" in config.extras:
+        cols += ["position_chance", "position_acc_mean", "position_acc_rpi_mean", "position_acc_per_layer",
+                 "position_acc_rpi_per_layer"]
     return cols + ["notes", "error", "elapsed_s", "timm_posgeom_version", "timm_version", "torch_version"]
 
 
@@ -777,6 +840,16 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
             for prefix, values in (("ssdc", r.ssdc), ("rpi_ssdc", r.rpi_ssdc)):
                 for k, v in layer_summary(values).items():
                     row[f"{prefix}_{k}"] = _fmt(v)
+            if "attention" in config.extras:
+                row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
+                           attn_distance_per_layer=_series(r.attention_distance),
+                           attn_entropy_per_layer=_series(r.attention_entropy))
+            if "position" in config.extras:
+                row.update(position_chance=_fmt(r.position_chance),
+                           position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
+                           position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
+                           position_acc_per_layer=_series(r.position_accuracy),
+                           position_acc_rpi_per_layer=_series(r.position_accuracy_rpi))
             if config.alphas is not None and r.alpha_sweep is not None:
                 sw = r.alpha_sweep
                 row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
@@ -915,6 +988,33 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _extras_markdown(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """The attention and position-probe section of ``zoo.md`` (per block, first / middle / last)."""
+    if not config.extras:
+        return []
+    measured = [r for r in records if r.status == "ok" and (r.attention_distance or r.position_accuracy)]
+    lines = ["", "## Attention and position, per block", ""]
+    if not measured:
+        return lines + ["No model could be measured (flat ViTs only; see the notes)."]
+
+    def fml(values: Sequence[float | None] | None) -> str:  # first / middle / last block
+        if not values:
+            return ""
+        return " / ".join(_f3(values[k]) or "n/a" for k in sorted({0, len(values) // 2, len(values) - 1}))
+
+    lines += ["| model | attention distance (patches) | attention entropy (nats) | position probe | "
+              "position probe under RPI | chance |", "|---|---|---|---|---|---|"]
+    for r in measured:
+        lines.append(f"| `{_md_cell(r.model)}` | {fml(r.attention_distance)} | {fml(r.attention_entropy)} | "
+                     f"{fml(r.position_accuracy)} | {fml(r.position_accuracy_rpi)} | {_f3(r.position_chance)} |")
+    return lines + ["", "Each cell: the first / middle / last block. Attention distance: the attention-weighted "
+                    "mean grid distance (patch units) from each patch query to the patch keys, mean over heads "
+                    "and queries; entropy likewise (docs/attention.md). Position probe: the fraction of patch "
+                    "tokens whose (row, col) a linear map of the token reads right, fitted on the first half of the "
+                    "probe images and scored on the second; under RPI with a fresh permutation per batch, where a "
+                    "model without PE falls to chance (docs/attention.md#position-probe)."]
+
+
 def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
     """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
     # each model records the versions that measured it; a resumed zoo may mix several invocations' versions
@@ -973,6 +1073,7 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
             lines += ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
         else:
             lines.append("No model could be swept (see the notes).")
+    lines += _extras_markdown(records, config)
     notes = [(r.model, n) for r in records if r.status == "ok" for n in r.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- `{m}`: {_md_cell(n)}" for m, n in notes]

@@ -65,6 +65,10 @@ def add_parser(subparsers: Any) -> None:
                    help="measure only the zoo's models K, K+N, K+2N, ... (0 <= K < N): one shard of a job array or "
                         "of one job per node; shards may run at once into one --out (a lock per model), and each "
                         "writes the table of every record present when it ends")
+    p.add_argument("--extras", default="attention,position",
+                   help="measures beyond SSDC and fragility, comma-separated: attention (mean attention distance and "
+                        "entropy per block and head), position (the linear row/col position probe, normal and under "
+                        "RPI); 'none' for neither (default: attention,position; flat ViTs only)")
     p.add_argument("--decode-per-model", action="store_true",
                    help="decode and resize the images again for every model (default: once for the zoo, and once per "
                         "input configuration; the same numbers either way, this is slower; for benchmarks)")
@@ -117,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
                        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
-                       shared_decode=not args.decode_per_model)
+                       shared_decode=not args.decode_per_model,
+                       extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
     try:
         summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
                           shard=parse_shard(args.shard) if args.shard else None)
