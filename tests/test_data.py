@@ -415,3 +415,22 @@ def test_streaming_reads_the_same_first_items_and_needs_a_count(tmp_path, fresh_
         load_split(root, "train", config="big", streaming=True)
     with pytest.raises(ValueError, match="not to the synthetic set"):
         load_split("synthetic", "train", subset=4, streaming=True)
+
+
+def test_cli_streams_a_config_of_a_hub_style_set_and_probes_the_same_images(tmp_path, fresh_hf_cache, capsys):
+    import json
+
+    from timm_posgeom.cli import main
+
+    root = _parquet_set(tmp_path / "set")
+    common = ["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big",
+              "--max-images", "4", "--batch-size", "2", "--num-workers", "0", "--no-progress"]
+    assert main(common + ["--streaming", "--out", str(tmp_path / "streamed")]) == 0
+    assert not list(fresh_hf_cache.rglob("*.arrow"))  # nothing downloaded or prepared
+    assert main(common + ["--out", str(tmp_path / "loaded")]) == 0
+    streamed, loaded = (json.loads((tmp_path / d / "ssdc.json").read_text()) for d in ("streamed", "loaded"))
+    assert streamed["per_layer"] == loaded["per_layer"] and streamed["metadata"]["n_images"] == 4
+    with pytest.raises(SystemExit) as e:  # a stream needs its length
+        main(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big", "--streaming",
+              "--out", str(tmp_path / "x"), "--no-progress"])
+    assert e.value.code == 2 and "--max-images" in capsys.readouterr().err

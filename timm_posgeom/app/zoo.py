@@ -79,6 +79,9 @@ class ZooConfig:
 
     data: str
     split: str = "validation"
+    data_config: str | None = None  # the data set's configuration (Hub and parquet sets)
+    revision: str | None = None  # of a Hub data set
+    streaming: bool = False  # stream the first images of the split (the same images: neutral)
     max_images: int | None = None  # at most the first N images for all the work (None: the whole split)
     probe_images: int | None = None  # SSDC's count (None: protocol.PROBE_IMAGES, or max_images if fewer)
     site: str = "auto"
@@ -96,7 +99,7 @@ class ZooConfig:
     images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
     # fields that change how fast it runs, never a number
-    NEUTRAL = frozenset({"batch_size", "num_workers", "device", "shared_decode"})
+    NEUTRAL = frozenset({"batch_size", "num_workers", "device", "shared_decode", "streaming"})
 
     def __post_init__(self, images: int | None = None) -> None:
         if images is not None:
@@ -650,7 +653,8 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
                     _set_aside(out / "models" / f"{safe_name(name)}.json")
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
     mine = names if shard is None else names[shard[0]::shard[1]]
-    data = load_split(config.data, config.split, subset=config.load_count())
+    data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
+                      revision=config.revision, streaming=config.streaming)
     if config.shared_decode and any(name not in done for name in mine):
         # decoded once here and resized once per input configuration, for every model: the same batches
         # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)

@@ -40,11 +40,32 @@ MAX_IMAGES_HELP = ("use at most the first N images of the split, for all the wor
                    "unless --probe-images says otherwise); default: the whole split")
 
 
-def add_source_args(p: argparse.ArgumentParser) -> None:
-    """--data and --split."""
-    p.add_argument("--data", required=True,
+def add_source_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--data, --split, and a Hub or parquet set's --data-config, --revision and --streaming."""
+    p.add_argument("--data", required=required,
                    help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'")
-    p.add_argument("--split", default="validation", help="dataset split (default: validation)")
+    add_split_args(p)
+
+
+def add_split_args(p: argparse.ArgumentParser) -> None:
+    """--split and the Hub options (:func:`add_hub_data_args`)."""
+    p.add_argument("--split", default="validation",
+                   help="dataset split (default: validation); only this split is downloaded and prepared")
+    add_hub_data_args(p)
+
+
+def add_hub_data_args(p: argparse.ArgumentParser) -> None:
+    """The options of a Hub (or parquet) data set: configuration, revision, streaming."""
+    p.add_argument("--data-config", default=None, metavar="NAME",
+                   help="the data set's configuration (Hub and parquet sets with several)")
+    p.add_argument("--revision", default=None, help="a branch, tag or commit of a Hub data set")
+    p.add_argument("--streaming", action="store_true",
+                   help="stream the split's first --max-images images instead of downloading the split")
+
+
+def hub_data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_split``'s config, revision and streaming from the flags of :func:`add_hub_data_args`."""
+    return dict(config=args.data_config, revision=args.revision, streaming=args.streaming)
 
 
 def add_max_images_arg(p: argparse.ArgumentParser) -> None:
@@ -165,7 +186,7 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
     from ..factory import create_model
 
     check_counts(args)
-    data = load_split(args.data, args.split, subset=args.max_images if subset else None)
+    data = load_split(args.data, args.split, subset=args.max_images if subset else None, **hub_data_kwargs(args))
     if args.bad_images == "skip":
         data = check_images(data, "skip", progress=not args.no_progress)
         if data.skipped:

@@ -20,6 +20,7 @@ from ._options import (
     add_probe_images_arg,
     add_seed_arg,
     add_site_arg,
+    add_split_args,
     check_counts,
     imagenet_c_jpeg_blur,
 )
@@ -40,7 +41,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--data", default=None,
                    help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic' (required "
                         "unless --merge)")
-    p.add_argument("--split", default="validation", help="dataset split (default: validation)")
+    add_split_args(p)
     p.add_argument("--out", default="zoo_out", help="output folder (default: zoo_out); a rerun into it resumes")
     p.add_argument("--pretrained", default=None, action=argparse.BooleanOptionalAction,
                    help="timm names: --pretrained loads timm's weights (a name without any fails); --no-pretrained "
@@ -121,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
                        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
-                       shared_decode=not args.decode_per_model,
+                       shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
+                       streaming=args.streaming,
                        extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
     try:
         summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
