@@ -37,7 +37,6 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,7 @@ from torchvision.transforms.v2 import functional as F
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
-from .jsonio import dumps, to_jsonable
+from .jsonio import dumps, to_jsonable, write_atomic
 from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import RESIZE_MODES, normalize_batch, resize_transform, resolve_config
@@ -208,10 +207,10 @@ class FragilityResult:
         }
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
         text = dumps(self.to_dict(), indent=indent)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_atomic(path, text + "\n")
         return text
 
     def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
@@ -521,10 +520,10 @@ class AlphaSweepResult:
                 "settings": to_jsonable(self.settings)}
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
         text = dumps(self.to_dict(), indent=indent)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_atomic(path, text + "\n")
         return text
 
     def to_markdown(self, digits: int = 3) -> str:

@@ -47,7 +47,7 @@ import torch
 
 from ..distributed import broadcast_object, fail_together, is_main
 from ..errors import PosgeomError, one_line
-from ..jsonio import to_jsonable
+from ..jsonio import to_jsonable, write_atomic
 from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
@@ -699,22 +699,13 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
     return rows
 
 
-def _write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    if isinstance(text, bytes):
-        tmp.write_bytes(text)
-    else:
-        tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:
     """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(records, config))
-    _write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
     return path
 
 
@@ -724,7 +715,7 @@ def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Pat
 def _save(fig: Any, path: Path) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
-    _write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
 
 
 def _label(name: str, width: int = 40) -> str:
@@ -885,6 +876,6 @@ def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: Z
                  fragility=figures / "zoo_fragility_vs_delta.png", md=out / "zoo.md")
     fig_ssdc_depth(records, paths["ssdc"])
     left_out = fig_fragility_delta(records, paths["fragility"])
-    _write_atomic(paths["md"], zoo_markdown(records, config, left_out))
+    write_atomic(paths["md"], zoo_markdown(records, config, left_out))
     return paths
 

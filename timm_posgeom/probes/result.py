@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..jsonio import dumps
+from ..jsonio import dumps, write_atomic
 
 __all__ = ["SSDCResult", "PerImageStats"]
 
@@ -98,10 +98,10 @@ class SSDCResult:
         return out
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
-        """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
+        """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
         text = dumps(self.to_dict(include_maps), indent=indent)
         if path is not None:
-            Path(path).write_text(text + "\n")
+            write_atomic(path, text + "\n")
         return text
 
     def table(self) -> str:
