@@ -33,7 +33,7 @@ from ..errors import PosgeomError
 from ..jsonio import to_jsonable, write_json
 from .provenance import package_versions
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
-from .train.rundir import changed_keys, describe_changes
+from .rundir import describe_changes, set_aside, settings_changes
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
            "write_plan"]
@@ -190,38 +190,19 @@ class StudyError(PosgeomError, RuntimeError):
     """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
 
-# StudyConfig fields that change no number of a study (how fast it runs, which runs it holds).
-NEUTRAL_CONFIG = frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"})
-
-
-def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared)."""
-    return changed_keys(to_jsonable(saved), to_jsonable(asked), NEUTRAL_CONFIG)
-
-
-def _set_aside(path: Path, log) -> None:
-    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted) before it is recomputed."""
-    n = 1
-    while path.with_name(f"{path.name}.replaced-{n}").exists():
-        n += 1
-    path.rename(path.with_name(f"{path.name}.replaced-{n}"))
-    log(f"kept the former {path.name} as {path.name}.replaced-{n}")
-
-
 def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, allow_changes: bool = False) -> None:
     from .train import latest_checkpoint
-    from .train.rundir import recipe_changes
 
     if (run_dir / "recipe.yaml").is_file():  # what exists was trained (or started) with this recipe?
         import yaml
 
         wanted = _recipe_for(config, condition, seed).to_dict()
-        changes = recipe_changes(yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
+        changes = settings_changes("recipe", yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
         if changes:
             if not allow_changes:
                 raise StudyError(f"{run_dir} was trained with another recipe ({describe_changes(changes)}); pass --allow-changes to "
                                  "train it again with the new one (the former run is kept), or choose another --out")
-            _set_aside(run_dir, log)
+            set_aside(run_dir, log)
     if (run_dir / "summary.json").is_file() and (run_dir / "export" / "model.safetensors").is_file():
         log(f"[{condition} s{seed}] trained run found, reused")
         return
@@ -320,14 +301,14 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
     current = package_versions()
     evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
                                                                          versions=[current])
-    changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
+    changed = settings_changes("study", evals.settings or {}, settings) if evals.settings != settings else {}
     if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
         changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
     if evals.settings != settings or changed:
         if not allow_changes:
             raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                              "--allow-changes to measure again (the former file is kept)")
-        _set_aside(eval_path, log)
+        set_aside(eval_path, log)
         evals = RunEval(settings=settings, weights_sha1=sha1, versions=[current])
     if evals.weights_sha1 is None:  # recorded before the weights were: they are the run's export, unchanged since
         evals.weights_sha1 = sha1
@@ -447,7 +428,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     plan = plan_study(config, out)  # validates every recipe before anything runs
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     if saved is not None:
-        changes = config_changes(saved.get("config", {}), asdict(config))
+        changes = settings_changes("study", saved.get("config", {}), asdict(config))
         if changes and not allow_changes:
             raise StudyError(f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
                              "not be what the report says; pass --allow-changes to recompute what they affect (former "

@@ -51,7 +51,7 @@ from ..jsonio import to_jsonable, write_atomic
 from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
-from .train.rundir import RunLock, changed_keys, describe_changes
+from .rundir import NEUTRAL_KEYS, RunLock, describe_changes, set_aside, settings_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
@@ -86,9 +86,6 @@ class ZooConfig:
     num_workers: int | None = None
     device: str | None = None
 
-    # fields that change how fast it runs, never a number
-    NEUTRAL = frozenset({"batch_size", "num_workers", "device"})
-
     def __post_init__(self) -> None:
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
@@ -108,7 +105,7 @@ class ZooConfig:
         from ..data import resolve_source
 
         kind, where = resolve_source(self.data)
-        values = {k: v for k, v in asdict(self).items() if k not in self.NEUTRAL}
+        values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
         values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
         return to_jsonable(values)
@@ -511,16 +508,6 @@ def _dedupe(names: Iterable[str]) -> list[str]:
     return out
 
 
-def _set_aside(path: Path) -> Path:
-    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted)."""
-    n = 1
-    while path.with_name(f"{path.name}.replaced-{n}").exists():
-        n += 1
-    target = path.with_name(f"{path.name}.replaced-{n}")
-    path.rename(target)
-    return target
-
-
 def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *, allow_changes: bool = False,
             progress: bool = True, log: Callable[[str], None] | None = None) -> ZooSummary:
     """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
@@ -548,7 +535,7 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
         if main:
             for name in names:
                 if name in records and name not in done and records[name].status == "ok":
-                    _set_aside(out / "models" / f"{safe_name(name)}.json")
+                    set_aside(out / "models" / f"{safe_name(name)}.json")
             (out / "models").mkdir(exist_ok=True)
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
         data = load_split(config.data, config.split, subset=config.images)
@@ -595,14 +582,14 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
     records: dict[str, ZooModel] = {}
     changes: dict[str, tuple[Any, Any]] = {}
     if index is not None:
-        changes.update(changed_keys(index.settings, settings, frozenset()))
+        changes.update(settings_changes("zoo", index.settings, settings))
     stale: set[str] = set()
     for name in names:
         path = out / "models" / f"{safe_name(name)}.json"
         if path.is_file():
             records[name] = record = ZooModel.read(path)
             if record.status == "ok":
-                changes.update(changed_keys(record.settings, settings, frozenset()))
+                changes.update(settings_changes("zoo", record.settings, settings))
                 now = weights_key(name, record.weights)
                 if record.weights_key != now:  # the same name, other weights (a new export, a new revision)
                     stale.add(name)

@@ -34,7 +34,8 @@ which skips the batches already seen) and the augmentation of an item a function
 
 The package: :mod:`.build` (checks, data, model, optimisation, resume -> one ``Session``),
 :mod:`.loop` (the loop as plain functions over the session), :mod:`.checkpoints`, :mod:`.metrics`
-(the training log) and :mod:`.rundir` (the run folder). Its flags are in :mod:`timm_posgeom.cli.train`.
+(the training log); the run folder's lock and settings diff are :mod:`timm_posgeom.app.rundir`'s. Its flags
+are in :mod:`timm_posgeom.cli.train`.
 Nothing in the library imports it.
 """
 from __future__ import annotations
@@ -44,9 +45,9 @@ from pathlib import Path
 
 from ..recipe import Recipe
 from ..records import RunSummary
+from ..rundir import RunDirError, RunLock
 from .checkpoints import TrainState, check_writable, latest_checkpoint
 from .metrics import MetricsLog, read_metrics
-from .rundir import RunDirError, RunLock
 
 __all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
            "TrainState", "RunDirError"]

@@ -18,9 +18,9 @@ import yaml
 
 from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError
+from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
-from .rundir import RunDirError, describe_changes, recipe_changes
 
 __all__ = ["Session", "build_session", "build_data"]
 
@@ -219,7 +219,7 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
-        changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+        changes = settings_changes("recipe", yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
             raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
