@@ -173,7 +173,7 @@ def plan_study(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, An
 
 
 def _train_command(config: StudyConfig, condition: str, seed: int, run_dir: Path, resume: bool = False) -> list[str]:
-    args = ["-m", "timm_posgeom.train", "--recipe", f"{config.recipe_prefix}_{condition}", "--out", str(run_dir)]
+    args = ["-m", "timm_posgeom.cli", "train", "--recipe", f"{config.recipe_prefix}_{condition}", "--out", str(run_dir)]
     for s in _run_overrides(config, seed):
         args += ["--set", s]
     if resume:
