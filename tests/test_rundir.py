@@ -1,4 +1,4 @@
-"""The one owner of run folders (app/rundir.py): the lock, the settings diff, set-aside."""
+"""The one owner of run folders (app/rundir.py): the lock, the settings diff, set-aside; and --resume of nothing."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,34 @@ import socket
 import pytest
 
 from timm_posgeom.app.rundir import NEUTRAL_KEYS, RunDirError, RunLock, set_aside, settings_changes
+from timm_posgeom.cli import main
+
+TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
+        "batch_size=16", "workers=0", "synthetic_size=160", "max_steps=1"]
+
+
+def _train_argv(out, *extra: str) -> list[str]:
+    argv = ["train", "--out", str(out), "--no-progress", *extra]
+    for item in TINY:
+        argv += ["--set", item]
+    return argv
+
+
+@pytest.mark.parametrize("what", ["missing", "empty", "other files"])
+def test_resume_of_a_folder_that_holds_no_run_is_refused(tmp_path, capsys, what):
+    """Issue 31, item 4: `posgeom train --resume` on a folder that is not a run (or does not exist) silently
+    started a fresh run of the whole recipe. Refused in one line that says to drop --resume; nothing written."""
+    out = tmp_path / "run"
+    if what != "missing":
+        out.mkdir()
+    if what == "other files":
+        (out / "notes.txt").write_text("not a run")
+    before = sorted(p.name for p in out.iterdir()) if out.exists() else None
+    with pytest.raises(SystemExit) as e:
+        main(_train_argv(out, "--resume"))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "drop --resume" in err and len(err.strip().splitlines()) == 1
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before  # no lock, no run started
 
 
 def test_lock_is_never_free_while_its_holder_is_written(tmp_path, monkeypatch):

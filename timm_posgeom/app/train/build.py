@@ -200,6 +200,17 @@ def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     return val_loader, rpi_loader
 
 
+def check_resumable(out: Path) -> None:
+    """Raise :class:`RunDirError` (one line) unless ``out`` holds a training run to resume: its recipe
+    (``recipe.yaml``), a checkpoint or a summary. Without one, ``--resume`` would silently start a new
+    run. Reads only; writes nothing."""
+    if not out.is_dir():
+        raise RunDirError(f"{out} does not exist, so there is no run to resume: drop --resume to start a new run there")
+    if not ((out / "recipe.yaml").is_file() or (out / "summary.json").is_file() or list_checkpoints(out)):
+        raise RunDirError(f"{out} holds no training run to resume (no recipe.yaml, checkpoint or summary.json): "
+                          "drop --resume to start a new run there, or point --out at the run")
+
+
 def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
                    say) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
     """What ``out`` holds against what is asked: the newest checkpoint to resume from (or None) and the
