@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["to_jsonable", "dumps", "write_json", "write_atomic", "replacing", "nan_if_none"]
+__all__ = ["to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -99,6 +99,16 @@ def write_json(path: str | os.PathLike, value: Any, indent: int | None = 2) -> P
     (:func:`write_atomic`). Returns ``path``; TypeError for a value with no JSON form (nothing written),
     OSError as :func:`write_atomic`."""
     return write_atomic(path, dumps(value, indent=indent) + "\n")
+
+
+def dump_json(value: Any, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` (:func:`dumps`); also written to ``path`` when given, with a final
+    newline, atomically (:func:`write_atomic`): what the results' ``to_json(path)`` do. TypeError for a
+    value with no JSON form (nothing written), OSError as :func:`write_atomic`."""
+    text = dumps(value, indent=indent)
+    if path is not None:
+        write_atomic(path, text + "\n")
+    return text
 
 
 def nan_if_none(value: Any) -> Any:

@@ -48,7 +48,7 @@ from torchvision.transforms.v2 import functional as F
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
-from .jsonio import dumps, to_jsonable, write_atomic
+from .jsonio import dump_json, to_jsonable
 from .probes.probe import _model_name
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import RESIZE_MODES, normalize_batch, resize_transform, resolve_config
@@ -208,10 +208,7 @@ class FragilityResult:
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            write_atomic(path, text + "\n")
-        return text
+        return dump_json(self.to_dict(), path, indent)
 
     def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
         """Bar chart: clean and shifted accuracy with Wilson 95% error bars, FS written above each
@@ -521,10 +518,7 @@ class AlphaSweepResult:
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            write_atomic(path, text + "\n")
-        return text
+        return dump_json(self.to_dict(), path, indent)
 
     def to_markdown(self, digits: int = 3) -> str:
         """A markdown table: alpha, delta SSDC, clean top-1, FS per shift, per-layer SSDC under RPI."""

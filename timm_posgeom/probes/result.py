@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..jsonio import dumps, write_atomic
+from ..jsonio import dump_json
 
 __all__ = ["SSDCResult", "PerImageStats"]
 
@@ -99,10 +99,7 @@ class SSDCResult:
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
         """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
-        text = dumps(self.to_dict(include_maps), indent=indent)
-        if path is not None:
-            write_atomic(path, text + "\n")
-        return text
+        return dump_json(self.to_dict(include_maps), path, indent)
 
     def table(self) -> str:
         """A plain-text per-layer table."""
