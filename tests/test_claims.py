@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from scipy.stats import t
 
@@ -234,12 +235,117 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
         r.eval.fs, r.eval.fs_interval = {"jpeg:5": fs}, {"jpeg:5": [fs - half, fs + half]}
     claim = evaluate_claims(_results(runs))[3]
     assert claim["status"] == "not held"
-    assert "PE below no PE / RPT: yes; RoPE least: no (not RoPE < APE, RoPE < sincos)" in claim["evidence"]
+    # each failing comparison with the interval of the difference that decided it (MOVER, 1 seed)
+    assert "PE below no PE / RPT: yes (tightest: RoPE < RPT: difference +0.189 [" in claim["evidence"]
+    assert ("; RoPE least: no (not RoPE < APE: difference -0.021 [-0.031, -0.011], "
+            "RoPE < sincos: difference -0.026 [-0.035, -0.017])") in claim["evidence"]
     held = evaluate_claims(_results(_paper_like(0)))[3]
-    assert held["status"] == "held" and "PE below no PE / RPT: yes; RoPE least: yes" in held["evidence"]
+    assert held["status"] == "held" and "PE below no PE / RPT: yes (" in held["evidence"]
+    assert "; RoPE least: yes (tightest: RoPE < APE: difference +0.100 [" in held["evidence"]
     runs = _paper_like(0)
     for r in runs:  # RoPE ties sincos within the bootstrap noise: that half is "within noise"
         if r.condition == "rope":
             r.eval.fs = {"jpeg:5": 0.405}
     claim = evaluate_claims(_results(runs))[3]
     assert claim["status"] == "undecided" and "RoPE least: within noise" in claim["evidence"]
+
+
+# --------------------------------------------------------------------------------------------
+# one rule for every verdict (issue 32): "no" only when the opposite holds beyond the interval
+# --------------------------------------------------------------------------------------------
+def test_an_early_or_late_peak_within_the_seed_spread_is_not_a_no():
+    """At 8 x 8 with timm's init APE's two seeds peaked at layers 0 and 3 and the seed means differed by 0.008:
+    the argmax of the mean profile said "peaks late" and claim 2 was "not held"."""
+    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    for r in runs:
+        if r.condition == "ape":  # means [0.30, 0.30, 0.30, 0.308]: argmax 3
+            r.eval.ssdc.rpi_per_layer = [0.40, 0.30, 0.30, 0.30] if r.seed == 0 else [0.20, 0.30, 0.30, 0.316]
+    claim = evaluate_claims(_results(runs))[1]
+    assert claim["status"] == "undecided" and "within noise" in claim["reason"]
+    # the interval that decided it: max of the first half - max of the rest, 0.042 +- 8.98 x 0.082
+    assert "APE under RPI" in claim["evidence"] and "early or late peak within noise" in claim["evidence"]
+    assert "0.042 - 8.98 x 0.082 = -0.695 crosses 0" in claim["evidence"]
+    for r in runs:  # both seeds peak late, by more than the spread: the opposite holds beyond it
+        if r.condition == "ape":
+            r.eval.ssdc.rpi_per_layer = [0.20, 0.25, 0.30, 0.40 + 0.01 * r.seed]
+    claim = evaluate_claims(_results(runs))[1]
+    assert claim["status"] == "not held" and "peaks late" in claim["evidence"] and "< 0" in claim["evidence"]
+
+
+def test_a_trend_of_the_mean_curve_against_the_seeds_is_not_a_no():
+    """Claim 5's "no" was the sign of the mean curve's Spearman correlation with alpha: one seed whose delta
+    SSDC falls and one whose delta SSDC rises, means [0.25, 0.25, 0.26] (rising as alpha shrinks), gave
+    "not held"."""
+    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    for r in runs:
+        if r.condition == "ape":
+            r.eval.alpha_sweep.delta_ssdc = [0.5, 0.2, 0.0] if r.seed == 0 else [0.0, 0.3, 0.52]
+    claim = evaluate_claims(_results(runs))[4]
+    assert claim["status"] == "undecided" and "within noise" in claim["reason"]
+    assert "delta SSDC falls: within noise (Spearman with alpha per seed +1.00, -1.00" in claim["evidence"]
+    for r in runs:  # both seeds rise as alpha shrinks, beyond the spread: "no"
+        if r.condition == "ape":
+            r.eval.alpha_sweep.delta_ssdc = [0.0, 0.2, 0.5 + 0.01 * r.seed]
+    claim = evaluate_claims(_results(runs))[4]
+    assert claim["status"] == "not held" and "delta SSDC falls: no" in claim["evidence"]
+    for r in runs:  # every seed agrees, but the change is inside the spread: within noise, not "yes"
+        if r.condition == "ape":
+            r.eval.alpha_sweep.delta_ssdc = [0.05, 0.02, 0.0] if r.seed == 0 else [0.5, 0.2, 0.0]
+    assert evaluate_claims(_results(runs))[4]["status"] == "undecided"
+
+
+def test_spread_over_seeds_and_permutations_adds_the_permutation_variance():
+    from timm_posgeom.app.claims import spread_sp
+
+    cells = [[0.10, 0.20, 0.30], [0.12, 0.22, 0.29]]  # 2 seeds x 3 permutations, permutation p shared
+    s = spread_sp(cells)
+    seed_means, perm_means = np.mean(cells, 1), np.mean(cells, 0)
+    v_seed, v_perm = np.var(seed_means, ddof=1) / 2, np.var(perm_means, ddof=1) / 3
+    df = (v_seed + v_perm) ** 2 / (v_seed ** 2 / 1 + v_perm ** 2 / 2)
+    assert s.mean == pytest.approx(np.mean(cells)) and s.var == pytest.approx(v_seed + v_perm)
+    assert s.df == pytest.approx(df) and s.hi - s.mean == pytest.approx(t.ppf(0.975, df) * math.sqrt(v_seed + v_perm))
+    assert s.n == 2 and s.permutations == 3 and "permutations ±" in s.text()
+    # the seed means alone (0.200, 0.210) would give a far narrower interval: the permutations' spread is in it
+    assert s.hi - s.lo > spread(seed_means.tolist()).hi - spread(seed_means.tolist()).lo
+    one = spread_sp([[0.10, 0.20, 0.30]])  # one seed: the interval over permutations alone
+    assert one.n == 1 and one.df == 2 and one.lo < 0.2 < one.hi
+    assert spread_sp([[0.1], [0.2]]) == spread([0.1, 0.2])  # one permutation: over seeds, as before
+
+
+def test_rpt_whose_permutations_disagree_is_within_noise_not_held():
+    """RPT at 0.03 under permutation 0 (the one every run used to draw) but up to 0.16 under others: the
+    permutation's own variance enters the interval, and 'collapses' is no longer decided."""
+    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    for r in runs:
+        if r.condition == "rpt":
+            r.eval.ssdc.rpi_by_permutation = [[0.03] * 4, [0.16] * 4, [0.0] * 4]
+            r.eval.ssdc.rpi_permutations = [0, 1, 2]
+    claim = evaluate_claims(_results(runs))[2]
+    assert claim["status"] == "undecided" and "(2 seeds x 3 RPI permutations)" in claim["evidence"]
+    assert "crosses 0.1" in claim["evidence"]
+
+
+def test_report_shows_the_no_pe_floor_next_to_every_rpi_table(tmp_path):
+    """No PE under RPI read 0.046-0.049 at 8 x 8: the structure a permuted model shows by chance. The report
+    states it (over seeds x permutations) beside the SSDC-under-RPI tables and draws it in their figures."""
+    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth, no_pe_floor
+
+    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    for r in runs:
+        r.eval.ssdc.rpi_permutations = [0, 1, 2]
+        base = r.eval.ssdc.rpi_per_layer
+        r.eval.ssdc.rpi_by_permutation = [[v + d for v in base] for d in (0.046, 0.0, -0.01)]
+    results = _results(runs)
+    layers, mean, delta = no_pe_floor(results)
+    assert mean.n == 2 and mean.permutations == 3 and len(layers) == 4
+    assert mean.mean == pytest.approx(np.mean([0.01, 0.0, 0.02, 0.01]) + 0.012, abs=1e-3)
+    text = "\n".join(_tables(results))
+    depth = text.split("## SSDC across depth")[1].split("## Alpha sweep")[0]
+    assert "No-PE floor under RPI" in depth and "same 3 permutations" in depth and f"{mean.mean:.3f}" in depth
+    assert "permutations ±" in depth  # the permutation spread is reported
+    sweep = text.split("## Alpha sweep: delta SSDC under RPI")[1].split("##")[0]
+    assert "No-PE floor under RPI" in sweep and "delta SSDC" in sweep
+    assert fig_ssdc_depth(results, tmp_path / "d.png") is None and (tmp_path / "d.png").stat().st_size > 0
+    assert fig_alpha_sweep(results, tmp_path / "a.png")
+    without = _results([r for r in runs if r.condition != "nope"])
+    assert no_pe_floor(without) is None and "not measured" in "\n".join(_tables(without))

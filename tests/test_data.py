@@ -348,3 +348,70 @@ def test_loader_leaves_global_rng_alone():
     batches = list(make_loader(ds, EpochBatchSampler(8, 4), workers=0))
     assert torch.equal(torch.get_rng_state(), state)
     assert batches[0][0].shape == (4, 3, 16, 16) and batches[0][1].dtype == torch.int64
+
+
+# --------------------------------------------------------------------------------------------
+# Hub-style parquet sets: one split at a time, configs, streaming
+# --------------------------------------------------------------------------------------------
+def _parquet_set(root: Path) -> Path:
+    """A tiny Hub-layout set with two configurations (``small``: 3 classes, ``big``: 4), each with a train
+    and a validation split of distinct images, as the Hub lays out ``configs:`` in the README."""
+    import io
+
+    import datasets
+
+    rng = np.random.default_rng(0)
+    for config, classes in (("small", 3), ("big", 4)):
+        for split, n in (("train", 12), ("validation", 6)):
+            images = []
+            for _ in range(n):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buf, format="JPEG")
+                images.append({"bytes": buf.getvalue(), "path": None})
+            features = datasets.Features({"image": datasets.Image(),
+                                          "label": datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])})
+            ds = datasets.Dataset.from_dict({"image": images, "label": [i % classes for i in range(n)]},
+                                            features=features)
+            (root / config).mkdir(parents=True, exist_ok=True)
+            ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
+    card = ["---", "configs:"]
+    for config in ("small", "big"):
+        card += [f"- config_name: {config}", "  data_files:"]
+        card += [f"  - split: {s}\n    path: {config}/{s}-*.parquet" for s in ("train", "validation")]
+    (root / "README.md").write_text("\n".join(card + ["---", ""]))
+    return root
+
+
+@pytest.fixture
+def fresh_hf_cache(tmp_path, monkeypatch):
+    """datasets' cache in a fresh folder: what a load prepares can be seen there."""
+    import datasets
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    return cache
+
+
+def test_only_the_asked_split_is_prepared(tmp_path, fresh_hf_cache):
+    root = _parquet_set(tmp_path / "set")
+    val = load_split(root, "validation", config="big")
+    assert len(val) == 6 and val.classes == ["c0", "c1", "c2", "c3"]
+    prepared = sorted(p.name for p in fresh_hf_cache.rglob("*.arrow"))
+    assert prepared and all("validation" in name for name in prepared), prepared  # no train split prepared
+    small = load_split(root, "val", config="small")  # the config chooses the data; aliases still work
+    assert small.classes == ["c0", "c1", "c2"] and len(small) == 6
+
+
+def test_streaming_reads_the_same_first_items_and_needs_a_count(tmp_path, fresh_hf_cache):
+    from timm_posgeom.data import data_identity
+
+    root = _parquet_set(tmp_path / "set")
+    streamed = load_split(root, "train", config="big", subset=5, streaming=True)
+    assert not list(fresh_hf_cache.rglob("*.arrow"))  # a stream prepares nothing
+    loaded = load_split(root, "train", config="big", subset=5)
+    # the same images to the pixel (the stored JPEG bytes, not decoded and encoded again) and labels
+    assert data_identity(streamed, images=5) == data_identity(loaded, images=5)
+    with pytest.raises(ValueError, match="streaming reads the first N items"):
+        load_split(root, "train", config="big", streaming=True)
+    with pytest.raises(ValueError, match="not to the synthetic set"):
+        load_split("synthetic", "train", subset=4, streaming=True)

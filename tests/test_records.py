@@ -154,3 +154,28 @@ def test_report_refuses_a_foreign_results_file(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["report", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_version_1_results_still_read_and_version_2_keeps_the_rpi_permutations(tmp_path):
+    """Schema version 2 added SSDCSummary.rpi_permutations / rpi_by_permutation (issue 32): a results.json
+    written by version 1 (neither key) still reads, as one permutation; a version 2 file round-trips them."""
+    from timm_posgeom.app.claims import rpi_cube
+    from timm_posgeom.app.records import READABLE_VERSIONS
+
+    assert SCHEMA_VERSION == 2 and 1 in READABLE_VERSIONS
+    raw = _study().to_dict()
+    raw["schema_version"] = 1
+    for key in ("rpi_permutations", "rpi_by_permutation"):  # what version 1 wrote
+        for run in raw["runs"]:
+            run["eval"]["ssdc"].pop(key)
+            run["untrained"].pop(key)
+    (tmp_path / "v1.json").write_text(json.dumps(raw))
+    old = StudyResults.read(tmp_path / "v1.json")
+    assert old.runs[0].eval.ssdc.rpi_by_permutation is None and old.runs[0].eval.ssdc.rpi_per_layer == [0.1, 0.2]
+    assert rpi_cube(old.runs).shape == (1, 1, 2)  # one seed, one permutation, two layers
+    new = _study()
+    new.runs[0].eval.ssdc.rpi_permutations = [0, 1, 2]
+    new.runs[0].eval.ssdc.rpi_by_permutation = [[0.1, 0.2], [0.0, 0.1], [0.2, 0.3]]
+    again = StudyResults.read(new.write(tmp_path / "v2.json"))
+    assert again == new and rpi_cube(again.runs).shape == (1, 3, 2)
+    assert json.loads((tmp_path / "v2.json").read_text())["schema_version"] == 2

@@ -1,6 +1,7 @@
 """The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -406,3 +407,46 @@ def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_p
         run_study(config, tmp_path, resume=True, progress=False)
     results = run_study(config, tmp_path, resume=True, progress=False, allow_changes=True)
     assert (export.parent / "eval.json.replaced-1").is_file() and results.runs[0].eval.weights_sha1
+
+
+def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_part(tmp_path, monkeypatch):
+    """Issue 32: every model drew RPI with seed 0, so the permutation's own variance was in no spread. The
+    study now draws rpi_permutations (seeds 0 .. n-1); a resume that changes it measures SSDC under RPI
+    again and keeps the training, the fragility and the alpha sweep. A study recorded before the setting
+    existed counts as one permutation."""
+    config = _tiny(conditions=("ape",))
+    config.rpi_permutations = 2
+    first = run_study(config, tmp_path, progress=False).runs[0]
+    ssdc = first.eval.ssdc
+    assert ssdc.rpi_permutations == [0, 1] and len(ssdc.rpi_by_permutation) == 2
+    assert ssdc.rpi_per_layer == pytest.approx(np.nanmean(ssdc.rpi_by_permutation, 0).tolist())
+    assert ssdc.rpi_by_permutation[0] != ssdc.rpi_by_permutation[1]  # two permutations, two measurements
+    run_dir = tmp_path / "runs" / "ape_s0"
+    trained_at = (run_dir / "summary.json").stat().st_mtime_ns
+    more = _tiny(conditions=("ape",))
+    more.rpi_permutations = 3
+    with pytest.raises(StudyError, match="rpi_permutations: 2 -> 3.*--allow-changes"):
+        run_study(more, tmp_path, resume=True, progress=False)
+    import timm_posgeom.robustness as robustness
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("fragility or the alpha sweep measured again")
+
+    monkeypatch.setattr(robustness, "fragility", not_again)
+    monkeypatch.setattr(robustness, "alpha_sweep", not_again)
+    again = run_study(more, tmp_path, resume=True, progress=False, allow_changes=True).runs[0]
+    assert (run_dir / "summary.json").stat().st_mtime_ns == trained_at and (run_dir / "eval.json.replaced-1").is_file()
+    assert again.eval.ssdc.rpi_permutations == [0, 1, 2] and again.eval.settings["rpi_permutations"] == 3
+    assert again.eval.fs == first.eval.fs and again.eval.alpha_sweep == first.eval.alpha_sweep
+    assert np.allclose(again.eval.ssdc.rpi_by_permutation[:2], ssdc.rpi_by_permutation)  # seeds 0, 1 again
+    # a study from before the setting: its plan and eval.json lack it, and it drew one permutation
+    for name in ("plan.json", "runs/ape_s0/eval.json"):
+        raw = json.loads((tmp_path / name).read_text())
+        (raw["config"] if name == "plan.json" else raw["settings"]).pop("rpi_permutations")
+        (tmp_path / name).write_text(json.dumps(raw))
+    assert study_mod.config_changes(json.loads((tmp_path / "plan.json").read_text())["config"],
+                                    dataclasses.asdict(more)) == {"rpi_permutations": (1, 3)}
+    one = _tiny(conditions=("ape",))
+    one.rpi_permutations = 1
+    resumed = run_study(one, tmp_path, resume=True, progress=False, allow_changes=False).runs[0]
+    assert resumed.eval.settings["rpi_permutations"] == 1 and resumed.eval.ssdc.rpi_permutations == [0, 1, 2]

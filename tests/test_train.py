@@ -427,3 +427,39 @@ def test_a_launch_on_port_zero_is_refused_before_accelerate_waits(tmp_path, monk
     with pytest.raises(RuntimeError, match="MASTER_PORT=0"):
         train(tiny(), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# accelerate trackers
+# --------------------------------------------------------------------------------------------
+def test_tensorboard_tracker_gets_every_number_of_metrics_jsonl(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    train(tiny("max_steps=3", "log_with=[tensorboard]", "tracker_project=tb"), out, progress=False)
+    events = list((out / "tb").rglob("events.out.tfevents.*"))
+    assert events, f"no TensorBoard event file under {out / 'tb'}"
+    scalars = {}
+    for event_file in events:
+        acc = EventAccumulator(str(event_file))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            scalars[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    # the record is metrics.jsonl: the tracker got the same losses at the same steps
+    expected = [(r["step"], r["loss"]) for r in _records(out, "train")]
+    got = scalars["train/loss"]
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(got, expected))
+    assert "eval/val_top1" in scalars
+
+
+def test_a_tracker_that_is_not_installed_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    import accelerate.tracking
+
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    err = _cli_error(capsys, tmp_path / "run", extra=("--log-with", "wandb"))
+    assert "wandb is not installed here (pip install wandb)" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    err = _cli_error(capsys, tmp_path / "run2", "log_with=[no_such_tracker]")
+    assert "unknown tracker 'no_such_tracker'" in err

@@ -269,6 +269,82 @@ def test_killed_while_measuring_the_second_model_a_rerun_keeps_the_first(tmp_pat
     assert list(_rows(out)) == [export, ROPE, VIT]
 
 
+def _table(out: Path) -> dict[str, dict[str, str]]:
+    """zoo.csv's rows without the columns that time the run."""
+    return {name: {k: v for k, v in row.items() if k != "elapsed_s"} for name, row in _rows(out).items()}
+
+
+def test_two_shards_one_after_the_other_give_the_one_process_table(zoo, data_dir, export, tmp_path, capsys):
+    out = tmp_path / "sharded"
+    models = [VIT, ROPE, export]  # the zoo fixture's models, in its order
+    assert main(["zoo", *models, "--data", str(data_dir), "--out", str(out), "--shard", "0/2", *COMMON]) == 0
+    said = capsys.readouterr()
+    assert "1 model(s) of the zoo not measured yet" in said.out + said.err
+    assert list(_rows(out)) == [VIT, export]  # models 0 and 2 of 3: shard 0 of 2
+    assert main(["zoo", *models, "--data", str(data_dir), "--out", str(out), "--shard", "1/2", *COMMON]) == 0
+    assert _table(out) == _table(zoo)
+    with pytest.raises(SystemExit) as e:
+        main(["zoo", "--data", str(data_dir), "--out", str(out), "--shard", "2/2", *COMMON])
+    assert e.value.code == 2 and "0 <= K < N" in capsys.readouterr().err
+    (out / "zoo.csv").unlink()
+    assert main(["zoo", "--out", str(out), "--merge"]) == 0  # the outputs again, from the records alone
+    assert _table(out) == _table(zoo)
+
+
+def test_two_shards_at_once_into_one_folder_lose_no_record(zoo, data_dir, export, tmp_path):
+    out = tmp_path / "concurrent"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "timm_posgeom.cli", "zoo", VIT, ROPE, export, "--data",
+                               str(data_dir), "--out", str(out), "--shard", f"{k}/2", *COMMON],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for k in (0, 1)]
+    logs = [proc.communicate(timeout=600)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], logs
+    for name in (VIT, ROPE, export):
+        assert ZooModel.read(out / "models" / f"{safe_name(name)}.json").status == "ok"
+    assert main(["zoo", "--out", str(out), "--merge"]) == 0
+    assert _table(out) == _table(zoo)
+
+
+def test_a_model_locked_by_a_live_shard_is_left_to_it(tmp_path, data_dir, export, capsys):
+    from timm_posgeom.app.rundir import RunLock
+
+    out = tmp_path / "zoo"
+    folder = out / "locks" / safe_name(export)
+    folder.mkdir(parents=True)
+    held = RunLock(folder)
+    held.acquire()  # this live process "measures" it
+    try:
+        assert main(["zoo", export, "--data", str(data_dir), "--out", str(out), *COMMON]) == 0
+    finally:
+        held.release()
+    assert f"{export}: measured by another shard, skipped" in capsys.readouterr().out
+    assert not (out / "models" / f"{safe_name(export)}.json").exists()
+
+
+def test_images_decoded_once_give_the_same_batches_and_scores_bit_for_bit(data_dir):
+    from timm_posgeom.data import relabel_by_name
+    from timm_posgeom.eval_data import DecodedImages
+
+    data = load_split(data_dir, "validation", subset=N)
+    shared = DecodedImages(data)
+    model = timm.create_model(VIT, num_classes=10, img_size=IMG).eval()
+    for resize in ("paper", "timm"):
+        direct = torch.cat([x for x, _ in eval_loader(model, data, resize=resize, num_workers=0)])
+        # workers: the resized images were made in this process, before the workers forked
+        once = torch.cat([x for x, _ in eval_loader(model, shared, resize=resize, num_workers=2)])
+        assert torch.equal(direct, once)
+    assert len(shared._resized) == 2 and shared.keep == 2  # one entry per input configuration
+    a = fragility(model, data, num_workers=0, progress=False)
+    b = fragility(model, shared, num_workers=2, progress=False)
+    assert a.accuracy == b.accuracy and a.clean_accuracy == b.clean_accuracy
+    mapped = relabel_by_name(shared, list(reversed(shared.classes)))  # a relabelling reads the shared images
+    direct_mapped = relabel_by_name(data, list(reversed(data.classes)))
+    assert [mapped[i][1] for i in range(N)] == [direct_mapped[i][1] for i in range(N)]
+    assert fragility(model, mapped, num_workers=0, progress=False).accuracy == \
+        fragility(model, direct_mapped, num_workers=0, progress=False).accuracy
+
+
 # --------------------------------------------------------------------------------------------
 # parts
 # --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ Importing the package registers the PE-variant ViTs with timm::
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 This package root is the library: models, positional encodings, interventions, probes, shifts,
-transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.train``,
-``timm_posgeom.study``, ``timm_posgeom.report``, ``timm_posgeom.hub`` and the ``posgeom`` command)
+transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.app.train``,
+``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
 """
@@ -27,7 +27,22 @@ from .interventions import (
     token_permutation,
 )
 from .models import PosGeomViT, list_models
-from .probes import SSDCResult, pe_table_ssdc, probe_ssdc, ssdc
+from .probes import (
+    AttentionMeasure,
+    AttentionResult,
+    CKAResult,
+    Measure,
+    MeasureResult,
+    PositionProbeResult,
+    SSDCResult,
+    attention_measures,
+    cka,
+    pe_table_ssdc,
+    position_probe,
+    probe_ssdc,
+    run_measures,
+    ssdc,
+)
 from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
 from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
 from .support import SupportRow, check_support
@@ -54,6 +69,16 @@ __all__ = [
     "probe_ssdc",
     "pe_table_ssdc",
     "SSDCResult",
+    "attention_measures",
+    "AttentionResult",
+    "AttentionMeasure",
+    "run_measures",
+    "Measure",
+    "MeasureResult",
+    "position_probe",
+    "PositionProbeResult",
+    "cka",
+    "CKAResult",
     "check_support",
     "SupportRow",
     # robustness

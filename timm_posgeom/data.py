@@ -271,6 +271,9 @@ def load_split(
         img_size: int = 64,
         seed: int = 0,
         synthetic_size: int | None = None,
+        config: str | None = None,
+        revision: str | None = None,
+        streaming: bool = False,
 ) -> ImageSplit:
     """Load one split of a classification set (see the module docstring for the sources).
 
@@ -282,7 +285,19 @@ def load_split(
         img_size: resolution of the synthetic set (ignored for real data).
         seed: seed of the synthetic set.
         synthetic_size: number of synthetic images (default 5000 train, 1000 validation).
+        config: the dataset's configuration name (Hub and parquet sets with several).
+        revision: a branch, tag or commit of a Hub dataset.
+        streaming: read the first ``subset`` items of the split as a stream (Hub and parquet sets): only
+            the files holding them are read, nothing else is downloaded or prepared. Needs ``subset``.
+
+    Only the asked split is downloaded and prepared: ``datasets.load_dataset(path)`` without a split
+    prepares every split (all of ImageNet's train split to probe its validation split).
     """
+    if streaming and not subset:
+        raise ValueError("streaming reads the first N items of a split: give their number (subset, or "
+                         "--max-images on the command line)")
+    if (config or revision or streaming) and resolve_source(source)[0] == "synthetic":
+        raise ValueError("config, revision and streaming apply to Hub and parquet data, not to the synthetic set")
     kind, where = resolve_source(source)
     if kind == "synthetic":
         n = synthetic_size or (5000 if split == "train" else 1000)
@@ -320,11 +335,7 @@ def load_split(
 
     import datasets
 
-    try:
-        dsd = datasets.load_dataset(where)
-    except FileNotFoundError as e:
-        raise FileNotFoundError(f"cannot load data {source!r}: {e}") from e
-    ds = dsd[split_name(list(dsd.keys()), split)]
+    ds = _load_hf_split(where, source, split, subset=subset, config=config, revision=revision, streaming=streaming)
     image_col, label_col = find_columns(ds.features)
     ds = ds.select_columns([image_col, label_col])
     if subset and subset < len(ds):
@@ -338,6 +349,31 @@ def load_split(
         classes = [str(i) for i in range(max(labels) + 1)]
     return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
                       lambda index: f"row {index} of the {split!r} split of {source}")
+
+
+def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, config: str | None,
+                   revision: str | None, streaming: bool) -> Any:
+    """One split of a Hub or parquet set as a ``datasets.Dataset``, loading that split alone: its data files
+    only (read from the builder's configuration), or, streaming, its first ``subset`` rows."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(where, config, revision=revision)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"cannot load data {source!r}: {e}") from e
+    files = builder.config.data_files or {}
+    names = list(files) or list(datasets.get_dataset_split_names(where, config, revision=revision))
+    name = split_name(names, split)
+    if streaming:
+        stream = datasets.load_dataset(where, config, split=name, revision=revision, streaming=True)
+        image_col, _ = find_columns(stream.features)
+        features = stream.features
+        # the encoded bytes as stored: rows of decoded images would be encoded again (a JPEG re-compressed)
+        stream = stream.cast_column(image_col, datasets.Image(decode=False))
+        rows = list(stream.take(subset))
+        return datasets.Dataset.from_list(rows, features=stream.features).cast(features)
+    only = {name: files[name]} if name in files else None  # a script-built set: its own split logic
+    return datasets.load_dataset(where, config, split=name, revision=revision, data_files=only)
 
 
 def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:

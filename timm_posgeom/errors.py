@@ -21,14 +21,17 @@ USER_ERRORS: tuple[type[BaseException], ...] = (PosgeomError, ValueError, FileNo
                                                 PermissionError)
 
 
-def one_line(error: BaseException) -> str:
+def one_line(error: BaseException, first_line: bool = False) -> str:
     """The error's own message on one line.
 
     A user error raised in a DataLoader worker arrives wrapped in the worker's traceback text, whose last
-    line is that message; whitespace runs (newlines too) become single spaces; an empty message is the
-    error's class name."""
+    line is that message; whitespace runs (newlines too) become single spaces, or with ``first_line``
+    only the first line is kept (a third party's message whose later lines are detail); an empty message
+    is the error's class name."""
     text = str(error).strip()
     if "Original Traceback" in text:
         last = text.splitlines()[-1]
         text = last.split(": ", 1)[1] if ": " in last else last
+    if first_line and text:
+        text = text.splitlines()[0]
     return " ".join(text.split()) or type(error).__name__

@@ -18,11 +18,14 @@ from typing import Any
 import PIL.Image
 import torch
 import torch.nn as nn
+import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
-from .transforms import eval_transform, resolve_config
+from .data import ImageSplit, RelabeledSplit
+from .transforms import resize_transform, resolve_config
 
-__all__ = ["split_item", "check_split", "EvalImages", "eval_loader", "default_workers"]
+__all__ = ["split_item", "check_split", "EvalImages", "eval_loader", "default_workers", "DecodedImages",
+           "resized_item", "prepare_shared"]
 
 
 def split_item(item: Any) -> tuple[PIL.Image.Image, int]:
@@ -58,11 +61,72 @@ def check_split(data: Any, max_images: int | None = None) -> int:
     return n
 
 
-class EvalImages(Dataset):
-    """Item i of the first ``n`` of ``data`` -> (normalised (3, H, W) float image, label)."""
+class DecodedImages(ImageSplit):
+    """The first ``n`` images of a split decoded once, and resized once per input configuration, for
+    every model measured on them (a zoo measures hundreds of models on the same 1,000 images).
 
-    def __init__(self, data: Any, n: int, transform: Any):
-        self.data, self.n, self.transform = data, n, transform
+    Items are ``(PIL image, label)`` like the split's; ``classes``, ``labels`` and ``num_classes`` are
+    the split's. :func:`eval_loader` and :func:`~timm_posgeom.robustness.fragility` read the resized image
+    of a configuration from here (:func:`resized_item`), computed once, in this process, by the same
+    transform a model would apply: the batches are the same, bit for bit, as from the split itself.
+    The resized images of the ``keep`` most recent configurations are kept (each is n x H x W x 3 bytes).
+    """
+
+    def __init__(self, data: Any, n: int | None = None, *, keep: int = 2, progress: bool = False):
+        from tqdm.auto import tqdm
+
+        n = check_split(data, n)
+        images, labels = [], []
+        for index in tqdm(range(n), desc="decoding", unit="image", disable=not progress):
+            image, label = split_item(data[index])
+            image.load()  # decoded now, not at first use
+            images.append(image)
+            labels.append(label)
+        classes = list(getattr(data, "classes", None) or []) or [str(i) for i in range(max(labels) + 1)]
+        fingerprint = f"{getattr(data, 'fingerprint', 'data')}-decoded-{n}"
+        super().__init__(images, classes, labels, fingerprint, lambda items, index: (items[index], labels[index]),
+                         getattr(data, "where", None))
+        self.images = images
+        self.keep = keep
+        self._resized: dict[str, list[PIL.Image.Image]] = {}
+
+    def resized(self, resize: Any) -> list[PIL.Image.Image]:
+        """Every image through ``resize`` (a PIL -> PIL transform), computed at the first call for that
+        transform (keyed by its ``repr``: sizes, interpolation, crop), then kept."""
+        key = repr(resize)
+        if key not in self._resized:
+            while len(self._resized) >= self.keep:
+                self._resized.pop(next(iter(self._resized)))
+            self._resized[key] = [resize(image) for image in self.images]
+        return self._resized[key]
+
+
+def resized_item(data: Any, index: int, resize: Any) -> tuple[PIL.Image.Image, int]:
+    """Item ``index`` of ``data`` through ``resize``: from the :class:`DecodedImages` cache when ``data``
+    is one (or relabels one, item for item), else decoded and resized now."""
+    if isinstance(data, DecodedImages):
+        return data.resized(resize)[index], data.labels[index]
+    if isinstance(data, RelabeledSplit) and isinstance(data.split, DecodedImages):
+        return data.split.resized(resize)[index], data.labels[index]
+    image, label = split_item(data[index])
+    return resize(image), label
+
+
+def prepare_shared(data: Any, resize: Any) -> None:
+    """Fill the shared resized images of ``data`` (a :class:`DecodedImages`, or a relabelling of one) in
+    this process: filled in a DataLoader worker, they would die with it."""
+    base = data.split if isinstance(data, RelabeledSplit) else data
+    if isinstance(base, DecodedImages):
+        base.resized(resize)
+
+
+class EvalImages(Dataset):
+    """Item i of the first ``n`` of ``data`` -> (normalised (3, H, W) float image, label): ``resize``
+    (PIL -> PIL), then ``to_tensor`` (the rest of the eval transform)."""
+
+    def __init__(self, data: Any, n: int, resize: Any, to_tensor: Any):
+        self.data, self.n, self.resize, self.to_tensor = data, n, resize, to_tensor
+        prepare_shared(data, resize)
 
     def __len__(self) -> int:
         return self.n
@@ -70,8 +134,8 @@ class EvalImages(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.n:
             raise IndexError(index)
-        image, label = split_item(self.data[index])
-        return self.transform(image), label
+        image, label = resized_item(self.data, index, self.resize)
+        return self.to_tensor(image), label
 
 
 def default_workers() -> int:
@@ -103,6 +167,8 @@ def eval_loader(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = check_split(data, max_images)
     workers = default_workers() if num_workers is None else int(num_workers)
-    transform = eval_transform(resolve_config(model, img_size), resize=resize)
-    return DataLoader(EvalImages(data, n, transform), batch_size=batch_size,
+    cfg = resolve_config(model, img_size)
+    # eval_transform's steps in two parts: the geometry (PIL -> PIL, shareable across models) and the rest
+    to_tensor = T.Compose([T.ToTensor(), T.Normalize(mean=cfg["mean"], std=cfg["std"])])
+    return DataLoader(EvalImages(data, n, resize_transform(cfg, resize), to_tensor), batch_size=batch_size,
                       shuffle=False, num_workers=workers, pin_memory=pin_memory)

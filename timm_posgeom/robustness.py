@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
 from . import distributed as _dist
-from .eval_data import check_split, default_workers, eval_loader, split_item
+from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dump_json, to_jsonable
 from .probes.probe import _model_name
@@ -252,13 +252,13 @@ class _ShiftedCopies(Dataset):
 
     def __init__(self, data: Any, n: int, resize: Any, shifts: Sequence[Shift], seed: int = 0):
         self.data, self.n, self.resize, self.shifts, self.seed = data, n, resize, list(shifts), seed
+        prepare_shared(data, resize)  # a zoo's images resized once, here: not in a worker that dies
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = split_item(self.data[index])
-        image = self.resize(image)
+        image, label = resized_item(self.data, index, self.resize)
         copies = [image, *(shift.for_image(image, index, self.seed) for shift in self.shifts)]
         return torch.stack([F.pil_to_tensor(c) for c in copies]), label
 

@@ -341,7 +341,7 @@ def _corruption_functions() -> dict[str, Any]:
                                          f"pip uninstall imagecorruptions, then {fix}") from None
         raise MissingDependencyError(f"imagecorruptions does not import here ({e}): {fix}") from None
     except ImportError as e:  # e.g. opencv-python without libGL: opencv-python-headless provides the same cv2
-        raise MissingDependencyError(f"imagecorruptions does not import here ({one_line(e)}); if OpenCV's "
+        raise MissingDependencyError(f"imagecorruptions does not import here ({one_line(e, first_line=True)}); if OpenCV's "
                                      "libraries are missing, pip install opencv-python-headless") from None
     functions = dict(getattr(module, "corruption_dict", {}))
     glass = functions.get("glass_blur")

@@ -5,11 +5,18 @@ A claim is decided only where the run can decide it:
 * **near chance**: a model whose clean top-1 (mean over seeds) is below ``CHANCE_FACTOR`` x chance
   (1 / classes) has not learned what the claim is about: every claim that involves it is
   ``undecided``, never ``no``;
-* **the seed spread**: with 2 or more seeds every quantity is a mean with a two-sided 95% Student-t
-  interval over seeds, and a comparison holds (or fails) only when it holds (or fails) beyond that
-  interval; otherwise the claim is ``undecided`` ("within noise"). With one seed there is no spread:
-  fragility comparisons use the interval of the difference recovered from each run's own bootstrap
-  interval (MOVER, see ``_less``), the rest its point values, and the evidence says "1 seed".
+* **one rule for every verdict** (docs/method.md#verdicts): each part of a claim is a quantity with a
+  two-sided 95% interval; the part is ``yes`` when the claim holds beyond the interval, ``no`` when its
+  opposite holds beyond the interval, and ``within noise`` otherwise. A claim is held when every part is
+  yes, not held when some part is no, undecided ("within noise") otherwise. Peaks and trends are
+  quantities too: "peaks early" is the maximum over the first half of the layers minus the maximum over
+  the second half, per seed (and permutation); "falls as alpha shrinks" needs every seed's trend to have
+  the claimed sign and the change from the largest to the smallest alpha beyond its interval (and "no"
+  the mirror of both). An interval is over seeds, and over RPI permutations where the study measured
+  several (:func:`spread_sp`). With one seed there is no seed spread: fragility comparisons use the
+  interval of the difference recovered from each run's own bootstrap interval (MOVER, see ``_less``),
+  RPI quantities their interval over permutations, the rest their point values, and the evidence says
+  "1 seed".
 
 Thresholds (documented in the report): ``NEAR_ZERO`` (|SSDC| under RPI at every layer: "collapses"),
 ``SUBSTANTIAL`` (mean SSDC under RPI across layers: "keeps structure").
@@ -25,7 +32,7 @@ import numpy as np
 
 from .records import StudyResults, StudyRun
 
-__all__ = ["Spread", "Verdict", "spread", "evaluate_claims", "CLAIMS", "NEAR_ZERO", "SUBSTANTIAL", "CHANCE_FACTOR",
+__all__ = ["Spread", "Verdict", "spread", "spread_sp", "rpi_cube", "evaluate_claims", "CLAIMS", "NEAR_ZERO", "SUBSTANTIAL", "CHANCE_FACTOR",
            "LABELS"]
 
 NEAR_ZERO = 0.1
@@ -38,20 +45,47 @@ _PE, _NON_PE = ("ape", "sincos", "rope"), ("nope", "rpt")
 @dataclass(frozen=True)
 class Spread:
     """Mean over seeds, sample std, and the two-sided 95% Student-t interval of the mean (lo = hi = mean and
-    std NaN with one seed; all NaN with none)."""
+    std NaN with one seed; all NaN with none).
+
+    Over seeds x RPI permutations (:func:`spread_sp`): ``std`` is the std of the per-seed means over
+    permutations, ``perm_std`` the std of the per-permutation means over seeds, ``permutations`` their
+    number; ``var`` is the variance of the mean and ``df`` the degrees of freedom of its t interval."""
 
     mean: float
     std: float
     lo: float
     hi: float
     n: int
+    perm_std: float = math.nan
+    permutations: int = 1
+    var: float = math.nan
+    df: float = math.nan
+
+    @property
+    def has_interval(self) -> bool:
+        return self.n >= 1 and math.isfinite(self.var) and math.isfinite(self.df) and self.df >= 1
 
     def text(self, digits: int = 3) -> str:
         if self.n == 0:
             return "n/a"
-        if self.n == 1:
+        if not self.has_interval:
             return f"{self.mean:.{digits}f}"
-        return f"{self.mean:.{digits}f} ± {self.std:.{digits}f} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+        seeds = f" ± {self.std:.{digits}f}" if self.n >= 2 else ""
+        perms = f" (permutations ± {self.perm_std:.{digits}f})" if self.permutations >= 2 else ""
+        return f"{self.mean:.{digits}f}{seeds}{perms} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
+
+    def bound(self, side: str, digits: int = 3) -> str:
+        """How an end of the interval is computed: ``mean - k x s = lo`` (side '-') or ``mean + k x s = hi``
+        (side '+'), with k = t(0.975, df) / sqrt(n) and s = sqrt(var x n) (the seed std when only seeds
+        vary: k = 8.98 with 2 seeds); the point value alone when there is no interval."""
+        if not self.has_interval:
+            return f"{self.mean:.{digits}f} (no interval)"
+        from scipy.stats import t
+
+        k = float(t.ppf(0.975, self.df)) / math.sqrt(self.n)
+        s = math.sqrt(self.var * self.n)
+        end = self.lo if side == "-" else self.hi
+        return f"{self.mean:.{digits}f} {'-' if side == '-' else '+'} {k:.2f} x {s:.{digits}f} = {end:.{digits}f}"
 
 
 def spread(values: Sequence[float | None]) -> Spread:
@@ -67,7 +101,45 @@ def spread(values: Sequence[float | None]) -> Spread:
 
     std = float(np.std(vals, ddof=1))
     half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-    return Spread(mean, std, mean - half, mean + half, n)
+    return Spread(mean, std, mean - half, mean + half, n, var=std ** 2 / n, df=float(n - 1))
+
+
+def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]]) -> Spread:
+    """The :class:`Spread` of a quantity measured on seeds x RPI permutations (rows: seeds, columns: the
+    permutations, the same permutation seeds in every row; NaN / None left out).
+
+    The permutations are crossed with the seeds (permutation p is drawn with seed p for every model), so the
+    variance of the grand mean is estimated as var(per-seed means) / S + var(per-permutation means) / P: the
+    seed term as over seeds alone, plus the permutation variance, which the per-seed means share and so
+    cannot show (this counts the seed x permutation residual twice: conservative). The interval is Student-t
+    with Welch-Satterthwaite degrees of freedom. One permutation: :func:`spread` over seeds. One seed: the
+    interval over permutations alone (there is no seed spread)."""
+    arr = np.array([[math.nan if v is None else float(v) for v in row] for row in cells], dtype=float)
+    if arr.ndim != 2 or arr.size == 0:
+        return spread([])
+    arr = arr[~np.all(np.isnan(arr), 1)]  # seeds without a value
+    arr = arr[:, ~np.any(np.isnan(arr), 0)] if arr.size else arr  # a permutation missing in some seed
+    if arr.size == 0:
+        return spread([])
+    s_n, p_n = arr.shape
+    if p_n == 1:
+        return spread(arr[:, 0].tolist())
+    from scipy.stats import t
+
+    seed_means, perm_means = arr.mean(1), arr.mean(0)
+    mean = float(arr.mean())
+    v_perm = float(np.var(perm_means, ddof=1)) / p_n
+    if s_n >= 2:
+        std = float(np.std(seed_means, ddof=1))
+        v_seed = std ** 2 / s_n
+        den = v_seed ** 2 / (s_n - 1) + v_perm ** 2 / (p_n - 1)
+        df = (v_seed + v_perm) ** 2 / den if den > 0 else float(s_n - 1)
+    else:
+        std, v_seed, df = math.nan, 0.0, float(p_n - 1)
+    var = v_seed + v_perm
+    half = float(t.ppf(0.975, df)) * math.sqrt(var)
+    return Spread(mean, std, mean - half, mean + half, s_n, perm_std=float(np.std(perm_means, ddof=1)),
+                  permutations=p_n, var=var, df=df)
 
 
 @dataclass(frozen=True)
@@ -85,24 +157,47 @@ class Verdict:
 
 
 # --------------------------------------------------------------------------------------------
-# decisions beyond the spread
+# decisions beyond the interval: 'yes', 'no' (the opposite holds beyond it) or 'noise', and why
 # --------------------------------------------------------------------------------------------
-def _above(s: Spread, threshold: float) -> str:
-    """'yes' (the interval is above), 'no' (below) or 'noise' (it contains the threshold)."""
-    return "yes" if s.lo > threshold else "no" if s.hi < threshold else "noise"
+def _above(s: Spread, threshold: float) -> tuple[str, str]:
+    """value > threshold: 'yes' (the interval is above), 'no' (below) or 'noise' (it contains the threshold),
+    with the end of the interval that decided it."""
+    if s.lo > threshold:
+        return "yes", f"{s.bound('-')} > {threshold:g}"
+    if s.hi < threshold:
+        return "no", f"{s.bound('+')} < {threshold:g}"
+    return "noise", f"{s.bound('-' if s.mean >= threshold else '+')} crosses {threshold:g}"
 
 
-def _near_zero(s: Spread) -> str:
-    """|value| < NEAR_ZERO beyond the spread: 'yes', 'no' (the interval is outside), or 'noise'."""
+def _near_zero(s: Spread) -> tuple[str, str]:
+    """|value| < NEAR_ZERO: 'yes' (the interval is inside), 'no' (it is outside), or 'noise'; with the end of
+    the interval that decided it."""
     if -NEAR_ZERO < s.lo and s.hi < NEAR_ZERO:
-        return "yes"
-    return "no" if s.lo >= NEAR_ZERO or s.hi <= -NEAR_ZERO else "noise"
+        side = "+" if s.mean >= 0 else "-"
+        return "yes", f"{s.bound(side)} {'<' if side == '+' else '>'} {NEAR_ZERO if side == '+' else -NEAR_ZERO:g}"
+    if s.lo >= NEAR_ZERO:
+        return "no", f"{s.bound('-')} >= {NEAR_ZERO:g}"
+    if s.hi <= -NEAR_ZERO:
+        return "no", f"{s.bound('+')} <= {-NEAR_ZERO:g}"
+    side = "+" if s.mean >= 0 else "-"
+    return "noise", f"{s.bound(side)} crosses {NEAR_ZERO if side == '+' else -NEAR_ZERO:g}"
 
 
-def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
-    """a < b beyond the spread: 'yes', 'no' or 'noise'.
+def _worst(parts: list[tuple[str, str]], names: Sequence[str]) -> str:
+    """The part that decided a list of parts (the first 'no', else the first 'noise', else the last 'yes')."""
+    for word in ("no", "noise", "yes"):
+        hits = [(n, why) for n, (d, why) in zip(names, parts) if d == word]
+        if hits:
+            n, why = hits[0] if word != "yes" else hits[-1]
+            return f"{n}: {why}"
+    return ""
 
-    With 2 seeds or more each: the Welch 95% interval of b - a over seeds. With one seed each: the 95%
+
+def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> tuple[str, str]:
+    """a < b beyond the noise: 'yes', 'no' or 'noise', and the interval of b - a that decided it.
+
+    With an interval on both sides (2 seeds or more, or several RPI permutations): the Welch 95% interval of
+    b - a (variance a.var + b.var, the smaller of the two degrees of freedom). With one seed each: the 95%
     interval of b - a recovered from each value's own interval (given as (lo, hi)) by MOVER, the method of
     variance estimates recovery (Zou & Donner 2008): lower = d - sqrt((b - b_lo)^2 + (a_hi - a)^2), upper =
     d + sqrt((b_hi - b)^2 + (a - a_lo)^2), d = b - a. It is exact for independent estimates and wider than
@@ -112,21 +207,21 @@ def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> str:
     counts that differ, a missing interval): 'noise', never the point values, which would decide any
     difference at all."""
     if a.n == 0 or b.n == 0:
-        return "noise"
-    if a.n >= 2 and b.n >= 2:
+        return "noise", "no value"
+    diff = b.mean - a.mean
+    if a.n >= 2 and b.n >= 2 and a.has_interval and b.has_interval:
         from scipy.stats import t
 
-        se = math.sqrt(a.std ** 2 / a.n + b.std ** 2 / b.n)
-        half = float(t.ppf(0.975, min(a.n, b.n) - 1)) * se
-        diff = b.mean - a.mean
-        return "yes" if diff - half > 0 else "no" if diff + half < 0 else "noise"
-    if a_interval and b_interval and None not in (*a_interval, *b_interval):
+        half = float(t.ppf(0.975, min(a.df, b.df))) * math.sqrt(a.var + b.var)
+        lower, upper = diff - half, diff + half
+    elif a.n == 1 and b.n == 1 and a_interval and b_interval and None not in (*a_interval, *b_interval):
         (a_lo, a_hi), (b_lo, b_hi) = a_interval, b_interval
-        diff = b.mean - a.mean
         lower = diff - math.hypot(max(b.mean - b_lo, 0.0), max(a_hi - a.mean, 0.0))
         upper = diff + math.hypot(max(b_hi - b.mean, 0.0), max(a.mean - a_lo, 0.0))
-        return "yes" if lower > 0 else "no" if upper < 0 else "noise"
-    return "noise"
+    else:
+        return "noise", f"difference {diff:+.3f} without an interval"
+    word = "yes" if lower > 0 else "no" if upper < 0 else "noise"
+    return word, f"difference {diff:+.3f} [{lower:+.3f}, {upper:+.3f}]"
 
 
 def _combine(parts: list[str]) -> str:
@@ -136,8 +231,8 @@ def _combine(parts: list[str]) -> str:
 def _verdict(parts: list[str], evidence: str, seeds: int) -> Verdict:
     status = _combine(parts)
     note = "" if seeds >= 2 else " (1 seed: no seed spread)"
-    inside = ("the seed spread" if seeds >= 2 else
-              "its 95% interval over the evaluation images (1 seed: there is no seed spread)")
+    inside = ("its 95% interval over seeds (and RPI permutations)" if seeds >= 2 else
+              "its 95% interval over the evaluation images or RPI permutations (1 seed: there is no seed spread)")
     reason = f"within noise: the difference is inside {inside}" if status == "undecided" else ""
     return Verdict(status, evidence + note, reason)
 
@@ -152,13 +247,42 @@ def _per_seed_layers(runs: list[StudyRun], key: str) -> np.ndarray:
     return np.array(rows, dtype=float) if rows else np.zeros((0, 0))
 
 
+def rpi_cube(runs: list[StudyRun]) -> np.ndarray:
+    """(seeds, permutations, layers) SSDC under RPI: each run's ``rpi_by_permutation`` where it was measured
+    with several permutations, else its one ``rpi_per_layer``; cut to the permutations every run has (NaN
+    for missing values)."""
+    rows = []
+    for r in runs:
+        ssdc = r.eval.ssdc
+        if ssdc is None or not ssdc.rpi_per_layer:
+            continue
+        rows.append(ssdc.rpi_by_permutation or [ssdc.rpi_per_layer])
+    if not rows:
+        return np.zeros((0, 0, 0))
+    p_n, l_n = min(len(p) for p in rows), min(len(layer) for p in rows for layer in p)
+    return np.array([[[math.nan if v is None else v for v in layer[:l_n]] for layer in p[:p_n]] for p in rows],
+                    dtype=float)
+
+
 def _layer_spreads(runs: list[StudyRun], key: str) -> list[Spread]:
+    if key == "rpi_per_layer":
+        cube = rpi_cube(runs)
+        return [spread_sp(cube[:, :, k]) for k in range(cube.shape[2])]
     arr = _per_seed_layers(runs, key)
     return [spread(arr[:, k].tolist()) for k in range(arr.shape[1])]
 
 
 def _fmt(spreads: list[Spread]) -> str:
     return "[" + ", ".join(f"{s.mean:.3f}" for s in spreads) + "]"
+
+
+def _units(spreads: list[Spread]) -> str:
+    """' (2 seeds x 3 RPI permutations)' or ' (2 seeds)': what an interval is over."""
+    s = next((x for x in spreads if x.n), None)
+    if s is None:
+        return ""
+    perms = f" x {s.permutations} RPI permutations" if s.permutations >= 2 else ""
+    return f" ({s.n} seed{'s' if s.n != 1 else ''}{perms})"
 
 
 def _chance_reason(by: dict[str, list[StudyRun]], conditions: Sequence[str], classes: int | None) -> str:
@@ -178,38 +302,62 @@ def _chance_reason(by: dict[str, list[StudyRun]], conditions: Sequence[str], cla
 # --------------------------------------------------------------------------------------------
 # the claims
 # --------------------------------------------------------------------------------------------
+def _collapses(runs: list[StudyRun]) -> tuple[list[str], list[Spread], str]:
+    """|SSDC under RPI| < NEAR_ZERO at every layer: the parts, the layers' spreads and the deciding layer."""
+    rpi = _layer_spreads(runs, "rpi_per_layer")
+    parts = [_near_zero(s) for s in rpi]
+    names = [f"layer {k}" for k in range(len(rpi))]
+    if all(d == "yes" for d, _ in parts):  # every layer holds: show the one nearest the threshold
+        k = int(np.argmax([max(abs(s.lo), abs(s.hi)) for s in rpi]))
+        return ["yes"] * len(parts), rpi, f"{names[k]}: {parts[k][1]}"
+    return [d for d, _ in parts], rpi, _worst(parts, names)
+
+
 def _claim_collapse(by, seeds) -> Verdict:
     """(1) no-PE models build content structure that collapses under RPI."""
     if "nope" not in by:
         return Verdict("not measured", "", "no-PE condition not run")
     plain = spread(np.nanmean(_per_seed_layers(by["nope"], "per_layer"), 1).tolist())
-    rpi = _layer_spreads(by["nope"], "rpi_per_layer")
-    parts = [_above(plain, SUBSTANTIAL)] + [_near_zero(s) for s in rpi]
-    return _verdict(parts, f"no PE: mean SSDC {plain.text()} -> under RPI {_fmt(rpi)}", seeds)
+    builds, why = _above(plain, SUBSTANTIAL)
+    parts, rpi, deciding = _collapses(by["nope"])
+    return _verdict([builds] + parts, f"no PE: mean SSDC {plain.text()} ({why}) -> under RPI {_fmt(rpi)}"
+                    f"{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? {deciding}", seeds)
+
+
+_SHAPE_WORDS = {"early": {"yes": "peaks early", "no": "peaks late", "noise": "early or late peak within noise"},
+                "accumulates": {"yes": "accumulates", "no": "does not accumulate", "noise": "flat within noise"}}
 
 
 def _claim_anchor(by, seeds) -> Verdict:
-    """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth."""
+    """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth.
+
+    Per seed x RPI permutation: "keeps" is the mean over layers; "peaks early" the maximum over the first
+    half of the layers (k < L/2) minus the maximum over the rest, > 0; "accumulates" the last layer minus
+    the first, > 0. Each is decided beyond its interval (:func:`spread_sp`), never on the argmax of the
+    mean profile."""
     missing = [LABELS[c] for c in _PE if c not in by]
     if missing:  # the claim is about all three: some of them cannot hold (or fail) it
         return Verdict("not measured", "", f"needs APE, sincos and RoPE; not run: {', '.join(missing)}")
     parts, evidence = [], []
     for c in _PE:
-        if c not in by:
-            continue
-        arr = _per_seed_layers(by[c], "rpi_per_layer")
-        keeps = spread(np.nanmean(arr, 1).tolist())
+        cube = rpi_cube(by[c])  # (seeds, permutations, layers)
+        if cube.size == 0:
+            return Verdict("not measured", "", f"{LABELS[c]} has no SSDC under RPI")
         layers = _layer_spreads(by[c], "rpi_per_layer")
-        if c == "rope":
-            shape = _above(spread((arr[:, -1] - arr[:, 0]).tolist()), 0.0)
-            word = "accumulates" if shape == "yes" else "does not accumulate" if shape == "no" else "flat within noise"
-        else:
-            peak = int(np.nanargmax([s.mean for s in layers]))
-            shape, word = ("yes", "peaks early") if peak < len(layers) / 2 else ("no", "peaks late")
-        parts += [_above(keeps, SUBSTANTIAL), shape]
-        evidence.append(f"{LABELS[c]} under RPI {_fmt(layers)} (mean {keeps.text()}; {word})")
-    if not parts:
-        return Verdict("not measured", "", "no PE condition run")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            keeps = spread_sp(np.nanmean(cube, 2))
+            if c == "rope":
+                shape_q, kind, what = spread_sp(cube[:, :, -1] - cube[:, :, 0]), "accumulates", "last - first layer"
+            else:
+                half = (cube.shape[2] + 1) // 2  # layers k < L/2
+                shape_q = spread_sp(np.nanmax(cube[:, :, :half], 2) - np.nanmax(cube[:, :, half:], 2))
+                kind, what = "early", "max of the first half - max of the rest"
+        kept, kept_why = _above(keeps, SUBSTANTIAL)
+        shape, shape_why = _above(shape_q, 0.0)
+        parts += [kept, shape]
+        evidence.append(f"{LABELS[c]} under RPI {_fmt(layers)}{_units(layers)} (mean {keeps.text()}: {kept_why}; "
+                        f"{_SHAPE_WORDS[kind][shape]}: {what} {shape_why})")
     return _verdict(parts, "; ".join(evidence), seeds)
 
 
@@ -217,8 +365,9 @@ def _claim_rpt(by, seeds) -> Verdict:
     """(3) RPT behaves like no PE."""
     if "rpt" not in by:
         return Verdict("not measured", "", "RPT condition not run")
-    rpi = _layer_spreads(by["rpt"], "rpi_per_layer")
-    return _verdict([_near_zero(s) for s in rpi], f"RPT under RPI {_fmt(rpi)}", seeds)
+    parts, rpi, deciding = _collapses(by["rpt"])
+    return _verdict(parts, f"RPT under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? "
+                    f"{deciding}", seeds)
 
 
 def _fs_interval(runs: list[StudyRun], shift: str):
@@ -233,24 +382,36 @@ def _claim_fragility(by, seeds, shift: str = "jpeg:5") -> Verdict:
         return Verdict("not measured", "", f"needs every condition with fragility results; missing: {', '.join(missing)}")
     pe, non_pe = [c for c in _PE if c in fs], [c for c in _NON_PE if c in fs]
 
-    def less(a: str, b: str) -> str:
+    def less(a: str, b: str) -> tuple[str, str]:
         return _less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift))
 
     below = {(a, b): less(a, b) for a in pe for b in non_pe}  # PE models less fragile than no PE / RPT
     least = {("rope", c): less("rope", c) for c in fs if c != "rope"}  # RoPE least fragile of all
     order = ", ".join(f"{LABELS.get(c, c)} {s.text()}" for c, s in sorted(fs.items(), key=lambda kv: kv[1].mean))
-    halves = "; ".join(f"{name}: {_PART_WORDS[_combine(list(part.values()))]}{_failed(part)}"
+    halves = "; ".join(f"{name}: {_PART_WORDS[_combine([d for d, _ in part.values()])]}{_failed(part)}"
                        for name, part in (("PE below no PE / RPT", below), ("RoPE least", least)))
-    return _verdict(list(below.values()) + list(least.values()), f"JPEG q5 FS (low to high): {order}; {halves}", seeds)
+    return _verdict([d for d, _ in below.values()] + [d for d, _ in least.values()],
+                    f"JPEG q5 FS (low to high): {order}; {halves}", seeds)
 
 
 _PART_WORDS = {"held": "yes", "not held": "no", "undecided": "within noise"}
 
 
-def _failed(part: dict[tuple[str, str], str]) -> str:
-    """' (not A < B, ...)': the comparisons a < b that fail beyond the noise ('' if none)."""
-    bad = [f"{LABELS.get(a, a)} < {LABELS.get(b, b)}" for (a, b), v in part.items() if v == "no"]
-    return f" (not {', '.join(bad)})" if bad else ""
+def _failed(part: dict[tuple[str, str], tuple[str, str]]) -> str:
+    """' (not A < B: difference ... [lo, hi], ...)': the comparisons a < b that fail beyond the noise, else the
+    first one within noise, else the tightest one that holds, with the interval of FS(B) - FS(A) that decided
+    it ('' without comparisons)."""
+    def name(a: str, b: str, why: str) -> str:
+        return f"{LABELS.get(a, a)} < {LABELS.get(b, b)}: {why}"
+
+    bad = [name(a, b, why) for (a, b), (d, why) in part.items() if d == "no"]
+    if bad:
+        return f" (not {', '.join(bad)})"
+    noisy = [name(a, b, why) for (a, b), (d, why) in part.items() if d == "noise"]
+    if noisy:
+        return f" ({noisy[0]})"
+    tight = sorted(part.items(), key=lambda kv: float(kv[1][1].split("[")[1].split(",")[0]) if "[" in kv[1][1] else 0)
+    return f" (tightest: {name(*tight[0][0], tight[0][1][1])})" if tight else ""
 
 
 def _trend(x: np.ndarray, y: np.ndarray) -> float:
@@ -263,10 +424,14 @@ def _trend(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
-    """(5) delta SSDC falls and FS rises as alpha shrinks (APE): the trend of the mean curves, and the same
-    sign in every seed (with 2 seeds or more) for it to count beyond the spread. With one seed the FS part
-    also needs FS at the smallest alpha to differ from FS at the largest beyond the 95% interval of the
-    difference (each alpha's bootstrap interval, MOVER as in :func:`_less`), where the sweep kept them."""
+    """(5) delta SSDC falls and FS rises as alpha shrinks (APE).
+
+    Each half is 'yes' when every seed's curve has the claimed trend (its Spearman correlation with alpha has
+    the claimed sign) and the change from the largest alpha to the smallest is beyond its 95% interval over
+    seeds in the claimed direction; 'no' when every seed trends the other way and the change is beyond the
+    interval the other way; 'within noise' otherwise. With one seed, the FS change's interval is recovered
+    from each alpha's bootstrap interval (MOVER as in :func:`_less`) where the sweep kept them; otherwise
+    the one seed's point values decide."""
     sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
     if not sweeps:
         return Verdict("not measured", "", "no APE alpha sweep")
@@ -284,23 +449,32 @@ def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
                        f"JPEG FS {np.round(fsj, 3).tolist()}",
                        "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one block has no "
                        "delta SSDC)")
-    rd, rf = _trend(alphas, delta), _trend(alphas, fsj)
-    parts = []
-    for sign, mean_r, per_seed in ((1, rd, [_trend(alphas, d) for d, _ in curves]),
-                                   (-1, rf, [_trend(alphas, f) for _, f in curves])):
-        if not math.isfinite(mean_r) or sign * mean_r <= 0:
-            parts.append("no")
-        else:
-            parts.append("yes" if all(math.isfinite(r) and sign * r > 0 for r in per_seed) else "noise")
-    evidence = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
-                f"{np.round(fsj, 3).tolist()} (Spearman with alpha: delta {rd:+.2f}, FS {rf:+.2f})")
+    hi, lo = int(np.argmax(alphas)), int(np.argmin(alphas))
     intervals = sweeps[0].fs_interval and sweeps[0].fs_interval.get(shift)
-    if len(sweeps) == 1 and intervals and np.isfinite(fsj).all():
-        hi, lo = int(np.argmax(alphas)), int(np.argmin(alphas))  # FS at the largest alpha < FS at the smallest?
-        rises = _less(spread([fsj[hi]]), spread([fsj[lo]]), intervals[hi], intervals[lo])
-        parts[1] = rises if parts[1] == "yes" or rises == "no" else "noise"
-        evidence += (f"; FS at alpha {alphas[lo]:g} minus at {alphas[hi]:g}: {fsj[lo] - fsj[hi]:+.3f}, "
-                     f"{'beyond' if rises != 'noise' else 'within'} its 95% interval")
+    parts, halves = [], []
+    for name, sign, index in (("delta SSDC falls", 1, 0), ("FS rises", -1, 1)):
+        per_seed = [_trend(alphas, c[index]) for c in curves]
+        trends = ", ".join(f"{r:+.2f}" for r in per_seed)
+        if all(math.isfinite(r) and sign * r > 0 for r in per_seed):
+            agree = "yes"
+        elif all(math.isfinite(r) and sign * r < 0 for r in per_seed):
+            agree = "no"
+        else:
+            agree = "noise"
+        # the change as alpha shrinks, signed so that > 0 is the claim: delta(hi) - delta(lo), FS(lo) - FS(hi)
+        change = spread([sign * (c[index][hi] - c[index][lo]) for c in curves])
+        if index == 1 and len(sweeps) == 1 and intervals:
+            moved, why = _less(spread([fsj[hi]]), spread([fsj[lo]]), intervals[hi], intervals[lo])
+            why = (f"FS at alpha {alphas[lo]:g} minus at {alphas[hi]:g}: {why}, "
+                   f"{'beyond' if moved != 'noise' else 'within'} its 95% interval")
+        else:
+            moved, why = _above(change, 0.0)
+            why = f"change from alpha {alphas[hi]:g} to {alphas[lo]:g} (claimed direction > 0): {why}"
+        part = agree if agree == moved else "noise"
+        parts.append(part)
+        halves.append(f"{name}: {_PART_WORDS[_combine([part])]} (Spearman with alpha per seed {trends}; {why})")
+    evidence = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
+                f"{np.round(fsj, 3).tolist()}; " + "; ".join(halves))
     return _verdict(parts, evidence, seeds)
 
 

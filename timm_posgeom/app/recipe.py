@@ -99,6 +99,8 @@ class Recipe:
     eval_every: int = 1  # epochs
     log_every: int = 20  # optimizer steps
     rpi_ssdc_images: int = 0  # at each evaluation: SSDC per layer under RPI on this many val images (0 = off)
+    log_with: list[str] = field(default_factory=list)  # accelerate trackers (tensorboard, wandb, trackio, mlflow...)
+    tracker_project: str | None = None  # the trackers' project / run name; default: the run folder's name
     notes: str = ""  # free text: what the recipe is for
 
     @classmethod

@@ -12,8 +12,16 @@ file               record                                  written by / read by
 =================  ======================================  ===========================================
 
 Every file carries ``"schema": "timm-posgeom/<kind>"`` and ``"schema_version"``; :meth:`Record.read`
-refuses, with one line naming the file, a file of another kind, of another schema version, with
-unknown or missing keys, or that is not JSON. Files are written through
+refuses, with one line naming the file, a file of another kind, of a schema version it cannot read, with
+unknown or missing keys, or that is not JSON.
+
+Schema versions (a new version only adds optional keys, so every version in ``READABLE_VERSIONS`` still
+reads; files are written with ``SCHEMA_VERSION``):
+
+* 1: the first.
+* 2: :class:`SSDCSummary` gains ``rpi_permutations`` (the RPI permutation seeds measured) and
+  ``rpi_by_permutation`` (SSDC per layer under each); ``rpi_per_layer`` and ``rpi_delta`` are their mean
+  over permutations. A version 1 record has neither: one permutation, seed 0. Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
 back into NaN.
@@ -32,10 +40,11 @@ from typing import Any, ClassVar, TypeVar
 from ..errors import PosgeomError
 from ..jsonio import to_jsonable, write_json
 
-__all__ = ["SCHEMA_VERSION", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -63,9 +72,10 @@ class Record:
         schema, version = values.pop("schema", None), values.pop("schema_version", None)
         if schema is not None and schema != f"timm-posgeom/{cls.KIND}":
             raise RecordError(f"{source}: a {schema!r} record, not timm-posgeom/{cls.KIND}")
-        if version is not None and version != SCHEMA_VERSION:
-            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads version {SCHEMA_VERSION} "
-                              "(re-run the command that wrote it with this version)")
+        if version is not None and version not in READABLE_VERSIONS:
+            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads versions "
+                              f"{', '.join(map(str, READABLE_VERSIONS))} (re-run the command that wrote it with "
+                              "this version)")
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
@@ -144,9 +154,14 @@ class RunSummary(Record):
 # --------------------------------------------------------------------------------------------
 @dataclass
 class SSDCSummary(Record):
-    """SSDC across depth at the attention input, normal and under RPI (docs/method.md#ssdc).
+    """SSDC across depth at the attention input, normal and under RPI (docs/method.md#ssdc,
+    docs/method.md#rpi-and-rpt).
 
-    Lists hold one value per layer; ``per_image_*`` are the per-image reduction's mean and std.
+    Lists hold one value per layer; ``per_image_*`` are the per-image reduction's mean and std. Under RPI
+    the study draws ``rpi_permutations`` (their seeds; None: one, seed 0, a version 1 record) and keeps
+    SSDC per layer under each in ``rpi_by_permutation``; ``rpi_per_layer`` and ``rpi_delta`` are the mean
+    over permutations, while ``rpi_content_per_layer`` and ``rpi_per_image_*`` are those of the first
+    permutation.
     """
 
     KIND: ClassVar[str] = "ssdc-summary"
@@ -160,6 +175,8 @@ class SSDCSummary(Record):
     per_image_std: list[Num] | None = None
     rpi_per_image_mean: list[Num] | None = None
     rpi_per_image_std: list[Num] | None = None
+    rpi_permutations: list[int] | None = None  # the seeds of the RPI permutations (schema version 2)
+    rpi_by_permutation: list[list[Num]] | None = None  # SSDC per layer under each of them (schema version 2)
 
 
 @dataclass

@@ -14,7 +14,17 @@ from typing import Any
 import numpy as np
 
 from ..shifts import PAPER_SHIFTS
-from .claims import CHANCE_FACTOR, LABELS, NEAR_ZERO, SUBSTANTIAL, evaluate_claims, spread
+from .claims import (
+    CHANCE_FACTOR,
+    LABELS,
+    NEAR_ZERO,
+    SUBSTANTIAL,
+    Spread,
+    evaluate_claims,
+    rpi_cube,
+    spread,
+    spread_sp,
+)
 from .provenance import describe_versions
 from .records import HistoryPoint, StudyResults, StudyRun, SweepSummary
 
@@ -58,6 +68,39 @@ def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.nd
     return np.nanmean(arr, 0), (np.nanstd(arr, 0, ddof=1) if len(rows) > 1 else np.zeros(arr.shape[1]))
 
 
+def no_pe_floor(results: StudyResults) -> tuple[list[Spread], Spread, Spread] | None:
+    """The no-PE floor under RPI (docs/method.md#rpi-and-rpt): the SSDC a permuted model shows by chance,
+    measured on the study's no-PE runs under the same permutations as every other model. Per layer, the
+    mean over layers and delta SSDC, each over seeds x permutations (:func:`~.claims.spread_sp`); None
+    without a no-PE run."""
+    runs = _by_condition(results).get("nope", [])
+    cube = rpi_cube(runs)  # (seeds, permutations, layers)
+    if cube.size == 0:
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        layers = [spread_sp(cube[:, :, k]) for k in range(cube.shape[2])]
+        mean = spread_sp(np.nanmean(cube, 2))
+    delta = spread_sp(cube[:, :, 1] - cube[:, :, 0]) if cube.shape[2] >= 2 else spread([])
+    return layers, mean, delta
+
+
+def _floor_line(results: StudyResults, delta: bool = False) -> str:
+    """One line stating the no-PE floor under RPI, to stand next to every SSDC-under-RPI table."""
+    floor = no_pe_floor(results)
+    if floor is None:
+        return ("No-PE floor under RPI (the structure a permuted model shows by chance): not measured, the study "
+                "has no no-PE run.")
+    layers, mean, d = floor
+    perms = mean.permutations
+    what = (f"delta SSDC {d.text()}" if delta else
+            f"per layer {', '.join(f'{s.mean:.3f}' for s in layers)}; mean over layers {mean.text()}")
+    return (f"No-PE floor under RPI (the structure a permuted model shows by chance: this study's no-PE runs under "
+            f"the same {perms} permutation{'s' if perms != 1 else ''}, over seeds x permutations): {what}.")
+
+
 # --------------------------------------------------------------------------------------------
 # claims
 # --------------------------------------------------------------------------------------------
@@ -97,6 +140,12 @@ def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
             if key == "per_layer" and u.size:
                 ax.plot(x, u, ":", color=COLORS.get(c), lw=1)
         ax.axhline(0, color="k", lw=0.5)
+        floor = no_pe_floor(results) if key == "rpi_per_layer" else None
+        if floor is not None and floor[1].has_interval:  # the no-PE floor: its 95% interval
+            ax.axhspan(floor[1].lo, floor[1].hi, color="0.5", alpha=0.15, lw=0)
+        if floor is not None:
+            ax.axhline(floor[1].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor (RPI)")
+            ax.legend(fontsize=7, loc="upper right")
         ax.set_title(title)
         ax.set_xlabel("layer (attention input)")
     axes[0].set_ylabel("SSDC (mean map)")
@@ -146,6 +195,10 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
                 rows = np.array([_floats(s.delta_ssdc if key == "delta" else s.fs["jpeg:5"]) for s in sweeps], float)
                 m, sd = np.nanmean(rows, 0), np.nanstd(rows, 0, ddof=1)
                 axis.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15)
+        floor = no_pe_floor(results)
+        if floor is not None and math.isfinite(floor[2].mean):  # the no-PE floor of delta SSDC under RPI
+            ax.axhline(floor[2].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor")
+            ax.legend(fontsize=7, loc="lower left")
         ax.set_xlabel("alpha (PE scale)")
         ax.set_ylabel("delta SSDC under RPI", color="#1f77b4")
         ax.invert_xaxis()
@@ -253,6 +306,9 @@ def fig_training(results: StudyResults, path: Path) -> bool:
         ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0)
         ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
         ax.axhline(0, color="k", lw=0.5)
+        floor = no_pe_floor(results)
+        if floor is not None:  # measured at the end by the study's RPI probe
+            ax.axhline(floor[1].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor (end)")
         ax.set_title(LABELS.get(c, c))
         ax.set_xlabel("epoch")
     axes[0][0].set_ylabel("SSDC under RPI (lines) / top-1")
@@ -283,6 +339,7 @@ def _training_table(results: StudyResults) -> list[str]:
     return ["", "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)", "",
             "Logged by the training loop on the first validation images (`rpi_ssdc_images` in the recipe): "
             "when the index anchor forms, and whether it is still moving at the end of training.", "",
+            _floor_line(results) + " Measured at the end, by the study's probe.", "",
             "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
             "|---|---|---|---|---|---|---|"] + rows
 
@@ -314,19 +371,28 @@ def _tables(results: StudyResults) -> list[str]:
         factors = ", ".join(f"{float(t.ppf(0.975, n - 1)) / math.sqrt(n):.2f} with {n} seeds" for n in ns)
         lines += [f"Per layer: mean ± std over seeds; its 95% interval is mean ± k·std (k = t(0.975, n-1)/√n: "
                   f"{factors}). Delta SSDC gives mean ± std [95% interval].", ""]
-    lines += ["| condition | SSDC per layer | under RPI (index grid) | delta SSDC under RPI | untrained |",
-              "|---|---|---|---|---|"]
+    perms = sorted({len(r.eval.ssdc.rpi_by_permutation or [None]) for r in results.runs if r.eval.ssdc})
+    lines += [f"Under RPI: the mean over {'/'.join(map(str, perms)) or '1'} permutation(s) per model (seeds 0, 1, ..., "
+              "the same for every model); the mean over layers and delta SSDC under RPI give mean ± seed std "
+              "(permutations ± the std over permutations) [95% interval over seeds x permutations].",
+              "", _floor_line(results), "",
+              "| condition | SSDC per layer | under RPI (index grid) | mean under RPI | delta SSDC under RPI | untrained |",
+              "|---|---|---|---|---|---|"]
     for c, runs in by.items():
-        d = spread([r.eval.ssdc.rpi_delta if r.eval.ssdc else None for r in runs]).text()
+        cube = rpi_cube(runs)
+        mean = spread_sp(np.nanmean(cube, 2)).text() if cube.size else "n/a"
+        d = spread_sp(cube[:, :, 1] - cube[:, :, 0]).text() if cube.size and cube.shape[2] >= 2 else "n/a"
         lines.append(f"| {LABELS.get(c, c)} | {_layer_text(runs, 'per_layer')} | {_layer_text(runs, 'rpi_per_layer')} | "
-                     f"{d} | {_layer_text(runs, 'per_layer', 'untrained')} |")
+                     f"{mean} | {d} | {_layer_text(runs, 'per_layer', 'untrained')} |")
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if swept:
         for title, value in (("delta SSDC under RPI", lambda s, i: s.delta_ssdc[i]),
                              ("JPEG q5 FS", lambda s, i: s.fs["jpeg:5"][i])):
-            lines += ["", f"## Alpha sweep: {title} (mean ± std [95% interval] over seeds)", "",
-                      "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
+            lines += ["", f"## Alpha sweep: {title} (mean ± std [95% interval] over seeds)", ""]
+            if title.startswith("delta"):  # the sweep draws one permutation (the first) per alpha
+                lines += ["One RPI permutation per alpha (the first of every model). " + _floor_line(results, delta=True), ""]
+            lines += ["| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
                       "|---|" + "---|" * len(swept)]
             for i, a in enumerate(swept[0][1][0].alphas):
                 lines.append(f"| {a:g} | " + " | ".join(
@@ -351,12 +417,17 @@ def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
 def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
     lines = ["## The paper's five claims in this run", "",
              f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
-             f"SSDC under RPI > {SUBSTANTIAL}; early peak = maximum in the first half of the layers. With 2 seeds or "
-             "more a comparison counts only beyond the 95% interval over seeds; with one seed a fragility comparison "
-             "(claim 4, and claim 5's FS change from the largest to the smallest alpha) counts only beyond the 95% "
-             "interval of the difference (recovered from each run's bootstrap interval, MOVER); a claim that "
-             "involves a model whose "
-             f"clean top-1 is below {CHANCE_FACTOR:g}x chance is undecided.", "",
+             f"SSDC under RPI > {SUBSTANTIAL}; early peak = the maximum over the first half of the layers minus the "
+             "maximum over the rest > 0; accumulates = last layer minus first > 0; a trend with alpha = every seed's "
+             "Spearman correlation with the claimed sign and the change from the largest to the smallest alpha > 0 "
+             "in the claimed direction. One rule decides every part (docs/method.md#verdicts): yes when it holds "
+             "beyond its 95% interval, no when its opposite holds beyond it, within noise otherwise; the interval "
+             "is over seeds, and over seeds x RPI permutations for SSDC under RPI. With one seed a fragility "
+             "comparison (claim 4, and claim 5's FS change from the largest to the smallest alpha) counts only "
+             "beyond the 95% interval of the difference (recovered from each run's bootstrap interval, MOVER); a "
+             "claim that involves a model whose "
+             f"clean top-1 is below {CHANCE_FACTOR:g}x chance is undecided. The evidence shows the interval that "
+             "decided each part (mean ± k x s = its end).", "",
              "| # | claim | held here | evidence |", "|---|---|---|---|"]
     for i, c in enumerate(claims, 1):
         held = {"held": "yes", "not held": "**no**"}.get(c["status"], f"{c['status']}: {c['reason']}")

@@ -34,11 +34,11 @@ __all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "settings_changes", "descri
 NEUTRAL_KEYS: dict[str, frozenset[str]] = {
     # the recipe of a training run (recipe.yaml)
     "recipe": frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "workers", "notes", "disk_cache",
-                         "eval_batch_size"}),
+                         "eval_batch_size", "log_with", "tracker_project"}),
     # the StudyConfig of a study (plan.json) and the evaluation settings of its runs (eval.json)
     "study": frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"}),
     # the ZooConfig of a zoo (zoo.json and each model's record): these are not even recorded
-    "zoo": frozenset({"batch_size", "num_workers", "device"}),
+    "zoo": frozenset({"batch_size", "num_workers", "device", "shared_decode"}),
 }
 
 

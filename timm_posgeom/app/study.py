@@ -6,14 +6,16 @@ each model starts from fresh memory, resumable from its checkpoints) and ``eval.
 
 * clean accuracy and fragility (the paper's JPEG q5 and blur sigma 2.5 / kernel 5, optionally
   ImageNet-C severities), exact counts over the evaluation images;
-* SSDC across depth at the attention input, normal and under RPI (one permutation, the paper's),
-  both reductions (mean map and per image), and the mean similarity maps of layers 0 and 1;
+* SSDC across depth at the attention input, normal and under RPI, both reductions (mean map and per
+  image), and the mean similarity maps of layers 0 and 1; under RPI with ``rpi_permutations``
+  permutations (seeds 0 .. P-1, the same for every model and seed), whose spread enters the claims'
+  intervals (docs/method.md#rpi-and-rpt);
 * for APE, sincos and RoPE, an alpha sweep (delta SSDC under RPI and JPEG fragility per alpha);
 * the SSDC of the same architecture untrained (the paper's static prior).
 
 Every stage's result is written as soon as it exists, so an interrupted study resumes where it
 stopped (``--resume``). ``results.json`` collects every number with the exact configuration,
-versions and seeds; :mod:`timm_posgeom.report` turns it into ``report.md`` and figures.
+versions and seeds; :mod:`timm_posgeom.app.report` turns it into ``report.md`` and figures.
 """
 from __future__ import annotations
 
@@ -55,6 +57,10 @@ class StudyConfig:
     init: str | None = None  # model_kwargs.init of every run (timm | paper); None: what each recipe says
     eval_images: int | None = None  # None: the whole validation split
     probe_images: int = 1000  # the paper's SSDC batch
+    # RPI permutations per model (seeds 0 .. n-1, shared by every model and seed): SSDC under RPI is their
+    # mean, and their spread enters the claims' intervals. The paper draws one per batch; one permutation
+    # alone hides its own variance (the no-PE floor of one permutation is not zero).
+    rpi_permutations: int = 3
     sweep_images: int | None = None  # fragility images per alpha (None: eval_images)
     alphas: tuple[float, ...] = (1.0, 0.8, 0.6, 0.5, 0.4, 0.2, 0.0)
     shifts: tuple[str, ...] = ("jpeg:5", "blur:2.5:5")
@@ -118,6 +124,8 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
         raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --seeds for more runs of one")
     if config.seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {config.seeds}")
+    if config.rpi_permutations < 1:
+        raise ValueError(f"rpi_permutations must be >= 1, got {config.rpi_permutations}")
     _check_init(config.init)
     return config
 
@@ -190,6 +198,25 @@ class StudyError(PosgeomError, RuntimeError):
     """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
 
+# Settings added since the first studies, with the value a study that did not record them had: a study (or
+# an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0.
+LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1}
+# Settings that change only the RPI part of a run's measurements (SSDC under RPI): a change re-measures it,
+# keeping the run's fragility and alpha sweep.
+RPI_SETTINGS = frozenset({"rpi_permutations"})
+
+
+def _with_legacy(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the settings it predates set to what it ran with (``LEGACY_SETTINGS``); {} stays {}."""
+    return {**LEGACY_SETTINGS, **saved} if saved else saved
+
+
+def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared); a
+    setting ``saved`` predates counts as its legacy value (``LEGACY_SETTINGS``)."""
+    return settings_changes("study", _with_legacy(saved), asked)
+
+
 def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, allow_changes: bool = False) -> None:
     from .train import latest_checkpoint
 
@@ -249,15 +276,19 @@ def _training_history(run_dir: Path) -> list[HistoryPoint]:
 
 
 def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
-    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``."""
+    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``; under RPI
+    with ``config.rpi_permutations`` permutations (seeds 0 .. P-1): SSDC per layer under each, their mean,
+    and the per-image reduction, content SSDC and maps of the first."""
     from ..eval_data import eval_loader
     from ..probes import probe_ssdc
 
+    def loader():
+        return eval_loader(model, split, max_images=config.probe_images, batch_size=config.batch_size,
+                           resize="paper", num_workers=config.workers)
+
     results, maps = {}, {}
     for rpi in (False, True):
-        loader = eval_loader(model, split, max_images=config.probe_images, batch_size=config.batch_size,
-                             resize="paper", num_workers=config.workers)
-        res = probe_ssdc(model, loader, rpi=rpi, seed=0, reduction="both", device=config.device, progress=False)
+        res = probe_ssdc(model, loader(), rpi=rpi, seed=0, reduction="both", device=config.device, progress=False)
         results[rpi] = res
         if res.mean_maps is not None:
             maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
@@ -266,6 +297,12 @@ def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> 
     if maps_path is not None and maps:
         torch.save(maps, maps_path)
     normal, rpi = results[False], results[True]
+    by_permutation = [list(rpi.per_layer)]
+    for seed in range(1, config.rpi_permutations):
+        res = probe_ssdc(model, loader(), rpi=True, seed=seed, reduction="mean_map", device=config.device,
+                         progress=False)
+        by_permutation.append(list(res.per_layer))
+    rpi_mean = _nanmean_rows(by_permutation)
 
     def means(res):
         return [s.mean for s in res.per_image] if res.per_image else None
@@ -275,16 +312,29 @@ def _ssdc_summary(model, split, config: StudyConfig, maps_path: Path | None) -> 
 
     return SSDCSummary(
         n_images=int(rpi.metadata["n_images"]), per_layer=list(normal.per_layer), delta=normal.delta,
-        rpi_per_layer=list(rpi.per_layer), rpi_delta=rpi.delta, rpi_content_per_layer=list(rpi.content_per_layer),
-        per_image_mean=means(normal), per_image_std=stds(normal), rpi_per_image_mean=means(rpi),
-        rpi_per_image_std=stds(rpi))
+        rpi_per_layer=rpi_mean, rpi_delta=rpi_mean[1] - rpi_mean[0] if len(rpi_mean) >= 2 else None,
+        rpi_content_per_layer=list(rpi.content_per_layer), per_image_mean=means(normal), per_image_std=stds(normal),
+        rpi_per_image_mean=means(rpi), rpi_per_image_std=stds(rpi),
+        rpi_permutations=list(range(config.rpi_permutations)), rpi_by_permutation=by_permutation)
+
+
+def _nanmean_rows(rows: list[list[float | None]]) -> list[float]:
+    """The mean over rows of each column, NaN (and None) left out; NaN where a column has no value."""
+    import math
+
+    out = []
+    for column in zip(*rows):
+        vals = [float(v) for v in column if v is not None and math.isfinite(float(v))]
+        out.append(sum(vals) / len(vals) if vals else math.nan)
+    return out
 
 
 def _eval_settings(config: StudyConfig, val) -> dict[str, Any]:
     """What a run's measurements depend on besides its weights: recorded in eval.json, compared on resume."""
     return to_jsonable(dict(data=config.data or "synthetic", val_images=len(val), eval_images=config.eval_images,
                             probe_images=config.probe_images, sweep_images=config.sweep_images, alphas=config.alphas,
-                            shifts=config.shifts, imagenet_c=config.imagenet_c))
+                            shifts=config.shifts, imagenet_c=config.imagenet_c,
+                            rpi_permutations=config.rpi_permutations))
 
 
 def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, allow_changes: bool = False) -> RunEval:
@@ -301,15 +351,23 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
     current = package_versions()
     evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
                                                                          versions=[current])
-    changed = settings_changes("study", evals.settings or {}, settings) if evals.settings != settings else {}
+    changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
     if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
         changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
-    if evals.settings != settings or changed:
-        if not allow_changes:
-            raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
-                             "--allow-changes to measure again (the former file is kept)")
+    if changed and not allow_changes:
+        raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
+                         "--allow-changes to measure again (the former file is kept)")
+    if changed and set(changed) <= RPI_SETTINGS:  # only the RPI part depends on them: measure it again
+        set_aside(eval_path, log)
+        log(f"[{run_dir.name}] {describe_changes(changed)}: SSDC under RPI measured again, the rest kept")
+        evals.settings, evals.ssdc = settings, None
+        evals.write(eval_path)
+    elif changed:
         set_aside(eval_path, log)
         evals = RunEval(settings=settings, weights_sha1=sha1, versions=[current])
+    elif evals.settings != settings:  # the same settings, recorded before some existed (LEGACY_SETTINGS)
+        evals.settings = settings
+        evals.write(eval_path)
     if evals.weights_sha1 is None:  # recorded before the weights were: they are the run's export, unchanged since
         evals.weights_sha1 = sha1
         evals.write(eval_path)
@@ -428,7 +486,7 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     plan = plan_study(config, out)  # validates every recipe before anything runs
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     if saved is not None:
-        changes = settings_changes("study", saved.get("config", {}), asdict(config))
+        changes = config_changes(saved.get("config", {}), asdict(config))
         if changes and not allow_changes:
             raise StudyError(f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
                              "not be what the report says; pass --allow-changes to recompute what they affect (former "

@@ -19,7 +19,7 @@ For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of 
 Each model runs at its own data config (input size, interpolation, mean / std:
 :func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given.
 
-Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.records.ZooModel` per model,
+Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.app.records.ZooModel` per model,
 written atomically as soon as the model is done), ``zoo.json`` (settings and model list),
 ``zoo.csv`` (one row per model, as timm's ``results/*.csv``), ``zoo.md`` and ``figures/*.png``.
 A rerun into the same ``out`` skips every model already measured with the same settings (a kill
@@ -39,6 +39,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from ..jsonio import to_jsonable, write_atomic
 from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
-from .rundir import NEUTRAL_KEYS, RunLock, describe_changes, set_aside, settings_changes
+from .rundir import NEUTRAL_KEYS, RunDirError, RunLock, describe_changes, set_aside, settings_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "match_labels", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
@@ -85,6 +86,7 @@ class ZooConfig:
     batch_size: int = 64
     num_workers: int | None = None
     device: str | None = None
+    shared_decode: bool = True  # decode the images once and resize them once per input configuration
 
     def __post_init__(self) -> None:
         if self.pretrained not in PRETRAINED_MODES:
@@ -508,64 +510,188 @@ def _dedupe(names: Iterable[str]) -> list[str]:
     return out
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)``: the shard that measures the zoo's models K, K + N, K + 2N, ... (0 <= K < N)."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+    return k, n
+
+
+@contextmanager
+def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
+    """The zoo folder's lock, held briefly (reading and writing ``zoo.json`` and the combined outputs):
+    processes of other shards wait for it instead of being refused. The lock of a killed holder is taken
+    over (:class:`RunLock`)."""
+    lock = RunLock(out)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock.acquire(say=say)
+            break
+        except RunDirError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _model_lock(out: Path, name: str) -> RunLock | None:
+    """The lock of one model's measurement (``locks/<name>/.lock``), taken; None when a live process of
+    another shard holds it (that process measures the model)."""
+    folder = out / "locks" / safe_name(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder)
+    try:
+        lock.acquire(say=lambda s: None)
+    except RunDirError:
+        return None
+    return lock
+
+
+def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
+    """Whether the model has no ok record with these settings and its current weights (another shard may
+    have written one since the plan was made)."""
+    path = out / "models" / f"{safe_name(name)}.json"
+    if not path.is_file():
+        return True
+    record = ZooModel.read(path)
+    return not (record.status == "ok" and record.settings == settings
+                and record.weights_key == weights_key(name, record.weights))
+
+
+def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[str]]:
+    """(the records in ``out/models`` of ``names``, in that order; the names that have none yet)."""
+    records, missing = [], []
+    for name in names:
+        path = out / "models" / f"{safe_name(name)}.json"
+        if path.is_file():
+            records.append(ZooModel.read(path))
+        else:
+            missing.append(name)
+    return records, missing
+
+
 def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *, allow_changes: bool = False,
-            progress: bool = True, log: Callable[[str], None] | None = None) -> ZooSummary:
+            progress: bool = True, log: Callable[[str], None] | None = None,
+            shard: tuple[int, int] | None = None) -> ZooSummary:
     """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
 
     Models already measured with the same settings and the same weights (:func:`weights_key`) are skipped;
     failed ones are measured again. A settings change, or a model whose weights changed under its name (a
     new export in a ``local-dir:``, a new Hub revision), is refused (:class:`ZooError`, one line) unless
     ``allow_changes``: then each such model is measured again, its former record kept as ``.replaced-N``.
+
+    ``shard=(K, N)`` measures the zoo's models K, K + N, ... only (model-parallel: a job array, or one job
+    per node). Shards may run at once into one ``out``: each model is measured under its own lock
+    (``locks/<name>``), so a model is measured once and a killed shard loses only the model it was
+    measuring; ``zoo.json`` and the combined outputs are written under the folder's lock, held briefly.
+    Each shard writes ``zoo.csv``, ``zoo.md`` and the figures from every record present when it ends, so
+    the last one to end writes the whole zoo (:func:`merge_zoo` writes them again at any time).
     """
     from tqdm.auto import tqdm
 
     from ..data import load_split
+    from ..eval_data import DecodedImages
 
     out = Path(out)
     if not _dedupe(models) and not (out / "zoo.json").is_file():
         raise ZooError(_NO_MODELS)
     main = is_main_process()
     settings = config.settings()
-    lock = RunLock(out)
-    if main:  # one zoo at a time in a folder; the lock of a killed one is taken over
+    say_now = log or print
+    if main:
         out.mkdir(parents=True, exist_ok=True)
-        lock.acquire(say=log or print)
-    try:
+        (out / "models").mkdir(exist_ok=True)
+    with _index_lock(out, say_now) if main else nullcontext():
         names, records, done = _plan(out, _dedupe(models), settings, allow_changes)
         if main:
             for name in names:
                 if name in records and name not in done and records[name].status == "ok":
                     set_aside(out / "models" / f"{safe_name(name)}.json")
-            (out / "models").mkdir(exist_ok=True)
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
-        data = load_split(config.data, config.split, subset=config.images)
-        summary = ZooSummary(records=[], out=out)
-        bar = tqdm(names, desc="zoo", unit="model", disable=not (progress and main))
-        say = log or (bar.write if main else (lambda s: None))
-        for k, name in enumerate(bar, 1):
-            bar.set_postfix_str(name[-40:])
-            if name in done:
-                say(f"[{k}/{len(names)}] {name}: measured before, kept")
-                summary.skipped.append(name)
-                continue
-            say(f"[{k}/{len(names)}] {name}: measuring")
+    mine = names if shard is None else names[shard[0]::shard[1]]
+    data = load_split(config.data, config.split, subset=config.images)
+    if config.shared_decode and any(name not in done for name in mine):
+        # decoded once here and resized once per input configuration, for every model: the same batches
+        # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
+        data = DecodedImages(data, progress=progress and main)
+    summary = ZooSummary(records=[], out=out)
+    bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
+               disable=not (progress and main))
+    say = log or (bar.write if main else (lambda s: None))
+    for k, name in enumerate(bar, 1):
+        bar.set_postfix_str(name[-40:])
+        if name in done:
+            say(f"[{k}/{len(mine)}] {name}: measured before, kept")
+            summary.skipped.append(name)
+            continue
+        lock = _model_lock(out, name) if main else None
+        # every process of a launch measures the same models: main's lock decides for all
+        taken = broadcast_object(lock is not None if main else None)
+        if taken and main and not _still_to_measure(out, name, settings):
+            lock.release()
+            taken = False
+        taken = broadcast_object(taken)
+        if not taken:
+            say(f"[{k}/{len(mine)}] {name}: measured by another shard, skipped")
+            summary.skipped.append(name)
+            continue
+        try:
+            say(f"[{k}/{len(mine)}] {name}: measuring")
             record = measure_model(name, config, data, progress=progress and main)
             records[name] = record
             summary.measured.append(name)
             if main:
                 record.write(out / "models" / f"{safe_name(name)}.json")
-                current = [records[n] for n in names if n in done or n in summary.measured]
-                write_csv(current, out / "zoo.csv", config)
-            state = "done" if record.status == "ok" else f"FAILED ({record.error})"
-            say(f"[{k}/{len(names)}] {name}: {state} in {record.elapsed_s:.1f} s")
-        bar.close()
-        summary.records = [records[n] for n in names]
-        if main:
+                with _index_lock(out, say_now):  # the table so far, every shard's records in it
+                    write_csv(read_records(out, names)[0], out / "zoo.csv", config)
+        finally:
+            if lock is not None:
+                lock.release()
+        state = "done" if record.status == "ok" else f"FAILED ({record.error})"
+        say(f"[{k}/{len(mine)}] {name}: {state} in {record.elapsed_s:.1f} s")
+    bar.close()
+    if main:
+        with _index_lock(out, say_now):
+            summary.records, missing = read_records(out, names)
             write_outputs(summary.records, out, config)
-        return summary
-    finally:
-        if main:
-            lock.release()
+        if missing:
+            say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
+                f"{' ...' if len(missing) > 5 else ''}")
+    else:
+        summary.records = [records[n] for n in names if n in records]
+    return summary
+
+
+def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[ZooSummary, list[str]]:
+    """Write ``zoo.csv``, ``zoo.md`` and the figures of ``out`` again from every record its shards wrote,
+    measuring nothing; returns the summary and the models that have no record yet."""
+    out = Path(out)
+    if not (out / "zoo.json").is_file():
+        raise ZooError(f"{out} holds no zoo (no zoo.json): run posgeom zoo into it first")
+    index = ZooIndex.read(out / "zoo.json")
+    config = config or config_from_settings(index.settings)
+    with _index_lock(out, print):
+        records, missing = read_records(out, index.models)
+        write_outputs(records, out, config)
+    return ZooSummary(records=records, out=out), missing
+
+
+def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
+    """The :class:`ZooConfig` a zoo's recorded settings describe (its neutral fields at their defaults)."""
+    known = {f for f in ZooConfig.__dataclass_fields__}
+    values = {k: v for k, v in settings.items() if k in known}
+    for key in ("shifts", "alphas"):
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
+    return ZooConfig(**values)
 
 
 def _plan(out: Path, asked: list[str], settings: dict[str, Any],

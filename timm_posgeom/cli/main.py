@@ -9,7 +9,7 @@ import sys
 from ..errors import USER_ERRORS, one_line
 
 # One module per sub-command in this package, each with add_parser() and run().
-COMMANDS = ("models", "recipes", "probe", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
+COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
 
 
 def _command_modules():

@@ -20,6 +20,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per condition (default 1)")
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
+    p.add_argument("--rpi-permutations", type=int, default=None,
+                   help="RPI permutations per model (seeds 0..n-1; default 3): SSDC under RPI is their mean and "
+                        "their spread enters the claims' intervals")
     p.add_argument("--imagenet-c", action="store_true", help="also ImageNet-C JPEG/blur severities 1-5")
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
-                           imagenet_c=args.imagenet_c or None, init=args.init)
+                           imagenet_c=args.imagenet_c or None, init=args.init,
+                           rpi_permutations=args.rpi_permutations)
     owned = {"seed": "--seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
     for item in args.overrides or []:
         key = item.split("=", 1)[0].strip()

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--allow-changes", action="store_true",
                         help="with --resume: continue although the recipe changed (the changes are recorded)")
     parser.add_argument("--data", default=None, help="shortcut for --set data=PATH_OR_HUB_ID")
+    parser.add_argument("--log-with", default=None, metavar="TRACKERS",
+                        help="comma-separated accelerate trackers to log to besides metrics.jsonl, e.g. tensorboard or "
+                             "wandb,tensorboard (shortcut for --set log_with=[...])")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -38,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ..app.train import train
 
     overrides = list(args.overrides) + ([f"data={args.data}"] if args.data else [])
+    if args.log_with:
+        overrides.append(f"log_with=[{','.join(t.strip() for t in args.log_with.split(',') if t.strip())}]")
     recipe = load_recipe(args.recipe, overrides)
     train(recipe, args.out, resume=args.resume, progress=not args.no_progress, allow_changes=args.allow_changes)
     return 0

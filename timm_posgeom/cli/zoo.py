@@ -26,8 +26,9 @@ def add_parser(subparsers: Any) -> None:
                    help="a file with one model per line ('#' starts a comment)")
     p.add_argument("--filter", default=None, metavar="PATTERN",
                    help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained")
-    p.add_argument("--data", required=True,
-                   help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'")
+    p.add_argument("--data", default=None,
+                   help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic' (required "
+                        "unless --merge)")
     p.add_argument("--split", default="validation", help="dataset split (default: validation)")
     p.add_argument("--out", default="zoo_out", help="output folder (default: zoo_out); a rerun into it resumes")
     p.add_argument("--pretrained", default=None, action=argparse.BooleanOptionalAction,
@@ -54,14 +55,41 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--allow-changes", action="store_true",
                    help="accept settings that differ from those DIR was measured with: its models are measured "
                         "again (former records kept as .replaced-N)")
+    p.add_argument("--shard", default=None, metavar="K/N",
+                   help="measure only the zoo's models K, K+N, K+2N, ... (0 <= K < N): one shard of a job array or "
+                        "of one job per node; shards may run at once into one --out (a lock per model), and each "
+                        "writes the table of every record present when it ends")
+    p.add_argument("--decode-per-model", action="store_true",
+                   help="decode and resize the images again for every model (default: once for the zoo, and once per "
+                        "input configuration; the same numbers either way, this is slower; for benchmarks)")
+    p.add_argument("--merge", action="store_true",
+                   help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
+                        "its shards wrote, and name the models not measured yet")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from ..app.zoo import merge_zoo
+
+    if args.models or args.models_file or args.filter or args.shard:
+        raise ValueError("--merge measures nothing: give only --out (and no models, --models-file, --filter or --shard)")
+    summary, missing = merge_zoo(args.out)
+    print(f"{len(summary.records)} models: {args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/")
+    if missing:
+        print(f"{len(missing)} model(s) not measured yet: {', '.join(missing)}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..app.zoo import ZooConfig, filter_models, is_main_process, read_models_file, run_zoo
+    from ..app.zoo import ZooConfig, filter_models, is_main_process, parse_shard, read_models_file, run_zoo
+
+    if args.merge:
+        return _merge(args)
     from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
     from .sweep import parse_alphas
 
+    if args.data is None:
+        raise ValueError("--data is required (the images every model is measured on)")
     check_counts(args)
     if args.images < 1:
         raise ValueError(f"--images must be >= 1, got {args.images}")
@@ -75,9 +103,11 @@ def run(args: argparse.Namespace) -> int:
     config = ZooConfig(data=args.data, split=args.split, images=args.images, site=args.site, resize=args.resize,
                        img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
-                       batch_size=args.batch_size, num_workers=args.num_workers, device=args.device)
+                       batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+                       shared_decode=not args.decode_per_model)
     try:
-        summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress)
+        summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
+                          shard=parse_shard(args.shard) if args.shard else None)
     except KeyboardInterrupt:
         if is_main_process():
             print(f"\ninterrupted: the finished models are kept in {args.out}/models; the same command continues",

@@ -16,7 +16,9 @@ What a run writes under ``--out``:
 * ``metrics.jsonl``     one JSON record per log step (``kind: train``: step, epoch, loss, lr,
                         images/s, and ``pe_ssdc``, the learned position table's own SSDC), per
                         evaluation (``kind: eval``: val top-1 / loss, EMA top-1) and at the end;
-                        TensorBoard event files too when ``tensorboard`` is installed;
+                        the same numbers go to the accelerate trackers named by the recipe's
+                        ``log_with`` (TensorBoard event files under ``<out>/<tracker_project>``,
+                        W&B, trackio, MLflow...), as ``train/loss``, ``eval/val_top1``...;
 * ``checkpoints/step_XXXXXXXX``  ``accelerator.save_state`` every ``checkpoint_every`` steps and
                         at every epoch end, written to a temporary folder and renamed into place
                         (a kill never leaves a broken checkpoint), the last ``keep_checkpoints`` kept;
@@ -47,7 +49,7 @@ from ..recipe import Recipe
 from ..records import RunSummary
 from ..rundir import RunDirError, RunLock
 from .checkpoints import TrainState, check_writable, latest_checkpoint
-from .metrics import MetricsLog, read_metrics
+from .metrics import MetricsLog, check_trackers, read_metrics, tracker_config
 
 __all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
            "TrainState", "RunDirError"]
@@ -86,13 +88,17 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    trackers = check_trackers(recipe.log_with)
     accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                              cpu=cpu or None)
+                              cpu=cpu or None, log_with=trackers or None, project_dir=str(out) if trackers else None)
     check_writable(out)
     lock = RunLock(out)
     try:
         if accelerator.is_main_process:
             lock.acquire(say=accelerator.print)
+        if trackers:
+            accelerator.init_trackers(recipe.tracker_project or out.resolve().name,
+                                      config=tracker_config(recipe.to_dict()))
         session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
         run_epochs(session)
         return finish(session)

@@ -321,7 +321,8 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
-    log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None)
+    log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None,
+                     tracker=accelerator.log if recipe.log_with else None)
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
     accelerator.print(
         f"{recipe.model}: {sum(p.numel() for p in raw_model.parameters()) / 1e6:.2f}M params, {len(classes)} classes, "

@@ -1,4 +1,4 @@
-"""The training loop: plain functions over one :class:`~timm_posgeom.train.build.Session`.
+"""The training loop: plain functions over one :class:`~timm_posgeom.app.train.build.Session`.
 
     session = build_session(...)          # build.py
     run_epochs(session)                   # train, evaluate at epoch ends, checkpoint

@@ -1,4 +1,5 @@
-"""The training log: ``metrics.jsonl`` (one JSON record per line) and TensorBoard when installed."""
+"""The training log: ``metrics.jsonl`` (one JSON record per line, the record) and the accelerate trackers the
+recipe names in ``log_with`` (TensorBoard, W&B, trackio, MLflow...)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,32 @@ from typing import Any
 
 from ...jsonio import dumps
 
-__all__ = ["MetricsLog", "read_metrics"]
+__all__ = ["MetricsLog", "read_metrics", "check_trackers", "tracker_config"]
+
+
+def check_trackers(names: list[str]) -> list[str]:
+    """``names`` if accelerate can log with each of them here; else a ValueError naming the missing one and
+    its remedy (accelerate itself would leave an uninstalled tracker out without a word)."""
+    if not names:
+        return []
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    known = [str(t) for t in LoggerType.list() if t != "all"]
+    available = {str(t) for t in get_available_trackers()}
+    for name in names:
+        if name not in known:
+            raise ValueError(f"log_with: unknown tracker {name!r}; accelerate here knows {', '.join(known)}")
+        if name not in available:
+            raise ValueError(f"log_with: {name} is not installed here (pip install {name.replace('_', '-')}); "
+                             "metrics.jsonl is written without it, or drop it from log_with")
+    return list(names)
+
+
+def tracker_config(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe as the trackers' run config: scalars as they are, anything else as its text (TensorBoard's
+    hyper-parameters take only numbers, strings and booleans)."""
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in recipe.items()}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -22,16 +48,17 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """metrics.jsonl (+ TensorBoard when installed), written by the main process only.
+    """metrics.jsonl, written by the main process only, and every number of each record sent to the
+    accelerate trackers (``tracker``: ``accelerator.log``, or None) as ``<kind>/<key>`` at its step.
 
     On resume (``resume_step`` given) the records an interrupted run logged after its checkpoint,
     and a torn last line, are dropped, so the log reads as if the run had never stopped.
     """
 
-    def __init__(self, out: Path, enabled: bool, resume_step: int | None = None):
+    def __init__(self, out: Path, enabled: bool, resume_step: int | None = None, tracker: Any = None):
         self.enabled = enabled
         self.file = out / "metrics.jsonl"
-        self.writer = None
+        self.tracker = tracker
         if not enabled:
             return
         if resume_step is not None and self.file.exists():
@@ -39,23 +66,18 @@ class MetricsLog:
             self.file.write_text("".join(dumps(r, indent=None) + "\n" for r in kept))
         elif resume_step is None and self.file.exists():
             self.file.unlink()
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(out / "tensorboard"))
-        except ImportError:
-            self.writer = None
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with self.file.open("a") as f:
             f.write(dumps(record, indent=None) + "\n")
-        if self.writer is not None:
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step",):
-                    self.writer.add_scalar(f"{record.get('kind', 'train')}/{key}", value, record.get("step", 0))
+        if self.tracker is not None:
+            kind = record.get("kind", "train")
+            numbers = {f"{kind}/{key}": value for key, value in record.items()
+                       if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"}
+            if numbers:
+                self.tracker(numbers, step=record.get("step", 0))
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        """Nothing to close: the trackers end with ``accelerator.end_training()``."""

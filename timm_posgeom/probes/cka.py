@@ -1,0 +1,121 @@
+"""Linear CKA between the layers of two models (or of one): how alike their representations of the same
+images are, up to rotation and scale (docs/attention.md#cka).
+
+Minibatch CKA (Nguyen, Raghu & Kornblith 2021, "Do wide and deep networks learn the same things?"): for
+each batch b of images, K_b = X_b X_b^T and L_b = Y_b Y_b^T are the (B, B) Gram matrices of the two
+layers' image representations (each image's patch tokens flattened, (N * C,); prefix tokens dropped), and
+
+    CKA = sum_b HSIC_1(K_b, L_b) / sqrt(sum_b HSIC_1(K_b, K_b) * sum_b HSIC_1(L_b, L_b))
+
+with HSIC_1 the unbiased estimator (Song et al. 2012), so that the value does not drift with the batch
+size as the biased one does. With ``unbiased=False`` and one batch it is the linear CKA of Kornblith et al.
+(2019), ||Y_c^T X_c||_F^2 / (||X_c^T X_c||_F ||Y_c^T Y_c||_F) on centred features (tests/test_cka.py).
+The two models read the same batches in the same order; one process (the Grams of a batch are kept, not
+summed, until both models have run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .measures import LayerView, Measure, run_measures
+
+__all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
+
+
+def hsic(K: torch.Tensor, L: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """HSIC of two (n, n) Gram matrices: the unbiased estimator HSIC_1 (needs n >= 4), or the biased
+    tr(K H L H) / (n - 1)^2 with H the centring matrix."""
+    n = K.shape[0]
+    if unbiased:
+        if n < 4:
+            raise ValueError(f"the unbiased HSIC needs batches of at least 4 images, got {n}")
+        K, L = K.clone(), L.clone()
+        K.fill_diagonal_(0)
+        L.fill_diagonal_(0)
+        ones = torch.ones(n, 1, dtype=K.dtype, device=K.device)
+        trace = (K * L.T).sum()
+        middle = (ones.T @ K @ ones) * (ones.T @ L @ ones) / ((n - 1) * (n - 2))
+        last = 2.0 / (n - 2) * (ones.T @ K @ L @ ones)
+        return ((trace + middle - last) / (n * (n - 3))).reshape(())
+    H = torch.eye(n, dtype=K.dtype, device=K.device) - 1.0 / n
+    return (K @ H * (L @ H).T).sum() / (n - 1) ** 2
+
+
+def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbiased: bool = True) -> float:
+    """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring)."""
+    if len(grams_a) != len(grams_b) or not grams_a:
+        raise ValueError(f"the two representations have {len(grams_a)} and {len(grams_b)} batches: they must "
+                         "read the same, non-empty, batches")
+    ab = sum(hsic(K, L, unbiased) for K, L in zip(grams_a, grams_b))
+    aa = sum(hsic(K, K, unbiased) for K in grams_a)
+    bb = sum(hsic(L, L, unbiased) for L in grams_b)
+    return float(ab / torch.sqrt(aa * bb))
+
+
+class _Grams(Measure):
+    """Keeps, per block and batch, the (B, B) Gram matrix of the images' flattened patch tokens."""
+
+    names = ()
+
+    def __init__(self, site: str):
+        super().__init__()
+        self.source = site
+        self.grams: dict[int, list[torch.Tensor]] = {}
+
+    def update(self, x: torch.Tensor, view: LayerView) -> None:
+        flat = x[:, view.prefix:].reshape(x.shape[0], -1).to(torch.float64)  # (B, N * C)
+        self.grams.setdefault(view.layer, []).append((flat @ flat.T).cpu())
+
+    def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+        return {}
+
+
+@dataclass
+class CKAResult:
+    """CKA between the blocks of two models: ``matrix[i, j]`` for block ``layers_a[i]`` of model a and
+    ``layers_b[j]`` of model b (docs/attention.md#cka)."""
+
+    layers_a: list[int]
+    layers_b: list[int]
+    matrix: np.ndarray
+    metadata: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers_a": self.layers_a, "layers_b": self.layers_b, "matrix": self.matrix.tolist(),
+                "metadata": self.metadata}
+
+
+def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: str = "attn_input",
+        layers_a: list[int] | None = None, layers_b: list[int] | None = None, unbiased: bool = True,
+        rpi: bool = False, seed: int = 0, **options: Any) -> CKAResult:
+    """Linear minibatch CKA between every probed block of ``model_a`` and of ``model_b`` on ``data``.
+
+    Args:
+        model_a, model_b: flat timm ViTs (the same model twice compares its blocks with each other); both
+            read the same batches, so they must take the same input (transform ``data`` for both).
+        data: a (n, C, H, W) tensor (chunks of ``batch_size``) or a fixed iterable of batches (e.g. an
+            ``eval_loader``; it is read once per model, in the same order); batches of >= 4 images.
+        site: ``attn_input`` or ``block_output``.
+        unbiased: HSIC_1 (default) or the biased estimator.
+        rpi: both models under RPI with the same permutation (seeded by ``seed``).
+        **options: ``max_images``, ``batch_size``, ``device``, ``progress`` of
+            :func:`~timm_posgeom.probes.run_measures` (one process).
+    """
+    if site not in ("attn_input", "block_output"):
+        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+    if options.pop("distributed", "off") != "off":
+        raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
+    grams_a, grams_b = _Grams(site), _Grams(site)
+    ra = run_measures(model_a, data, [grams_a], rpi=rpi, seed=seed, layers=layers_a, distributed="off", **options)
+    rb = run_measures(model_b, data, [grams_b], rpi=rpi, seed=seed, layers=layers_b, distributed="off", **options)
+    if ra.metadata["n_images"] != rb.metadata["n_images"]:
+        raise ValueError("the two models read different numbers of images: give data that reads the same twice")
+    matrix = np.array([[minibatch_cka(grams_a.grams[i], grams_b.grams[j], unbiased) for j in rb.layers]
+                       for i in ra.layers])
+    metadata = dict(model_a=ra.metadata["model"], model_b=rb.metadata["model"], site=site, unbiased=unbiased,
+                    rpi=rpi, n_images=ra.metadata["n_images"])
+    return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrix, metadata=metadata)

@@ -1,0 +1,347 @@
+"""Pluggable measures of a flat timm ViT: consume each probed block's tokens or attention weights batch by
+batch, keep float64 running sums, reduce them across processes by summing.
+
+A :class:`Measure` names its ``source``: ``"attention"`` (the block's attention weights A (B, heads, T, T),
+captured by :mod:`.attention`), or a probe site of :mod:`.sites` (``"attn_input"``, ``"block_output"``:
+the block's tokens (B, T, C)). :func:`run_measures` streams the data once through the model, hands every
+measure what it asked for, stops the forward pass after the last block any measure needs, and returns a
+:class:`MeasureResult` of each measure's fields. The attention measures (docs/attention.md) are built on
+it: :mod:`.attention_measures`.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .. import distributed as _dist
+from ..interventions import eval_mode, pe_scale, token_permutation
+from ..jsonio import dumps
+from .attention import attention_modules, capture_attention
+from .probe import _batches, _data_signature, _model_name, _resolve_layers, _Shard, _StopForward
+from .sites import ProbeSites, find_sites
+
+__all__ = ["Measure", "LayerView", "MeasureResult", "run_measures", "SOURCES"]
+
+SOURCES = ("attn_input", "attention", "block_output")  # in the order they happen inside a block
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """How to read what one block gave a measure for one batch.
+
+    grid: the (H, W) patch grid; the N = H * W patch tokens are the last N of the T tokens (row-major:
+    token ``prefix + k`` sits at (k // W, k % W)); the first ``prefix`` = T - N are prefix tokens (class,
+    register, distillation). Under RPI slot k still sits at (k // W, k % W): the index grid.
+    """
+
+    layer: int
+    grid: tuple[int, int]
+    prefix: int
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+class Measure:
+    """A measure per probed block, reduced over images.
+
+    Subclasses set ``source`` (one of :data:`SOURCES`) and ``names`` (the result fields), and define
+    :meth:`update` (one block's input of one batch: attention weights (B, heads, T, T) float32, or tokens
+    (B, T, C) in the model's dtype) and :meth:`finish`. Running sums go through :meth:`add` into
+    ``self.sums[(key, layer)]`` (float64 on the CPU), which several processes sum.
+    """
+
+    source: str = "attention"
+    names: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, int], torch.Tensor] = {}
+
+    def add(self, key: str, layer: int, value: torch.Tensor) -> None:
+        """Add ``value`` (any shape, the same every batch) into the float64 sum ``(key, layer)``."""
+        value = value.detach().to("cpu", torch.float64)
+        if (key, layer) in self.sums:
+            self.sums[(key, layer)] += value
+        else:
+            self.sums[(key, layer)] = value.clone()
+
+    def stacked(self, key: str, layers: list[int], n_images: int) -> np.ndarray:
+        """(L, ...) the sums ``key`` of ``layers`` divided by the image count."""
+        return torch.stack([self.sums[(key, layer)] for layer in layers]).numpy() / n_images
+
+    def update(self, x: torch.Tensor, view: LayerView) -> None:
+        """Consume one block's attention weights or tokens ``x`` of one batch."""
+        raise NotImplementedError
+
+    def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+        """The result fields, each an (L, ...) float64 array, from the (reduced) sums over ``n_images``."""
+        raise NotImplementedError
+
+    def metadata(self) -> dict[str, Any]:
+        """Settings to record in the result's metadata."""
+        return {}
+
+
+@dataclass
+class MeasureResult:
+    """Measures of one model, per probed block (the first axis of every field).
+
+    Attributes:
+        layers: the block index of each row.
+        values: field name -> (L, ...) float64 array (e.g. (L, heads) for the attention measures).
+        permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
+        metadata: model, family, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens,
+            patch_size, and what each measure records.
+    """
+
+    layers: list[int]
+    values: dict[str, np.ndarray]
+    permutation: torch.Tensor | None = field(default=None, repr=False)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        values = self.__dict__.get("values") or {}
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: every field as nested lists, first index the layer."""
+        return {"layers": list(self.layers), **{k: np.asarray(v).tolist() for k, v in self.values.items()},
+                "permutation": self.permutation.tolist() if self.permutation is not None else None,
+                "metadata": dict(self.metadata)}
+
+    def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
+        """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
+        text = dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+
+class _Router:
+    """Hook target: hands each probed block's input to the measures of its source; stops the forward after
+    the last event any measure needs."""
+
+    def __init__(self, measures: list[Measure], last: tuple[int, str], prefix: int) -> None:
+        self.measures, self.last, self.prefix = measures, last, prefix
+        self.grid: tuple[int, int] | None = None
+        self.heads: dict[int, int] = {}
+
+    def receive(self, source: str, layer: int, x: torch.Tensor) -> None:
+        n = self.grid[0] * self.grid[1]
+        tokens = x.shape[-1] if source == "attention" else x.shape[1]
+        prefix = tokens - n
+        if prefix not in (0, self.prefix):
+            raise ValueError(f"block {layer}'s {source} covers {tokens} tokens but the {self.grid[0]}x{self.grid[1]} "
+                             f"grid has {n} patches (+ {self.prefix} prefix tokens)")
+        if source == "attention":
+            self.heads[layer] = int(x.shape[1])
+        view = LayerView(layer=layer, grid=self.grid, prefix=prefix)
+        for m in self.measures:
+            if m.source == source:
+                m.update(x, view)
+        if (layer, source) == self.last:
+            raise _StopForward
+
+    def hook(self, source: str):
+        return lambda layer, x: self.receive(source, layer, x)
+
+
+def run_measures(
+        model: nn.Module,
+        data: Any,
+        measures: list[Measure],
+        *,
+        rpi: bool = False,
+        seed: int | None = 0,
+        alpha: float | None = None,
+        layers: list[int] | None = None,
+        max_images: int | None = None,
+        device: str | torch.device | None = None,
+        progress: bool = True,
+        batch_size: int | None = 64,
+        distributed: str = "auto",
+        rpi_per: str = "call",
+) -> MeasureResult:
+    """Run ``measures`` on every (or the chosen) block of a flat timm ViT over ``data``, in one pass.
+
+    Args:
+        model: a flat timm ViT (:func:`~timm_posgeom.probes.find_sites`); measures of the source
+            ``attention`` need timm's ``Attention`` / ``AttentionRope`` or eva's ``EvaAttention``. Eval
+            mode is set for the call and restored.
+        data: as :func:`~timm_posgeom.probes.probe_ssdc`: a (B, C, H, W) tensor (chunks of
+            ``batch_size``) or an iterable of batches, transformed for the model; one image size.
+        measures: :class:`Measure` instances (fresh: they keep their sums).
+        rpi: random permutation of the patch tokens at inference, one permutation (from ``seed``) for
+            the call, after the patch embedding and before any PE (as ``probe_ssdc``).
+        rpi_per: ``call`` (one permutation for the call) or ``batch`` (a fresh one per batch, from the
+            seeded generator: what a measure fitted on some batches and scored on others needs, so that
+            no permutation is shared between them).
+        seed: the RPI permutation's seed.
+        alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`).
+        layers: block indices (negative allowed); default every block.
+        max_images, device, progress, batch_size, distributed: as ``probe_ssdc`` (several processes sum
+            the measures' float64 sums and the image counts).
+
+    Returns:
+        A :class:`MeasureResult` of every measure's fields.
+    """
+    if distributed not in ("auto", "presharded", "off"):
+        raise ValueError(f"unknown distributed mode {distributed!r}; expected auto, presharded or off")
+    if rpi_per not in ("call", "batch"):
+        raise ValueError(f"rpi_per must be 'call' or 'batch', got {rpi_per!r}")
+    if max_images is not None and max_images < 1:
+        raise ValueError(f"max_images must be >= 1, got {max_images}")
+    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    measures = list(measures)
+    if not measures:
+        raise ValueError("measures is empty")
+    for m in measures:
+        if m.source not in SOURCES:
+            raise ValueError(f"{type(m).__name__}.source is {m.source!r}; expected one of {', '.join(SOURCES)}")
+    sources = sorted({m.source for m in measures}, key=SOURCES.index)
+    sites = find_sites(model)
+    layer_ids = _resolve_layers(layers, len(sites.blocks))
+    if "attention" in sources:
+        attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
+    world = _dist.setup() if distributed != "off" else 1
+    shard = None
+    if world > 1:
+        _dist.check_same((rpi, seed, alpha, layer_ids, max_images, batch_size, distributed,
+                          [(type(m).__name__, m.metadata()) for m in measures],
+                          None if distributed == "presharded" else _data_signature(data)),
+                         "run_measures settings or data")
+        if distributed == "presharded" and max_images is not None:
+            raise ValueError("max_images cannot be applied to pre-sharded data: cut the shards instead")
+        if rpi:
+            seed = _dist.shared_seed(seed)
+        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    home = param.device if param is not None else torch.device("cpu")
+    device = torch.device(device) if device is not None else home
+    dtype = param.dtype if param is not None else torch.float32
+    from tqdm.auto import tqdm
+
+    show = progress and (shard is None or _dist.is_main())
+    total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
+    bar = tqdm(total=total if shard is None else None, unit="img", desc="measures", disable=not show, leave=False)
+    router = _Router(measures, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
+    batches = shard if shard is not None else _batches(data, batch_size)
+    scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
+    with _dist.fail_together() if shard is not None else contextlib.nullcontext(), scale:
+        n_images, image_size, grid, perm = _stream(model, sites, batches, layer_ids, sources, router,
+                                                   rpi and rpi_per, seed,
+                                                   None if shard is not None else max_images, device, home,
+                                                   dtype, bar)
+    if shard is not None:
+        n_images, image_size, grid = _reduce(measures, router, n_images, image_size, grid, shard.seen)
+    if n_images == 0:
+        raise ValueError("data yielded no images")
+    values: dict[str, np.ndarray] = {}
+    for m in measures:
+        values.update(m.finish(layer_ids, n_images, grid))
+    metadata: dict[str, Any] = {
+        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
+        "rpi_per": rpi_per if rpi else None,
+        "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
+        "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
+    }
+    if router.heads:
+        heads = sorted(set(router.heads.values()))
+        metadata["num_heads"] = heads[0] if len(heads) == 1 else heads
+    for m in measures:
+        metadata.update(m.metadata())
+    return MeasureResult(layers=layer_ids, values=values, permutation=perm, metadata=metadata)
+
+
+def _patch_size(model: nn.Module) -> list[int] | None:
+    size = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    return [int(s) for s in size] if size is not None else None
+
+
+def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int], sources: list[str],
+            router: _Router, rpi: bool | str, seed: int | None, max_images: int | None, device: torch.device,
+            home: torch.device, dtype: torch.dtype,
+            bar: Any) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None, Any]:
+    """This process's batches through the model; returns (images, image size, grid, RPI permutation)."""
+    n_images, image_size, grid, perm = 0, None, None, None
+    handles: list = []
+    try:
+        if device != home:
+            model.to(device)
+        # rpi: False, or how often a permutation is drawn ("call" or "batch")
+        rpi_ctx = token_permutation(model, seed=seed, per=rpi) if rpi else contextlib.nullcontext()
+        capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
+                   else contextlib.nullcontext())
+        with torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
+            for source in sources:
+                if source != "attention":
+                    handles += sites.register(source, layers, router.hook(source))
+            for images in batches:
+                if max_images is not None:
+                    images = images[:max_images - n_images]
+                if len(images) == 0:
+                    continue
+                hw = (int(images.shape[-2]), int(images.shape[-1]))
+                if image_size is not None and hw != image_size:
+                    raise ValueError(f"the image size changed from {image_size} to {hw}: the measures average over "
+                                     "one grid (resize the data)")
+                image_size = hw
+                grid = router.grid = sites.grid_size(hw)
+                try:
+                    model(images.to(device=device, dtype=dtype, non_blocking=True))
+                except _StopForward:
+                    pass
+                n_images += len(images)
+                bar.update(len(images))
+                if max_images is not None and n_images >= max_images:
+                    break
+            if handle is not None and handle.permutation is not None:
+                perm = handle.permutation.cpu()
+    finally:
+        for h in handles:
+            h.remove()
+        bar.close()
+        if device != home:
+            model.to(home)
+    return n_images, image_size, grid, perm
+
+
+def _reduce(measures: list[Measure], router: _Router, n_images: int, image_size: tuple[int, int] | None,
+            grid: tuple[int, int] | None,
+            seen: int | None) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
+    """Sum every measure's float64 sums, and the image counts, across processes (a process without
+    images adds zeros of the shapes the others report)."""
+    states = _dist.all_gather_objects({"n": n_images, "seen": seen, "image_size": image_size, "grid": grid,
+                                       "heads": dict(router.heads),
+                                       "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures]})
+    total = sum(s["n"] for s in states)
+    seens = [s["seen"] for s in states]
+    if any(v != seens[0] for v in seens) or (seens[0] is not None and total != seens[0]):
+        raise RuntimeError(f"the processes read different data (images seen: {seens}): an iterable of batches "
+                           "must yield the same batches in the same order on every process")
+    grids = {tuple(s["grid"]) for s in states if s["grid"] is not None}
+    if len(grids) > 1:
+        raise ValueError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
+    for s in states:
+        router.heads.update(s["heads"])
+    for k, m in enumerate(measures):
+        shapes: dict = {}
+        for s in states:
+            shapes.update(s["shapes"][k])
+        for key in sorted(shapes, key=repr):  # the same keys in the same order on every process
+            local = m.sums.get(key)
+            m.sums[key] = _dist.all_reduce_sum(local if local is not None
+                                               else torch.zeros(shapes[key], dtype=torch.float64))
+    image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
+    return total, image_size, next(iter(grids), None)

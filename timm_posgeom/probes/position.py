@@ -1,0 +1,152 @@
+"""A linear position probe: can each patch token's (row, col) on the grid be read from the token by a
+linear map? The most direct test of "position is recoverable from the tokens" (docs/attention.md#position-probe).
+
+Per probed block: a least-squares linear classifier (one-hot targets, ridge ``ridge``, a bias) maps each
+patch token x (C,) to scores for the H rows and the W columns; it is fitted on the tokens of the ``train``
+images and scored on those of the ``test`` images: accuracy of the row (argmax of the row scores), of the
+column, and of both. Chance is 1/H, 1/W and 1/(HW). The fit is closed form from streamed sums (X^T X and
+X^T Y over every token), so it is exact, deterministic and reduces across processes by summing.
+
+Under RPI the targets are the index grid (slot k at (k // W, k % W), where the PE puts it), and every
+batch draws a fresh permutation (fit and score never share one): a model without PE is equivariant, its
+token at slot k depends on the content of a random patch, and the probe falls to chance; a model whose
+PE survives in the tokens is read by it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .measures import LayerView, Measure, MeasureResult, run_measures
+
+__all__ = ["position_probe", "PositionProbeResult"]
+
+
+def _features(x: torch.Tensor, view: LayerView) -> torch.Tensor:
+    """(B, T, C) tokens -> (B * N, C + 1) float64 patch tokens with a trailing 1 (the bias)."""
+    patches = x[:, view.prefix:].reshape(-1, x.shape[-1]).to(torch.float64)
+    return torch.cat([patches, patches.new_ones(patches.shape[0], 1)], dim=1)
+
+
+def _targets(view: LayerView, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column index of every patch slot of a batch, (B * N,) each (row-major slots)."""
+    H, W = view.grid
+    k = torch.arange(H * W).repeat(batch)
+    return k // W, k % W
+
+
+class _Fit(Measure):
+    """Streams X^T X and X^T Y (Y: one-hot row, then one-hot column) per block."""
+
+    names = ()
+
+    def __init__(self, site: str):
+        super().__init__()
+        self.source = site
+
+    def update(self, x: torch.Tensor, view: LayerView) -> None:
+        X = _features(x, view)
+        rows, cols = _targets(view, x.shape[0])
+        H, W = view.grid
+        Y = torch.cat([torch.nn.functional.one_hot(rows, H), torch.nn.functional.one_hot(cols, W)], 1).to(X)
+        self.add("xtx", view.layer, X.T @ X)
+        self.add("xty", view.layer, X.T @ Y)
+
+    def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+        return {}
+
+
+class _Score(Measure):
+    """Counts the test tokens whose row, column, and both are read right by each block's fitted map."""
+
+    names = ("row_accuracy", "col_accuracy", "accuracy")
+
+    def __init__(self, site: str, weights: dict[int, torch.Tensor]):
+        super().__init__()
+        self.source, self.weights = site, weights
+
+    def update(self, x: torch.Tensor, view: LayerView) -> None:
+        X = _features(x, view)
+        rows, cols = _targets(view, x.shape[0])
+        H, _ = view.grid
+        scores = X @ self.weights[view.layer].to(X.device)
+        row_ok = scores[:, :H].argmax(1).cpu() == rows
+        col_ok = scores[:, H:].argmax(1).cpu() == cols
+        counts = torch.stack([row_ok.sum(), col_ok.sum(), (row_ok & col_ok).sum(), torch.tensor(len(rows))])
+        self.add("counts", view.layer, counts)
+
+    def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
+        counts = np.stack([self.sums[("counts", layer)].numpy() for layer in layers])  # (L, 4)
+        return {name: counts[:, i] / counts[:, 3] for i, name in enumerate(self.names)}
+
+
+def _solve(xtx: torch.Tensor, xty: torch.Tensor, ridge: float) -> torch.Tensor:
+    """argmin_W ||X W - Y||^2 + ridge * n_dims_scale * ||W||^2 (the bias row not penalised), float64."""
+    penalty = torch.eye(xtx.shape[0], dtype=xtx.dtype) * ridge * xtx.diagonal()[:-1].mean()
+    penalty[-1, -1] = 0.0
+    return torch.linalg.solve(xtx + penalty, xty)
+
+
+@dataclass
+class PositionProbeResult:
+    """Linear position probe per block (docs/attention.md#position-probe).
+
+    Attributes:
+        layers: block indices.
+        row_accuracy, col_accuracy, accuracy: (L,) fraction of test patch tokens whose row, column, and
+            both, the block's fitted linear map reads right.
+        chance: {"row": 1/H, "col": 1/W, "both": 1/(HW)}.
+        metadata: site, rpi, seed, ridge, train and test image counts, grid, model.
+    """
+
+    layers: list[int]
+    row_accuracy: np.ndarray
+    col_accuracy: np.ndarray
+    accuracy: np.ndarray
+    chance: dict[str, float]
+    metadata: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layers": self.layers, "row_accuracy": self.row_accuracy.tolist(),
+                "col_accuracy": self.col_accuracy.tolist(), "accuracy": self.accuracy.tolist(),
+                "chance": self.chance, "metadata": self.metadata}
+
+
+def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str = "attn_input", rpi: bool = False,
+                   seed: int = 0, ridge: float = 1e-3, layers: list[int] | None = None, **options: Any
+                   ) -> PositionProbeResult:
+    """Fit a linear (row, col) classifier of the patch tokens on ``train``, score it on ``test``, per block.
+
+    Args:
+        model: a flat timm ViT (as :func:`~timm_posgeom.probes.run_measures`).
+        train, test: batches as :func:`~timm_posgeom.probe_ssdc` reads them (e.g. ``eval_loader`` of two
+            splits, or of two parts of one); one image size.
+        site: ``attn_input`` (the paper's) or ``block_output``.
+        rpi: tokens permuted after the patch embedding, a fresh permutation every batch (seeded by
+            ``seed`` for the fit and ``seed + 1`` for the score); targets are the index grid.
+        ridge: the ridge penalty, relative to the mean diagonal of X^T X.
+        layers: block indices (default every block).
+        **options: ``max_images``, ``batch_size``, ``device``, ``progress``, ``distributed`` of
+            :func:`~timm_posgeom.probes.run_measures`, for both passes.
+    """
+    if site not in ("attn_input", "block_output"):
+        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+    if not ridge >= 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    fit = _Fit(site)
+    fitted: MeasureResult = run_measures(model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="batch",
+                                         **options)
+    weights = {layer: _solve(fit.sums[("xtx", layer)], fit.sums[("xty", layer)], ridge) for layer in fitted.layers}
+    score = _Score(site, {k: w.to(torch.float64) for k, w in weights.items()})
+    scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="batch",
+                          **options)
+    H, W = scored.metadata["grid_size"]
+    metadata = dict(model=scored.metadata["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,
+                    train_images=fitted.metadata["n_images"], test_images=scored.metadata["n_images"],
+                    grid_size=[H, W])
+    return PositionProbeResult(layers=scored.layers, row_accuracy=scored.values["row_accuracy"],
+                               col_accuracy=scored.values["col_accuracy"], accuracy=scored.values["accuracy"],
+                               chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)}, metadata=metadata)
