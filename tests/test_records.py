@@ -19,7 +19,7 @@ from timm_posgeom.app.records import (
     StudyRun,
     SweepSummary,
 )
-from timm_posgeom.jsonio import dumps, write_json
+from timm_posgeom.jsonio import dumps, replacing, write_atomic, write_json
 
 
 def _ssdc(nan: bool = False) -> SSDCSummary:
@@ -73,6 +73,52 @@ def test_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_json(path, {"v": 2})
     assert json.loads(path.read_text()) == {"v": 1}  # the old file is intact
+
+
+def test_write_atomic_writes_text_and_bytes_and_leaves_no_temporary_file(tmp_path):
+    assert write_atomic(tmp_path / "t.md", "é\n").read_text(encoding="utf-8") == "é\n"
+    assert write_atomic(tmp_path / "b.png", b"\x89PNG").read_bytes() == b"\x89PNG"
+    assert write_atomic(tmp_path / "t.md", "again").read_text() == "again"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.png", "t.md"]
+    with pytest.raises(FileNotFoundError):
+        write_atomic(tmp_path / "no_such_folder" / "x", "x")
+
+
+def test_replacing_a_folder_swaps_it_whole_or_not_at_all(tmp_path):
+    folder = tmp_path / "export"
+    for version in ("1", "2"):
+        with replacing(folder) as tmp:
+            tmp.mkdir()
+            (tmp / "config.json").write_text(version)
+            assert not (folder / "config.json").exists() or (folder / "config.json").read_text() == "1"
+        assert [p.name for p in folder.iterdir()] == ["config.json"] and (folder / "config.json").read_text() == version
+    with pytest.raises(KeyboardInterrupt), replacing(folder) as tmp:  # killed half way: the former one stays
+        tmp.mkdir()
+        (tmp / "config.json").write_text("3")
+        raise KeyboardInterrupt
+    assert (folder / "config.json").read_text() == "2" and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_results_to_json_write_atomically(tmp_path, monkeypatch):
+    """The result classes' to_json(path) wrote with Path.write_text: a kill half way left a truncated file."""
+    from timm_posgeom.probes.result import SSDCResult
+    from timm_posgeom.robustness import AlphaSweepResult
+
+    results = [SSDCResult(per_layer=[0.5], layers=[0]), AlphaSweepResult(rows=[], shifts=[])]
+    for k, result in enumerate(results):
+        path = tmp_path / f"{k}.json"
+        written = result.to_json(path)
+        assert json.loads(path.read_text()) == json.loads(written)
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("os.replace", boom)
+    for k, result in enumerate(results):
+        with pytest.raises(KeyboardInterrupt):
+            result.to_json(tmp_path / f"{k}.json", indent=None)  # other text: the file would change
+        assert (tmp_path / f"{k}.json").read_text().startswith("{\n")  # the former file is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.json", "1.json"]
 
 
 def test_foreign_and_other_version_files_are_refused_naming_the_file(tmp_path):

@@ -30,8 +30,8 @@ from timm_posgeom.app.recipe import (
     shipped_recipes,
 )
 from timm_posgeom.app.records import RunSummary
+from timm_posgeom.app.rundir import RunDirError
 from timm_posgeom.app.train import latest_checkpoint, train
-from timm_posgeom.app.train.rundir import RunDirError
 from timm_posgeom.cli import main as cli_main
 from timm_posgeom.probes import pe_content_norm_ratio, pe_table_ssdc
 

@@ -335,7 +335,7 @@ def test_two_shards_at_once_into_one_folder_lose_no_record(zoo, data_dir, export
 
 
 def test_a_model_locked_by_a_live_shard_is_left_to_it(tmp_path, data_dir, export, capsys):
-    from timm_posgeom.app.train.rundir import RunLock
+    from timm_posgeom.app.rundir import RunLock
 
     out = tmp_path / "zoo"
     folder = out / "locks" / safe_name(export)

@@ -40,6 +40,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .errors import PosgeomError
+from .jsonio import replacing
 from .synthetic import SyntheticShapes, seed32
 from .transforms import class_index, eval_transform, to_rgb
 
@@ -633,9 +634,8 @@ def cache_uint8(
     labels = torch.tensor(split.labels, dtype=torch.int64)
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
-        torch.save({"images": images, "labels": labels}, tmp)
-        os.replace(tmp, file)
+        with replacing(file) as tmp:
+            torch.save({"images": images, "labels": labels}, tmp)
     return CachedSplit(images, labels, split.classes)
 
 

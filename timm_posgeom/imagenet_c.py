@@ -48,7 +48,7 @@ from torch.utils.data import Dataset
 from .errors import PosgeomError
 from .eval_data import check_split, eval_loader, split_item
 from .interventions import eval_mode, pe_scale, token_permutation
-from .jsonio import dumps, to_jsonable
+from .jsonio import dump_json, to_jsonable
 from .labels import match_labels
 from .robustness import (
     FragilityResult,
@@ -206,11 +206,8 @@ class ImageNetCResult:
         }
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
+        return dump_json(self.to_dict(), path, indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ImageNetCResult:

@@ -1,6 +1,6 @@
-"""The one JSON writer of the package: strict JSON, NaN written one way, files replaced atomically.
+"""The one writer of the package: strict JSON, NaN written one way, files replaced atomically.
 
-Every file the package writes (probe, fragility and sweep results, run and study records) goes
+Every JSON file the package writes (probe, fragility and sweep results, run and study records) goes
 through :func:`dumps` / :func:`write_json`:
 
 * NaN and +-inf become ``null`` (strict JSON has no NaN; ``json.loads`` of our files never meets a
@@ -9,17 +9,23 @@ through :func:`dumps` / :func:`write_json`:
   anything else is an error (a silent ``str(obj)`` would write a value no reader can use);
 * :func:`write_json` writes a temporary file in the same folder and renames it into place, so a
   kill never leaves a half-written file.
+
+That replacement is the package's one atomic write: :func:`write_atomic` for text or bytes (tables,
+figures, JSON), :func:`replacing` for what another library writes to a path of its own (a tensor cache
+by ``torch.save``, a Hub export folder by timm).
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-from collections.abc import Mapping
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["to_jsonable", "dumps", "write_json", "nan_if_none"]
+__all__ = ["to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -47,14 +53,62 @@ def dumps(value: Any, indent: int | None = 2) -> str:
     return json.dumps(to_jsonable(value), indent=indent, allow_nan=False)
 
 
-def write_json(path: str | os.PathLike, value: Any, indent: int | None = 2) -> Path:
-    """Write ``value`` as strict JSON to ``path`` atomically (temporary file, then rename)."""
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (``.<name>.tmp<pid>``, in the same folder); when the block
+    ends without an exception, rename what was written there to ``path``, replacing what was there (a
+    folder is removed first: a folder cannot replace one atomically, so a kill between the two leaves
+    none; a file never leaves a half-written one). On an exception (KeyboardInterrupt too) the temporary
+    path is removed, ``path`` is left as it was, and the exception propagates. OSError from the rename
+    (no such folder, not writable) propagates."""
     path = Path(path)
-    text = dumps(value, indent=indent) + "\n"
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
+    _remove(tmp)  # left by a killed process that had this pid
+    try:
+        yield tmp
+        if tmp.is_dir() and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8, or bytes) to ``path`` atomically: a temporary file in the same
+    folder, renamed into place (:func:`replacing`), so a reader or a kill never meets a half-written
+    file. Returns ``path``; OSError (missing folder, not writable) propagates and leaves ``path`` as it
+    was."""
+    with replacing(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, value: Any, indent: int | None = 2) -> Path:
+    """Write ``value`` as strict JSON (:func:`dumps`, then a newline) to ``path`` atomically
+    (:func:`write_atomic`). Returns ``path``; TypeError for a value with no JSON form (nothing written),
+    OSError as :func:`write_atomic`."""
+    return write_atomic(path, dumps(value, indent=indent) + "\n")
+
+
+def dump_json(value: Any, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:
+    """Strict JSON text of ``value`` (:func:`dumps`); also written to ``path`` when given, with a final
+    newline, atomically (:func:`write_atomic`): what the results' ``to_json(path)`` do. TypeError for a
+    value with no JSON form (nothing written), OSError as :func:`write_atomic`."""
+    text = dumps(value, indent=indent)
+    if path is not None:
+        write_atomic(path, text + "\n")
+    return text
 
 
 def nan_if_none(value: Any) -> Any:

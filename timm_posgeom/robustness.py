@@ -37,7 +37,6 @@ import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,7 +48,7 @@ from torchvision.transforms.v2 import functional as F
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
 from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
-from .jsonio import dumps, to_jsonable
+from .jsonio import dump_json, to_jsonable
 from .labels import match_labels
 from .probes.probe import _model_name
 from .protocol import DEFAULT_ALPHAS, probe_count
@@ -209,11 +208,8 @@ class FragilityResult:
         }
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
+        return dump_json(self.to_dict(), path, indent)
 
     def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
         """Bar chart: clean and shifted accuracy with Wilson 95% error bars, each shift's FS and its paired
@@ -538,11 +534,8 @@ class AlphaSweepResult:
                 "settings": to_jsonable(self.settings)}
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
+        return dump_json(self.to_dict(), path, indent)
 
     def to_markdown(self, digits: int = 3) -> str:
         """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC, clean top-1, FS per

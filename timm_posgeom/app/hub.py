@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError
+from ..jsonio import replacing
 from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
@@ -80,15 +81,11 @@ def export_for_hub(model, directory: str | os.PathLike, model_args: dict[str, An
     from timm.models import save_for_hf
 
     directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
     if pretrained_cfg:
         model.pretrained_cfg = dict(getattr(model, "pretrained_cfg", {}) or {}, **pretrained_cfg)
     args = dict(architecture_args(model), **(model_args or {}))
-    save_for_hf(model, str(tmp), model_args=args, safe_serialization=True)
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(tmp, directory)
+    with replacing(directory) as tmp:
+        save_for_hf(model, str(tmp), model_args=args, safe_serialization=True)
     return directory
 
 

@@ -35,7 +35,7 @@ from ..errors import PosgeomError
 from ..jsonio import to_jsonable, write_json
 from .provenance import package_versions
 from .records import HistoryPoint, RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
-from .train.rundir import changed_keys, describe_changes
+from .rundir import describe_changes, set_aside, settings_changes
 
 __all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
            "write_plan"]
@@ -198,10 +198,6 @@ class StudyError(PosgeomError, RuntimeError):
     """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
 
-# StudyConfig fields that change no number of a study (how fast it runs, which runs it holds).
-NEUTRAL_CONFIG = frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"})
-
-
 # Settings added since the first studies, with the value a study that did not record them had: a study (or
 # an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0.
 LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1}
@@ -218,32 +214,22 @@ def _with_legacy(saved: dict[str, Any]) -> dict[str, Any]:
 def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared); a
     setting ``saved`` predates counts as its legacy value (``LEGACY_SETTINGS``)."""
-    return changed_keys(to_jsonable(_with_legacy(saved)), to_jsonable(asked), NEUTRAL_CONFIG)
-
-
-def _set_aside(path: Path, log) -> None:
-    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted) before it is recomputed."""
-    n = 1
-    while path.with_name(f"{path.name}.replaced-{n}").exists():
-        n += 1
-    path.rename(path.with_name(f"{path.name}.replaced-{n}"))
-    log(f"kept the former {path.name} as {path.name}.replaced-{n}")
+    return settings_changes("study", _with_legacy(saved), asked)
 
 
 def _train(config: StudyConfig, condition: str, seed: int, run_dir: Path, log, allow_changes: bool = False) -> None:
     from .train import latest_checkpoint
-    from .train.rundir import recipe_changes
 
     if (run_dir / "recipe.yaml").is_file():  # what exists was trained (or started) with this recipe?
         import yaml
 
         wanted = _recipe_for(config, condition, seed).to_dict()
-        changes = recipe_changes(yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
+        changes = settings_changes("recipe", yaml.safe_load((run_dir / "recipe.yaml").read_text()) or {}, wanted)
         if changes:
             if not allow_changes:
                 raise StudyError(f"{run_dir} was trained with another recipe ({describe_changes(changes)}); pass --allow-changes to "
                                  "train it again with the new one (the former run is kept), or choose another --out")
-            _set_aside(run_dir, log)
+            set_aside(run_dir, log)
     if (run_dir / "summary.json").is_file() and (run_dir / "export" / "model.safetensors").is_file():
         log(f"[{condition} s{seed}] trained run found, reused")
         return
@@ -372,12 +358,12 @@ def _measure_run(config: StudyConfig, condition: str, run_dir: Path, val, log, a
         raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                          "--allow-changes to measure again (the former file is kept)")
     if changed and set(changed) <= RPI_SETTINGS:  # only the RPI part depends on them: measure it again
-        _set_aside(eval_path, log)
+        set_aside(eval_path, log)
         log(f"[{run_dir.name}] {describe_changes(changed)}: SSDC under RPI measured again, the rest kept")
         evals.settings, evals.ssdc = settings, None
         evals.write(eval_path)
     elif changed:
-        _set_aside(eval_path, log)
+        set_aside(eval_path, log)
         evals = RunEval(settings=settings, weights_sha1=sha1, versions=[current])
     elif evals.settings != settings:  # the same settings, recorded before some existed (LEGACY_SETTINGS)
         evals.settings = settings

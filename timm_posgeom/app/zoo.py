@@ -49,13 +49,13 @@ import torch
 
 from ..distributed import broadcast_object, fail_together, is_main
 from ..errors import PosgeomError, one_line
-from ..jsonio import to_jsonable
+from ..jsonio import to_jsonable, write_atomic
 from ..labels import map_by_name
 from ..protocol import probe_count
 from ..shifts import PAPER_SHIFTS
 from .provenance import describe_versions, package_versions
 from .records import SweepSummary, ZooIndex, ZooModel
-from .train.rundir import RunDirError, RunLock, changed_keys, describe_changes
+from .rundir import NEUTRAL_KEYS, RunDirError, RunLock, describe_changes, set_aside, settings_changes
 
 __all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "measure_model", "read_models_file",
            "filter_models", "safe_name", "is_main_process", "csv_rows", "write_outputs", "JPEG_SHIFT",
@@ -98,9 +98,6 @@ class ZooConfig:
     extras: tuple[str, ...] = EXTRAS  # attention (distance, entropy per head), position (the linear probe)
     images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
-    # fields that change how fast it runs, never a number
-    NEUTRAL = frozenset({"batch_size", "num_workers", "device", "shared_decode", "streaming"})
-
     def __post_init__(self, images: int | None = None) -> None:
         if images is not None:
             warnings.warn("ZooConfig(images=N) is deprecated and will be removed in the next release: use "
@@ -139,7 +136,7 @@ class ZooConfig:
         from ..data import resolve_source
 
         kind, where = resolve_source(self.data)
-        values = {k: v for k, v in asdict(self).items() if k not in self.NEUTRAL}
+        values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
         values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
         return to_jsonable(values)
@@ -536,16 +533,6 @@ def _dedupe(names: Iterable[str]) -> list[str]:
     return out
 
 
-def _set_aside(path: Path) -> Path:
-    """Rename ``path`` to ``path.replaced-N`` (kept, never deleted)."""
-    n = 1
-    while path.with_name(f"{path.name}.replaced-{n}").exists():
-        n += 1
-    target = path.with_name(f"{path.name}.replaced-{n}")
-    path.rename(target)
-    return target
-
-
 def parse_shard(text: str) -> tuple[int, int]:
     """``"K/N"`` -> ``(K, N)``: the shard that measures the zoo's models K, K + N, K + 2N, ... (0 <= K < N)."""
     try:
@@ -650,7 +637,7 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
         if main:
             for name in names:
                 if name in records and name not in done and records[name].status == "ok":
-                    _set_aside(out / "models" / f"{safe_name(name)}.json")
+                    set_aside(out / "models" / f"{safe_name(name)}.json")
             ZooIndex(settings=settings, models=names).write(out / "zoo.json")
     mine = names if shard is None else names[shard[0]::shard[1]]
     data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
@@ -745,14 +732,14 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
     records: dict[str, ZooModel] = {}
     changes: dict[str, tuple[Any, Any]] = {}
     if index is not None:
-        changes.update(changed_keys(index.settings, settings, frozenset()))
+        changes.update(settings_changes("zoo", index.settings, settings))
     stale: set[str] = set()
     for name in names:
         path = out / "models" / f"{safe_name(name)}.json"
         if path.is_file():
             records[name] = record = ZooModel.read(path)
             if record.status == "ok":
-                changes.update(changed_keys(record.settings, settings, frozenset()))
+                changes.update(settings_changes("zoo", record.settings, settings))
                 now = weights_key(name, record.weights)
                 if record.weights_key != now:  # the same name, other weights (a new export, a new revision)
                     stale.add(name)
@@ -864,22 +851,13 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
     return rows
 
 
-def _write_atomic(path: Path, text: str | bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    if isinstance(text, bytes):
-        tmp.write_bytes(text)
-    else:
-        tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:
     """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(records, config))
-    _write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
     return path
 
 
@@ -889,7 +867,7 @@ def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Pat
 def _save(fig: Any, path: Path) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
-    _write_atomic(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
 
 
 def _label(name: str, width: int = 40) -> str:
@@ -1106,6 +1084,6 @@ def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: Z
                  fragility=figures / "zoo_fragility_vs_delta.png", md=out / "zoo.md")
     fig_ssdc_depth(records, paths["ssdc"])
     left_out = fig_fragility_delta(records, paths["fragility"])
-    _write_atomic(paths["md"], zoo_markdown(records, config, left_out))
+    write_atomic(paths["md"], zoo_markdown(records, config, left_out))
     return paths
 

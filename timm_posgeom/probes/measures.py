@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .. import distributed as _dist
 from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
-from ..jsonio import dumps
+from ..jsonio import dump_json
 from .attention import attention_modules, capture_attention
 from .probe import _batches, _data_signature, _model_name, _resolve_layers, _Shard, _StopForward
 from .sites import ProbeSites, find_sites
@@ -120,11 +120,8 @@ class MeasureResult:
                 "metadata": dict(self.metadata)}
 
     def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
-        """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
-        text = dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
+        return dump_json(self.to_dict(), path, indent)
 
 
 class _Router:

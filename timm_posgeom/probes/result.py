@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..jsonio import dumps
+from ..jsonio import dump_json
 
 __all__ = ["SSDCResult", "PerImageStats"]
 
@@ -98,11 +98,8 @@ class SSDCResult:
         return out
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
-        """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given."""
-        text = dumps(self.to_dict(include_maps), indent=indent)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+        """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
+        return dump_json(self.to_dict(include_maps), path, indent)
 
     def table(self) -> str:
         """A plain-text per-layer table."""

@@ -36,7 +36,8 @@ which skips the batches already seen) and the augmentation of an item a function
 
 The package: :mod:`.build` (checks, data, model, optimisation, resume -> one ``Session``),
 :mod:`.loop` (the loop as plain functions over the session), :mod:`.checkpoints`, :mod:`.metrics`
-(the training log) and :mod:`.rundir` (the run folder). Its flags are in :mod:`timm_posgeom.cli.train`.
+(the training log); the run folder's lock and settings diff are :mod:`timm_posgeom.app.rundir`'s. Its flags
+are in :mod:`timm_posgeom.cli.train`.
 Nothing in the library imports it.
 """
 from __future__ import annotations
@@ -46,9 +47,9 @@ from pathlib import Path
 
 from ..recipe import Recipe
 from ..records import RunSummary
+from ..rundir import RunDirError, RunLock
 from .checkpoints import TrainState, check_writable, latest_checkpoint
 from .metrics import MetricsLog, check_trackers, read_metrics, tracker_config
-from .rundir import RunDirError, RunLock
 
 __all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
            "TrainState", "RunDirError"]
@@ -60,8 +61,9 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
 
     Raises RecipeError / ValueError, FileNotFoundError or PermissionError before any training
     step for a bad recipe, a missing data path, an unknown model or an unwritable ``out``;
-    FileExistsError / RunDirError for a run directory in use, finished, or started with another
-    recipe (``allow_changes`` continues it with the new values, recorded in ``recipe_changes.jsonl``).
+    FileExistsError / RunDirError for a run directory in use, finished, started with another
+    recipe (``allow_changes`` continues it with the new values, recorded in ``recipe_changes.jsonl``),
+    or, with ``resume``, holding no run (nothing is created then).
     """
     import timm
     import torch
@@ -72,18 +74,20 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     from ...distributed import check_port
     from ...factory import unknown_model_message
     from ..recipe import RecipeError
-    from .build import build_session
+    from .build import build_session, check_resumable
     from .loop import finish, run_epochs
 
     recipe = recipe.validate()
     if not timm.is_model(recipe.model):
         raise RecipeError(unknown_model_message(recipe.model))
     resolve_source(recipe.data)
+    out = Path(out)
+    if resume:  # before `out` is created or locked: a resume of nothing must not start a new run
+        check_resumable(out)
     check_port()  # a launch with --main_process_port 0 would hang in Accelerator() below (accelerate < 1.7)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
-    out = Path(out)
     trackers = check_trackers(recipe.log_with)
     accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                               cpu=cpu or None, log_with=trackers or None, project_dir=str(out) if trackers else None)

@@ -19,9 +19,9 @@ import yaml
 from ...distributed import broadcast_object
 from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError
+from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
-from .rundir import RunDirError, describe_changes, recipe_changes
 
 __all__ = ["Session", "build_session", "build_data"]
 
@@ -201,6 +201,17 @@ def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     return val_loader, rpi_loader
 
 
+def check_resumable(out: Path) -> None:
+    """Raise :class:`RunDirError` (one line) unless ``out`` holds a training run to resume: its recipe
+    (``recipe.yaml``), a checkpoint or a summary. Without one, ``--resume`` would silently start a new
+    run. Reads only; writes nothing."""
+    if not out.is_dir():
+        raise RunDirError(f"{out} does not exist, so there is no run to resume: drop --resume to start a new run there")
+    if not ((out / "recipe.yaml").is_file() or (out / "summary.json").is_file() or list_checkpoints(out)):
+        raise RunDirError(f"{out} holds no training run to resume (no recipe.yaml, checkpoint or summary.json): "
+                          "drop --resume to start a new run there, or point --out at the run")
+
+
 def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
                    say) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
     """What ``out`` holds against what is asked: the newest checkpoint to resume from (or None) and the
@@ -220,7 +231,7 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
-        changes = recipe_changes(yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+        changes = settings_changes("recipe", yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
             raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "

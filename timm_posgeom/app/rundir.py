@@ -1,0 +1,182 @@
+"""The one owner of the folders the application writes into: training runs, studies and zoos.
+
+* :class:`RunLock`: ``<out>/.lock`` names the process writing the folder (pid, host, start time). A
+  second writer into the same folder is refused while the holder lives; the lock of a dead process (a
+  killed run) is taken over with a message. The lock is taken atomically: the holder's line is written
+  to a temporary file first and then linked to ``.lock``, so a lock is never there half-written (an
+  empty lock read between its creation and its first write was taken for one whose holder had gone).
+* :data:`NEUTRAL_KEYS` and :func:`settings_changes`: the settings that change how a folder is made
+  (logged, saved, how fast), never a number in it, for each kind of folder; and the others that
+  differ between what a folder was made with and what is asked now (a resume onto another model,
+  learning rate or data is refused unless allowed explicitly).
+* :func:`set_aside`: a file or folder about to be made again is renamed ``<name>.replaced-N``, kept.
+
+Files are written with :func:`timm_posgeom.jsonio.write_atomic` (the one atomic writer).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import PosgeomError
+from ..jsonio import to_jsonable
+
+__all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "settings_changes", "describe_changes", "set_aside"]
+
+# For each kind of folder, the settings that change how it is made (logged, saved, loaded, how fast, which
+# runs a study holds), never its weights or its numbers; a change of any other setting is a change of result.
+NEUTRAL_KEYS: dict[str, frozenset[str]] = {
+    # the recipe of a training run (recipe.yaml)
+    "recipe": frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "workers", "notes", "disk_cache",
+                         "eval_batch_size", "log_with", "tracker_project"}),
+    # the StudyConfig of a study (plan.json) and the evaluation settings of its runs (eval.json)
+    "study": frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"}),
+    # the ZooConfig of a zoo (zoo.json and each model's record): these are not even recorded
+    "zoo": frozenset({"batch_size", "num_workers", "device", "shared_decode", "streaming"}),
+}
+
+
+class RunDirError(PosgeomError, RuntimeError):
+    """A run directory that cannot be used as asked (locked, finished, not a run, or holding another recipe)."""
+
+
+def settings_changes(kind: str, saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for every key outside ``NEUTRAL_KEYS[kind]`` whose value differs, the
+    values compared as JSON (a tuple equals the list it was written as), in key order. KeyError for an
+    unknown ``kind``; TypeError for a value with no JSON form."""
+    neutral = NEUTRAL_KEYS[kind]
+    saved, asked = to_jsonable(saved), to_jsonable(asked)
+    keys = (set(saved) | set(asked)) - neutral
+    return {k: (saved.get(k), asked.get(k)) for k in sorted(keys) if saved.get(k) != asked.get(k)}
+
+
+def describe_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """``key: old -> new; ...`` for a message."""
+    return "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+
+
+def set_aside(path: Path, log: Callable[[str], None] | None = None) -> Path:
+    """Rename ``path`` (a file or folder about to be made again) to ``<name>.replaced-N``, the first N
+    not taken: it is kept, never deleted. Returns the new path; says so through ``log`` when given.
+    OSError (``path`` missing, folder not writable) propagates."""
+    n = 1
+    while path.with_name(f"{path.name}.replaced-{n}").exists():
+        n += 1
+    target = path.with_name(f"{path.name}.replaced-{n}")
+    path.rename(target)
+    if log is not None:
+        log(f"kept the former {path.name} as {target.name}")
+    return target
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class RunLock:
+    """An exclusive lock on a folder (a run, a study, a zoo), held by one process (the main one of a launch)."""
+
+    def __init__(self, out: Path):
+        self.file = Path(out) / ".lock"
+        self.held = False
+
+    def _text(self) -> str | None:
+        """What ``.lock`` holds now, or None when there is none."""
+        try:
+            return self.file.read_text()
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def _parse(text: str) -> dict[str, Any] | None:
+        try:
+            holder = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        return holder if isinstance(holder, dict) else None
+
+    def _link(self, me: dict[str, Any]) -> bool:
+        """Write ``me`` to a temporary file of its own, then link it to ``.lock``: True when this made the
+        lock, False when one exists. The link fails when ``.lock`` exists, so there is never a moment when
+        ``.lock`` exists but does not name its holder yet."""
+        fd, tmp = tempfile.mkstemp(prefix=".lock.", suffix=".tmp", dir=self.file.parent)
+        try:
+            os.fchmod(fd, 0o644)  # readable by whoever is refused, as the lock always was
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            try:
+                os.link(tmp, self.file)
+            except FileExistsError:
+                return False
+            except OSError:  # a file system without hard links: create it exclusively, then write
+                try:
+                    fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "w") as f:
+                    json.dump(me, f)
+            return True
+        finally:
+            os.unlink(tmp)
+
+    def _remove_stale(self, text: str) -> None:
+        """Remove ``.lock`` if it still holds ``text`` (the dead holder's): it is moved aside first and
+        compared there, so a lock another process took over in the meantime is put back, not deleted."""
+        aside = self.file.with_name(f".lock.stale{os.getpid()}")
+        try:
+            os.replace(self.file, aside)
+        except FileNotFoundError:  # removed in the meantime
+            return
+        if aside.read_text() == text:
+            aside.unlink()
+            return
+        try:  # a live lock, taken since we read the dead one's: put it back
+            os.link(aside, self.file)
+        except FileExistsError:  # taken once more in the meantime: that one stays
+            pass
+        except OSError:  # a file system without hard links
+            os.replace(aside, self.file)
+            return
+        aside.unlink()
+
+    def acquire(self, say: Callable[[str], None] = print) -> None:
+        """Create ``<out>/.lock`` naming this process, or raise :class:`RunDirError` naming the live process
+        that holds it. The lock of a process that is gone (same host, no such pid) or an unreadable one is
+        taken over, said through ``say``. OSError when ``out`` is not writable."""
+        me = dict(pid=os.getpid(), host=socket.gethostname(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        for _ in range(3):
+            if self._link(me):
+                self.held = True
+                return
+            text = self._text()
+            if text is None:  # released in the meantime
+                continue
+            holder = self._parse(text)
+            if holder is None or (holder.get("host") == me["host"] and not _alive(int(holder.get("pid", -1)))):
+                say(f"taking over the lock of {self.file.parent}: its holder "
+                    f"{'(unreadable)' if holder is None else 'process ' + str(holder.get('pid'))} is gone")
+                self._remove_stale(text)
+                continue
+            raise RunDirError(f"{self.file.parent} is in use by process {holder.get('pid')} on {holder.get('host')} "
+                              f"(since {holder.get('started')}): wait for it, or choose another --out")
+        raise RunDirError(f"could not lock {self.file.parent}")
+
+    def release(self) -> None:
+        """Remove ``.lock`` if this process holds it (a lock taken over by another is left alone)."""
+        if self.held:
+            holder = self._parse(self._text() or "")
+            if holder is not None and holder.get("pid") == os.getpid():
+                self.file.unlink(missing_ok=True)
+            self.held = False
