@@ -200,7 +200,7 @@ def _zoo_records() -> list[Any]:
 
 def _kept(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """Keep the Figure the zoo saves (``seen["fig"]``) while still writing the PNG."""
-    from timm_posgeom.app import zoo
+    from timm_posgeom.app.zoo import figures as zoo
 
     seen: dict[str, Any] = {}
     original = zoo._save
@@ -216,7 +216,7 @@ def _kept(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def test_zoo_fragility_scatter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from matplotlib.text import Annotation
 
-    from timm_posgeom.app import zoo
+    from timm_posgeom.app.zoo import figures as zoo
 
     records = _zoo_records()
     fig = _kept(monkeypatch)

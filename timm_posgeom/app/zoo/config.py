@@ -1,0 +1,183 @@
+"""What a zoo measures and how (:class:`ZooConfig`), its model lists, and what every part shares."""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterable
+from dataclasses import InitVar, asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...distributed import is_main
+from ...errors import PosgeomError, one_line
+from ...jsonio import to_jsonable
+from ...protocol import probe_count
+from ...shifts import PAPER_SHIFTS
+from ..provenance import package_versions
+from ..rundir import NEUTRAL_KEYS
+
+JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
+
+
+SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
+
+
+PRETRAINED_MODES = ("auto", "on", "off")
+
+
+EXTRAS = ("attention", "position")  # measures beyond SSDC and fragility, each a group of columns
+
+
+_NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
+
+
+class ZooError(PosgeomError, RuntimeError):
+    """A zoo that cannot run as asked (no models, settings that differ from the recorded ones)."""
+
+
+@dataclass
+class ZooConfig:
+    """What a zoo measures and how. ``settings()`` is what its records are compared on."""
+
+    data: str
+    split: str = "validation"
+    data_config: str | None = None  # the data set's configuration (Hub and parquet sets)
+    revision: str | None = None  # of a Hub data set
+    streaming: bool = False  # stream the first images of the split (the same images: neutral)
+    max_images: int | None = None  # at most the first N images for all the work (None: the whole split)
+    probe_images: int | None = None  # SSDC's count (None: protocol.PROBE_IMAGES, or max_images if fewer)
+    site: str = "auto"
+    resize: str = "paper"
+    img_size: int | None = None  # None: each model's own input size
+    pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
+    shifts: tuple[str, ...] = PAPER_SHIFTS
+    alphas: tuple[float, ...] | None = None  # None: no alpha sweep
+    seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutation, bootstrap
+    batch_size: int = 64
+    num_workers: int | None = None
+    device: str | None = None
+    shared_decode: bool = True  # decode the images once and resize them once per input configuration
+    extras: tuple[str, ...] = EXTRAS  # attention (distance, entropy per head), position (the linear probe)
+    images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
+
+    def __post_init__(self, images: int | None = None) -> None:
+        if images is not None:
+            warnings.warn("ZooConfig(images=N) is deprecated and will be removed in the next release: use "
+                          "max_images=N (and probe_images=N for the same SSDC count)", DeprecationWarning, stacklevel=3)
+            if self.max_images is None:
+                self.max_images = images
+            if self.probe_images is None:
+                self.probe_images = images
+        if self.pretrained not in PRETRAINED_MODES:
+            raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
+        self.probe_count()  # max_images, probe_images >= 1
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.img_size is not None and self.img_size < 1:
+            raise ValueError(f"img_size must be >= 1, got {self.img_size}")
+        if self.alphas is not None and not self.alphas:
+            raise ValueError("alphas is empty")
+        unknown = [e for e in self.extras if e not in EXTRAS]
+        if unknown:
+            raise ValueError(f"unknown extras {unknown}: choose among {', '.join(EXTRAS)} (or none)")
+        if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
+            raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
+
+    def probe_count(self) -> int:
+        """The images of each SSDC probe: ``probe_images``, else 1,000 or ``max_images`` if fewer."""
+        return probe_count(self.probe_images, self.max_images)
+
+    def load_count(self) -> int | None:
+        """The images to load: ``max_images``, or more when ``probe_images`` asks for more (None: all)."""
+        if self.max_images is None:
+            return None
+        return max(self.max_images, self.probe_images or 0)
+
+    def settings(self) -> dict[str, Any]:
+        """The result-changing settings, JSON-ready (the data as an absolute path when it is local)."""
+        from ...data import resolve_source
+
+        kind, where = resolve_source(self.data)
+        values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
+        values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
+        values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
+        return to_jsonable(values)
+
+
+def read_models_file(path: str | os.PathLike) -> list[str]:
+    """Model names from a text file: one per line; ``#`` starts a comment; blank lines ignored."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"models file not found: {path}")
+    names = []
+    for line in path.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def filter_models(pattern: str, pretrained: str = "auto") -> list[str]:
+    """``timm.list_models(pattern, pretrained=...)``: with weights (timm's ``name.tag`` names) unless
+    ``pretrained`` is ``off``. Raises ZooError when nothing matches."""
+    import timm
+
+    names = timm.list_models(pattern, pretrained=pretrained != "off")
+    if not names:
+        raise ZooError(f"--filter {pattern!r} matches no timm model{' with pretrained weights' if pretrained != 'off' else ''}")
+    return list(names)
+
+
+def safe_name(name: str) -> str:
+    """A file name for a model: the name itself when it is made of ``[A-Za-z0-9._-]`` (timm's names),
+    else those characters with the rest as ``_`` plus 8 hex digits of the name's SHA-1 (no two names
+    share a file)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    if clean == name:
+        return name
+    return f"{clean[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+
+def is_main_process() -> bool:
+    """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun)."""
+    return bool(is_main())
+
+
+def _default_device() -> str:
+    if torch.cuda.is_available():
+        local = os.environ.get("LOCAL_RANK")
+        return f"cuda:{local}" if local else "cuda"
+    return "cpu"
+
+
+def versions() -> dict[str, str]:
+    """Python, torch, timm and timm-posgeom versions."""
+    return package_versions(training=False)
+
+
+def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
+    """The :class:`ZooConfig` a zoo's recorded settings describe (its neutral fields at their defaults)."""
+    known = {f for f in ZooConfig.__dataclass_fields__}
+    values = {k: v for k, v in settings.items() if k in known}
+    for key in ("shifts", "alphas"):
+        if values.get(key) is not None:
+            values[key] = tuple(values[key])
+    return ZooConfig(**values)
+
+
+def _floats(values: Iterable[float]) -> list[float | None]:
+    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
+
+
+def _num(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def _failure_text(error: BaseException) -> str:
+    """``"ErrorClass: message"`` on one line: a zoo record names what failed."""
+    return f"{type(error).__name__}: {one_line(error)}"

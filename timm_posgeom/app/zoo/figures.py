@@ -1,0 +1,239 @@
+"""``zoo.md`` and the zoo's figures, from the records."""
+from __future__ import annotations
+
+import io
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...jsonio import write_atomic
+from ..provenance import describe_versions
+from ..records import ZooModel
+from .config import JPEG_SHIFT, ZooConfig, versions
+from .table import _fmt, layer_summary, pe_kinds, relative_depth, write_csv
+
+
+def _save(fig: Any, path: Path) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    write_atomic(path, buffer.getvalue())
+
+
+def _label(name: str, width: int = 40) -> str:
+    """A model's name for a legend or a point: whole up to ``width`` characters, else its tail."""
+    return name if len(name) <= width else "..." + name[-(width - 3):]
+
+
+def _empty(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="0.4", wrap=True)
+
+
+def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
+    """SSDC against relative depth (:func:`relative_depth`), one line per model: normal (left) and under
+    RPI (right), against the index grid."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 2, sharey=True)
+    ok = [r for r in records if r.status == "ok"]
+    for ax, key, title in ((axes[0], "ssdc", "SSDC across depth"), (axes[1], "rpi_ssdc", "under RPI (index grid)")):
+        drawn = 0
+        for i, r in enumerate(ok):
+            values = getattr(r, key)
+            if not values:
+                continue
+            y = [math.nan if v is None else v for v in values]
+            ax.plot(relative_depth(len(y)), y, marker="s" if r.granularity == "stage" else "o", ms=4,
+                    color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=_label(r.model))
+            drawn += 1
+        if not drawn:
+            _empty(ax, "no model measured" if key == "ssdc" else "no model measured under RPI")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("relative depth (first probed layer 0, last 1)")
+    axes[0].set_ylabel("SSDC (mean map)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(3, len(handles)))
+    from ...plotting import fit_titles
+
+    fit_titles(fig)
+    _save(fig, path)
+
+
+def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JPEG_SHIFT) -> list[str]:
+    """``shift``'s FS against delta SSDC under RPI, one labelled point per model that has both, with FS's
+    paired-bootstrap 95% interval as a vertical error bar (delta SSDC has no interval in a zoo record);
+    labels point inwards so they stay inside the axes. Returns the models left out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from ...plotting import fit_titles
+
+    fig = Figure(figsize=(6.4, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    left_out = []
+    points = []
+    for i, r in enumerate(records):
+        fs = (r.fs or {}).get(shift)
+        if r.status != "ok" or fs is None or r.rpi_delta_ssdc is None:
+            left_out.append(r.model)
+            continue
+        lo, hi = ((r.fs_interval or {}).get(shift) or [None, None])[:2]
+        err = None if lo is None or hi is None else [[max(fs - lo, 0.0)], [max(hi - fs, 0.0)]]
+        ax.errorbar([r.rpi_delta_ssdc], [fs], yerr=err, fmt="o", color=f"C{i % 10}", ms=5, capsize=3, zorder=3)
+        points.append((r.rpi_delta_ssdc, fs, r.model, i))
+    if not points:
+        _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
+    ax.axhline(0, color="0.6", lw=0.5)
+    ax.axvline(0, color="0.6", lw=0.5)
+    ax.margins(0.12)
+    if points:
+        from matplotlib.lines import Line2D
+
+        bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
+        ax.legend(handles=[bar], fontsize=7, loc="best")
+        mid = sum(ax.get_xlim()) / 2
+        top = sum(ax.get_ylim()) / 2
+        for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
+            right, above = x <= mid, y <= top
+            ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
+                        textcoords="offset points", fontsize=7, ha="left" if right else "right",
+                        va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
+    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0; no interval recorded)")
+    ax.set_ylabel(f"fragility score FS, {shift}")
+    ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
+    fit_titles(fig)
+    _save(fig, path)
+    return left_out
+
+
+def _f3(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.3f}"
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _extras_markdown(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """The attention and position-probe section of ``zoo.md`` (per block, first / middle / last)."""
+    if not config.extras:
+        return []
+    measured = [r for r in records if r.status == "ok" and (r.attention_distance or r.position_accuracy)]
+    lines = ["", "## Attention and position, per block", ""]
+    if not measured:
+        return lines + ["No model could be measured (flat ViTs only; see the notes)."]
+
+    def fml(values: Sequence[float | None] | None) -> str:  # first / middle / last block
+        if not values:
+            return ""
+        return " / ".join(_f3(values[k]) or "n/a" for k in sorted({0, len(values) // 2, len(values) - 1}))
+
+    lines += ["| model | attention distance (patches) | attention entropy (nats) | position probe | "
+              "position probe under RPI | chance |", "|---|---|---|---|---|---|"]
+    for r in measured:
+        lines.append(f"| `{_md_cell(r.model)}` | {fml(r.attention_distance)} | {fml(r.attention_entropy)} | "
+                     f"{fml(r.position_accuracy)} | {fml(r.position_accuracy_rpi)} | {_f3(r.position_chance)} |")
+    return lines + ["", "Each cell: the first / middle / last block. Attention distance: the attention-weighted "
+                    "mean grid distance (patch units) from each patch query to the patch keys, mean over heads "
+                    "and queries; entropy likewise (docs/attention.md). Position probe: the fraction of patch "
+                    "tokens whose (row, col) a linear map of the token reads right, fitted on the first half of the "
+                    "probe images and scored on the second; under RPI with a fresh permutation per batch, where a "
+                    "model without PE falls to chance (docs/attention.md#position-probe)."]
+
+
+def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
+    """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
+    # each model records the versions that measured it; a resumed zoo may mix several invocations' versions
+    vers = describe_versions(versions(), [(r.model, [r.versions]) for r in records if r.status == "ok"])
+    lines = [
+        "# Model zoo: positional encodings, SSDC and fragility", "",
+        f"Data: `{config.data}` ({config.split}), the first {config.probe_count()} images for SSDC and "
+        f"{'all' if config.max_images is None else f'the first {config.max_images}'} for fragility; "
+        f"probe site `{config.site}`; resize `{config.resize}`; input size "
+        f"{config.img_size if config.img_size else 'each model own'}; weights `{config.pretrained}`; seed {config.seed}. "
+        f"Versions: {vers}.",
+        "",
+        "SSDC: Spearman correlation of the patch tokens' cosine similarities with minus their grid distance, "
+        "per layer (per block of a flat ViT, per stage otherwise), from the similarity map averaged over the "
+        "images. RPI: the patch contents permuted once before any PE. Delta SSDC: SSDC under RPI of layer 1 "
+        "minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 as a fraction, only where the "
+        "data's labels match the model's classes. Definitions: docs/method.md.", "",
+    ]
+    if any(r.weights == "random-init" for r in records):
+        lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
+                  "describe the architecture's prior, and say nothing about a trained or pretrained model.", ""]
+    head = ["model", "weights", "params (M)", "size", "PE", "top-1", *(f"FS {s}" for s in config.shifts),
+            "SSDC first / last / peak (layer)", "RPI: first / last / mean", "ΔSSDC (RPI)"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in records:
+        if r.status != "ok":
+            lines.append("| " + " | ".join([f"`{_md_cell(r.model)}`", "failed"] + [""] * (len(head) - 2)) + " |")
+            continue
+        s, p = layer_summary(r.ssdc), layer_summary(r.rpi_ssdc)
+        size = r.input_size or []
+        cells = [
+            f"`{_md_cell(r.model)}`", r.weights or "", _fmt(r.params / 1e6 if r.params else None, ".2f"),
+            "x".join(map(str, size[1:])), _md_cell(pe_kinds(r.pe)),
+            _f3(r.clean_accuracy),
+            *(_f3((r.fs or {}).get(sh)) for sh in config.shifts),
+            (f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
+             if s["first"] is not None else ""),
+            f"{_f3(p['first'])} / {_f3(p['last'])} / {_f3(p['mean'])}" if p["first"] is not None else "",
+            _f3(r.rpi_delta_ssdc),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    sweeps = [r for r in records if r.status == "ok" and r.alpha_sweep is not None]
+    if config.alphas is not None:
+        lines += ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
+        if sweeps:
+            order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
+            lines += ["| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
+                      "|---|" + "---|" * len(config.alphas)]
+            for r in sweeps:
+                sw = r.alpha_sweep
+                fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
+                cells = sorted(zip(sw.alphas, sw.delta_ssdc, fs), key=lambda c: c[0])
+                lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
+                    f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
+                    for _, d, f in cells) + " |")
+            lines += ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
+        else:
+            lines.append("No model could be swept (see the notes).")
+    lines += _extras_markdown(records, config)
+    notes = [(r.model, n) for r in records if r.status == "ok" for n in r.notes]
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- `{m}`: {_md_cell(n)}" for m, n in notes]
+    failed = [r for r in records if r.status != "ok"]
+    if failed:
+        lines += ["", "## Failed", ""] + [f"- `{r.model}`: {_md_cell(r.error or '')}" for r in failed]
+    lines += ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
+              "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
+              "RPI (against the index grid). One run per model: no band.*",
+              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
+              "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
+              "paired-bootstrap 95% interval over the images. Delta SSDC has no interval in a zoo record.*"]
+    if left_out:
+        lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
+                  + ", ".join(f"`{m}`" for m in left_out) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: ZooConfig) -> dict[str, Path]:
+    """Write ``zoo.csv``, ``figures/zoo_ssdc_depth.png``, ``figures/zoo_fragility_vs_delta.png`` and
+    ``zoo.md`` from the records (each file atomically); returns their paths."""
+    out = Path(out)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    paths = dict(csv=write_csv(records, out / "zoo.csv", config), ssdc=figures / "zoo_ssdc_depth.png",
+                 fragility=figures / "zoo_fragility_vs_delta.png", md=out / "zoo.md")
+    fig_ssdc_depth(records, paths["ssdc"])
+    left_out = fig_fragility_delta(records, paths["fragility"])
+    write_atomic(paths["md"], zoo_markdown(records, config, left_out))
+    return paths

@@ -1,0 +1,294 @@
+"""One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record."""
+from __future__ import annotations
+
+import gc
+import hashlib
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...distributed import fail_together
+from ...errors import PosgeomError
+from ...jsonio import to_jsonable
+from ...labels import map_by_name
+from ..records import SweepSummary, ZooModel
+from .config import SWEEP_SHIFTS, ZooConfig, _default_device, _failure_text, _floats, _num, versions
+
+
+def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
+    """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
+    scores labels); kept for one release."""
+    warnings.warn("timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
+                  "timm_posgeom.labels.map_by_name", DeprecationWarning, stacklevel=2)
+    return map_by_name(model, data)
+
+
+def _source(name: str) -> str:
+    if name.startswith(("hf-hub:", "hf_hub:")):
+        return "hf-hub"
+    if name.startswith("local-dir:"):
+        return "local-dir"
+    return "timm"
+
+
+def weights_key(name: str, weights: str | None) -> str | None:
+    """What identifies the weights a zoo model is measured with, known without loading it, so that a rerun
+    re-measures (or refuses) a model whose weights changed under the same name instead of keeping its numbers.
+
+    ``local-dir:PATH``: the absolute folder and the size and modification time of each file in it;
+    ``hf-hub:ORG/NAME`` and timm's pretrained weights on the Hub: the revision the local Hub cache holds
+    (``refs/main``; None before the first download); other pretrained weights: their URL; random init:
+    ``"random-init"`` (the seed is among the settings). ``weights`` is the record's: pretrained,
+    random-init or loaded.
+    """
+    if weights == "random-init":
+        return "random-init"
+    if name.startswith("local-dir:"):
+        from ...data import (
+            _file_key,  # path|size|mtime: the data cache's key of a file, here a weights folder's
+        )
+
+        root = Path(name[len("local-dir:"):]).expanduser().resolve()
+        files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
+        digest = hashlib.sha1("\n".join(_file_key(str(p)) for p in files).encode()).hexdigest()[:16]
+        return f"local-dir:{root}|{digest}"
+    if name.startswith(("hf-hub:", "hf_hub:")):
+        return _hub_revision(name.split(":", 1)[1].split("@")[0])
+    import timm
+
+    try:
+        cfg = timm.models.get_pretrained_cfg(name)
+    except Exception:  # not a timm name with a pretrained config: nothing known to compare
+        return None
+    if cfg is None:
+        return None
+    if getattr(cfg, "hf_hub_id", None):
+        return _hub_revision(cfg.hf_hub_id)
+    return f"url:{cfg.url}" if getattr(cfg, "url", None) else None
+
+
+def _hub_revision(repo_id: str) -> str | None:
+    """``hub:REPO@COMMIT``, the revision of ``repo_id`` that the local Hub cache resolves (None if not cached)."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    ref = Path(HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}" / "refs" / "main"
+    try:
+        return f"hub:{repo_id}@{ref.read_text().strip()}"
+    except OSError:
+        return None
+
+
+def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
+    """The model in eval mode, torch seeded with ``config.seed`` before it is built; ``record.weights`` says
+    which weights it has (set before loading, so a failed load says what was tried)."""
+    import timm
+
+    from ...factory import create_model
+
+    pretrained = False
+    if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
+        has_weights = timm.models.is_model_pretrained(name)
+        if config.pretrained == "on" and not has_weights:
+            raise ValueError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
+        pretrained = has_weights
+    record.weights = "loaded" if record.source != "timm" else ("pretrained" if pretrained else "random-init")
+    torch.manual_seed(config.seed)
+    return create_model(name, pretrained=pretrained, img_size=config.img_size).eval()
+
+
+def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = False,
+                  log: Callable[[str], None] = print) -> ZooModel:
+    """Load and measure one model (see the module docstring); never raises for the model's own failures:
+    a model that fails to load or to measure gives a record with ``status="error"`` (KeyboardInterrupt
+    and SystemExit pass through)."""
+    started = time.time()
+    record = ZooModel(model=name, status="ok", settings=config.settings(), versions=versions(), elapsed_s=0.0,
+                      measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), source=_source(name))
+    model = None
+    try:
+        try:
+            with fail_together():  # a model that fails to load on one process fails on all: none waits for it
+                model = _load(name, config, record)
+            record.weights_key = weights_key(name, record.weights)  # after the load: a first download is in the cache
+        except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
+            raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
+                                   if record.weights == "pretrained" else ""), e) from e
+        try:
+            with warnings.catch_warnings():  # recorded as a note instead
+                warnings.filterwarnings("ignore", "clean accuracy is 0", RuntimeWarning)
+                _measure(model, record, config, data, progress)
+        except Exception as e:
+            raise _Stage("measure", e) from e
+    except _Stage as failure:
+        record.status = "error"
+        record.error = f"{failure.stage}: {_failure_text(failure.error)}"
+        frames = traceback.format_exception(failure.error)[-4:]  # the innermost frames and the error, one line
+        record.notes.append("traceback: " + " | ".join(" ".join(f.split()) for f in frames if f.strip()))
+    finally:
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    record.elapsed_s = round(time.time() - started, 2)
+    return record
+
+
+class _Stage(Exception):
+    def __init__(self, stage: str, error: BaseException):
+        super().__init__(stage)
+        self.stage, self.error = stage, error
+
+
+def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, progress: bool) -> None:
+    """Fill ``record`` with the model's measurements (the parts that do not apply get a note)."""
+    from ...eval_data import eval_loader
+    from ...interventions import TokenPermutationError, pe_inventory
+    from ...probes import probe_ssdc
+    from ...probes.probe import _model_name
+    from ...robustness import fragility
+    from ...transforms import resolve_config
+
+    device = torch.device(config.device or _default_device())
+    model.to(device)
+    cfg = resolve_config(model, config.img_size)
+    record.architecture = _model_name(model)
+    record.params = int(sum(p.numel() for p in model.parameters()))
+    record.input_size = [int(v) for v in cfg["input_size"]]
+    record.data_config = to_jsonable({k: cfg.get(k) for k in ("interpolation", "mean", "std", "crop_pct", "crop_mode")})
+    record.pe = [dict(name=e.name, kind=e.kind, scalable=e.scalable) for e in pe_inventory(model)]
+    common = dict(seed=config.seed, device=device, progress=progress)
+
+    def loader():
+        return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
+                           num_workers=config.num_workers, img_size=config.img_size)
+
+    normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
+    record.site = str(normal.metadata["site"])
+    record.granularity = str(normal.metadata["granularity"])
+    record.grid_sizes = [list(map(int, g)) for g in normal.metadata["grid_sizes"]]
+    record.probe_images = int(normal.metadata["n_images"])
+    record.ssdc = _floats(normal.per_layer)
+    record.delta_ssdc = _num(normal.delta)
+    try:
+        rpi = probe_ssdc(model, loader(), site=config.site, rpi=True, **common)
+    except (TypeError, TokenPermutationError) as e:  # no patch embedding to permute after (CNNs), ...
+        record.notes.append(f"RPI not measured: {_failure_text(e)}")
+    else:
+        record.rpi_ssdc = _floats(rpi.per_layer)
+        record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
+        record.rpi_delta_ssdc = _num(rpi.delta)
+        if record.granularity == "stage":
+            record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
+
+    matched, how = map_by_name(model, data)
+    if matched is None:
+        record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
+                            f"outputs ({how})")
+    else:
+        record.labels = how
+        frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
+                         num_workers=config.num_workers, max_images=config.max_images, img_size=config.img_size,
+                         **common)
+        record.num_images = frag.num_images
+        record.clean_accuracy = _num(frag.clean_accuracy)
+        record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
+        record.fs = {k: _num(v) for k, v in frag.fs.items()}
+        record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
+        if frag.clean_accuracy == 0:
+            record.notes.append("FS undefined: clean top-1 is 0")
+    if config.alphas is not None:
+        record.alpha_sweep = _sweep(model, record, config, data, matched, common)
+    if record.granularity == "block":
+        _extras(model, record, config, data, loader, common)
+    elif config.extras:
+        record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
+
+
+def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, loader: Callable[[], Any],
+            common: dict[str, Any]) -> None:
+    """Attention distance and entropy per block (mean over heads, and per head), and the linear position
+    probe (fitted on the first half of the probe images, scored on the second), normal and under RPI."""
+    from ...probes import attention_measures, position_probe
+    from ...probes.attention_measures import AttentionEntropy, MeanAttentionDistance
+
+    if "attention" in config.extras:
+        try:
+            att = attention_measures(model, loader(), measures=[MeanAttentionDistance(), AttentionEntropy()],
+                                     distributed="off",
+                                     **common)
+        except PosgeomError as e:  # an attention module the capture does not know
+            record.notes.append(f"attention not measured: {_failure_text(e)}")
+        else:
+            heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
+            record.attention_distance_heads = [_floats(row) for row in heads]
+            record.attention_distance = _floats(np.nanmean(heads, axis=1))
+            record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+    if "position" in config.extras:
+        from torch.utils.data import Subset
+
+        from ...eval_data import eval_loader
+
+        n = min(config.probe_count(), len(data))
+        if n < 2:
+            record.notes.append("position probe not measured: it needs 2 probe images or more")
+            return
+        half = n // 2
+
+        def part(indices: range) -> Any:  # the probe images' first or second half, as the model reads them
+            return eval_loader(model, Subset(data, indices), batch_size=config.batch_size, resize=config.resize,
+                               num_workers=config.num_workers, img_size=config.img_size)
+
+        options = dict(batch_size=config.batch_size, device=common["device"], progress=common["progress"],
+                       distributed="off")
+        fit, score = range(0, half), range(half, n)
+        plain = position_probe(model, part(fit), part(score), seed=config.seed, **options)
+        record.position_accuracy = _floats(plain.accuracy)
+        record.position_chance = plain.chance["both"]
+        try:
+            shuffled = position_probe(model, part(fit), part(score), rpi=True, seed=config.seed, **options)
+        except PosgeomError as e:
+            record.notes.append(f"position probe under RPI not measured: {_failure_text(e)}")
+        else:
+            record.position_accuracy_rpi = _floats(shuffled.accuracy)
+
+
+def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any,
+           common: dict[str, Any]) -> SweepSummary | None:
+    """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
+    under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
+    from ...eval_data import eval_loader
+    from ...interventions import PEScaleError, TokenPermutationError, pe_scale
+    from ...probes import probe_ssdc
+    from ...robustness import alpha_sweep
+
+    alphas = [float(a) for a in config.alphas or ()]
+    try:
+        if matched is not None:
+            sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.probe_count(), site=config.site,
+                                resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
+                                max_images=config.max_images, img_size=config.img_size, **common)
+            return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
+                                fs={k: _floats(v) for k, v in sweep.fs.items()},
+                                clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
+                                rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows])
+        deltas, layers = [], []
+        for alpha in alphas:
+            loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
+                                 resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
+            with pe_scale(model, alpha):
+                res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"],
+                                 device=common["device"], progress=False)
+            deltas.append(res.delta)
+            layers.append(_floats(res.per_layer))
+        record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
+        return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
+                            rpi_per_layer=layers)
+    except (PEScaleError, TokenPermutationError, TypeError) as e:
+        record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
+        return None

@@ -1,0 +1,254 @@
+"""The zoo: plan, shards and locks, one model after another, resumable (:func:`run_zoo`, :func:`merge_zoo`)."""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...distributed import broadcast_object
+from ..records import ZooIndex, ZooModel
+from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
+from .config import _NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name
+from .figures import write_outputs
+from .measure import measure_model, weights_key
+from .table import write_csv
+
+
+@dataclass
+class ZooSummary:
+    """What :func:`run_zoo` did: every record in the zoo's order, which were measured now, which failed."""
+
+    records: list[ZooModel]
+    measured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    out: Path | None = None
+
+    @property
+    def failed(self) -> list[ZooModel]:
+        return [r for r in self.records if r.status != "ok"]
+
+
+def _dedupe(names: Iterable[str]) -> list[str]:
+    seen, out = set(), []
+    for n in names:
+        n = n.strip()
+        if n and n not in seen:
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)``: the shard that measures the zoo's models K, K + N, K + 2N, ... (0 <= K < N)."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+    return k, n
+
+
+@contextmanager
+def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
+    """The zoo folder's lock, held briefly (reading and writing ``zoo.json`` and the combined outputs):
+    processes of other shards wait for it instead of being refused. The lock of a killed holder is taken
+    over (:class:`RunLock`)."""
+    lock = RunLock(out)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock.acquire(say=say)
+            break
+        except RunDirError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _model_lock(out: Path, name: str) -> RunLock | None:
+    """The lock of one model's measurement (``locks/<name>/.lock``), taken; None when a live process of
+    another shard holds it (that process measures the model)."""
+    folder = out / "locks" / safe_name(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(folder)
+    try:
+        lock.acquire(say=lambda s: None)
+    except RunDirError:
+        return None
+    return lock
+
+
+def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
+    """Whether the model has no ok record with these settings and its current weights (another shard may
+    have written one since the plan was made)."""
+    path = out / "models" / f"{safe_name(name)}.json"
+    if not path.is_file():
+        return True
+    record = ZooModel.read(path)
+    return not (record.status == "ok" and record.settings == settings
+                and record.weights_key == weights_key(name, record.weights))
+
+
+def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[str]]:
+    """(the records in ``out/models`` of ``names``, in that order; the names that have none yet)."""
+    records, missing = [], []
+    for name in names:
+        path = out / "models" / f"{safe_name(name)}.json"
+        if path.is_file():
+            records.append(ZooModel.read(path))
+        else:
+            missing.append(name)
+    return records, missing
+
+
+def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *, allow_changes: bool = False,
+            progress: bool = True, log: Callable[[str], None] | None = None,
+            shard: tuple[int, int] | None = None) -> ZooSummary:
+    """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
+
+    Models already measured with the same settings and the same weights (:func:`weights_key`) are skipped;
+    failed ones are measured again. A settings change, or a model whose weights changed under its name (a
+    new export in a ``local-dir:``, a new Hub revision), is refused (:class:`ZooError`, one line) unless
+    ``allow_changes``: then each such model is measured again, its former record kept as ``.replaced-N``.
+
+    ``shard=(K, N)`` measures the zoo's models K, K + N, ... only (model-parallel: a job array, or one job
+    per node). Shards may run at once into one ``out``: each model is measured under its own lock
+    (``locks/<name>``), so a model is measured once and a killed shard loses only the model it was
+    measuring; ``zoo.json`` and the combined outputs are written under the folder's lock, held briefly.
+    Each shard writes ``zoo.csv``, ``zoo.md`` and the figures from every record present when it ends, so
+    the last one to end writes the whole zoo (:func:`merge_zoo` writes them again at any time).
+    """
+    from tqdm.auto import tqdm
+
+    from ...data import load_split
+    from ...eval_data import DecodedImages
+
+    out = Path(out)
+    if not _dedupe(models) and not (out / "zoo.json").is_file():
+        raise ZooError(_NO_MODELS)
+    main = is_main_process()
+    settings = config.settings()
+    say_now = log or print
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "models").mkdir(exist_ok=True)
+    with _index_lock(out, say_now) if main else nullcontext():
+        names, records, done = _plan(out, _dedupe(models), settings, allow_changes)
+        if main:
+            for name in names:
+                if name in records and name not in done and records[name].status == "ok":
+                    set_aside(out / "models" / f"{safe_name(name)}.json")
+            ZooIndex(settings=settings, models=names).write(out / "zoo.json")
+    mine = names if shard is None else names[shard[0]::shard[1]]
+    data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
+                      revision=config.revision, streaming=config.streaming)
+    if config.shared_decode and any(name not in done for name in mine):
+        # decoded once here and resized once per input configuration, for every model: the same batches
+        # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
+        data = DecodedImages(data, progress=progress and main)
+    summary = ZooSummary(records=[], out=out)
+    bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
+               disable=not (progress and main))
+    say = log or (bar.write if main else (lambda s: None))
+    for k, name in enumerate(bar, 1):
+        bar.set_postfix_str(name[-40:])
+        if name in done:
+            say(f"[{k}/{len(mine)}] {name}: measured before, kept")
+            summary.skipped.append(name)
+            continue
+        lock = _model_lock(out, name) if main else None
+        # every process of a launch measures the same models: main's lock decides for all
+        taken = broadcast_object(lock is not None if main else None)
+        if taken and main and not _still_to_measure(out, name, settings):
+            lock.release()
+            taken = False
+        taken = broadcast_object(taken)
+        if not taken:
+            say(f"[{k}/{len(mine)}] {name}: measured by another shard, skipped")
+            summary.skipped.append(name)
+            continue
+        try:
+            say(f"[{k}/{len(mine)}] {name}: measuring")
+            record = measure_model(name, config, data, progress=progress and main)
+            records[name] = record
+            summary.measured.append(name)
+            if main:
+                record.write(out / "models" / f"{safe_name(name)}.json")
+                with _index_lock(out, say_now):  # the table so far, every shard's records in it
+                    write_csv(read_records(out, names)[0], out / "zoo.csv", config)
+        finally:
+            if lock is not None:
+                lock.release()
+        state = "done" if record.status == "ok" else f"FAILED ({record.error})"
+        say(f"[{k}/{len(mine)}] {name}: {state} in {record.elapsed_s:.1f} s")
+    bar.close()
+    if main:
+        with _index_lock(out, say_now):
+            summary.records, missing = read_records(out, names)
+            write_outputs(summary.records, out, config)
+        if missing:
+            say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
+                f"{' ...' if len(missing) > 5 else ''}")
+    else:
+        summary.records = [records[n] for n in names if n in records]
+    return summary
+
+
+def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[ZooSummary, list[str]]:
+    """Write ``zoo.csv``, ``zoo.md`` and the figures of ``out`` again from every record its shards wrote,
+    measuring nothing; returns the summary and the models that have no record yet."""
+    out = Path(out)
+    if not (out / "zoo.json").is_file():
+        raise ZooError(f"{out} holds no zoo (no zoo.json): run posgeom zoo into it first")
+    index = ZooIndex.read(out / "zoo.json")
+    config = config or config_from_settings(index.settings)
+    with _index_lock(out, print):
+        records, missing = read_records(out, index.models)
+        write_outputs(records, out, config)
+    return ZooSummary(records=records, out=out), missing
+
+
+def _plan(out: Path, asked: list[str], settings: dict[str, Any],
+          allow_changes: bool) -> tuple[list[str], dict[str, ZooModel], set[str]]:
+    """(the zoo's models: those of ``zoo.json`` then the new ones, their records, the ones to keep).
+
+    Raises ZooError for settings that differ from the recorded ones (unless ``allow_changes``). The
+    models and the ones to keep are main's view, shared with every process."""
+    index_path = out / "zoo.json"
+    index = ZooIndex.read(index_path) if index_path.is_file() else None
+    names = _dedupe([*(index.models if index else []), *asked])
+    if not names:
+        raise ZooError(_NO_MODELS)
+    records: dict[str, ZooModel] = {}
+    changes: dict[str, tuple[Any, Any]] = {}
+    if index is not None:
+        changes.update(settings_changes("zoo", index.settings, settings))
+    stale: set[str] = set()
+    for name in names:
+        path = out / "models" / f"{safe_name(name)}.json"
+        if path.is_file():
+            records[name] = record = ZooModel.read(path)
+            if record.status == "ok":
+                changes.update(settings_changes("zoo", record.settings, settings))
+                now = weights_key(name, record.weights)
+                if record.weights_key != now:  # the same name, other weights (a new export, a new revision)
+                    stale.add(name)
+                    changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
+    if changes and not allow_changes:
+        raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
+                       "to measure its models again with these (former records are kept as .replaced-N), or choose "
+                       "another --out")
+    # main's view in every process: every process then measures the same models in the same order, even
+    # when one read the records while main was writing one
+    names, done = broadcast_object((names, {n for n, r in records.items()
+                                            if r.status == "ok" and r.settings == settings and n not in stale}))
+    return names, records, done

@@ -1,0 +1,135 @@
+"""``zoo.csv``: one row per model, its columns and per-layer summaries."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...jsonio import write_atomic
+from ..records import ZooModel
+from .config import SWEEP_SHIFTS, ZooConfig, _num
+
+
+def relative_depth(n: int) -> list[float]:
+    """Layer i of n at relative depth ``i / (n - 1)`` (0 the first probed layer, 1 the last; [0.0] for one)."""
+    return [0.0] if n == 1 else [i / (n - 1) for i in range(n)]
+
+
+def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
+    """``first``, ``last``, ``peak`` (the largest), ``peak_layer`` (its index) and ``mean`` of per-layer
+    SSDC, undefined (NaN) layers left out; every entry None when there is none."""
+    vals = [math.nan if v is None else float(v) for v in (values or [])]
+    finite = [(i, v) for i, v in enumerate(vals) if math.isfinite(v)]
+    if not finite:
+        return dict(first=None, last=None, peak=None, peak_layer=None, mean=None)
+    peak_layer, peak = max(finite, key=lambda t: t[1])
+    return dict(first=_num(vals[0]), last=_num(vals[-1]), peak=peak, peak_layer=peak_layer,
+                mean=sum(v for _, v in finite) / len(finite))
+
+
+def _fmt(value: Any, spec: str = ".6g") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return ""
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _series(values: Sequence[float | None] | None) -> str:
+    return " ".join("nan" if v is None else f"{v:.6g}" for v in values) if values else ""
+
+
+def _short_kind(kind: str) -> str:
+    """``"an absolute position table (alpha scales ...)"`` -> ``"absolute position table"``."""
+    text = kind.split(" (", 1)[0].strip()
+    return re.sub(r"^(a|an) ", "", text)
+
+
+def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
+    """The distinct PE kinds of a record, in order, with a count where several (``"relative position
+    bias table x12"``); ``"none"`` when none was found; ``""`` when not inspected."""
+    if pe is None:
+        return ""
+    counts: dict[str, int] = {}
+    for entry in pe:
+        kind = _short_kind(str(entry.get("kind", "")))
+        counts[kind] = counts.get(kind, 0) + 1
+    return "; ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items()) or "none"
+
+
+def csv_columns(config: ZooConfig) -> list[str]:
+    """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, SSDC summaries, versions."""
+    cols = ["model", "status", "weights", "source", "architecture", "param_count", "img_size", "interpolation",
+            "pe_kinds", "site", "granularity", "n_layers", "probe_images", "top1", "n_images", "labels",
+            *(f"fs_{s}" for s in config.shifts)]
+    for prefix in ("ssdc", "rpi_ssdc"):
+        cols += [f"{prefix}_{k}" for k in ("first", "last", "peak", "peak_layer", "mean")]
+    cols += ["delta_ssdc_rpi", "ssdc_per_layer", "rpi_ssdc_per_layer"]
+    if config.alphas is not None:
+        cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
+    if "attention" in config.extras:
+        cols += ["attn_distance_mean", "attn_distance_per_layer", "attn_entropy_per_layer"]
+    if "position" in config.extras:
+        cols += ["position_chance", "position_acc_mean", "position_acc_rpi_mean", "position_acc_per_layer",
+                 "position_acc_rpi_per_layer"]
+    return cols + ["notes", "error", "elapsed_s", "timm_posgeom_version", "timm_version", "torch_version"]
+
+
+def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, str]]:
+    """One dict per record, keyed by :func:`csv_columns`; a value that does not exist is ``""``.
+
+    ``param_count`` is in millions (3 decimals); ``top1`` (clean top-1), FS and SSDC are fractions with 6
+    significant digits, as everywhere in the package; ``*_per_layer`` are space-separated."""
+    rows = []
+    for r in records:
+        row = {c: "" for c in csv_columns(config)}
+        row.update(model=r.model, status=r.status, weights=r.weights or "", source=r.source or "",
+                   architecture=r.architecture or "", error=r.error or "", elapsed_s=_fmt(r.elapsed_s, ".1f"),
+                   timm_posgeom_version=r.versions.get("timm_posgeom", ""), timm_version=r.versions.get("timm", ""),
+                   torch_version=r.versions.get("torch", ""))
+        if r.status == "ok":
+            size = r.input_size or []
+            row.update(
+                param_count=_fmt(r.params / 1e6 if r.params is not None else None, ".3f"),
+                img_size=(str(size[1]) if len(size) == 3 and size[1] == size[2] else "x".join(map(str, size[1:]))),
+                interpolation=str((r.data_config or {}).get("interpolation") or ""), pe_kinds=pe_kinds(r.pe),
+                site=r.site or "", granularity=r.granularity or "", n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
+                probe_images=_fmt(r.probe_images), n_images=_fmt(r.num_images), labels=r.labels or "",
+                top1=_fmt(r.clean_accuracy),
+                delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc), ssdc_per_layer=_series(r.ssdc),
+                rpi_ssdc_per_layer=_series(r.rpi_ssdc), notes=" | ".join(n for n in r.notes))
+            for s in config.shifts:
+                row[f"fs_{s}"] = _fmt((r.fs or {}).get(s))
+            for prefix, values in (("ssdc", r.ssdc), ("rpi_ssdc", r.rpi_ssdc)):
+                for k, v in layer_summary(values).items():
+                    row[f"{prefix}_{k}"] = _fmt(v)
+            if "attention" in config.extras:
+                row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
+                           attn_distance_per_layer=_series(r.attention_distance),
+                           attn_entropy_per_layer=_series(r.attention_entropy))
+            if "position" in config.extras:
+                row.update(position_chance=_fmt(r.position_chance),
+                           position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
+                           position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
+                           position_acc_per_layer=_series(r.position_accuracy),
+                           position_acc_rpi_per_layer=_series(r.position_accuracy_rpi))
+            if config.alphas is not None and r.alpha_sweep is not None:
+                sw = r.alpha_sweep
+                row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
+                row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
+                for s in SWEEP_SHIFTS:
+                    row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
+        rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
+    return rows
+
+
+def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:
+    """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(csv_rows(records, config))
+    write_atomic(path, buffer.getvalue())
+    return path
