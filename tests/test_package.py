@@ -135,3 +135,15 @@ def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
         out = subprocess.run([sys.executable, "-c", code + "\nprint(len(timm.list_models('posgeom_*')))"],
                              capture_output=True, text=True, check=True)
         assert out.stdout.split()[-1] == "20", code
+
+
+@pytest.mark.parametrize("first", ["import timm_posgeom; timm_posgeom.check_support",
+                                   "from timm_posgeom.interventions import pe_scale",
+                                   "import timm_posgeom.support"])
+def test_a_first_import_of_timm_from_inside_the_package_registers_the_models(first):
+    """The registration hook fired while pos.rope was half-imported (timm's first import came from it), and
+    the first public name reached that way raised ImportError in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", f"{first}\nimport timm\nprint(len(timm.list_models('posgeom_*')))"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "20"
