@@ -78,11 +78,11 @@ def legend_labels(fig: Any) -> list[str]:
 
 
 def bands(ax: Any) -> list[Any]:
-    """The filled bands (fill_between) of an axes."""
-    from matplotlib.collections import FillBetweenPolyCollection, PolyCollection
+    """The filled bands (fill_between) of an axes: PolyCollections (matplotlib 3.10's FillBetweenPolyCollection
+    is one; older versions return a plain PolyCollection)."""
+    from matplotlib.collections import PolyCollection
 
-    kinds = tuple(k for k in (FillBetweenPolyCollection, PolyCollection) if k is not None)
-    return [c for c in ax.collections if isinstance(c, kinds)]
+    return [c for c in ax.collections if isinstance(c, PolyCollection)]
 
 
 def assert_bands_labelled(fig: Any) -> None:
