@@ -24,7 +24,7 @@ from .. import distributed as _dist
 from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from ..jsonio import dump_json
 from .attention import attention_modules, capture_attention
-from .probe import _batches, _data_signature, _model_name, _resolve_layers, _Shard, _StopForward
+from .probe import _batches, _data_signature, _model_name, _placement, _resolve_layers, _Shard, _StopForward
 from .sites import ProbeSites, find_sites
 
 __all__ = ["Measure", "LayerView", "MeasureResult", "run_measures", "SOURCES"]
@@ -224,10 +224,7 @@ def run_measures(
         if rpi:
             seed = _dist.shared_seed(seed)
         shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    home = param.device if param is not None else torch.device("cpu")
-    device = torch.device(device) if device is not None else home
-    dtype = param.dtype if param is not None else torch.float32
+    home, device, dtype = _placement(model, device)
     from tqdm.auto import tqdm
 
     show = progress and (shard is None or _dist.is_main())

@@ -380,6 +380,13 @@ def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     return sorted(set(out))
 
 
+def _placement(model: nn.Module, device: str | torch.device | None) -> tuple[torch.device, torch.device, torch.dtype]:
+    """(where the model's weights are, where to run it: ``device`` or there, the dtype of its inputs)."""
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    home = param.device if param is not None else torch.device("cpu")
+    return home, torch.device(device) if device is not None else home, param.dtype if param is not None else torch.float32
+
+
 def _model_name(model: nn.Module) -> str:
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
     return str(cfg.get("architecture") or type(model).__name__)
@@ -483,10 +490,7 @@ def probe_ssdc(
             seed = _dist.shared_seed(seed)
         shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
 
-    param = next((p for p in model.parameters() if p.is_floating_point()), None)
-    home = param.device if param is not None else torch.device("cpu")
-    device = torch.device(device) if device is not None else home
-    dtype = param.dtype if param is not None else torch.float32
+    home, device, dtype = _placement(model, device)
 
     total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
     from tqdm.auto import tqdm
