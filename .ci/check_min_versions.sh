@@ -5,10 +5,10 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 VENV="$(mktemp -d)/venv-min"
-trap 'rm -rf "$(dirname "$VENV")"' EXIT
+trap 'rm -rf "$(dirname "$VENV")"' EXIT   # several GB (torch with its CUDA libraries): gone before the next stage
 cd "$REPO"
 python3 -m venv "$VENV"
-"$VENV/bin/pip" install -q -c .ci/constraints-min.txt -e ".[dev]" >"$VENV.log" 2>&1 || { tail -30 "$VENV.log"; exit 1; }
+PIP_NO_CACHE_DIR=1 "$VENV/bin/pip" install -q -c .ci/constraints-min.txt -e ".[dev]" >"$VENV.log" 2>&1 || { tail -30 "$VENV.log"; exit 1; }
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 pins = dict(line.split("==") for line in open(".ci/constraints-min.txt") if "==" in line and not line.startswith("#"))
