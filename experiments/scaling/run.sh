@@ -14,6 +14,8 @@ study() {  # [SEEDS=n] study OUT ARGS...: start OUT, or resume it (2 seeds unles
   local out=$1; shift
   local resume=()
   [[ -f $out/plan.json ]] && resume=(--resume)
+  # ALLOW_CHANGES=1: a default changed since OUT began (e.g. --rpi-permutations 1 -> 3): recompute what it affects
+  [[ -f $out/plan.json && -n ${ALLOW_CHANGES:-} ]] && resume+=(--allow-changes)
   echo "== $(date -u +%FT%TZ) posgeom study $* --seeds ${SEEDS:-2} --out $out ${resume[*]}"
   posgeom study "$@" --seeds "${SEEDS:-2}" --out "$out" "${resume[@]}"
 }
