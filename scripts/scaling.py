@@ -8,6 +8,14 @@ tables: per study and condition, clean top-1, delta SSDC under RPI at alpha 1 (m
 with the seed count) and the training wall time per model; and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
 values as the last row. The figure draws the APE sweep of every study (mean line, band = min..max over
 seeds) with the paper's points. A study still running is read as it stands (its finished runs only).
+
+The width ladder (issue 32): with ``--width-figure PATH`` the studies are read as one ladder, each at the width
+its runs' recipes give (``model_kwargs.embed_dim``, else the model's own). It prints delta SSDC under RPI for
+APE and no PE per width and draws it against width with the paper's point (ViT-S, width 384), beside the
+PE-to-content norm ratio and the position table's own SSDC over training (APE runs that logged them).
+
+    python scripts/scaling.py "w64=experiments/scaling/8x8-w64-paper" "w128=experiments/scaling/8x8-paper" \
+        "w192=experiments/scaling/8x8-w192-paper" --width-figure docs/figures/width.png
 """
 from __future__ import annotations
 
@@ -138,12 +146,112 @@ def figure(studies: list[tuple[str, StudyResults]], path: Path) -> None:
     print(f"figure: {path}")
 
 
+def width_of(run_dir: Path) -> int:
+    """The embedding width of a study run: its recipe's ``model_kwargs.embed_dim``, else the model's own."""
+    import yaml
+
+    recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+    width = (recipe.get("model_kwargs") or {}).get("embed_dim")
+    if width is None:
+        import timm
+
+        import timm_posgeom  # noqa: F401  (registers the models)
+
+        width = timm.create_model(recipe["model"], pretrained=False).embed_dim
+    return int(width)
+
+
+def ladder(studies: list[tuple[str, StudyResults]], dirs: list[Path]) -> dict[int, dict[str, list]]:
+    """width -> condition -> [(delta SSDC under RPI, run dir), ...] over the APE and no-PE runs measured."""
+    out: dict[int, dict[str, list]] = {}
+    for (_, res), where in zip(studies, dirs):
+        for run in res.runs:
+            if run.condition in ("ape", "nope") and run.eval.ssdc is not None:
+                run_dir = where / "runs" / f"{run.condition}_s{run.seed}"
+                out.setdefault(width_of(run_dir), {}).setdefault(run.condition, []).append(
+                    (_num(run.eval.ssdc.rpi_delta), run_dir))
+    return dict(sorted(out.items()))
+
+
+def width_table(widths: dict[int, dict[str, list]]) -> list[str]:
+    rows = ["| width | heads | APE delta SSDC under RPI | no PE (the floor) | APE seeds |", "|---|---|---|---|---|"]
+    for width, by in widths.items():
+        ape, nope = by.get("ape", []), by.get("nope", [])
+        rows.append(f"| {width} | {width // 32} | {_cell([d for d, _ in ape])} | {_cell([d for d, _ in nope])} "
+                    f"| {len(ape)} |")
+    rows.append(f"| the paper (ViT-S/16, 384, 14 x 14, IN-100) | 6 (size 64) | {PAPER_APE_DELTA[1.0]} "
+                "| - | 4 |")
+    return rows
+
+
+def _history(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
+    import json
+
+    steps, values = [], []
+    path = run_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        row = json.loads(line)
+        if row.get("kind") == "train" and row.get(key) is not None:
+            steps.append(row["step"])
+            values.append(float(row[key]))
+    return steps, values
+
+
+def width_figure(widths: dict[int, dict[str, list]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    ax = axes[0]
+    for cond, style in (("ape", "o-"), ("nope", "s:")):
+        xs = [w for w in widths if widths[w].get(cond)]
+        means = [np.mean([d for d, _ in widths[w][cond]]) for w in xs]
+        ax.plot(xs, means, style, label=f"{LABELS.get(cond, cond)} (mean over seeds)")
+        for w in xs:
+            ax.scatter([w] * len(widths[w][cond]), [d for d, _ in widths[w][cond]], s=12, color="grey", zorder=3)
+    ax.scatter([384], [PAPER_APE_DELTA[1.0]], marker="*", s=160, color="k", label="the paper (ViT-S/16, IN-100)")
+    ax.set_xlabel("width (embedding dimension; head size 32, depth 4, 8 x 8 tokens)")
+    ax.set_ylabel("delta SSDC under RPI (layer 1 - layer 0)")
+    ax.set_title("delta SSDC against width")
+    ax.legend(fontsize=8)
+    for ax, key, label in ((axes[1], "pe_norm_ratio", "PE-to-content norm ratio"),
+                           (axes[2], "pe_ssdc", "the position table's own SSDC")):
+        for width, by in widths.items():
+            for i, (_, run_dir) in enumerate(by.get("ape", [])):
+                steps, values = _history(run_dir, key)
+                if steps:
+                    ax.plot(steps, values, label=f"width {width}" if i == 0 else None,
+                            color=plt.cm.viridis(list(widths).index(width) / max(1, len(widths) - 1)))
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.set_title(f"APE: {label} over training")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not logged by these runs", ha="center", transform=ax.transAxes)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"figure: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("studies", nargs="+", help="LABEL=STUDY_DIR")
     parser.add_argument("--figure", type=Path, default=None, help="PNG of the APE sweeps against the paper's")
+    parser.add_argument("--width-figure", type=Path, default=None,
+                        help="read the studies as a width ladder: print its table and draw this PNG")
     args = parser.parse_args()
     studies = [load(s) for s in args.studies]
+    if args.width_figure:
+        widths = ladder(studies, [Path(s.partition("=")[2]) for s in args.studies])
+        print("\n".join(width_table(widths)))
+        width_figure(widths, args.width_figure)
+        return
     print("\n".join(condition_table(studies)))
     print()
     print("\n".join(sweep_table(studies)))
