@@ -57,3 +57,34 @@ def test_the_sweep_table_and_figure_use_the_papers_alphas(scaling, tmp_path):
     assert min(lines["APE: fragility against alpha"].get_xdata()) == 0.1
     plt.close(fig)
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scaling, tmp_path):
+    import json
+
+    import matplotlib.pyplot as plt
+
+    studies, dirs = [], []
+    for width, delta in ((64, 0.1), (192, 0.3)):
+        res = _study([1.0])
+        res.runs[0].eval.ssdc.rpi_delta = delta
+        where = tmp_path / f"w{width}"
+        run_dir = where / "runs" / "ape_s0"
+        run_dir.mkdir(parents=True)
+        (run_dir / "recipe.yaml").write_text(f"model: m\nmodel_kwargs:\n  embed_dim: {width}\n")
+        (run_dir / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "train", "step": s, "pe_norm_ratio": 0.1 * s, "pe_ssdc": 0.01 * s}) + "\n"
+            for s in (25, 50)))
+        studies.append((f"w{width}", res))
+        dirs.append(where)
+    widths = scaling.ladder(studies, dirs)
+    assert list(widths) == [64, 192] and widths[192]["ape"][0][0] == 0.3
+    rows = scaling.width_table(widths)
+    assert rows[2].startswith("| 64 | 2 | 0.100 |") and rows[3].startswith("| 192 | 6 | 0.300 |")
+    assert "0.4725" in rows[-1]
+    scaling.width_figure(widths, tmp_path / "w.png")
+    fig = plt.gcf()
+    ratio = next(ax for ax in fig.axes if "norm ratio" in ax.get_title())
+    assert [list(ln.get_ydata()) for ln in ratio.get_lines()] == [[2.5, 5.0], [2.5, 5.0]]
+    plt.close(fig)
+    assert (tmp_path / "w.png").stat().st_size > 0
