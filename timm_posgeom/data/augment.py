@@ -17,7 +17,7 @@ from ..transforms import eval_transform, to_rgb
 
 try:
     from typing import Unpack  # Python 3.11+
-except ImportError:  # Python 3.10
+except ImportError:  # Python 3.10: typing_extensions, which torch requires
     from typing_extensions import Unpack
 
 __all__ = ["AUGMENTATIONS", "TimmAugment", "crop_flip", "eval_config", "train_transform", "TransformDataset"]

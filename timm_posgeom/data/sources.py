@@ -12,7 +12,7 @@ from .splits import ImageSplit
 
 try:
     from typing import Unpack  # Python 3.11+
-except ImportError:  # Python 3.10
+except ImportError:  # Python 3.10: typing_extensions, which torch requires
     from typing_extensions import Unpack
 
 __all__ = ["resolve_source", "load_split"]
@@ -64,10 +64,14 @@ def load_split(
         img_size: resolution of the synthetic set (ignored for real data).
         seed: seed of the synthetic set.
         synthetic_size: number of synthetic images (default 5000 train, 1000 validation).
-        config: the dataset's configuration name (Hub and parquet sets with several).
-        revision: a branch, tag or commit of a Hub dataset.
-        streaming: read the first ``subset`` items of the split as a stream (Hub and parquet sets): only
-            the files holding them are read, nothing else is downloaded or prepared. Needs ``subset``.
+        **hub: which data of a Hub or parquet set, and how it is read (:class:`HubOptions`): the
+            keywords below; another keyword is a TypeError.
+
+    Keyword Args:
+        config (str | None): the dataset's configuration name (Hub and parquet sets with several).
+        revision (str | None): a branch, tag or commit of a Hub dataset.
+        streaming (bool): read the first ``subset`` items of the split as a stream (Hub and parquet sets):
+            only the files holding them are read, nothing else is downloaded or prepared. Needs ``subset``.
 
     Only the asked split is downloaded and prepared: ``datasets.load_dataset(path)`` without a split
     prepares every split (all of ImageNet's train split to probe its validation split).
