@@ -103,14 +103,14 @@ SCRIPT = textwrap.dedent('''
                                                         progress=False)),
         }
         applied = []  # the permutation each forward applies, in this process's order
-        permute = interventions._permute_tokens
-        interventions._permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
-                                                                 permute(x, perm, layout))[1]
+        permute = interventions.permutation._permute_tokens
+        interventions.permutation._permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
+                                                                             permute(x, perm, layout))[1]
         try:
             out["fragility_rpi"] = frag_dict(fragility(model, data, ["jpeg:5"], batch_size=4, num_workers=0,
                                                        rpi=True, seed=1, max_images=17, progress=False))
         finally:
-            interventions._permute_tokens = permute
+            interventions.permutation._permute_tokens = permute
         out["fragility_rpi_perms"] = applied
         sweep = alpha_sweep(model, data, [1.0, 0.5], ["jpeg:5"], probe_images=9, batch_size=4, num_workers=0,
                             progress=False)

@@ -64,8 +64,6 @@ def map_by_name(model: Any, data: Any) -> tuple[Any | None, str]:
     A class of the data that cannot be matched leaves the whole data unmatched: an accuracy counted
     with a wrong label mapping would be a wrong number, not an approximate one.
     """
-    from .data import RelabeledSplit, relabel_by_name
-
     classes = [str(c) for c in (getattr(data, "classes", None) or [])]
     outputs = int(getattr(model, "num_classes", 0) or 0)
     if outputs < 1:
@@ -74,19 +72,31 @@ def map_by_name(model: Any, data: Any) -> tuple[Any | None, str]:
         return None, "the data has no class names"
     names = model_class_names(model)
     if names:
-        if len(names) != outputs:
-            return None, f"the model records {len(names)} class names for {outputs} outputs"
-        if names == classes:
-            return data, "the model's recorded class names (the data's, in the same order)"
-        missing = [c for c in classes if c not in names]
-        if missing:
-            return None, (f"the model's recorded classes lack {len(missing)} of the data's "
-                          f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
-        return relabel_by_name(data, names), "by name onto the model's recorded class names"
+        return _map_onto_recorded_names(data, classes, names, outputs)
     imagenet = _imagenet(model)
     if imagenet is None:
         return None, f"the model's {outputs} outputs have no recorded class names and are not an ImageNet head"
-    subset, wnids, descriptions = imagenet
+    return _map_onto_imagenet(data, classes, outputs, *imagenet)
+
+
+def _map_onto_recorded_names(data: Any, classes: list[str], names: list[str], outputs: int) -> tuple[Any | None, str]:
+    """:func:`map_by_name`, step 1: the data's ``classes`` looked up in the model's recorded class ``names``."""
+    from .data import relabel_by_name
+
+    if len(names) != outputs:
+        return None, f"the model records {len(names)} class names for {outputs} outputs"
+    if names == classes:
+        return data, "the model's recorded class names (the data's, in the same order)"
+    missing = [c for c in classes if c not in names]
+    if missing:
+        return None, (f"the model's recorded classes lack {len(missing)} of the data's "
+                      f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    return relabel_by_name(data, names), "by name onto the model's recorded class names"
+
+
+def _imagenet_matches(classes: list[str], wnids: list[str], descriptions: list[str]) -> tuple[list[int], list[str]]:
+    """(the ImageNet class index of each of ``classes``, the classes that match none or several): by WordNet
+    id, else by one of the comma-separated names of a class's description (case and spaces ignored)."""
     by_wnid = {w: i for i, w in enumerate(wnids)}
     by_name: dict[str, set[int]] = {}
     for i, description in enumerate(descriptions):
@@ -99,6 +109,15 @@ def map_by_name(model: Any, data: Any) -> tuple[Any | None, str]:
             mapping.append(next(iter(hits)))
         else:
             missing.append(c + (" (ambiguous)" if hits else ""))
+    return mapping, missing
+
+
+def _map_onto_imagenet(data: Any, classes: list[str], outputs: int, subset: str, wnids: list[str],
+                       descriptions: list[str]) -> tuple[Any | None, str]:
+    """:func:`map_by_name`, step 2: the data's ``classes`` matched to an ImageNet head's classes."""
+    from .data import RelabeledSplit
+
+    mapping, missing = _imagenet_matches(classes, wnids, descriptions)
     if missing:
         return None, (f"an {subset} head ({outputs} outputs), but {len(missing)} of the data's classes are neither "
                       f"WordNet ids nor names of one {subset} class ({', '.join(missing[:3])}"

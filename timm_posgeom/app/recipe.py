@@ -171,6 +171,43 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+def _to_bool(value: Any) -> bool:
+    """A bool, a yes/no word (true/yes/on/1, false/no/off/0) or the integer 0 or 1; ValueError otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return value.lower() in ("true", "yes", "on", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ValueError
+
+
+def _to_int(value: Any) -> int:
+    """A whole number (``"1e3"`` included); ValueError for a bool or a fraction."""
+    if isinstance(value, bool):
+        raise ValueError
+    number = float(value) if isinstance(value, str) else value
+    if float(number) != int(number):
+        raise ValueError
+    return int(number)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError
+    return float(value)
+
+
+def _to_dict(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError
+    return dict(value)
+
+
+# how a YAML-parsed value becomes each plain annotation of a recipe field (lists: _coerce, item by item)
+_COERCERS = {bool: _to_bool, int: _to_int, float: _to_float, str: str, dict: _to_dict}
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Coerce a YAML-parsed ``value`` to the annotation ``tp`` of recipe field ``key``."""
     base, optional = _unwrap_optional(tp)
@@ -180,43 +217,17 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
         raise RecipeError(f"{key} may not be none")
     origin = typing.get_origin(base) or base
     try:
-        if origin is bool:
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
-                return value.lower() in ("true", "yes", "on", "1")
-            if isinstance(value, int) and value in (0, 1):
-                return bool(value)
-            raise ValueError
-        if origin is int:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value) if isinstance(value, str) else value
-            if float(number) != int(number):
-                raise ValueError
-            return int(number)
-        if origin is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if origin is str:
-            return str(value)
+        if origin in (list, dict) and isinstance(value, str):  # a list or a mapping written in YAML
+            value = yaml.safe_load(value) if origin is list else yaml.safe_load(value) or {}
         if origin is list:
             (item,) = typing.get_args(base) or (Any,)
-            if isinstance(value, str):
-                value = yaml.safe_load(value)
             if not isinstance(value, (list, tuple)):
                 raise ValueError
             return [_coerce(key, v, item) if item is not Any else v for v in value]
-        if origin is dict:
-            if isinstance(value, str):
-                value = yaml.safe_load(value) or {}
-            if not isinstance(value, dict):
-                raise ValueError
-            return dict(value)
+        coerce = _COERCERS.get(origin)
+        return value if coerce is None else coerce(value)
     except (TypeError, ValueError):
         raise RecipeError(f"{key}: cannot use {value!r} as {getattr(base, '__name__', base)}") from None
-    return value
 
 
 def _unknown(key: str) -> RecipeError:

@@ -24,6 +24,7 @@ List every model of the plugin: ``timm.list_models(module='vision_transformer_pe
 (or ``timm_posgeom.list_models()``).
 """
 import math
+from collections.abc import Callable
 from typing import Any, Optional
 
 import torch
@@ -162,30 +163,9 @@ class PosGeomViT(Eva):
                 module.reset_parameters()
 
         reset(self.patch_embed.proj)
-        for token in (self.cls_token, self.reg_token):
-            if token is not None:
-                token.normal_(0.0, 1.0)
-        num_pos = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
-        if self.pos_embed is not None:
-            self.pos_embed.normal_(0.0, 1.0)
-        else:  # the paper's unused nn.Embedding: same draws, so later layers match it
-            torch.empty(num_pos, self.embed_dim, device=self.patch_embed.proj.weight.device,
-                        dtype=self.patch_embed.proj.weight.dtype).normal_(0.0, 1.0)
+        self._init_tokens_paper()
         for blk in self.blocks:
-            attn = blk.attn
-            if attn.qkv is not None:
-                reset(attn.qkv)
-                if attn.q_bias is not None:
-                    bound = 1.0 / math.sqrt(attn.qkv.in_features)
-                    bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device,
-                                       dtype=attn.q_bias.dtype).uniform_(-bound, bound)
-                    q, _, v = bias.chunk(3)
-                    attn.q_bias.copy_(q)
-                    attn.v_bias.copy_(v)
-            else:
-                for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
-                    reset(proj)
-            reset(attn.proj)
+            _init_attention_paper(blk.attn, reset)
         for blk in self.blocks:
             for module in blk.mlp.modules():
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
@@ -195,6 +175,20 @@ class PosGeomViT(Eva):
         for module in self.modules():  # whatever the paper's order did not name (e.g. attention pooling)
             if isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
                 reset(module)
+
+    @torch.no_grad()
+    def _init_tokens_paper(self) -> None:
+        """The paper's class token (and register tokens) and APE table: N(0, 1), in its order; without an APE
+        the table is drawn and discarded, as the paper's model creates it in every condition."""
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                token.normal_(0.0, 1.0)
+        num_pos = self.patch_embed.num_patches + (0 if self.no_embed_class else self.num_prefix_tokens)
+        if self.pos_embed is not None:
+            self.pos_embed.normal_(0.0, 1.0)
+        else:  # the paper's unused nn.Embedding: same draws, so later layers match it
+            torch.empty(num_pos, self.embed_dim, device=self.patch_embed.proj.weight.device,
+                        dtype=self.patch_embed.proj.weight.dtype).normal_(0.0, 1.0)
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild the computed (non-persistent) sincos table, e.g. after ``to_empty()``."""
@@ -246,32 +240,33 @@ class PosGeomViT(Eva):
             x = x + (sincos if scale == 1.0 else scale * sincos)
         if self.rope is not None:
             rope = self.rope.get_embed(shape=[grid[0], grid[1]]) if self.dynamic_img_size else self.rope.get_embed()
+        x = self._prefix_and_ape(x, grid[0], grid[1], same_grid)
+        x = self.pos_drop(x)
+        return x, rope
+
+    def _prefix_and_ape(self, x: torch.Tensor, grid_h: int, grid_w: int, same_grid: bool) -> torch.Tensor:
+        """x: patch tokens (B, N, C) -> (B, prefix + N, C): the class and register tokens put first, and the
+        APE table (scaled by alpha, resampled to a grid other than the default) added; to the patch tokens
+        only with ``no_embed_class``."""
         prefix: list[torch.Tensor] = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
         table = self.pos_embed
-        if table is not None:  # pe == 'ape'
-            num_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            if not same_grid:
-                table = resample_abs_pos_embed(
-                    table, new_size=[grid[0], grid[1]], old_size=self.patch_embed.grid_size,
-                    num_prefix_tokens=num_prefix)
-            if scale != 1.0:
-                table = scale * table
-            if self.no_embed_class:
-                x = x + table
-                if len(prefix) > 0:
-                    x = torch.cat(prefix + [x], dim=1)
-            else:
-                if len(prefix) > 0:
-                    x = torch.cat(prefix + [x], dim=1)
-                x = x + table
-        elif len(prefix) > 0:
+        if table is None:  # pe != 'ape'
+            return torch.cat(prefix + [x], dim=1) if len(prefix) > 0 else x
+        if not same_grid:
+            table = resample_abs_pos_embed(
+                table, new_size=[grid_h, grid_w], old_size=self.patch_embed.grid_size,
+                num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens)
+        if self.alpha != 1.0:
+            table = self.alpha * table
+        if self.no_embed_class:
+            x = x + table
+        if len(prefix) > 0:
             x = torch.cat(prefix + [x], dim=1)
-        x = self.pos_drop(x)
-        return x, rope
+        return x if self.no_embed_class else x + table
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """Change the input size; the sincos table is rebuilt for the new grid, never interpolated."""
@@ -283,6 +278,26 @@ class PosGeomViT(Eva):
     def extra_repr(self) -> str:
         init = "" if self.init == "timm" else f", init={self.init!r}"
         return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}{init}"
+
+
+@torch.no_grad()
+def _init_attention_paper(attn: nn.Module, reset: Callable[[Optional[nn.Module]], None]) -> None:
+    """One attention layer as the paper's: ``reset`` (PyTorch's default init) on the fused qkv Linear, the q and
+    v biases cut from one 3*D draw as the paper's fused bias (the key bias stays Eva's zero), or on the q, k,
+    v Linears; then on the output projection."""
+    if attn.qkv is not None:
+        reset(attn.qkv)
+        if attn.q_bias is not None:
+            bound = 1.0 / math.sqrt(attn.qkv.in_features)
+            bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device,
+                               dtype=attn.q_bias.dtype).uniform_(-bound, bound)
+            q, _, v = bias.chunk(3)
+            attn.q_bias.copy_(q)
+            attn.v_bias.copy_(v)
+    else:
+        for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+            reset(proj)
+    reset(attn.proj)
 
 
 def _check_img_size(img_size, patch_size, dynamic_img_pad: bool) -> None:

@@ -119,7 +119,8 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
         val_ds = D.CachedEvalDataset(val_cache, mean, std)
     else:
         tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
-                               recipe.hflip, recipe.auto_augment, recipe.color_jitter, recipe.reprob, recipe.scale)
+                               recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
+                               reprob=recipe.reprob, scale=recipe.scale)
         train_ds = D.TransformDataset(train_split, tf, seed=recipe.seed)
         config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
         val_ds = D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize))

@@ -1,0 +1,166 @@
+"""One split of an image-classification set and what is done to it whole: its split names, the split
+itself (:class:`ImageSplit`, ``split[i] -> (PIL RGB image, label)``), a subset of it, its labels mapped to
+another class list, every image decoded once (:func:`check_images`) and what identifies its content."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from ..errors import PosgeomError
+from ..synthetic import SyntheticShapes
+from ..transforms import class_index, to_rgb
+
+__all__ = ["SPLIT_ALIASES", "split_name", "ImageSplit", "BadImageError", "SubsetSplit", "BAD_IMAGE_POLICIES",
+           "check_images", "RelabeledSplit", "relabel_by_name", "data_identity", "identity_change"]
+
+SPLIT_ALIASES = {
+    "train": ("train", "training"),
+    "validation": ("validation", "val", "valid", "test"),
+}
+
+
+def split_name(available: Sequence[str], split: str) -> str:
+    """The name in ``available`` that serves as ``split``: itself, else an alias (validation / val /
+    valid / test are interchangeable, as are train / training)."""
+    if split in available:
+        return split
+    for group in SPLIT_ALIASES.values():
+        if split in group:
+            for alias in group:
+                if alias in available:
+                    return alias
+    raise ValueError(f"no split {split!r} in the data; available splits: {', '.join(available)}")
+
+
+class ImageSplit(Dataset):
+    """One split of an image-classification set: ``split[i] -> (PIL RGB image, label)``.
+
+    Attributes: ``classes`` (names), ``labels`` (list of int, one per item), ``fingerprint`` (a
+    string identifying the exact content, used for the on-disk uint8 cache).
+    """
+
+    def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
+                 getter: Callable[[Any, int], tuple[Image.Image, int]],
+                 where: Callable[[int], str] | None = None):
+        self.items = items
+        self.classes = list(classes)
+        self.labels = [class_index(v) for v in labels]
+        self.fingerprint = fingerprint
+        self._get = getter
+        self.where = where or (lambda index: f"item {index}")
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        try:
+            image, label = self._get(self.items, index)
+            image.load()  # decode now: a damaged file fails here, named, not later inside a transform
+            image = to_rgb(image)  # 16-bit, palette, CMYK, alpha: 8-bit RGB, or refused (see to_rgb)
+        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for truncated or invalid files
+            raise BadImageError(f"cannot decode {self.where(index)}: {e}") from None
+        return image, label
+
+
+class BadImageError(PosgeomError, ValueError):
+    """An image that cannot be decoded; the message names the file (or the row of a parquet set)."""
+
+
+class SubsetSplit(ImageSplit):
+    """The items of a split at ``indices`` (what :func:`check_images` keeps)."""
+
+    def __init__(self, split: ImageSplit, indices: Sequence[int]):
+        self.split, self.indices = split, list(indices)
+        super().__init__(split.items, split.classes, [split.labels[i] for i in self.indices],
+                         f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
+                         split._get, lambda index: split.where(self.indices[index]))
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        return self.split[self.indices[index]]
+
+
+BAD_IMAGE_POLICIES = ("error", "skip")
+
+
+def check_images(split: ImageSplit, policy: str = "error", progress: bool = False) -> ImageSplit:
+    """Decode every image of ``split`` once, before expensive work uses it.
+
+    ``policy="error"``: raise :class:`BadImageError` naming the bad files (up to five, and the count);
+    ``"skip"``: return the split without them, with ``skipped`` listing where each was.
+    """
+    if policy not in BAD_IMAGE_POLICIES:
+        raise ValueError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
+    if isinstance(split.items, SyntheticShapes):  # rendered, never decoded: nothing can be damaged
+        split.skipped = []
+        return split
+    from tqdm.auto import tqdm
+
+    good, bad = [], []
+    for index in tqdm(range(len(split)), desc="checking images", unit="img", disable=not progress, leave=False):
+        try:
+            split[index]
+            good.append(index)
+        except BadImageError as e:
+            bad.append(str(e).removeprefix("cannot decode "))
+    if bad and policy == "error":
+        raise BadImageError(f"{len(bad)} image(s) cannot be decoded: {'; '.join(bad[:5])}"
+                            f"{' ...' if len(bad) > 5 else ''} (bad_images=skip leaves them out, listed)")
+    checked = SubsetSplit(split, good) if bad else split
+    checked.skipped = bad
+    return checked
+
+
+class RelabeledSplit(ImageSplit):
+    """A split whose labels are mapped to another class list by name (see :func:`relabel_by_name`)."""
+
+    def __init__(self, split: ImageSplit, classes: Sequence[str], mapping: Sequence[int]):
+        self.split, self.mapping = split, list(mapping)
+        super().__init__(split.items, classes, [self.mapping[v] for v in split.labels],
+                         f"{split.fingerprint}-relabeled", split._get, split.where)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        image, label = self.split[index]
+        return image, self.mapping[label]
+
+
+def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit:
+    """``split`` with each label replaced by the index of its class name in ``classes`` (a model's label
+    names). Raises ValueError naming the classes of the data that ``classes`` lacks."""
+    index = {name: i for i, name in enumerate(classes)}
+    missing = [c for c in split.classes if c not in index]
+    if missing:
+        raise ValueError(f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
+                         f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name")
+    return RelabeledSplit(split, classes, [index[c] for c in split.classes])
+
+
+def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:
+    """What identifies a split's content, the same in any checkout or folder: its classes, size, a hash of
+    its labels and a hash of the pixels of its first ``images`` items (decoded RGB). The study's data is
+    named by a path that may be relative (committed runs move between checkouts), so the path alone
+    cannot tell that a resume is looking at other data (the study and training compare it on resume)."""
+    pixels = hashlib.sha1()
+    for i in range(min(images, len(split))):
+        image = split[i][0]
+        pixels.update(np.asarray(to_rgb(image), dtype=np.uint8).tobytes())
+    labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
+    return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
+
+
+def identity_change(was: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between two :func:`data_identity` records, for a message ("classes", "number of
+    images", "labels or images"), or None when they are the same."""
+    if was == now:
+        return None
+    if was.get("classes") != now.get("classes"):
+        return "classes"
+    return "number of images" if was.get("images") != now.get("images") else "labels or images"
