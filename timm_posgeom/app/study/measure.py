@@ -20,11 +20,14 @@ from ..rundir import describe_changes, set_aside
 from .config import RPI_SETTINGS, SWEPT, StudyConfig, StudyError, config_changes
 from .plan import PlannedRun
 
-__all__ = ["Measuring", "measure_run", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "attention_layers"]
+__all__ = ["Measuring", "measure_run", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
+           "attention_layers", "attention_summary", "ssdc_summary"]
 
-# Attention per head is measured at this many blocks, spread evenly from the first to the last, on the SSDC
-# probe images: a few layers keep it cheap and still show how the heads' reach changes with depth.
+# Attention per head is measured at this many blocks, spread evenly from the first to the last, on the first
+# of the SSDC probe images (at most ATTENTION_IMAGES): a few layers and a few hundred images keep it cheap and
+# still show how the heads' reach changes with depth.
 ATTENTION_LAYERS = 4
+ATTENTION_IMAGES = 256
 
 
 @dataclass
@@ -146,12 +149,12 @@ def _sweep(model: torch.nn.Module, m: Measuring) -> SweepSummary:
         fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts})
 
 
-def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig) -> Any:
-    """The first ``probe_images`` of ``split`` as the model reads them (the paper's resize)."""
+def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig, max_images: int | None = None) -> Any:
+    """The first ``probe_images`` (or ``max_images``) of ``split`` as the model reads them (the paper's resize)."""
     from ...eval_data import eval_loader
 
-    return eval_loader(model, split, max_images=config.probe_images, batch_size=config.batch_size, resize="paper",
-                       num_workers=config.workers)
+    return eval_loader(model, split, max_images=max_images or config.probe_images, batch_size=config.batch_size,
+                       resize="paper", num_workers=config.workers)
 
 
 def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
@@ -213,14 +216,14 @@ def attention_layers(depth: int, count: int = ATTENTION_LAYERS) -> list[int]:
 def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
                       log: Callable[[str], None] = lambda s: None) -> AttentionSummary | None:
     """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures)
-    at :func:`attention_layers` of the model, on the first ``probe_images``, normal and under RPI (seed 0);
-    the function ``posgeom attention`` and the zoo use. None (said through ``log``) for a model whose
-    attention cannot be captured."""
+    at :func:`attention_layers` of the model, on the first ``probe_images`` (at most ``ATTENTION_IMAGES``),
+    normal and under RPI (seed 0), with the function ``posgeom attention`` and the zoo use. None (said
+    through ``log``) for a model whose attention cannot be captured."""
     from ...probes import attention_measures
 
     def measure(rpi: bool) -> Any:
-        return attention_measures(model, _probe_loader(model, split, config), rpi=rpi, seed=0, layers=layers,
-                                  device=config.device, progress=False)
+        loader = _probe_loader(model, split, config, min(config.probe_images, ATTENTION_IMAGES))
+        return attention_measures(model, loader, rpi=rpi, seed=0, layers=layers, device=config.device, progress=False)
 
     def rows(values: Any) -> list[list[float | None]]:
         return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
