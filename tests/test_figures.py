@@ -312,10 +312,20 @@ def _study(tmp_path: Path, seeds: int = 2) -> Path:
     return tmp_path
 
 
+def _attention(seed: int) -> Any:
+    """An AttentionSummary at layers 0 and 3 of a 2-head model on an 8 x 8 grid, under RPI too."""
+    from timm_posgeom.app.records import AttentionSummary
+
+    heads = [[1.0 + 0.1 * seed, 2.0], [3.0, 3.5 + 0.1 * seed]]
+    return AttentionSummary(n_images=16, layers=[0, 3], grid=[8, 8], mean_distance=heads, entropy=heads,
+                            ssdc=[[0.5, None], [0.2, 0.1]], rpi_mean_distance=[[4.0, 4.1], [4.0, 4.2]],
+                            rpi_entropy=heads, rpi_ssdc=heads)
+
+
 @pytest.fixture(scope="module")
 def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each study figure drawn from the hand-built study, kept open (savefig recorded, close skipped)."""
-    from timm_posgeom.app import report
+    from timm_posgeom.app import report_figures as report
     from timm_posgeom.app.records import StudyResults
 
     out = _study(tmp_path_factory.mktemp("study"))
@@ -331,6 +341,10 @@ def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             kept[name] = plt.gcf()
         report.fig_similarity_maps(out, results, out / "similarity_maps.png")
         kept["similarity_maps"] = plt.gcf()
+        for run in results.runs:  # attention per head at 2 of the 4 layers, 2 heads
+            run.eval.attention = _attention(run.seed)
+        assert report.fig_attention_heads(results, out / "attention_heads.png")
+        kept["attention_heads"] = plt.gcf()
     finally:
         mp.undo()
     assert len({id(f) for f in kept.values()}) == len(kept)
@@ -339,7 +353,8 @@ def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         plt.close(fig)
 
 
-@pytest.mark.parametrize("name", ["ssdc_depth", "fragility", "alpha_sweep", "training", "similarity_maps"])
+@pytest.mark.parametrize("name", ["ssdc_depth", "fragility", "alpha_sweep", "training", "similarity_maps",
+                                  "attention_heads"])
 def test_study_figure_titles_fit(study_figures: dict[str, Any], name: str) -> None:
     assert_titles_fit(study_figures[name])
 
@@ -366,6 +381,22 @@ def test_study_alpha_sweep_no_twin_axes_alpha_upwards(study_figures: dict[str, A
         for line in ax.get_lines():
             x = np.asarray(line.get_xdata(), dtype=float)
             assert x.size < 2 or (np.diff(x) > 0).all()
+
+
+def test_study_attention_heads_one_panel_per_condition_heads_as_points(study_figures: dict[str, Any]) -> None:
+    """Issue 33: the per-head figure: a panel per condition, every head of every seed a point at its layer,
+    without RPI and under RPI, with the uniform-attention reference."""
+    from timm_posgeom.app.report_figures import uniform_distance
+
+    fig = study_figures["attention_heads"]
+    assert len(fig.axes) == len(CONDITIONS)
+    for ax in fig.axes:
+        points = np.concatenate([c.get_offsets() for c in ax.collections])
+        assert len(points) == 2 * 2 * 2 * 2  # (normal, RPI) x seeds x layers x heads
+        assert {round(float(x)) for x in points[:, 0]} == {0, 3}
+    labels = legend_labels(fig)
+    assert "without RPI" in labels and "under RPI" in labels and "uniform attention" in labels
+    assert uniform_distance((8, 8)) == pytest.approx(4.1, abs=0.1)  # docs/attention.md: about 4.1 on 8 x 8
 
 
 def test_study_similarity_maps_masked_with_colour_bars(study_figures: dict[str, Any]) -> None:

@@ -179,3 +179,25 @@ def test_version_1_results_still_read_and_version_2_keeps_the_rpi_permutations(t
     again = StudyResults.read(new.write(tmp_path / "v2.json"))
     assert again == new and rpi_cube(again.runs).shape == (1, 3, 2)
     assert json.loads((tmp_path / "v2.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_version_4_keeps_attention_per_head_and_version_3_results_still_read(tmp_path):
+    """Schema version 4 added RunEval.attention (issue 33: attention per head in the study): it round-trips,
+    NaN heads as null; a version 3 results.json (no such key) still reads, with None."""
+    from timm_posgeom.app.records import AttentionSummary
+
+    assert SCHEMA_VERSION >= 4
+    results = _study()
+    results.runs[0].eval.attention = AttentionSummary(
+        n_images=8, layers=[0, 3], grid=[8, 8], mean_distance=[[1.0, 2.0], [3.0, math.nan]],
+        entropy=[[0.5, 0.6], [0.7, 0.8]], ssdc=[[0.1, 0.2], [0.3, 0.4]], rpi_mean_distance=[[4.0, 4.1], [4.2, 4.3]])
+    again = StudyResults.read(results.write(tmp_path / "v4.json"))
+    attention = again.runs[0].eval.attention
+    assert isinstance(attention, AttentionSummary) and attention.mean_distance == [[1.0, 2.0], [3.0, None]]
+    assert attention.layers == [0, 3] and attention.rpi_entropy is None
+    raw = _study().to_dict()
+    raw["schema_version"] = 3
+    assert "attention" in raw["runs"][0]["eval"]
+    del raw["runs"][0]["eval"]["attention"]  # what version 3 wrote
+    (tmp_path / "v3.json").write_text(json.dumps(raw))
+    assert StudyResults.read(tmp_path / "v3.json").runs[0].eval.attention is None

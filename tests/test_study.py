@@ -18,8 +18,10 @@ import torch
 
 from timm_posgeom.app import study as study_mod
 from timm_posgeom.app.records import HistoryPoint, RunEval, StudyResults
-from timm_posgeom.app.report import _formed_at, _history, _history_std, _training_table, evaluate_claims
+from timm_posgeom.app.report import _formed_at, _training_table, evaluate_claims
+from timm_posgeom.app.report_figures import _history, _history_std
 from timm_posgeom.app.study import StudyError, dry_run, plan_study, preset_config, run_study
+from timm_posgeom.app.study import runner as study_runner
 from timm_posgeom.cli import main as cli_main
 
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
@@ -71,10 +73,18 @@ def test_demo_study_end_to_end(demo_study):
     for needle in ("Accuracy and fragility", "paper JPEG FS", "five claims", "figures/ssdc_depth.png"):
         assert needle in report
     assert len(evaluate_claims(results)) == 5
-    for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps", "training"):
+    for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps", "training", "attention_heads"):
         assert _is_png(out / "figures" / f"{name}.png"), name
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 5
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 6
     assert "During training: SSDC under RPI" in report
+    # issue 33: attention per head at a few layers, normal and under RPI, in each run's record and the report
+    for run in results.runs:
+        att = run.eval.attention
+        assert att.layers == [0, 1, 2, 3] and att.grid == [8, 8] and att.n_images == 24
+        for key in ("mean_distance", "entropy", "ssdc", "rpi_mean_distance", "rpi_entropy", "rpi_ssdc"):
+            assert np.shape(getattr(att, key)) == (4, 2), key  # (layers, heads): the demo's 2 heads
+        assert all(0 < d < 12 for row in att.mean_distance for d in row)  # patch units on an 8 x 8 grid
+    assert "## Attention per head" in report and "figures/attention_heads.png" in report.split("## Attention per head")[1]
 
 
 def test_no_pe_under_rpi_matches_content_positions_in_the_study(demo_study):
@@ -102,26 +112,26 @@ def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
 def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     config = _tiny(conditions=("nope", "ape"))
     calls = {"n": 0}
-    real = study_mod._measure_run
+    real = study_runner.measure_run
 
-    def interrupt_second(config, condition, run_dir, val, log, *args):
+    def interrupt_second(run, measuring):
         calls["n"] += 1
-        if condition == "ape":
+        if run.condition == "ape":
             raise KeyboardInterrupt
-        return real(config, condition, run_dir, val, log, *args)
+        return real(run, measuring)
 
-    monkeypatch.setattr(study_mod, "_measure_run", interrupt_second)
+    monkeypatch.setattr(study_runner, "measure_run", interrupt_second)
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path, progress=False)
     partial = StudyResults.read(tmp_path / "results.json")
     assert not partial.complete and [r.condition for r in partial.runs] == ["nope"]
     trained_at = (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns
-    monkeypatch.setattr(study_mod, "_measure_run", real)
+    monkeypatch.setattr(study_runner, "measure_run", real)
     with pytest.raises(FileExistsError, match="--resume"):
         run_study(config, tmp_path, progress=False)
     # resumed with another accelerate: the report said the resuming invocation's versions measured everything
-    other = dict(study_mod.package_versions(), accelerate="0.0.1")
-    monkeypatch.setattr(study_mod, "package_versions", lambda: dict(other))
+    other = dict(study_runner.package_versions(), accelerate="0.0.1")
+    monkeypatch.setattr(study_runner, "package_versions", lambda: dict(other))
     results = run_study(config, tmp_path, resume=True, progress=False)
     assert results.complete and [r.condition for r in results.runs] == ["nope", "ape"]
     assert (tmp_path / "runs" / "nope_s0" / "summary.json").stat().st_mtime_ns == trained_at  # reused
@@ -133,16 +143,24 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert f"; accelerate {nope.train.versions['accelerate']} for nope s0, ape s0." in header
 
 
-def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_path, capsys):
+def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_path, capsys, monkeypatch):
     """A resume with --conditions ape (or fewer --seeds) of a study that holds five measured conditions
     rewrote results.json and the report with APE alone: claims it had decided read "not measured"."""
     import shutil
+
+    from timm_posgeom.app import recipe
 
     out, results = demo_study
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     before = StudyResults.read(copy / "results.json")
+    reads, built = [], []  # issue 29: the study goes one way down, results read once, each recipe built once
+    read, load = StudyResults.read.__func__, recipe.load_recipe
+    monkeypatch.setattr(StudyResults, "read", classmethod(lambda cls, path: reads.append(path) or read(cls, path)))
+    monkeypatch.setattr(recipe, "load_recipe", lambda *a, **k: built.append(a[0]) or load(*a, **k))
     resumed = run_study(_tiny(conditions=("ape",)), copy, resume=True, progress=False)
+    monkeypatch.undo()
+    assert [p.name for p in reads] == ["results.json"] and sorted(built) == sorted(f"imagenette_cpu_{c}" for c in study_mod.CONDITIONS)
     assert [(r.condition, r.seed) for r in resumed.runs] == [(r.condition, r.seed) for r in before.runs]
     assert "beyond the ones asked for (nope, sincos, rope, rpt)" in capsys.readouterr().out
     assert resumed.complete and list(resumed.config["conditions"]) == list(study_mod.CONDITIONS)
@@ -153,11 +171,11 @@ def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_
 
 def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path):
     measured = [SimpleNamespace(condition=c, seed=s) for c in ("ape", "rope") for s in (0, 1)]
-    config = study_mod._keep_measured(_tiny(conditions=("nope", "ape")), measured, tmp_path)
+    config = study_runner._keep_measured(_tiny(conditions=("nope", "ape")), measured, tmp_path)
     assert config.conditions == ("nope", "ape", "rope") and config.seeds == 2
     # a condition the study planned but never measured is not kept: naming it again is the user's choice
     measured = [SimpleNamespace(condition="ape", seed=0)]
-    assert study_mod._keep_measured(_tiny(conditions=("ape",)), measured, tmp_path).conditions == ("ape",)
+    assert study_runner._keep_measured(_tiny(conditions=("ape",)), measured, tmp_path).conditions == ("ape",)
 
 
 def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):
@@ -261,6 +279,23 @@ def test_report_states_the_images_probed_not_the_images_asked(demo_study, tmp_pa
     header = (copy / "report.md").read_text().splitlines()[2]
     counts = {r.eval.ssdc.n_images for r in results.runs}
     assert counts == {24} and "SSDC on 24 images" in header and "800" not in header
+
+
+def test_a_study_recorded_before_attention_per_head_still_reports(demo_study, tmp_path):
+    """Issue 33: results.json of schema version 3 has no attention per head: it still loads and the report
+    renders, without the attention section and figure."""
+    out, _ = demo_study
+    copy = tmp_path / "old"
+    copy.mkdir()
+    data = json.loads((out / "results.json").read_text())
+    data["schema_version"] = 3
+    for run in data["runs"]:
+        del run["eval"]["attention"]
+    (copy / "results.json").write_text(json.dumps(data))
+    assert cli_main(["report", str(copy)]) == 0
+    report = (copy / "report.md").read_text()
+    assert "Attention per head" not in report and "SSDC across depth" in report
+    assert not (copy / "figures" / "attention_heads.png").exists() and _is_png(copy / "figures" / "ssdc_depth.png")
 
 
 def test_report_names_runs_measured_with_other_or_unrecorded_versions(demo_study, tmp_path):

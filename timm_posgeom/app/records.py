@@ -24,7 +24,11 @@ reads; files are written with ``SCHEMA_VERSION``):
   over permutations. A version 1 record has neither: one permutation, seed 0.
 * 3: :class:`RunSummary` gains ``export_sha1`` and ``export_ema_sha1`` (SHA-1 of the exported weights its
   top-1 and table SSDC were measured on); older records have None: not recorded, and a card states none
-  of their numbers. Files are written through
+  of their numbers.
+* 4: :class:`RunEval` gains ``attention`` (:class:`AttentionSummary`: attention measures per head at a few
+  layers, normal and under RPI); older records have None (not measured; a resumed study measures it).
+
+Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
 back into NaN.
@@ -43,11 +47,12 @@ from typing import Any, ClassVar, TypeVar
 from ..errors import PosgeomError
 from ..jsonio import to_jsonable, write_json
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "RunEval",
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "AttentionSummary",
+           "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # older versions whose records this one reads (new keys take their defaults)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -202,6 +207,28 @@ class SweepSummary(Record):
 
 
 @dataclass
+class AttentionSummary(Record):
+    """Attention measures per head at a few layers of a trained run (docs/attention.md#the-measures),
+    normal and under RPI (one permutation, seed 0; distances on the index grid, as SSDC under RPI).
+
+    ``layers`` are the block indices measured, ``grid`` the patch grid; every other list is (layers, heads): ``mean_distance``, the
+    mean attention distance in patch units, ``entropy`` in nats, ``ssdc`` the SSDC of each head's
+    symmetrised mean attention map. The ``rpi_*`` lists are None when the run could not be permuted.
+    """
+
+    KIND: ClassVar[str] = "attention-summary"
+    n_images: int
+    layers: list[int]
+    grid: list[int]  # (rows, cols) of the patch grid the distances are measured on
+    mean_distance: list[list[Num]]
+    entropy: list[list[Num]]
+    ssdc: list[list[Num]] | None = None
+    rpi_mean_distance: list[list[Num]] | None = None
+    rpi_entropy: list[list[Num]] | None = None
+    rpi_ssdc: list[list[Num]] | None = None
+
+
+@dataclass
 class RunEval(Record):
     """``eval.json``: a trained run measured by the study; each part is written as soon as it exists."""
 
@@ -216,6 +243,7 @@ class RunEval(Record):
     ssdc: SSDCSummary | None = None
     alpha_sweep: SweepSummary | None = None
     versions: list[dict[str, str]] | None = None  # every version set that measured a part (None: not recorded)
+    attention: AttentionSummary | None = None  # per head at a few layers (schema version 4; None: not measured)
 
 
 # --------------------------------------------------------------------------------------------

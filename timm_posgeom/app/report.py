@@ -19,72 +19,36 @@ from .claims import (
     LABELS,
     NEAR_ZERO,
     SUBSTANTIAL,
-    Spread,
     evaluate_claims,
     rpi_cube,
     spread,
     spread_sp,
 )
 from .provenance import describe_versions
-from .records import HistoryPoint, StudyResults, StudyRun
+from .records import StudyResults, StudyRun
+from .report_figures import (
+    _by_condition,
+    _floats,
+    _fs,
+    _history,
+    _layers,
+    _sweep_order,
+    fig_alpha_sweep,
+    fig_attention_heads,
+    fig_fragility,
+    fig_similarity_maps,
+    fig_ssdc_depth,
+    fig_training,
+    no_pe_floor,
+)
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
-
-COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
 
 # The paper's ViT-S/16 on ImageNet-100 (4 seeds, 60 epochs): clean top-1, JPEG q5 FS, blur FS.
 PAPER = {
     "ape": (0.641, 0.435, 0.184), "sincos": (0.657, 0.435, 0.208), "rope": (0.690, 0.299, 0.147),
     "nope": (0.568, 0.646, 0.298), "rpt": (0.560, 0.630, 0.243),
 }
-
-
-def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
-    out: dict[str, list[StudyRun]] = {}
-    for run in results.runs:
-        out.setdefault(run.condition, []).append(run)
-    return out
-
-
-def _fs(run: StudyRun, shift: str) -> float | None:
-    """The run's fragility score under ``shift`` (None when not measured)."""
-    return (run.eval.fs or {}).get(shift)
-
-
-def _floats(values) -> list[float]:
-    """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
-    return [np.nan if v is None else v for v in values]
-
-
-def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
-    rows = []
-    for r in runs:
-        block = r.eval.ssdc if source == "eval" else getattr(r, source)
-        if block is not None and getattr(block, key):
-            rows.append(_floats(getattr(block, key)))
-    if not rows:
-        return np.array([]), np.array([])
-    arr = np.array(rows, dtype=float)
-    return np.nanmean(arr, 0), (np.nanstd(arr, 0, ddof=1) if len(rows) > 1 else np.zeros(arr.shape[1]))
-
-
-def no_pe_floor(results: StudyResults) -> tuple[list[Spread], Spread, Spread] | None:
-    """The no-PE floor under RPI (docs/method.md#rpi-and-rpt): the SSDC a permuted model shows by chance,
-    measured on the study's no-PE runs under the same permutations as every other model. Per layer, the
-    mean over layers and delta SSDC, each over seeds x permutations (:func:`~.claims.spread_sp`); None
-    without a no-PE run."""
-    runs = _by_condition(results).get("nope", [])
-    cube = rpi_cube(runs)  # (seeds, permutations, layers)
-    if cube.size == 0:
-        return None
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        layers = [spread_sp(cube[:, :, k]) for k in range(cube.shape[2])]
-        mean = spread_sp(np.nanmean(cube, 2))
-    delta = spread_sp(cube[:, :, 1] - cube[:, :, 0]) if cube.shape[2] >= 2 else spread([])
-    return layers, mean, delta
 
 
 def _floor_line(results: StudyResults, delta: bool = False) -> str:
@@ -101,217 +65,6 @@ def _floor_line(results: StudyResults, delta: bool = False) -> str:
             f"the same {perms} permutation{'s' if perms != 1 else ''}, over seeds x permutations): {what}.")
 
 
-# --------------------------------------------------------------------------------------------
-# figures
-# --------------------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _band_note(results: StudyResults) -> str:
-    """What a band over seeds is, for a legend: mean ± std over seeds (zero width with one seed)."""
-    n = {len(runs) for runs in _by_condition(results).values()}
-    return "band: ± std over seeds" + (" (none with 1 seed)" if 1 in n else "")
-
-
-def _proxy_band(label: str) -> Any:
-    from matplotlib.patches import Patch
-
-    return Patch(facecolor="0.6", alpha=0.35, label=label)
-
-
-def _save(fig: Any, path: Path, dpi: int = 120) -> None:
-    """Fit the titles to the canvas, save, close."""
-    from ..plotting import fit_titles
-
-    fit_titles(fig)
-    fig.savefig(path, dpi=dpi)
-    _plt().close(fig)
-
-
-def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
-    """SSDC of the mean map per layer, normal (left) and under RPI (right): one line per condition, the mean
-    over seeds with a ± std band; dotted, the untrained models."""
-    from matplotlib.lines import Line2D
-
-    plt = _plt()
-    by = _by_condition(results)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True, layout="constrained")
-    for ax, key, title in ((axes[0], "per_layer", "SSDC across depth"), (axes[1], "rpi_per_layer", "under RPI")):
-        for c, runs in by.items():
-            m, s = _layers(runs, key)
-            if m.size == 0:
-                continue
-            x = np.arange(len(m))
-            ax.set_xticks(x)
-            ax.plot(x, m, "-o", color=COLORS.get(c), label=LABELS.get(c, c), ms=4)
-            ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2, lw=0, label="_band")
-            u, _ = _layers(runs, key, source="untrained")
-            if key == "per_layer" and u.size:
-                ax.plot(x, u, ":", color=COLORS.get(c), lw=1)
-        ax.axhline(0, color="k", lw=0.5)
-        floor = no_pe_floor(results) if key == "rpi_per_layer" else None
-        if floor is not None and floor[1].has_interval:  # the no-PE floor: its 95% interval
-            ax.axhspan(floor[1].lo, floor[1].hi, color="0.5", alpha=0.15, lw=0)
-        if floor is not None:
-            ax.axhline(floor[1].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor (RPI)")
-            ax.legend(fontsize=7, loc="upper right")
-        ax.set_title(title)
-        ax.set_xlabel("layer (attention input)")
-    axes[0].set_ylabel("SSDC (mean map), mean over seeds")
-    handles = axes[0].get_legend_handles_labels()[0]
-    handles += [_proxy_band(_band_note(results)), Line2D([], [], color="0.3", ls=":", lw=1, label="untrained (dotted)")]
-    axes[0].legend(handles=handles, fontsize=7)
-    _save(fig, path)
-
-
-def fig_fragility(results: StudyResults, path: Path) -> None:
-    """FS per shift and condition: bars the mean over seeds, error bars ± std over seeds (none with one)."""
-    plt = _plt()
-    by = _by_condition(results)
-    shifts = sorted({s for r in results.runs for s in r.eval.fs or {}},
-                    key=lambda s: (s not in PAPER_SHIFTS, s))
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(shifts) + 3.5), 3.8), layout="constrained")
-    width = 0.8 / max(1, len(by))
-    for i, (c, runs) in enumerate(by.items()):
-        stats = [spread([_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
-        ax.bar(np.arange(len(shifts)) + i * width, [s.mean for s in stats], width,
-               yerr=[0.0 if s.n < 2 else s.std for s in stats],
-               color=COLORS.get(c), label=LABELS.get(c, c))
-    ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
-    ax.set_xticklabels(shifts, rotation=20 if len(shifts) > 3 else 0, fontsize=8)
-    ax.set_ylabel("fragility score 1 - A_shift / A_clean")
-    ax.set_title("Fragility per shift (mean over seeds)", fontsize=10)
-    n = {len(runs) for runs in by.values()}
-    ax.legend(fontsize=8, title="error bars: ± std over seeds" + (" (none with 1 seed)" if 1 in n else ""),
-              title_fontsize=7)
-    _save(fig, path)
-
-
-def _sweep_order(alphas: list[float]) -> list[int]:
-    """Indices that put a sweep's alphas in increasing order (every figure and table runs alpha upwards)."""
-    return sorted(range(len(alphas)), key=lambda k: alphas[k])
-
-
-def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
-    """Against alpha (increasing), delta SSDC under RPI (left) and JPEG q5 FS (right), one line per swept
-    condition: the mean over seeds with a ± std band; with one seed, FS's band is its paired-bootstrap 95%
-    interval over images. Two panels, no twin axes."""
-    plt = _plt()
-    by = _by_condition(results)
-    swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
-    swept = [(c, s) for c, s in swept if s]
-    if not swept:
-        return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0), sharex=True, layout="constrained")
-    notes = set()
-    for c, sweeps in swept:
-        order = _sweep_order(sweeps[0].alphas)
-        alphas = np.asarray(sweeps[0].alphas, dtype=float)[order]
-        color = COLORS.get(c)
-        for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
-            arr = np.array([_floats(row) for row in rows], dtype=float)[:, order]
-            m = np.nanmean(arr, 0)
-            ax.plot(alphas, m, "-o", color=color, ms=4, label=f"{LABELS.get(c, c)} ({len(sweeps)} seed"
-                    f"{'s' if len(sweeps) > 1 else ''})")
-            if len(sweeps) > 1:
-                sd = np.nanstd(arr, 0, ddof=1)
-                ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
-                notes.add("band: ± std over seeds")
-            elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
-                ci = np.array([_floats(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
-                ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
-                notes.add("FS band, 1 seed: paired bootstrap 95% interval")
-    floor = no_pe_floor(results)
-    if floor is not None and math.isfinite(floor[2].mean):  # the no-PE floor of delta SSDC under RPI
-        left.axhline(floor[2].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor")
-    for ax in (left, right):
-        ax.axhline(0, color="k", lw=0.5)
-        ax.set_xlabel("alpha (PE scale)")
-    left.set_ylabel("delta SSDC under RPI")
-    left.set_title("delta SSDC under RPI against alpha", fontsize=10)
-    right.set_ylabel("JPEG q5 fragility score")
-    right.set_title("JPEG q5 FS against alpha", fontsize=10)
-    handles = left.get_legend_handles_labels()[0] + [_proxy_band(n) for n in sorted(notes)]
-    left.legend(handles=handles, fontsize=7)
-    _save(fig, path)
-    return True
-
-
-def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
-    """Mean token-similarity maps of each condition's first seed: layers 0 and 1, normal and under RPI;
-    diagonal masked (as in every map of the package), one colour scale and colour bar per condition."""
-    import torch
-
-    from ..plotting import MAP_LABEL, show_map
-
-    plt = _plt()
-    by = _by_condition(results)
-    rows = []
-    for c, runs in by.items():
-        maps_file = out / runs[0].run_dir / "maps.pt"
-        if maps_file.is_file():
-            rows.append((c, torch.load(maps_file, weights_only=True)))
-    if not rows:
-        return False
-    fig, axes = plt.subplots(len(rows), 4, figsize=(9, 2.2 * len(rows) + 0.4), squeeze=False, layout="constrained")
-    for r, (c, maps) in enumerate(rows):
-        panels = [(maps["normal"][0], "layer 0"), (maps["normal"][1], "layer 1"),
-                  (maps["rpi"][0], "layer 0, RPI"), (maps["rpi"][1], "layer 1, RPI")]
-        imgs = [m.numpy().astype(float) for m, _ in panels]
-        off = np.concatenate([img[~np.eye(len(img), dtype=bool)] for img in imgs])
-        vmin, vmax = float(np.nanmin(off)), float(np.nanmax(off))
-        for k, ((_, title), img) in enumerate(zip(panels, imgs)):
-            ax = axes[r][k]
-            im = show_map(ax, img, vmin=vmin, vmax=vmax, colorbar=False)
-            if r == 0:
-                ax.set_title(title, fontsize=8)
-            if k == 0:
-                ax.set_ylabel(LABELS.get(c, c), fontsize=8)
-        bar = fig.colorbar(im, ax=list(axes[r]), shrink=0.9)
-        bar.set_label(MAP_LABEL, fontsize=6)
-        bar.ax.tick_params(labelsize=6)
-    fig.suptitle("mean token-similarity maps (token slot order, row-major; diagonal masked)", fontsize=9)
-    _save(fig, path, dpi=110)
-    return True
-
-
-# --------------------------------------------------------------------------------------------
-# report
-# --------------------------------------------------------------------------------------------
-def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[HistoryPoint]]]:
-    """Training curves averaged over seeds at the epochs they share.
-
-    Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,), both means over seeds,
-    and per epoch the seeds' records (for spreads); empty when no run logged SSDC under RPI during training.
-    """
-    by_epoch: dict[float, list[HistoryPoint]] = {}
-    for r in runs:
-        for rec in r.history or []:
-            if rec.rpi_ssdc:
-                by_epoch.setdefault(rec.epoch, []).append(rec)
-    if not by_epoch:
-        return np.array([]), np.zeros((0, 0)), np.array([]), []
-    epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
-    ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(_floats(rec.val_top1 for rec in by_epoch[e])) for e in epochs])
-    return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
-
-
-def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per epoch, the std over seeds of SSDC under RPI per layer (E, L) and of top-1 (E,); 0 with one seed."""
-    def sd(rows):
-        rows = np.asarray(rows, dtype=float)
-        return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
-    return (np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
-            np.array([sd(_floats(r.val_top1 for r in recs)) for recs in records]))
-
-
 def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
     """First logged epoch from which the mean SSDC under RPI stays above SUBSTANTIAL, or None."""
     above = mean_ssdc > SUBSTANTIAL
@@ -319,41 +72,6 @@ def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
         if above[i:].all():
             return float(epochs[i])
     return None
-
-
-def fig_training(results: StudyResults, path: Path) -> bool:
-    """SSDC under RPI per layer across training (one panel per condition), with validation top-1."""
-    plt = _plt()
-    curves = [(c, _history(runs)) for c, runs in _by_condition(results).items()]
-    curves = [(c, h) for c, h in curves if h[0].size]
-    if not curves:
-        return False
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.4 * len(curves), 3.6), sharey=True, squeeze=False,
-                             layout="constrained")
-    cmap = plt.get_cmap("viridis")
-    for ax, (c, (epochs, ssdc_l, top1, records)) in zip(axes[0], curves):
-        L = ssdc_l.shape[1]
-        ssdc_sd, top1_sd = _history_std(records)  # bands: mean ± std over seeds (none with one seed)
-        for layer in range(L):
-            color = cmap(layer / max(1, L - 1))
-            ax.plot(epochs, ssdc_l[:, layer], color=color, lw=1.3,
-                    label=f"layer {layer}" if layer in (0, L - 1) else None)
-            ax.fill_between(epochs, ssdc_l[:, layer] - ssdc_sd[:, layer], ssdc_l[:, layer] + ssdc_sd[:, layer],
-                            color=color, alpha=0.15, lw=0, label="_band")
-        ax.plot(epochs, top1, "--", color="0.45", lw=1, label="val top-1")
-        ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0, label="_band")
-        ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
-        ax.axhline(0, color="k", lw=0.5)
-        floor = no_pe_floor(results)
-        if floor is not None:  # measured at the end by the study's RPI probe
-            ax.axhline(floor[1].mean, color="0.3", lw=0.8, ls="--", label="no-PE floor (end)")
-        ax.set_title(LABELS.get(c, c))
-        ax.set_xlabel("epoch")
-    axes[0][0].set_ylabel("SSDC under RPI (lines) / top-1")
-    handles = axes[0][0].get_legend_handles_labels()[0] + [_proxy_band(_band_note(results))]
-    axes[0][0].legend(handles=handles, fontsize=7)
-    _save(fig, path)
-    return True
 
 
 def _training_table(results: StudyResults) -> list[str]:
@@ -379,6 +97,37 @@ def _training_table(results: StudyResults) -> list[str]:
             _floor_line(results) + " Measured at the end, by the study's probe.", "",
             "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
             "|---|---|---|---|---|---|---|"] + rows
+
+
+def _attention_table(results: StudyResults) -> list[str]:
+    """Per condition and measured layer: mean attention distance (normal and under RPI), entropy and attention
+    SSDC, each the mean over heads and seeds with its range; [] when no run has attention per head."""
+    rows = []
+    for c, runs in _by_condition(results).items():
+        summaries = [r.eval.attention for r in runs if r.eval.attention is not None]
+        for k, layer in enumerate(summaries[0].layers if summaries else []):
+            cells = [_head_range([getattr(a, key)[k] for a in summaries if getattr(a, key)])
+                     for key in ("mean_distance", "rpi_mean_distance", "entropy", "ssdc")]
+            rows.append(f"| {LABELS.get(c, c)} | {layer} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    images = sorted({r.eval.attention.n_images for r in results.runs if r.eval.attention is not None})
+    return ["", "## Attention per head (mean over heads and seeds [min, max])", "",
+            f"Measured at a few layers on the first {'/'.join(map(str, images))} images of the SSDC probe, without "
+            "and under RPI (one permutation; distances on the index grid): mean attention distance in patch units, "
+            "attention entropy in nats, SSDC of each head's symmetrised mean attention map "
+            "(docs/attention.md in the timm-posgeom repository).", "",
+            "| condition | layer | mean distance | mean distance under RPI | entropy | attention SSDC |",
+            "|---|---|---|---|---|---|"] + rows
+
+
+def _head_range(rows: list[list[float | None]]) -> str:
+    """``mean [min, max]`` over every head of ``rows`` (one list of heads per seed), NaN left out; n/a if none."""
+    values = np.array([v for row in rows for v in _floats(row)], dtype=float)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return "n/a"
+    return f"{values.mean():.3f} [{values.min():.3f}, {values.max():.3f}]"
 
 
 def _tables(results: StudyResults) -> list[str]:
@@ -604,29 +353,54 @@ def _figure(number: int, file: str, alt: str, caption: str) -> list[str]:
     return [f"![{alt}](figures/{file})", "", f"*Figure {number}. {caption}*", ""]
 
 
-def write_report(out: str | os.PathLike) -> Path:
-    """Write report.md, report.html and figures next to ``results.json`` in ``out``; return report.md.
+def write_report(out: str | os.PathLike, results: StudyResults | None = None) -> Path:
+    """Write report.md, report.html and figures into ``out``; return report.md.
 
-    The page: a title and a table saying what the study varied (preset, init, width, depth, grid,
-    overrides, seeds, data identity), a table of contents, the claims, then each table with the figure
-    that illustrates it, captioned (what is drawn, what the bands are), and provenance last."""
+    ``results``: the study's results as the study holds them (:func:`~timm_posgeom.app.study.run_study` passes
+    them down); None reads ``out/results.json`` (``posgeom report``). The page: a title and a table saying what
+    the study varied (preset, init, width, depth, grid, overrides, seeds, data identity), a table of contents,
+    the claims, then each table with the figure that illustrates it, captioned (what is drawn, what the bands
+    are), and provenance last."""
     out = Path(out)
-    results = StudyResults.read(out / "results.json")
+    if results is None:
+        results = StudyResults.read(out / "results.json")
     if not results.runs:
         raise ValueError(f"{out / 'results.json'} has no finished runs yet")
+    drawn = _draw_figures(out, results)
+    title, varied = _header(results)
+    body = _with_figures(_claims_table(evaluate_claims(results)) + _tables(results) + _training_table(results)
+                         + _attention_table(results), drawn)
+    tail = ["", "## Provenance", "", f"Versions: {_versions_text(results)}.", "",
+            "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
+    lines = _intro(results, title) + varied + [""] + _contents(varied + body + tail) + body + tail
+    md = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(md)
+    _write_html(out, md)
+    return out / "report.md"
+
+
+def _draw_figures(out: Path, results: StudyResults) -> set[str]:
+    """Draw every figure the results allow into ``out/figures``; the names of those drawn."""
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
     fig_ssdc_depth(results, figs / "ssdc_depth.png")
     fig_fragility(results, figs / "fragility.png")
-    has_sweep = fig_alpha_sweep(results, figs / "alpha_sweep.png")
-    has_maps = fig_similarity_maps(out, results, figs / "similarity_maps.png")
-    has_training = fig_training(results, figs / "training.png")
+    drawn = {"ssdc_depth", "fragility"}
+    for name, draw in (("alpha_sweep", fig_alpha_sweep), ("training", fig_training),
+                       ("attention_heads", fig_attention_heads)):
+        if draw(results, figs / f"{name}.png"):
+            drawn.add(name)
+    if fig_similarity_maps(out, results, figs / "similarity_maps.png"):
+        drawn.add("similarity_maps")
+    return drawn
+
+
+def _intro(results: StudyResults, title: str) -> list[str]:
+    """The title and the paragraph under it: data, conditions, seeds, images probed, state, time, versions."""
     cfg = results.config
-    claims = evaluate_claims(results)
     probed = sorted({r.eval.ssdc.n_images for r in results.runs if r.eval.ssdc is not None})
     probed_text = "no" if not probed else f"{probed[0]}" if len(probed) == 1 else f"{probed[0]}-{probed[-1]}"
-    title, varied = _header(results)
-    head = [f"# {title}", "",
+    return [f"# {title}", "",
             f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
             f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
             f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
@@ -634,46 +408,44 @@ def write_report(out: str | os.PathLike) -> Path:
             f"{results.elapsed_s:.0f} s (all invocations). Versions: {_versions_text(results)}.", "",
             "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
             "may differ, so compare orderings and shapes rather than values.", ""]
-    body = _claims_table(claims) + _tables(results) + _training_table(results)
-    seeds = "mean ± std over seeds (zero width with one seed)"
+
+
+_SEEDS = "mean ± std over seeds (zero width with one seed)"
+# (section heading, figure file, alt text, caption), in the order the figures are numbered
+_FIGURES = (
+    ("Accuracy and fragility", "fragility", "Fragility per shift",
+     "Fragility score FS = 1 - A_shift / A_clean per shift and condition: bars the mean over seeds, error bars "
+     "± std over seeds (none with one seed); the table gives the 95% intervals."),
+    ("SSDC across depth", "ssdc_depth", "SSDC across depth",
+     f"SSDC of the mean similarity map per layer, without RPI (left) and under RPI against the index grid "
+     f"(right): lines the mean over seeds, bands {_SEEDS}; dotted, the same models untrained."),
+    ("SSDC across depth", "similarity_maps", "Similarity maps",
+     "Mean token-similarity maps of each condition's first seed, layers 0 and 1, without and under "
+     "RPI (token slot order, row-major). The diagonal (each token with itself) is masked; each row "
+     "has its own colour scale and colour bar."),
+    ("Alpha sweep", "alpha_sweep", "Alpha sweep",
+     f"Delta SSDC under RPI (left) and JPEG q5 FS (right) against the PE scale alpha (increasing to the "
+     f"right, as in the tables): lines the mean over seeds, bands {_SEEDS}; with one seed the FS band is "
+     f"the paired-bootstrap 95% interval over images."),
+    ("During training", "training", "SSDC under RPI during training",
+     f"SSDC under RPI per layer (colour: depth) and validation top-1 (dashed) across training, from "
+     f"the training log: lines the mean over seeds, bands {_SEEDS}; dotted line: the 'substantial' "
+     f"threshold {SUBSTANTIAL}."),
+    ("Attention per head", "attention_heads", "Mean attention distance per head",
+     "Mean attention distance (patch units) of each head at the measured layers, one panel per condition: "
+     "filled dots without RPI, open circles under RPI (distances on the index grid), every seed's heads; "
+     "lines the mean over heads and seeds. Dotted: uniform attention over the grid."),
+)
+
+
+def _with_figures(body: list[str], drawn: set[str]) -> list[str]:
+    """``body`` with each drawn figure, numbered and captioned, at the end of the section it illustrates."""
     n = 0
-
-    def figure(file: str, alt: str, caption: str) -> list[str]:
-        nonlocal n
-        n += 1
-        return _figure(n, file, alt, caption)
-
-    body = _place(body, "Accuracy and fragility", figure(
-        "fragility.png", "Fragility per shift",
-        "Fragility score FS = 1 - A_shift / A_clean per shift and condition: bars the mean over seeds, error bars "
-        "± std over seeds (none with one seed); the table gives the 95% intervals."))
-    maps_caption = ("Mean token-similarity maps of each condition's first seed, layers 0 and 1, without and under "
-                    "RPI (token slot order, row-major). The diagonal (each token with itself) is masked; each row "
-                    "has its own colour scale and colour bar.")
-    body = _place(body, "SSDC across depth", figure(
-        "ssdc_depth.png", "SSDC across depth",
-        f"SSDC of the mean similarity map per layer, without RPI (left) and under RPI against the index grid "
-        f"(right): lines the mean over seeds, bands {seeds}; dotted, the same models untrained.")
-        + (figure("similarity_maps.png", "Similarity maps", maps_caption) if has_maps else []))
-    if has_sweep:
-        body = _place(body, "Alpha sweep", figure(
-            "alpha_sweep.png", "Alpha sweep",
-            f"Delta SSDC under RPI (left) and JPEG q5 FS (right) against the PE scale alpha (increasing to the "
-            f"right, as in the tables): lines the mean over seeds, bands {seeds}; with one seed the FS band is "
-            f"the paired-bootstrap 95% interval over images."))
-    if has_training:
-        body = _place(body, "During training", figure(
-            "training.png", "SSDC under RPI during training",
-            f"SSDC under RPI per layer (colour: depth) and validation top-1 (dashed) across training, from "
-            f"the training log: lines the mean over seeds, bands {seeds}; dotted line: the 'substantial' "
-            f"threshold {SUBSTANTIAL}."))
-    tail = ["", "## Provenance", "", f"Versions: {_versions_text(results)}.", "",
-            "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
-    lines = head + varied + [""] + _contents(varied + body + tail) + body + tail
-    md = "\n".join(lines) + "\n"
-    (out / "report.md").write_text(md)
-    _write_html(out, md)
-    return out / "report.md"
+    for heading, name, alt, caption in _FIGURES:
+        if name in drawn:
+            n += 1
+            body = _place(body, heading, _figure(n, f"{name}.png", alt, caption))
+    return body
 
 
 _CSS = """

@@ -91,40 +91,61 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..app.zoo import ZooConfig, filter_models, is_main_process, parse_shard, read_models_file, run_zoo
+def _legacy_images(args: argparse.Namespace) -> None:
+    """``--images N``, the old name of ``--max-images N`` (and of ``--probe-images N`` when not given), for one
+    release."""
+    if args.images is None:
+        return
+    if args.max_images is not None:
+        raise ValueError("--images is the old name of --max-images: give only --max-images")
+    print("posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
+          "--max-images N (the same: SSDC and fragility on the first N images)", file=sys.stderr)
+    args.max_images = args.images
+    if args.probe_images is None:
+        args.probe_images = args.images
 
-    if args.merge:
-        return _merge(args)
-    from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
-    from .sweep import parse_alphas
 
-    if args.data is None:
-        raise ValueError("--data is required (the images every model is measured on)")
-    check_counts(args)
-    if args.images is not None:  # the old name, for one release
-        if args.max_images is not None:
-            raise ValueError("--images is the old name of --max-images: give only --max-images")
-        print("posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
-              "--max-images N (the same: SSDC and fragility on the first N images)", file=sys.stderr)
-        args.max_images = args.images
-        if args.probe_images is None:
-            args.probe_images = args.images
-    pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]
+def _names(args: argparse.Namespace, pretrained: str) -> list[str]:
+    """The models asked for: the arguments, then --models-file, then --filter."""
+    from ..app.zoo import filter_models, read_models_file
+
     names = list(args.models)
     if args.models_file:
         names += read_models_file(args.models_file)
     if args.filter:
         names += filter_models(args.filter, pretrained)
+    return names
+
+
+def _config(args: argparse.Namespace, pretrained: str) -> Any:
+    """The :class:`~timm_posgeom.app.zoo.ZooConfig` of the flags."""
+    from ..app.zoo import ZooConfig
+    from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
+    from .sweep import parse_alphas
+
     shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else [])  # its JPEG and blur, severities 1-5
-    config = ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
-                       site=args.site, resize=args.resize,
-                       img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
-                       alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
-                       batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
-                       shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
-                       streaming=args.streaming,
-                       extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
+    return ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
+                     site=args.site, resize=args.resize,
+                     img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
+                     alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
+                     batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+                     shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
+                     streaming=args.streaming,
+                     extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..app.zoo import is_main_process, parse_shard, run_zoo
+
+    if args.merge:
+        return _merge(args)
+    if args.data is None:
+        raise ValueError("--data is required (the images every model is measured on)")
+    check_counts(args)
+    _legacy_images(args)
+    pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]
+    names = _names(args, pretrained)
+    config = _config(args, pretrained)
     try:
         summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
                           shard=parse_shard(args.shard) if args.shard else None)

@@ -150,6 +150,13 @@ def _extras_markdown(records: Sequence[ZooModel], config: ZooConfig) -> list[str
 
 def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
     """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
+    lines = _md_header(records, config) + _md_table(records, config) + _md_sweeps(records, config)
+    lines += _extras_markdown(records, config) + _md_notes(records) + _md_figures(left_out)
+    return "\n".join(lines) + "\n"
+
+
+def _md_header(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """The title, the settings and versions, what the columns mean, a warning for random-init models."""
     # each model records the versions that measured it; a resumed zoo may mix several invocations' versions
     vers = describe_versions(versions(), [(r.model, [r.versions]) for r in records if r.status == "ok"])
     lines = [
@@ -169,9 +176,14 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
     if any(r.weights == "random-init" for r in records):
         lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
                   "describe the architecture's prior, and say nothing about a trained or pretrained model.", ""]
+    return lines
+
+
+def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """The main table: one row per model (a failed one says so)."""
     head = ["model", "weights", "params (M)", "size", "PE", "top-1", *(f"FS {s}" for s in config.shifts),
             "SSDC first / last / peak (layer)", "RPI: first / last / mean", "ΔSSDC (RPI)"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         if r.status != "ok":
             lines.append("| " + " | ".join([f"`{_md_cell(r.model)}`", "failed"] + [""] * (len(head) - 2)) + " |")
@@ -189,40 +201,54 @@ def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Seque
             _f3(r.rpi_delta_ssdc),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _md_sweeps(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """The alpha sweeps' table (none when the zoo swept no alpha)."""
+    if config.alphas is None:
+        return []
     sweeps = [r for r in records if r.status == "ok" and r.alpha_sweep is not None]
-    if config.alphas is not None:
-        lines += ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
-        if sweeps:
-            order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
-            lines += ["| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
-                      "|---|" + "---|" * len(config.alphas)]
-            for r in sweeps:
-                sw = r.alpha_sweep
-                fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
-                cells = sorted(zip(sw.alphas, sw.delta_ssdc, fs), key=lambda c: c[0])
-                lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
-                    f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
-                    for _, d, f in cells) + " |")
-            lines += ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
-        else:
-            lines.append("No model could be swept (see the notes).")
-    lines += _extras_markdown(records, config)
+    lines = ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
+    if not sweeps:
+        return lines + ["No model could be swept (see the notes)."]
+    order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
+    lines += ["| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
+              "|---|" + "---|" * len(config.alphas)]
+    for r in sweeps:
+        sw = r.alpha_sweep
+        fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
+        cells = sorted(zip(sw.alphas, sw.delta_ssdc, fs), key=lambda c: c[0])
+        lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
+            f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
+            for _, d, f in cells) + " |")
+    return lines + ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
+
+
+def _md_notes(records: Sequence[ZooModel]) -> list[str]:
+    """The measured models' notes, then the failures."""
+    lines = []
     notes = [(r.model, n) for r in records if r.status == "ok" for n in r.notes]
     if notes:
         lines += ["", "## Notes", ""] + [f"- `{m}`: {_md_cell(n)}" for m, n in notes]
     failed = [r for r in records if r.status != "ok"]
     if failed:
         lines += ["", "## Failed", ""] + [f"- `{r.model}`: {_md_cell(r.error or '')}" for r in failed]
-    lines += ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
-              "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
-              "RPI (against the index grid). One run per model: no band.*",
-              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
-              "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
-              "paired-bootstrap 95% interval over the images. Delta SSDC has no interval in a zoo record.*"]
+    return lines
+
+
+def _md_figures(left_out: Sequence[str]) -> list[str]:
+    """The figures with their captions, and the models the fragility figure leaves out."""
+    lines = ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
+             "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
+             "RPI (against the index grid). One run per model: no band.*",
+             "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
+             "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
+             "paired-bootstrap 95% interval over the images. Delta SSDC has no interval in a zoo record.*"]
     if left_out:
         lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
                   + ", ".join(f"`{m}`" for m in left_out) + "."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: ZooConfig) -> dict[str, Path]:

@@ -148,25 +148,51 @@ class _Stage(Exception):
 def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, progress: bool) -> None:
     """Fill ``record`` with the model's measurements (the parts that do not apply get a note)."""
     from ...eval_data import eval_loader
-    from ...interventions import TokenPermutationError, pe_inventory
-    from ...probes import probe_ssdc
-    from ...probes.probe import _model_name
-    from ...robustness import fragility
-    from ...transforms import resolve_config
 
     device = torch.device(config.device or _default_device())
     model.to(device)
+    _describe(model, record, config)
+    common = dict(seed=config.seed, device=device, progress=progress)
+
+    def loader():
+        return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
+                           num_workers=config.num_workers, img_size=config.img_size)
+
+    _ssdc(model, record, config, loader, common)
+    matched, how = map_by_name(model, data)
+    if matched is None:
+        record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
+                            f"outputs ({how})")
+    else:
+        record.labels = how
+        _fragility(model, record, config, matched, common)
+    if config.alphas is not None:
+        record.alpha_sweep = _sweep(model, record, config, data, matched, common)
+    if record.granularity == "block":
+        _extras(model, record, config, data, loader, common)
+    elif config.extras:
+        record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
+
+
+def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> None:
+    """What the model is: architecture, parameters, input size, data config, positional encodings."""
+    from ...interventions import pe_inventory
+    from ...probes.probe import _model_name
+    from ...transforms import resolve_config
+
     cfg = resolve_config(model, config.img_size)
     record.architecture = _model_name(model)
     record.params = int(sum(p.numel() for p in model.parameters()))
     record.input_size = [int(v) for v in cfg["input_size"]]
     record.data_config = to_jsonable({k: cfg.get(k) for k in ("interpolation", "mean", "std", "crop_pct", "crop_mode")})
     record.pe = [dict(name=e.name, kind=e.kind, scalable=e.scalable) for e in pe_inventory(model)]
-    common = dict(seed=config.seed, device=device, progress=progress)
 
-    def loader():
-        return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
-                           num_workers=config.num_workers, img_size=config.img_size)
+
+def _ssdc(model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: Callable[[], Any],
+          common: dict[str, Any]) -> None:
+    """SSDC per layer, normal and under RPI (a note when the model cannot be permuted)."""
+    from ...interventions import TokenPermutationError
+    from ...probes import probe_ssdc
 
     normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
     record.site = str(normal.metadata["site"])
@@ -186,28 +212,22 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
         if record.granularity == "stage":
             record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
 
-    matched, how = map_by_name(model, data)
-    if matched is None:
-        record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
-                            f"outputs ({how})")
-    else:
-        record.labels = how
-        frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
-                         num_workers=config.num_workers, max_images=config.max_images, img_size=config.img_size,
-                         **common)
-        record.num_images = frag.num_images
-        record.clean_accuracy = _num(frag.clean_accuracy)
-        record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
-        record.fs = {k: _num(v) for k, v in frag.fs.items()}
-        record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
-        if frag.clean_accuracy == 0:
-            record.notes.append("FS undefined: clean top-1 is 0")
-    if config.alphas is not None:
-        record.alpha_sweep = _sweep(model, record, config, data, matched, common)
-    if record.granularity == "block":
-        _extras(model, record, config, data, loader, common)
-    elif config.extras:
-        record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
+
+def _fragility(model: torch.nn.Module, record: ZooModel, config: ZooConfig, matched: Any,
+               common: dict[str, Any]) -> None:
+    """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
+    from ...robustness import fragility
+
+    frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
+                     num_workers=config.num_workers, max_images=config.max_images, img_size=config.img_size,
+                     **common)
+    record.num_images = frag.num_images
+    record.clean_accuracy = _num(frag.clean_accuracy)
+    record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
+    record.fs = {k: _num(v) for k, v in frag.fs.items()}
+    record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
+    if frag.clean_accuracy == 0:
+        record.notes.append("FS undefined: clean top-1 is 0")
 
 
 def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, loader: Callable[[], Any],

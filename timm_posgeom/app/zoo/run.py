@@ -129,78 +129,117 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     """
     from tqdm.auto import tqdm
 
-    from ...data import load_split
-    from ...eval_data import DecodedImages
-
     out = Path(out)
     if not _dedupe(models) and not (out / "zoo.json").is_file():
         raise ZooError(_NO_MODELS)
     main = is_main_process()
-    settings = config.settings()
-    say_now = log or print
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "models").mkdir(exist_ok=True)
-    with _index_lock(out, say_now) if main else nullcontext():
-        names, records, done = _plan(out, _dedupe(models), settings, allow_changes)
-        if main:
-            for name in names:
-                if name in records and name not in done and records[name].status == "ok":
-                    set_aside(out / "models" / f"{safe_name(name)}.json")
-            ZooIndex(settings=settings, models=names).write(out / "zoo.json")
-    mine = names if shard is None else names[shard[0]::shard[1]]
-    data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
-                      revision=config.revision, streaming=config.streaming)
-    if config.shared_decode and any(name not in done for name in mine):
-        # decoded once here and resized once per input configuration, for every model: the same batches
-        # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
-        data = DecodedImages(data, progress=progress and main)
+    zoo = _Zoo(out=out, config=config, settings=config.settings(), main=main, progress=progress, say_now=log or print)
+    zoo.names, zoo.records, done = _start(zoo, _dedupe(models), allow_changes)
+    mine = zoo.names if shard is None else zoo.names[shard[0]::shard[1]]
+    data = _load_data(config, progress and main, decode=any(name not in done for name in mine))
     summary = ZooSummary(records=[], out=out)
     bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
                disable=not (progress and main))
     say = log or (bar.write if main else (lambda s: None))
     for k, name in enumerate(bar, 1):
         bar.set_postfix_str(name[-40:])
+        where = f"[{k}/{len(mine)}] {name}"
         if name in done:
-            say(f"[{k}/{len(mine)}] {name}: measured before, kept")
+            say(f"{where}: measured before, kept")
             summary.skipped.append(name)
-            continue
-        lock = _model_lock(out, name) if main else None
-        # every process of a launch measures the same models: main's lock decides for all
-        taken = broadcast_object(lock is not None if main else None)
-        if taken and main and not _still_to_measure(out, name, settings):
-            lock.release()
-            taken = False
-        taken = broadcast_object(taken)
-        if not taken:
-            say(f"[{k}/{len(mine)}] {name}: measured by another shard, skipped")
+        elif _measure_one(zoo, name, data, say, where) is None:
+            say(f"{where}: measured by another shard, skipped")
             summary.skipped.append(name)
-            continue
-        try:
-            say(f"[{k}/{len(mine)}] {name}: measuring")
-            record = measure_model(name, config, data, progress=progress and main)
-            records[name] = record
+        else:
             summary.measured.append(name)
-            if main:
-                record.write(out / "models" / f"{safe_name(name)}.json")
-                with _index_lock(out, say_now):  # the table so far, every shard's records in it
-                    write_csv(read_records(out, names)[0], out / "zoo.csv", config)
-        finally:
-            if lock is not None:
-                lock.release()
-        state = "done" if record.status == "ok" else f"FAILED ({record.error})"
-        say(f"[{k}/{len(mine)}] {name}: {state} in {record.elapsed_s:.1f} s")
     bar.close()
-    if main:
-        with _index_lock(out, say_now):
-            summary.records, missing = read_records(out, names)
-            write_outputs(summary.records, out, config)
-        if missing:
-            say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
-                f"{' ...' if len(missing) > 5 else ''}")
-    else:
-        summary.records = [records[n] for n in names if n in records]
+    _finish(zoo, summary, say)
     return summary
+
+
+@dataclass
+class _Zoo:
+    """What every step of :func:`run_zoo` shares: the folder, the settings, this process's role, the zoo's
+    models (main's view) and their records so far."""
+
+    out: Path
+    config: ZooConfig
+    settings: dict[str, Any]
+    main: bool
+    progress: bool
+    say_now: Callable[[str], None]
+    names: list[str] = field(default_factory=list)
+    records: dict[str, ZooModel] = field(default_factory=dict)
+
+
+def _start(zoo: _Zoo, asked: list[str], allow_changes: bool) -> tuple[list[str], dict[str, ZooModel], set[str]]:
+    """Under the folder's lock: the plan (:func:`_plan`), the records to measure again set aside, ``zoo.json``."""
+    if zoo.main:
+        zoo.out.mkdir(parents=True, exist_ok=True)
+        (zoo.out / "models").mkdir(exist_ok=True)
+    with _index_lock(zoo.out, zoo.say_now) if zoo.main else nullcontext():
+        names, records, done = _plan(zoo.out, asked, zoo.settings, allow_changes)
+        if zoo.main:
+            for name in names:
+                if name in records and name not in done and records[name].status == "ok":
+                    set_aside(zoo.out / "models" / f"{safe_name(name)}.json")
+            ZooIndex(settings=zoo.settings, models=names).write(zoo.out / "zoo.json")
+    return names, records, done
+
+
+def _load_data(config: ZooConfig, progress: bool, decode: bool) -> Any:
+    """The zoo's images; decoded once for every model (``shared_decode``) when a model is to be measured."""
+    from ...data import load_split
+    from ...eval_data import DecodedImages
+
+    data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
+                      revision=config.revision, streaming=config.streaming)
+    if config.shared_decode and decode:
+        # decoded once here and resized once per input configuration, for every model: the same batches
+        # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
+        data = DecodedImages(data, progress=progress)
+    return data
+
+
+def _measure_one(zoo: _Zoo, name: str, data: Any, say: Callable[[str], None], where: str) -> ZooModel | None:
+    """Measure one model under its lock and write its record and the table so far; None when another shard
+    measures it (or has since)."""
+    lock = _model_lock(zoo.out, name) if zoo.main else None
+    # every process of a launch measures the same models: main's lock decides for all
+    taken = broadcast_object(lock is not None if zoo.main else None)
+    if taken and zoo.main and not _still_to_measure(zoo.out, name, zoo.settings):
+        lock.release()
+        taken = False
+    taken = broadcast_object(taken)
+    if not taken:
+        return None
+    try:
+        say(f"{where}: measuring")
+        record = measure_model(name, zoo.config, data, progress=zoo.progress and zoo.main)
+        zoo.records[name] = record
+        if zoo.main:
+            record.write(zoo.out / "models" / f"{safe_name(name)}.json")
+            with _index_lock(zoo.out, zoo.say_now):  # the table so far, every shard's records in it
+                write_csv(read_records(zoo.out, zoo.names)[0], zoo.out / "zoo.csv", zoo.config)
+    finally:
+        if lock is not None:
+            lock.release()
+    state = "done" if record.status == "ok" else f"FAILED ({record.error})"
+    say(f"{where}: {state} in {record.elapsed_s:.1f} s")
+    return record
+
+
+def _finish(zoo: _Zoo, summary: ZooSummary, say: Callable[[str], None]) -> None:
+    """The summary's records; on the main process the combined outputs from every record present."""
+    if not zoo.main:
+        summary.records = [zoo.records[n] for n in zoo.names if n in zoo.records]
+        return
+    with _index_lock(zoo.out, zoo.say_now):
+        summary.records, missing = read_records(zoo.out, zoo.names)
+        write_outputs(summary.records, zoo.out, zoo.config)
+    if missing:
+        say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}")
 
 
 def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[ZooSummary, list[str]]:

@@ -1,0 +1,131 @@
+"""What a study does: :class:`StudyConfig`, the presets that fill it, and the settings a resume compares."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import PosgeomError
+from ..rundir import settings_changes
+
+__all__ = ["CONDITIONS", "SWEPT", "PRESETS", "StudyConfig", "StudyError", "preset_config", "check_init",
+           "config_changes", "LEGACY_SETTINGS", "RPI_SETTINGS"]
+
+CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
+SWEPT = ("ape", "sincos", "rope")
+
+
+@dataclass
+class StudyConfig:
+    """What a study does. Presets fill it; the command line overrides parts of it."""
+
+    preset: str
+    recipe_prefix: str  # recipes/<prefix>_<condition>.yaml
+    data: str | None  # None: the embedded synthetic set
+    seeds: int = 1
+    conditions: tuple[str, ...] = CONDITIONS
+    train_overrides: list[str] = field(default_factory=list)  # --set key=value for every training run
+    init: str | None = None  # model_kwargs.init of every run (timm | paper); None: what each recipe says
+    eval_images: int | None = None  # None: the whole validation split
+    probe_images: int = 1000  # the paper's SSDC batch
+    # RPI permutations per model (seeds 0 .. n-1, shared by every model and seed): SSDC under RPI is their
+    # mean, and their spread enters the claims' intervals. The paper draws one per batch; one permutation
+    # alone hides its own variance (the no-PE floor of one permutation is not zero).
+    rpi_permutations: int = 3
+    sweep_images: int | None = None  # fragility images per alpha (None: eval_images)
+    alphas: tuple[float, ...] = (1.0, 0.8, 0.6, 0.5, 0.4, 0.2, 0.0)
+    shifts: tuple[str, ...] = ("jpeg:5", "blur:2.5:5")
+    imagenet_c: bool = False  # add ImageNet-C severities 1-5 of both corruptions
+    batch_size: int = 128
+    workers: int = 0
+    device: str | None = None
+    accelerate_config: str | None = None  # `accelerate launch --config_file`: a file or a shipped config name
+    synthetic_size: int | None = None
+    # images in the synthetic validation split the study measures on (None: synthetic_size // 5, the training
+    # runs' own); larger than that only adds images (each is drawn from its own seed and index)
+    synthetic_val_size: int | None = None
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The embedded default: the synthetic set (classes that need layout as well as content), micro models
+    # at width 64 (2 heads of 32) at 64 px, 300 steps each with the paper's initialisation: 8 min 21 s on 2
+    # idle cores from a fresh install (set v3). With timm's initialisation the APE model had not learnt the layout after 1,000 steps
+    # (top-1 0.38, no better than a model without PE could be on set v2), with the paper's it had after 100
+    # (0.92). Fragility is measured on 3,200 validation images, SSDC and the sweep on the first 320. On set v2
+    # JPEG q5 cost every model at most 3% of its accuracy and the fragility claim stayed within noise; set v3's
+    # position grating, which JPEG q5 removes, is what a model without PE reads layout from (synthetic.py).
+    "demo": dict(
+        recipe_prefix="imagenette_cpu", data=None, eval_images=3200, probe_images=320, sweep_images=320,
+        alphas=(1.0, 0.5, 0.0), batch_size=64, synthetic_size=1600, synthetic_val_size=3200, init="paper",
+        train_overrides=["data=synthetic", "synthetic_size=1600", "epochs=12", "batch_size=64", "lr=2e-3",
+                         "warmup_epochs=2", "model_kwargs.embed_dim=64", "model_kwargs.num_heads=2",
+                         "cache=true", "disk_cache=false", "eval_every=4", "checkpoint_every=100",
+                         "log_every=10", "rpi_ssdc_images=0"],
+    ),
+    # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
+    "imagenette-cpu": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette"),
+    # The paper's 14 x 14 token grid at CPU scale: the imagenette_cpu recipes at 112 px (patch 8), crop
+    # padding scaled with the image (4 -> 7 px), and the micro model at width 64 (2 heads of 64 / 2 = 32,
+    # the micro model's head size; depth 4 kept, so per-layer numbers line up with the 8 x 8 study).
+    # Why width 64: one training step at 112 px costs 3.4x one at 64 px at width 128 (58 against 256
+    # img/s on 2 cores, benchmarks/bench_train.py); width 64 brings it back (213 img/s), about 30
+    # minutes of training per model plus its evaluations, where width 128 would take about 110.
+    "imagenette-cpu-14": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette",
+                              train_overrides=["img_size=112", "crop_pad=7", "model_kwargs.embed_dim=64",
+                                               "model_kwargs.num_heads=2"]),
+    # The paper's protocol on ImageNet-100 through accelerate on GPUs.
+    "in100": dict(recipe_prefix="in100_paper", data="clane9/imagenet-100", batch_size=256, workers=8,
+                  alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
+                  accelerate_config="1gpu"),
+}
+
+
+def preset_config(preset: str, **overrides: Any) -> StudyConfig:
+    """The :class:`StudyConfig` of a preset, with ``overrides`` (None values ignored)."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    values = dict(PRESETS[preset], preset=preset)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = StudyConfig(**values)
+    bad = [c for c in config.conditions if c not in CONDITIONS]
+    if bad:
+        raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
+    twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
+    if twice:  # the same run twice would count as a second seed with no spread
+        raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --seeds for more runs of one")
+    if config.seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {config.seeds}")
+    if config.rpi_permutations < 1:
+        raise ValueError(f"rpi_permutations must be >= 1, got {config.rpi_permutations}")
+    check_init(config.init)
+    return config
+
+
+def check_init(init: str | None) -> None:
+    """ValueError for a model initialisation the models do not know (None: each recipe's own)."""
+    from ...models.vision_transformer_pe import INIT_TYPES
+
+    if init is not None and init not in INIT_TYPES:
+        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
+
+
+class StudyError(PosgeomError, RuntimeError):
+    """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
+
+
+# Settings added since the first studies, with the value a study that did not record them had: a study (or
+# an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0.
+LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1}
+# Settings that change only the RPI part of a run's measurements (SSDC under RPI): a change re-measures it,
+# keeping the run's fragility and alpha sweep.
+RPI_SETTINGS = frozenset({"rpi_permutations"})
+
+
+def _with_legacy(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the settings it predates set to what it ran with (``LEGACY_SETTINGS``); {} stays {}."""
+    return {**LEGACY_SETTINGS, **saved} if saved else saved
+
+
+def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared); a
+    setting ``saved`` predates counts as its legacy value (``LEGACY_SETTINGS``)."""
+    return settings_changes("study", _with_legacy(saved), asked)

@@ -1,0 +1,84 @@
+"""The study's training step: each run trained (or reused, or resumed) by ``posgeom train`` in a subprocess,
+so that each model starts from fresh memory; and the run's training log read back."""
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from ..records import HistoryPoint
+from ..rundir import describe_changes, set_aside, settings_changes
+from .config import StudyConfig, StudyError
+from .plan import PlannedRun
+
+__all__ = ["train_run", "training_history"]
+
+
+def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], allow_changes: bool = False) -> None:
+    """Train ``run`` into its folder: reused when trained with its recipe, resumed from its last checkpoint,
+    trained again (the former run kept) with ``allow_changes`` when its recipe changed; StudyError otherwise
+    or when the training fails."""
+    from ..train import latest_checkpoint
+
+    _check_recipe(run, log, allow_changes)
+    if (run.run_dir / "summary.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file():
+        log(f"[{run.label}] trained run found, reused")
+        return
+    resume = latest_checkpoint(run.run_dir) is not None
+    log(f"[{run.label}] {'resuming' if resume else 'training'}: {run.run_dir}")
+    cmd = run.train_command(config, resume=resume)
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        returncode = proc.wait()
+    except BaseException:  # interrupted (Ctrl-C, or SIGTERM turned into an exception by the command): the
+        _stop(proc)        # training run must not go on writing into run_dir after the study has stopped
+        raise
+    if returncode != 0:
+        raise StudyError(f"training {run.condition} seed {run.seed} failed (exit {returncode}; its error is above): "
+                         f"{' '.join(cmd)}")
+
+
+def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
+    """What exists in the run's folder was trained (or started) with its recipe; set aside when not and
+    ``allow_changes``, StudyError when not otherwise."""
+    path = run.run_dir / "recipe.yaml"
+    if not path.is_file():
+        return
+    import yaml
+
+    changes = settings_changes("recipe", yaml.safe_load(path.read_text()) or {}, run.recipe.to_dict())
+    if changes and not allow_changes:
+        raise StudyError(f"{run.run_dir} was trained with another recipe ({describe_changes(changes)}); pass "
+                         "--allow-changes to train it again with the new one (the former run is kept), or choose "
+                         "another --out")
+    if changes:
+        set_aside(run.run_dir, log)
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """Terminate a training subprocess and wait for it (killed after ``grace_s``); its last checkpoint stays."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def training_history(run_dir: Path) -> list[HistoryPoint]:
+    """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in order.
+
+    Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
+    ``rpi_ssdc_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
+    A resumed run has already dropped the records logged after its checkpoint (``MetricsLog``).
+    """
+    from ..train import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [HistoryPoint(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
+                         rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"))
+            for r in read_metrics(path) if r.get("kind") == "eval"]
