@@ -13,12 +13,10 @@ MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 600
 # Still over a limit (issue 29, step 5): this list only shrinks, and is empty when the step is done.
 OVER_LIMIT = {
-    "app/report.py", "data.py", "imagenet_c.py", "interventions.py", "probes/probe.py", "robustness.py",
+    "app/report.py", "data.py", "interventions.py",
     "app/report.py:write_report", "app/study.py:_measure_run", "app/zoo/figures.py:zoo_markdown",
-    "app/zoo/measure.py:_measure", "app/zoo/run.py:run_zoo", "cli/fragility.py:_run_imagenet_c",
-    "data.py:load_split", "imagenet_c.py:check_imagenet_c_tree", "imagenet_c.py:imagenet_c_released",
-    "interventions.py:token_permutation", "probes/measures.py:run_measures", "probes/probe.py:probe_ssdc",
-    "robustness.py:fragility",
+    "app/zoo/measure.py:_measure", "app/zoo/run.py:run_zoo",
+    "data.py:load_split", "interventions.py:token_permutation",
 }
 
 
