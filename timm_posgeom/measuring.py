@@ -13,6 +13,7 @@ Nothing here imports torch: the object is a plain value (docs/architecture.md, r
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ class MeasureSettingsError(PosgeomError, ValueError):
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy's integers too
 
 
 @dataclass(frozen=True)
