@@ -96,7 +96,7 @@ def probe_ssdc(
         site: ``auto`` (default: ``attn_input`` for a flat ViT, ``stage_output`` otherwise),
             ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output),
             ``block_output`` (the residual stream) or ``stage_output`` (each feature map of timm's
-            ``forward_intermediates``, on its own grid: ``metadata["grid_sizes"]``).
+            ``forward_intermediates``, on its own grid: ``settings["grid_sizes"]``).
         rpi: random permutation at inference: one permutation of the patch-token contents (drawn
             from ``seed``) for the whole probe, after the patch embedding and before any PE.
             ``per_layer`` is then SSDC against the index grid (the paper's) and
@@ -107,7 +107,7 @@ def probe_ssdc(
             ``num_workers`` are the loader's: ``data`` is already transformed). Each of those fields may
             also be given as a keyword (``batch_size=8``), which overrides ``settings``.
         seed: seed of the RPI permutation (None: torch's global RNG; with several processes, a seed
-            drawn on the main process and shared, recorded in ``metadata["seed"]``).
+            drawn on the main process and shared, recorded in ``settings["seed"]``).
         reduction: ``mean_map`` (the paper's: SSDC of the similarity map averaged over all images),
             ``per_image`` (mean, std and 95% CI of the per-image SSDC) or ``both``.
         distance: ``manhattan`` (the paper's), ``euclidean`` or ``chebyshev``.

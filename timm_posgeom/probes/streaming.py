@@ -13,6 +13,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from .. import distributed as _dist
+from ..measuring import MeasureSettings
 
 
 class _StopForward(Exception):
@@ -199,7 +200,8 @@ class Stream:
                 break
 
 
-def open_stream(model: nn.Module, data: Any, settings: Any, rpi: bool, agreed: tuple, what: str) -> Stream:
+def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: bool, agreed: tuple,
+                what: str) -> Stream:
     """The setup :func:`~timm_posgeom.probes.probe_ssdc` and :func:`~timm_posgeom.probes.run_measures` share.
 
     ``settings``: the call's :class:`~timm_posgeom.measuring.MeasureSettings`. Launched as several processes
