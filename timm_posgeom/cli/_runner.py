@@ -18,7 +18,7 @@ from typing import Any
 
 from ._options import load_model_and_data
 
-__all__ = ["run_measurement", "measure_settings"]
+__all__ = ["run_measurement", "measure_settings", "eval_batches"]
 
 
 def measure_settings(args: argparse.Namespace, device: Any) -> Any:
@@ -29,6 +29,15 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
 
     return MeasureSettings(batch_size=args.batch_size, resize=args.resize, img_size=args.img_size, device=device,
                            num_workers=args.num_workers, seed=args.seed, progress=not args.no_progress)
+
+
+def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:
+    """The probe batches of the loader flags (:func:`~timm_posgeom.eval_data.eval_loader`), for the commands
+    that read transformed batches (``probe``, ``attention``)."""
+    from ..eval_data import eval_loader
+
+    return eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
+                       num_workers=args.num_workers, img_size=args.img_size)
 
 
 def run_measurement(args: argparse.Namespace, measure: Callable[[Any, Any, Any], Any],

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._options import add_data_args, add_distance_arg, add_model_args, add_run_args
-from ._runner import run_measurement
+from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
@@ -32,11 +32,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> Any:
-    from ..eval_data import eval_loader
     from ..probes import attention_measures
 
-    loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                         num_workers=args.num_workers, img_size=args.img_size)
+    loader = eval_batches(args, model, data)
     result = attention_measures(model, loader, rpi=args.rpi, alpha=args.alpha, distance=args.distance,
                                 settings=settings)
     result.settings.update(resize=args.resize)

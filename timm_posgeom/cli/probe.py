@@ -19,7 +19,7 @@ from ._options import (
     add_run_args,
     add_site_arg,
 )
-from ._runner import run_measurement
+from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,12 +39,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> Any:
-    from ..eval_data import eval_loader
     from ..interventions import pe_scale
     from ..probes import probe_ssdc
 
-    loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                         num_workers=args.num_workers, img_size=args.img_size)
+    loader = eval_batches(args, model, data)
     scale = pe_scale(model, args.alpha) if args.alpha is not None else contextlib.nullcontext()
     with scale:
         result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, reduction=args.reduction,
