@@ -395,8 +395,8 @@ def imagenet_c_released(
             :func:`~timm_posgeom.robustness.fragility`: the data's classes checked against the model's,
             or mapped, ``"by-name"``; the released images' labels mapped the same way).
 
-    Launched as several processes, the clean split is shared by
-    batch (``fragility``) but every process reads every released image: the same result in each, not faster.
+    Launched as several processes, the clean split is shared by batch (``fragility``) but every process
+    reads every released image: the same result in each, not faster.
 
     Raises:
         ImageNetCTreeError: for a tree that does not match, and for a tree whose number of images of
