@@ -84,6 +84,19 @@ def test_every_module_is_in_a_layer_of_the_contract():
         f"modules in no layer of pyproject.toml's contract: {sorted(rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA)}"
 
 
+def test_every_package_ships_in_the_wheel():
+    """setuptools' list of packages is explicit (pyproject.toml): a sub-package missing from it would be
+    left out of the wheel, and every import of it would fail for a user (the sources here would hide it)."""
+    import pytest
+
+    if not PYPROJECT.is_file():
+        pytest.skip("pyproject.toml is not beside the package (an installed wheel)")
+    tomllib = pytest.importorskip("tomllib")
+    listed = set(tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"])
+    packages = {".".join(("timm_posgeom", *p.parent.relative_to(ROOT).parts)) for p in ROOT.rglob("__init__.py")}
+    assert not packages - listed, f"packages left out of the wheel: {sorted(packages - listed)}"
+
+
 def test_the_layers_hold_and_nothing_is_circular():
     """What CI's `lint-imports` checks, run by the tests too (where the repository is)."""
     import shutil

@@ -91,7 +91,7 @@ def test_streaming_equals_one_batch(nope, images):
 def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch):
     """Per-image SSDC kept for one call after the forward (small batches) or computed at each layer
     (batches over the memory budget) gives the same numbers, also when both happen in one probe."""
-    from timm_posgeom.probes import probe as module
+    from timm_posgeom.probes import accumulator as module
 
     sincos = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
     results = {}

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         token_permutation,
     )
     from .labels import LabelMismatchError, match_labels
+    from .measuring import MeasureSettings, MeasureSettingsError
     from .models import PosGeomViT, list_models
     from .probes import (
         AttentionMeasure,
@@ -95,6 +96,9 @@ __all__ = [
     "CKAResult",
     "check_support",
     "SupportRow",
+    # how every measurement reads its images and where it runs
+    "MeasureSettings",
+    "MeasureSettingsError",
     # robustness
     "JPEG",
     "GaussianBlur",
@@ -132,6 +136,7 @@ _LAZY = {
     **dict.fromkeys(("PEEntry", "PEScaleError", "TokenPermutation", "TokenPermutationError", "find_embed_module",
                      "pe_inventory", "pe_scale", "token_permutation"), "interventions"),
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
+    **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
     **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc", "AttentionMeasure", "AttentionResult",
                      "Measure", "MeasureResult", "attention_measures", "run_measures", "CKAResult", "cka",

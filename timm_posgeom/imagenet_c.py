@@ -40,16 +40,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import PIL.Image
 import torch
 import torch.nn as nn
-from torch.utils.data import Dataset
 
-from .errors import PosgeomError
-from .eval_data import check_split, eval_loader, split_item
+from .eval_data import check_split, eval_loader
+from .imagenet_c_tree import (
+    CLEAN_FRAMINGS,
+    IMAGE_EXTENSIONS,
+    SEVERITIES,
+    ImageNetCTreeError,
+    _Framed,
+    _split_labels,
+    _TreeImages,
+    check_imagenet_c_tree,
+    frame_like_imagenet_c,
+)
 from .interventions import eval_mode, pe_scale, token_permutation
 from .jsonio import dump_json, to_jsonable
 from .labels import match_labels
+from .measuring import MeasureSettings
 from .robustness import (
     FragilityResult,
     _model_device,
@@ -59,7 +68,6 @@ from .robustness import (
     wilson_interval,
 )
 from .shifts import IMAGENET_C_CORRUPTIONS, _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
-from .transforms import to_rgb
 
 __all__ = [
     "ImageNetCResult",
@@ -72,10 +80,6 @@ __all__ = [
     "CLEAN_FRAMINGS",
     "frame_like_imagenet_c",
 ]
-
-SEVERITIES = (1, 2, 3, 4, 5)
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
-"""The files read in a released tree (case-insensitive); ImageNet-C's are ``.JPEG``."""
 
 
 def _spec(name: str, severity: int) -> str:
@@ -297,17 +301,11 @@ def imagenet_c_fragility(
         corruptions: str | Sequence[str] = "all",
         severities: Sequence[int] = SEVERITIES,
         *,
-        batch_size: int = 64,
-        resize: str = "paper",
-        num_workers: int | None = None,
         rpi: bool = False,
         alpha: float | None = None,
-        seed: int = 0,
-        max_images: int | None = None,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        img_size: int | tuple[int, int] | None = None,
         labels: str = "check",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> ImageNetCResult:
     """FS of every ImageNet-C corruption and severity, corrupting the clean split on the fly.
 
@@ -321,8 +319,10 @@ def imagenet_c_fragility(
         corruptions: ``"all"`` (ImageNet-C's 15), ``"extra"`` (its 4 extras), or names (list or
             comma-separated).
         severities: a subset of 1-5.
-        batch_size: images (clean and corrupted copies together) per model forward; each loader step
-            takes ``max(1, batch_size // (1 + number of corrupted copies))`` clean images.
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings` (or its fields as keywords, which
+            override it), as :func:`~timm_posgeom.robustness.fragility`'s; but ``batch_size`` counts the
+            images (clean and corrupted copies together) per model forward: each loader step takes
+            ``max(1, batch_size // (1 + number of corrupted copies))`` clean images.
 
     The other arguments are those of :func:`~timm_posgeom.robustness.fragility` (``labels`` too: the data's
     classes checked against the model's, or mapped).
@@ -330,16 +330,16 @@ def imagenet_c_fragility(
     Returns:
         An :class:`ImageNetCResult` (``source="generated"``) holding the FragilityResult.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    settings, _ = MeasureSettings.resolve("imagenet_c_fragility", settings, options)
+    if settings.batch_size is None:
+        raise ValueError("batch_size must be an integer >= 1 (images per forward), got None")
     names = _corruption_list(corruptions)
     levels = [_check_severity(s) for s in severities]
     specs = imagenet_c_shifts(names, levels)
     shifts = [imagenet_c(name, s) for name in names for s in levels]
-    step = max(1, batch_size // (1 + len(specs)))
-    result = fragility(model, data, shifts, resize=resize, batch_size=step, num_workers=num_workers, rpi=rpi,
-                       alpha=alpha, seed=seed, max_images=max_images, device=device, progress=progress,
-                       img_size=img_size, forward_size=batch_size, labels=labels)
+    step = max(1, settings.batch_size // (1 + len(specs)))
+    result = fragility(model, data, shifts, rpi=rpi, alpha=alpha, labels=labels,
+                       settings=settings.replace(batch_size=step), forward_size=settings.batch_size)
     assert result.shifts == specs, (result.shifts, specs)
     counts: dict[str, Any] = {"clean": dict(result.counts["clean"])}
     for c in names:
@@ -353,169 +353,6 @@ def imagenet_c_fragility(
 
 
 # --------------------------------------------------------------------------------------------
-# released images
-# --------------------------------------------------------------------------------------------
-class ImageNetCTreeError(PosgeomError, ValueError):
-    """A released ImageNet-C tree that does not match what was asked (one line: what and where)."""
-
-
-def _some(items: Sequence[Any], k: int = 5) -> str:
-    items = list(items)
-    return ", ".join(map(str, items[:k])) + (f" ... ({len(items)} in all)" if len(items) > k else "")
-
-
-def _image_files(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
-
-
-def check_imagenet_c_tree(
-        root: str | os.PathLike,
-        classes: Sequence[str],
-        corruptions: str | Sequence[str] = "all",
-        severities: Sequence[int] = SEVERITIES,
-        *,
-        class_folders: Sequence[str] | None = None,
-        extra_classes: str = "error",
-) -> list[tuple[str, int]]:
-    """Check a released ImageNet-C tree ``ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE`` and list its images.
-
-    Args:
-        root: the tree's root (holding ``gaussian_noise/``, ``fog/``, ...).
-        classes: the clean split's class names, in label order (label i is ``classes[i]``).
-        corruptions: the corruptions that must be there (as :func:`imagenet_c_fragility`).
-        severities: the severities that must be there (as :func:`imagenet_c_fragility`).
-        class_folders: the folder name of each class, in the same order (e.g. ImageNet wnids
-            ``n01440764`` for class names such as ``tench``); default the class names themselves.
-        extra_classes: ``"error"`` (default): a class folder that is no class is refused; ``"ignore"``:
-            such folders are skipped (e.g. the released 1,000 classes for a 100-class model).
-
-    Returns:
-        [(``CLASS/IMAGE``, label)] in label order, then by file name: the images that every
-        ``ROOT/CORRUPTION/SEVERITY`` folder holds (checked), listed once.
-
-    Raises:
-        ImageNetCTreeError: (a ValueError) one line, when: the root is not a folder; a corruption or
-            severity folder is missing; a class has no folder, or (``extra_classes="error"``) a folder is
-            no class; a class folder holds no image (``.JPEG``, ``.jpg``, ``.png``); or two
-            corruption/severity folders do not hold the same files (an incomplete download or extraction).
-    """
-    root = Path(root)
-    if not root.is_dir():
-        raise ImageNetCTreeError(f"ImageNet-C root {str(root)!r} is not a folder")
-    if extra_classes not in ("error", "ignore"):
-        raise ValueError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
-    folders = list(classes if class_folders is None else class_folders)
-    if len(folders) != len(classes):
-        raise ValueError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
-    if len(set(folders)) != len(folders):
-        raise ValueError(f"class folder names repeat: {_some([f for f, k in Counter(folders).items() if k > 1])}")
-    label_of = {f: i for i, f in enumerate(folders)}
-    layout = "expected ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE, the released ImageNet-C layout"
-
-    missing = [c for c in names if not (root / c).is_dir()]
-    if missing:
-        raise ImageNetCTreeError(f"{root} lacks the corruption folder(s) {_some(missing)} ({layout})")
-    missing = [f"{c}/{s}" for c in names for s in levels if not (root / c / str(s)).is_dir()]
-    if missing:
-        raise ImageNetCTreeError(f"{root} lacks the severity folder(s) {_some(missing)} ({layout})")
-
-    reference: tuple[str, dict[str, list[str]]] | None = None
-    for c in names:
-        for s in levels:
-            here = root / c / str(s)
-            present = sorted(p.name for p in here.iterdir() if p.is_dir())
-            present_set = set(present)
-            absent = [f for f in folders if f not in present_set]
-            if absent:
-                hint = (f"; its folders are {_some(present, 3)}: pass the class folders (e.g. wnids) if they are "
-                        "named otherwise" if present else "")
-                raise ImageNetCTreeError(f"{here} has no folder for {len(absent)} of the {len(folders)} classes "
-                                         f"({_some(absent, 3)}){hint}")
-            extra = [f for f in present if f not in label_of]
-            if extra and extra_classes == "error":
-                raise ImageNetCTreeError(f"{here} has {len(extra)} folder(s) that are none of the classes "
-                                         f"({_some(extra, 3)}); pass extra_classes='ignore' (posgeom: "
-                                         "--imagenet-c-extra-classes ignore) to read only the model's classes")
-            files = {}
-            for f in folders:
-                files[f] = _image_files(here / f)
-                if not files[f]:
-                    raise ImageNetCTreeError(f"{here / f} holds no image ({', '.join(IMAGE_EXTENSIONS)})")
-            if reference is None:
-                reference = (f"{c}/{s}", files)
-            elif files != reference[1]:
-                f = next(f for f in folders if files[f] != reference[1][f])
-                only_here = sorted(set(files[f]) - set(reference[1][f]))
-                only_there = sorted(set(reference[1][f]) - set(files[f]))
-                raise ImageNetCTreeError(
-                    f"{here / f} and {reference[0]}/{f} hold different images ({len(files[f])} vs "
-                    f"{len(reference[1][f])}; only in {c}/{s}: {_some(only_here, 2) or 'none'}; only in "
-                    f"{reference[0]}: {_some(only_there, 2) or 'none'}): an incomplete download or extraction?")
-    assert reference is not None
-    return [(f"{f}/{name}", label_of[f]) for f in folders for name in reference[1][f]]
-
-
-class _TreeImages(Dataset):
-    """Item j * m + k -> (RGB image ``root/CORRUPTION/SEVERITY/files[k]`` of folder j of ``folders``,
-    label), m = len(files): every folder's images, folder after folder, without a list per folder."""
-
-    def __init__(self, root: Path, folders: Sequence[tuple[str, int]], files: Sequence[tuple[str, int]]):
-        self.root, self.folders, self.files = root, list(folders), list(files)
-
-    def __len__(self) -> int:
-        return len(self.folders) * len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[PIL.Image.Image, int]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        j, k = divmod(index, len(self.files))
-        (corruption, severity), (relative, label) = self.folders[j], self.files[k]
-        with PIL.Image.open(self.root / corruption / str(severity) / relative) as image:
-            rgb = to_rgb(image)
-            return (rgb.copy() if rgb is image else rgb), label  # the file is closed on leaving: a copy of RGB
-
-
-def _split_labels(data: Any, n: int) -> list[int]:
-    labels = getattr(data, "labels", None)
-    if labels is not None and len(labels) >= n:
-        return [int(v) for v in list(labels)[:n]]
-    return [split_item(data[i])[1] for i in range(n)]
-
-
-CLEAN_FRAMINGS = ("imagenet-c", "as-is")
-
-
-def frame_like_imagenet_c(image: PIL.Image.Image) -> PIL.Image.Image:
-    """An image framed as ImageNet-C's release framed ImageNet's validation images before corrupting
-    them: short side resized to 256 (bilinear), centre 224 x 224 crop. An image already 224 x 224 is
-    taken as framed and returned as it is."""
-    if image.size == (224, 224):
-        return image
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms import functional as TF
-
-    return TF.center_crop(TF.resize(to_rgb(image), 256, interpolation=InterpolationMode.BILINEAR), 224)
-
-
-class _Framed(Dataset):
-    """The clean split with :func:`frame_like_imagenet_c` applied to each image (labels and classes kept)."""
-
-    def __init__(self, data: Any):
-        self.data = data
-        self.classes = getattr(data, "classes", None)
-        labels = getattr(data, "labels", None)
-        if labels is not None:
-            self.labels = labels
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, index: int) -> tuple[PIL.Image.Image, int]:
-        image, label = split_item(self.data[index])
-        return frame_like_imagenet_c(image), label
-
 
 def imagenet_c_released(
         model: nn.Module,
@@ -524,20 +361,10 @@ def imagenet_c_released(
         corruptions: str | Sequence[str] = "all",
         severities: Sequence[int] = SEVERITIES,
         *,
-        classes: Sequence[str] | None = None,
-        class_folders: Sequence[str] | None = None,
-        extra_classes: str = "error",
-        batch_size: int = 64,
-        resize: str = "paper",
-        num_workers: int | None = None,
         rpi: bool = False,
         alpha: float | None = None,
-        seed: int = 0,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        img_size: int | tuple[int, int] | None = None,
-        clean_framing: str = "imagenet-c",
-        labels: str = "check",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> ImageNetCResult:
     """FS of each corruption and severity from the released ImageNet-C images under ``root``.
 
@@ -556,17 +383,20 @@ def imagenet_c_released(
     Args:
         data: the clean split; its labels index ``classes``.
         root: the released tree's root.
-        classes: the class names in label order (default ``data.classes``).
-        class_folders: as :func:`check_imagenet_c_tree`.
-        extra_classes: as :func:`check_imagenet_c_tree`.
         rpi: as :func:`~timm_posgeom.robustness.fragility`; under RPI the released images get
             permutations of their own (they are not paired with the clean images).
-        labels: as :func:`~timm_posgeom.robustness.fragility`: the data's classes checked against the
-            model's, or mapped (``"by-name"``; the released images' labels mapped the same way).
+        alpha: as :func:`~timm_posgeom.robustness.fragility`.
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings` (or its fields as keywords, which
+            override it), as :func:`~timm_posgeom.robustness.fragility`'s (``batch_size``: images per
+            forward); ``max_images`` is refused (the tree holds copies of the whole clean split).
+        **options: this function's own keywords too: ``classes`` (the class names in label order,
+            default ``data.classes``), ``class_folders`` and ``extra_classes`` (as
+            :func:`check_imagenet_c_tree`), ``clean_framing`` (above) and ``labels`` (as
+            :func:`~timm_posgeom.robustness.fragility`: the data's classes checked against the model's,
+            or mapped, ``"by-name"``; the released images' labels mapped the same way).
 
-    The other arguments (``alpha``, ``seed``, ...) are those of :func:`~timm_posgeom.robustness.fragility`
-    (``batch_size``: images per forward). Launched as several processes, the clean split is shared by
-    batch (``fragility``) but every process reads every released image: the same result in each, not faster.
+    Launched as several processes, the clean split is shared by batch (``fragility``) but every process
+    reads every released image: the same result in each, not faster.
 
     Raises:
         ImageNetCTreeError: for a tree that does not match, and for a tree whose number of images of
@@ -576,16 +406,52 @@ def imagenet_c_released(
     Returns:
         An :class:`ImageNetCResult` with ``source="released"`` (no paired intervals).
     """
+    settings, own = MeasureSettings.resolve("imagenet_c_released", settings, options, _RELEASED_OPTIONS)
+    if settings.max_images is not None:
+        raise ValueError("imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
+                         f"of it): max_images does not apply, got {settings.max_images}")
+    names = _corruption_list(corruptions)
+    levels = [_check_severity(s) for s in severities]
+    matched, files = _released_files(model, data, root, names, levels, own)
+    clean_data = _Framed(matched) if own["clean_framing"] == "imagenet-c" else matched
+    clean = fragility(model, clean_data, (), rpi=rpi, alpha=alpha, settings=settings, labels="as-is")
+    order = [(c, s) for c in names for s in levels]
+    tree = _TreeImages(Path(root), order, files)
+    correct = _evaluate_released(model, tree, settings, rpi, alpha)
+    counts: dict[str, Any] = {"clean": dict(clean.counts["clean"])}
+    per_folder = correct.reshape(len(order), len(files))
+    for j, (c, s) in enumerate(order):
+        counts.setdefault(c, {})[s] = {"correct": int(per_folder[j].sum()), "total": len(files)}
+    accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
+    class_folders = own["class_folders"]
+    recorded = {**clean.settings, "root": str(root), "extra_classes": own["extra_classes"],
+                "clean_framing": own["clean_framing"],
+                "class_folders": None if class_folders is None else list(class_folders),
+                "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"]))
+                                      for c, s in order},
+                "clean_interval": list(clean.clean_interval)}
+    return ImageNetCResult(corruptions=names, severities=levels, num_images=clean.num_images,
+                           clean_accuracy=clean.clean_accuracy, accuracy=accuracy, fs=fs, counts=counts,
+                           source="released", fragility=None, settings=recorded)
+
+
+_RELEASED_OPTIONS = {"classes": None, "class_folders": None, "extra_classes": "error", "clean_framing": "imagenet-c",
+                     "labels": "check"}
+
+
+def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names: list[str], levels: list[int],
+                    own: dict[str, Any]) -> tuple[Any, list[tuple[str, int]]]:
+    """(the clean split with its labels checked or mapped, the tree's [(CLASS/IMAGE, label)]), the tree
+    checked against the split: its classes, and the same number of images of each class."""
+    classes = own["classes"]
     if classes is None:
         classes = getattr(data, "classes", None)
         if not classes:
             raise ValueError("the clean split has no class names (data.classes): pass classes=[...] in label order")
     classes = list(classes)
-    matched = match_labels(model, data, labels)  # a mismatch refused before the tree is read
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
-    files = check_imagenet_c_tree(root, classes, names, levels, class_folders=class_folders,
-                                  extra_classes=extra_classes)
+    matched = match_labels(model, data, own["labels"])  # a mismatch refused before the tree is read
+    files = check_imagenet_c_tree(root, classes, names, levels, class_folders=own["class_folders"],
+                                  extra_classes=own["extra_classes"])
     n = check_split(data)
     clean_counts = Counter(_split_labels(data, n))
     tree_counts = Counter(label for _, label in files)
@@ -596,21 +462,20 @@ def imagenet_c_released(
             f"the clean split has {clean_counts.get(i, 0)} images of {classes[i]!r} but {root}/{names[0]}/{levels[0]} "
             f"has {tree_counts.get(i, 0)} ({len(differ)} class(es) differ): the released images are corrupted copies "
             "of the clean ones, so FS needs the same images (the whole clean split, not a subset)")
-
-    if clean_framing not in CLEAN_FRAMINGS:
-        raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {clean_framing!r}")
+    if own["clean_framing"] not in CLEAN_FRAMINGS:
+        raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
     if matched is not data:  # mapped by name: the released images' labels (indices of `classes`) map alike
         mapping = list(matched.mapping)
         files = [(path, mapping[label]) for path, label in files]
-    clean_data = _Framed(matched) if clean_framing == "imagenet-c" else matched
-    clean = fragility(model, clean_data, (), resize=resize, batch_size=batch_size, num_workers=num_workers, rpi=rpi,
-                      alpha=alpha, seed=seed, device=device, progress=progress, img_size=img_size, labels="as-is")
+    return matched, files
 
-    order = [(c, s) for c in names for s in levels]
-    tree = _TreeImages(Path(root), order, files)
-    dev = _model_device(model, device)
-    loader = eval_loader(model, tree, batch_size=batch_size, resize=resize, num_workers=num_workers,
-                         pin_memory=dev.type == "cuda", img_size=img_size)
+
+def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, rpi: bool,
+                       alpha: float | None) -> np.ndarray:
+    """(len(tree),) bool: whether each released image is classified right (every process reads them all)."""
+    dev = _model_device(model, settings.device)
+    loader = eval_loader(model, tree, batch_size=settings.batch_size, resize=settings.resize,
+                         num_workers=settings.num_workers, pin_memory=dev.type == "cuda", img_size=settings.img_size)
     correct = np.zeros(len(tree), dtype=bool)
     from tqdm.auto import tqdm
 
@@ -619,10 +484,10 @@ def imagenet_c_released(
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
         if rpi:
-            stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+            stack.enter_context(token_permutation(model, seed=settings.seed, per="batch"))
         stack.enter_context(torch.inference_mode())
         start = 0
-        for images, labels in tqdm(loader, desc="imagenet-c", disable=not progress, leave=False):
+        for images, labels in tqdm(loader, desc="imagenet-c", disable=not settings.progress, leave=False):
             logits = model(images.to(dev, non_blocking=True))
             check_labels(labels, logits.shape[-1])
             b = labels.shape[0]
@@ -630,17 +495,4 @@ def imagenet_c_released(
             start += b
     if start != len(tree):
         raise RuntimeError(f"evaluated {start} released images, expected {len(tree)}")
-
-    counts: dict[str, Any] = {"clean": dict(clean.counts["clean"])}
-    per_folder = correct.reshape(len(order), len(files))
-    for j, (c, s) in enumerate(order):
-        counts.setdefault(c, {})[s] = {"correct": int(per_folder[j].sum()), "total": len(files)}
-    accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
-    settings = {**clean.settings, "root": str(root), "extra_classes": extra_classes, "clean_framing": clean_framing,
-                "class_folders": None if class_folders is None else list(class_folders),
-                "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"]))
-                                      for c, s in order},
-                "clean_interval": list(clean.clean_interval)}
-    return ImageNetCResult(corruptions=names, severities=levels, num_images=clean.num_images,
-                           clean_accuracy=clean.clean_accuracy, accuracy=accuracy, fs=fs, counts=counts,
-                           source="released", fragility=None, settings=settings)
+    return correct

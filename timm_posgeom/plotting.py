@@ -5,11 +5,16 @@ matplotlib is imported inside the functions (docs/architecture.md, rule 6).
 """
 from __future__ import annotations
 
+import io
+import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["elide", "fit_titles", "masked_map", "show_map", "MAP_LABEL"]
+from .jsonio import write_atomic
+
+__all__ = ["elide", "fit_titles", "masked_map", "show_map", "save_figure", "MAP_LABEL"]
 
 # What a similarity map's colour bar measures; the diagonal (a token with itself, always 1) is masked
 # in every map so that it does not swamp the colour scale.
@@ -95,3 +100,12 @@ def show_map(ax: Any, m: Any, *, vmin: float | None = None, vmax: float | None =
         bar.set_label(label, fontsize=7)
         bar.ax.tick_params(labelsize=6)
     return im
+
+
+def save_figure(fig: Any, path: str | os.PathLike, dpi: float) -> Path:
+    """Save ``fig`` to ``path`` atomically (rendered in memory, then :func:`~timm_posgeom.jsonio.write_atomic`):
+    a reader or a kill never meets a half-written figure. The format is the suffix's (``.png``, ``.pdf``,
+    ...; none: png)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".").lower() or "png", dpi=dpi)
+    return write_atomic(path, buffer.getvalue())

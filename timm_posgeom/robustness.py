@@ -34,8 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +49,12 @@ from .eval_data import check_split, default_workers, eval_loader, prepare_shared
 from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from .jsonio import dump_json, to_jsonable
 from .labels import match_labels
-from .probes.probe import _model_name
+from .measuring import MeasureSettings
+from .probes.streaming import _model_name
 from .protocol import DEFAULT_ALPHAS, probe_count
+from .scores import FragilityResult, fragility_score, paired_bootstrap_fs, wilson_interval
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
-from .transforms import RESIZE_MODES, normalize_batch, resize_transform, resolve_config
+from .transforms import normalize_batch, resize_transform, resolve_config
 
 __all__ = [
     "fragility",
@@ -66,188 +67,6 @@ __all__ = [
     "paired_bootstrap_fs",
     "DEFAULT_ALPHAS",
 ]
-
-_Z95 = 1.959963984540054  # two-sided 95% normal quantile
-
-
-# --------------------------------------------------------------------------------------------
-# formulas
-# --------------------------------------------------------------------------------------------
-def fragility_score(shift_accuracy: float, clean_accuracy: float) -> float:
-    """``FS = 1 - A_shift / A_clean``; NaN (with a RuntimeWarning) when ``A_clean`` is 0."""
-    if clean_accuracy == 0 or math.isnan(clean_accuracy):
-        warnings.warn("clean accuracy is 0: the fragility score 1 - A_shift / A_clean is undefined (NaN)",
-                      RuntimeWarning, stacklevel=2)
-        return math.nan
-    return 1.0 - shift_accuracy / clean_accuracy
-
-
-def wilson_interval(correct: int, total: int, z: float = _Z95) -> tuple[float, float]:
-    """Wilson score interval for a proportion ``correct / total`` (95% for the default ``z``).
-
-    ``(p + z^2/2n -/+ z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)``; (NaN, NaN) when ``total`` is 0.
-    """
-    if total <= 0:
-        return (math.nan, math.nan)
-    p = correct / total
-    denom = 1.0 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def paired_bootstrap_fs(
-        clean_correct: np.ndarray, shift_correct: np.ndarray, *, num_resamples: int = 2000,
-        confidence: float = 0.95, seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of FS over images, pairs (clean, shifted) resampled together.
-
-    Args:
-        clean_correct, shift_correct: (N,) bool, whether image i is classified correctly.
-
-    Only the 2x2 table of pair types changes between resamples, so each resample's table is drawn
-    from ``Multinomial(N, observed pair frequencies)``, which is exactly the distribution of the
-    table of N pairs drawn with replacement. Resamples with zero clean accuracy are left out.
-    """
-    clean = np.asarray(clean_correct, dtype=bool)
-    shifted = np.asarray(shift_correct, dtype=bool)
-    n = clean.size
-    if n == 0 or not clean.any():
-        return (math.nan, math.nan)
-    table = np.array([np.sum(~clean & ~shifted), np.sum(~clean & shifted),
-                      np.sum(clean & ~shifted), np.sum(clean & shifted)], dtype=np.int64)
-    draws = np.random.default_rng(seed).multinomial(n, table / n, size=num_resamples)
-    a_clean = draws[:, 2] + draws[:, 3]
-    a_shift = draws[:, 1] + draws[:, 3]
-    ok = a_clean > 0
-    if not ok.any():
-        return (math.nan, math.nan)
-    fs = 1.0 - a_shift[ok] / a_clean[ok]
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(fs, [tail, 100 - tail])
-    return (float(low), float(high))
-
-
-# --------------------------------------------------------------------------------------------
-# result
-# --------------------------------------------------------------------------------------------
-@dataclass
-class FragilityResult:
-    """Accuracy of one model on clean and shifted images, and its fragility score per shift.
-
-    Attributes:
-        shifts: the shift names (specs), in order.
-        num_images: n, the number of images evaluated (every one counted).
-        clean_accuracy: A_clean = k_clean / n.
-        accuracy: shift -> A_shift.
-        fs: shift -> FS = 1 - A_shift / A_clean (NaN when A_clean = 0).
-        counts: ``{"clean": {"correct": k, "total": n}, shift: {...}}``.
-        clean_interval, accuracy_interval: Wilson 95% intervals of the accuracies.
-        fs_interval: shift -> paired-bootstrap 95% interval of FS.
-        correct: ``"clean"`` and each shift -> (n,) bool array, per-image correctness (in data
-            order), e.g. for McNemar tests; left out of :meth:`to_dict`.
-        settings: model, resize, rpi, alpha, seed, ... (how the numbers were made).
-    """
-
-    shifts: list[str]
-    num_images: int
-    clean_accuracy: float
-    accuracy: dict[str, float]
-    fs: dict[str, float]
-    counts: dict[str, dict[str, int]]
-    clean_interval: tuple[float, float]
-    accuracy_interval: dict[str, tuple[float, float]]
-    fs_interval: dict[str, tuple[float, float]]
-    correct: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_correct(cls, correct: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None,
-                     seed: int = 0) -> FragilityResult:
-        """Build the result from per-image correctness: ``correct["clean"]`` and one (n,) bool array
-        per shift. All numbers are exact functions of these arrays."""
-        if "clean" not in correct:
-            raise ValueError("correct must hold a 'clean' entry")
-        clean = np.asarray(correct["clean"], dtype=bool)
-        n = int(clean.size)
-        shifts = [k for k in correct if k != "clean"]
-        arrays = {k: np.asarray(v, dtype=bool) for k, v in correct.items()}
-        for k, v in arrays.items():
-            if v.shape != (n,):
-                raise ValueError(f"correct[{k!r}] has shape {v.shape}, expected ({n},)")
-        counts = {k: {"correct": int(v.sum()), "total": n} for k, v in arrays.items()}
-        clean_acc = counts["clean"]["correct"] / n if n else math.nan
-        accuracy = {s: counts[s]["correct"] / n for s in shifts}
-        if n and clean_acc == 0 and shifts:
-            warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=2)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            fs = {s: fragility_score(accuracy[s], clean_acc) for s in shifts}
-        return cls(
-            shifts=shifts, num_images=n, clean_accuracy=clean_acc, accuracy=accuracy, fs=fs, counts=counts,
-            clean_interval=wilson_interval(counts["clean"]["correct"], n),
-            accuracy_interval={s: wilson_interval(counts[s]["correct"], n) for s in shifts},
-            fs_interval={s: paired_bootstrap_fs(clean, arrays[s], seed=seed) for s in shifts},
-            correct=arrays, settings=dict(settings or {}),
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready numbers (NaN stays float NaN; ``correct`` arrays left out)."""
-        return {
-            "shifts": list(self.shifts),
-            "num_images": self.num_images,
-            "clean_accuracy": self.clean_accuracy,
-            "clean_interval": list(self.clean_interval),
-            "accuracy": dict(self.accuracy),
-            "accuracy_interval": {k: list(v) for k, v in self.accuracy_interval.items()},
-            "fs": dict(self.fs),
-            "fs_interval": {k: list(v) for k, v in self.fs_interval.items()},
-            "counts": {k: dict(v) for k, v in self.counts.items()},
-            "interval_method": "accuracy: Wilson score 95%; FS: paired percentile bootstrap 95% (2000 resamples)",
-            "settings": to_jsonable(self.settings),
-        }
-
-    def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
-        """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        return dump_json(self.to_dict(), path, indent)
-
-    def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
-        """Bar chart: clean and shifted accuracy with Wilson 95% error bars, each shift's FS and its paired
-        bootstrap 95% interval written above its bar. Returns the matplotlib Figure; also saved to ``path``
-        if given."""
-        from matplotlib.figure import Figure
-
-        from .plotting import fit_titles
-
-        if ax is None:
-            fig = Figure(figsize=(1.8 + 1.5 * (1 + len(self.shifts)), 3.8), layout="constrained")
-            ax = fig.subplots()
-        else:
-            fig = ax.figure
-        names = ["clean", *self.shifts]
-        values = [self.clean_accuracy, *(self.accuracy[s] for s in self.shifts)]
-        intervals = [self.clean_interval, *(self.accuracy_interval[s] for s in self.shifts)]
-        err = np.array([[max(v - lo, 0), max(hi - v, 0)] for v, (lo, hi) in zip(values, intervals)]).T
-        bars = ax.bar(range(len(names)), values, color=["0.55", *[f"C{i}" for i in range(len(self.shifts))]])
-        ax.errorbar(range(len(names)), values, yerr=err, fmt="none", ecolor="k", capsize=4,
-                    label="top-1: Wilson 95% interval")
-        for bar, s in zip(bars[1:], self.shifts):
-            top = self.accuracy_interval[s][1]
-            top = bar.get_height() if math.isnan(top) else top
-            lo, hi = self.fs_interval.get(s, (math.nan, math.nan))
-            ax.annotate(f"FS {self.fs[s]:.3f}\n[{lo:.3f}, {hi:.3f}]", (bar.get_x() + bar.get_width() / 2, top),
-                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
-        ax.set_xticks(range(len(names)), names)
-        ax.set_ylabel("top-1 accuracy (fraction)")
-        ax.set_ylim(0, min(1.0, max(values + [0.05]) * 1.25 + 0.1))
-        ax.legend(fontsize=7, loc="lower right", title="FS: [paired bootstrap 95%]", title_fontsize=7)
-        title = self.settings.get("model") or ""
-        ax.set_title(f"{title} (n={self.num_images})".strip(), fontsize=9)
-        fit_titles(fig)
-        if path is not None:
-            fig.savefig(path, dpi=150)
-        return fig
-
 
 # --------------------------------------------------------------------------------------------
 # data
@@ -334,20 +153,12 @@ def fragility(
         data: Any,
         shifts: Sequence[str | Shift] = PAPER_SHIFTS,
         *,
-        resize: str = "paper",
-        batch_size: int = 64,
-        num_workers: int | None = None,
         rpi: bool = False,
         alpha: float | None = None,
-        seed: int = 0,
-        max_images: int | None = None,
         blur_on_device: bool = False,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        img_size: int | tuple[int, int] | None = None,
-        distributed: str = "auto",
-        forward_size: int | None = None,
         labels: str = "check",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -356,6 +167,11 @@ def fragility(
     is normalised with the model's mean / std (the same values as
     :func:`~timm_posgeom.transforms.eval_transform` gives, bit for bit). Counts are exact over all
     images; clean accuracy is computed once. See the module docstring for FS and the intervals.
+
+    The settings (``settings``, a :class:`~timm_posgeom.measuring.MeasureSettings`, or its fields as
+    keywords, which override it): ``resize``, ``batch_size``, ``num_workers``, ``seed``, ``max_images``,
+    ``device``, ``progress``, ``img_size`` and ``distributed`` below; ``forward_size`` is a keyword of
+    this function's own.
 
     Args:
         model: any timm classifier (its data config gives size, interpolation, mean, std).
@@ -377,7 +193,7 @@ def fragility(
         progress: show a tqdm bar.
         img_size: input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
             default the model's own. A model with one fixed other size is refused.
-        distributed: ``auto`` (default): alone, nothing changes; launched as W > 1 processes
+        distributed: ``auto`` (default) or ``off`` (``presharded`` is refused): alone, nothing changes; launched as W > 1 processes
             (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.distributed`), the batches of
             ``batch_size`` images of the first ``max_images`` are shared, global batch k to process
             k mod W (each loads and shifts only its own images); the per-image correctness arrays
@@ -396,92 +212,139 @@ def fragility(
     Returns:
         A :class:`FragilityResult`.
     """
+    settings, own = MeasureSettings.resolve("fragility", settings, options, {"forward_size": None})
+    shift_list, names = _check_fragility(shifts, settings, own["forward_size"])
+    data = match_labels(model, data, labels)
+    n = check_split(data, settings.max_images)
+    plan = _Plan(names, shift_list, [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list], n,
+                 settings.batch_size, own["forward_size"])
+    seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device))
+    dev = _model_device(model, settings.device)
+    cfg = resolve_config(model, settings.img_size)
+    # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
+    shift_seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
+    loader = _loader(data, plan, settings, resize_transform(cfg, settings.resize), shift_seed, dev)
+    recorded = {"model": _model_name(model), "resize": settings.resize, "rpi": rpi, "alpha": alpha, "seed": seed,
+                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
+    if seed is None:
+        recorded["shift_seed"] = shift_seed
+    show = settings.progress and (plan.own is None or _dist.is_main())
+    with _dist.fail_together() if plan.own is not None else contextlib.nullcontext(), contextlib.ExitStack() as stack:
+        permutation = _intervene(stack, model, plan, rpi, alpha, seed)
+        hits = _evaluate(model, loader, plan, cfg, dev, permutation, show)
+    return FragilityResult.from_correct(_gather(plan, hits), settings=recorded, seed=seed)
+
+
+@dataclass
+class _Plan:
+    """One :func:`fragility` call, checked: the shifts' names and objects, which run on the device, the
+    image count n, the step and forward sizes, and (several processes) this process's batches as ranges
+    of image indices (None alone)."""
+
+    names: list[str]
+    shifts: list[Shift]
+    on_device: list[bool]
+    n: int
+    batch_size: int
+    forward_size: int | None
+    own: list[range] | None = None
+
+
+def _check_fragility(shifts: Sequence[str | Shift] | str | Shift, settings: MeasureSettings,
+                     forward_size: int | None) -> tuple[list[Shift], list[str]]:
+    """The shifts parsed (and their names, distinct), and what fragility adds to the settings' checks."""
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
     shift_list = [parse_shift(s) for s in shifts]
     names = [s if isinstance(s, str) else p.spec for s, p in zip(shifts, shift_list)]
     if len(set(names)) != len(names):
         raise ValueError(f"shifts must be distinct, got {names}")
-    if resize not in RESIZE_MODES:
-        raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if distributed not in ("auto", "off"):
-        raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
+    if settings.batch_size is None:
+        raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
+    if settings.distributed not in ("auto", "off"):
+        raise ValueError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
     if forward_size is not None and forward_size < 1:
         raise ValueError(f"forward_size must be >= 1, got {forward_size}")
-    data = match_labels(model, data, labels)
-    n = check_split(data, max_images)
-    world = _dist.setup() if distributed == "auto" else 1
-    own = None  # with several processes: this process's batches, as ranges of image indices
-    if world > 1:  # the same call everywhere, or an error everywhere (not a wait in a collective)
-        _dist.check_same((names, [repr(p) for p in shift_list], len(data), n, resize, batch_size, rpi, alpha, seed,
-                          blur_on_device, img_size), "fragility settings or data")
-        seed = _dist.shared_seed(seed)
-        own = _dist.sequential_batches(n, batch_size)
-    dev = _model_device(model, device)
-    cfg = resolve_config(model, img_size)
-    on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
-    loader_shifts = [p for p, d in zip(shift_list, on_device) if not d]
-    workers = default_workers() if num_workers is None else int(num_workers)
-    # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
-    shift_seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
-    shifted = _ShiftedCopies(data, n, resize_transform(cfg, resize), loader_shifts, seed=shift_seed)
-    batching = dict(batch_size=batch_size, shuffle=False) if own is None else \
-        dict(batch_sampler=_dist.IndexBatches(own))  # this process's batches only
-    loader = DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda",
-                        persistent_workers=False)
-    correct = {name: np.zeros(n, dtype=bool) for name in ["clean", *names]}
-    settings = {"model": _model_name(model), "resize": resize, "rpi": rpi, "alpha": alpha, "seed": seed,
-                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
-    if seed is None:
-        settings["shift_seed"] = shift_seed
+    return shift_list, names
 
+
+def _share(plan: _Plan, settings: MeasureSettings, agreed: tuple) -> int | None:
+    """Launched as several processes: the same call everywhere (or an error everywhere, not a wait in a
+    collective), the seed shared, this process's batches in ``plan.own``. Returns the seed to use."""
+    world = _dist.setup() if settings.distributed == "auto" else 1
+    if world == 1:
+        return settings.seed
+    _dist.check_same((plan.names, [repr(p) for p in plan.shifts], plan.n, settings.resize, plan.batch_size,
+                      settings.seed, settings.img_size, *agreed), "fragility settings or data")
+    plan.own = _dist.sequential_batches(plan.n, plan.batch_size)
+    return _dist.shared_seed(settings.seed)
+
+
+def _loader(data: Any, plan: _Plan, settings: MeasureSettings, resize: Any, shift_seed: int,
+            dev: torch.device) -> DataLoader:
+    """Batches ((B, V_loader, C, H, W) uint8 copies, labels) of this process's images: each image resized
+    once, then every shift that runs in the loader's workers."""
+    loader_shifts = [p for p, d in zip(plan.shifts, plan.on_device) if not d]
+    shifted = _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed)
+    batching = dict(batch_size=plan.batch_size, shuffle=False) if plan.own is None else \
+        dict(batch_sampler=_dist.IndexBatches(plan.own))  # this process's batches only
+    workers = default_workers() if settings.num_workers is None else int(settings.num_workers)
+    return DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda",
+                      persistent_workers=False)
+
+
+def _intervene(stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: bool, alpha: float | None,
+               seed: int | None) -> Any:
+    """Enter eval mode, the PE scale and RPI on ``stack`` (inference mode last); returns the RPI handle."""
+    stack.enter_context(eval_mode(model))
+    if alpha is not None:
+        stack.enter_context(pe_scale(model, alpha))
+    permutation = None
+    if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported rpi=False
+        check_unpermuted(model, "fragility(rpi=False)")
+    if rpi:
+        permutation = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
+        if plan.own is not None:
+            _skip_other_draws(permutation, [rows.start // plan.batch_size for rows in plan.own])
+    # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
+    # tensors (those would break a later backward through the model)
+    stack.enter_context(torch.inference_mode())
+    return permutation
+
+
+def _evaluate(model: nn.Module, loader: DataLoader, plan: _Plan, cfg: dict[str, Any], dev: torch.device,
+              permutation: Any, show: bool) -> np.ndarray:
+    """(images, 1 + shifts) bool: whether each of this process's images, clean then shifted, is classified
+    right, in loader order."""
     from tqdm.auto import tqdm
 
-    show = progress and (own is None or _dist.is_main())
-    own_hits: list[np.ndarray] = []  # with several processes: (b, V) per own batch, in order
-    with _dist.fail_together() if own is not None else contextlib.nullcontext(), contextlib.ExitStack() as stack:
-        stack.enter_context(eval_mode(model))
-        if alpha is not None:
-            stack.enter_context(pe_scale(model, alpha))
-        permutation = None
-        if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported rpi=False
-            check_unpermuted(model, "fragility(rpi=False)")
-        if rpi:
-            permutation = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
-            if own is not None:
-                _skip_other_draws(permutation, [rows.start // batch_size for rows in own])
-        # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
-        # tensors (those would break a later backward through the model)
-        stack.enter_context(torch.inference_mode())
-        start = 0
-        for copies, labels in tqdm(loader, desc="fragility", disable=not show, leave=False):
-            copies = copies.to(dev, non_blocking=True)  # (B, V_loader, C, H, W) uint8
-            variants, it = [copies[:, 0]], iter(range(1, copies.shape[1]))
-            for p, d in zip(shift_list, on_device):
-                variants.append(p.batch(copies[:, 0]) if d else copies[:, next(it)])
-            x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
-            b, v = x.shape[:2]
-            logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
-                                        forward_size, permutation)
-            check_labels(labels, logits.shape[-1])
-            hits = (logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy()
-            if own is not None:
-                own_hits.append(hits)
-            else:
-                for j, name in enumerate(["clean", *names]):
-                    correct[name][start:start + b] = hits[:, j]
-            start += b
-        expected = n if own is None else sum(len(rows) for rows in own)
-        if start != expected:
-            raise RuntimeError(f"evaluated {start} images, expected {expected}")
-    if own is not None:  # every process's rows, back in data order: exactly the arrays of one process
-        rows = np.concatenate([np.arange(r.start, r.stop) for r in own]) if own else np.zeros(0, dtype=np.int64)
-        hits = np.concatenate(own_hits) if own_hits else np.zeros((0, 1 + len(names)), dtype=bool)
-        table = _dist.gather_in_order(hits, rows, n)
-        correct = {name: table[:, j].astype(bool) for j, name in enumerate(["clean", *names])}
-    return FragilityResult.from_correct(correct, settings=settings, seed=seed)
+    hits: list[np.ndarray] = []
+    for copies, labels in tqdm(loader, desc="fragility", disable=not show, leave=False):
+        copies = copies.to(dev, non_blocking=True)  # (B, V_loader, C, H, W) uint8
+        variants, it = [copies[:, 0]], iter(range(1, copies.shape[1]))
+        for p, d in zip(plan.shifts, plan.on_device):
+            variants.append(p.batch(copies[:, 0]) if d else copies[:, next(it)])
+        x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
+        b, v = x.shape[:2]
+        logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
+                                    plan.forward_size, permutation)
+        check_labels(labels, logits.shape[-1])
+        hits.append((logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy())
+    table = np.concatenate(hits) if hits else np.zeros((0, 1 + len(plan.names)), dtype=bool)
+    expected = plan.n if plan.own is None else sum(len(rows) for rows in plan.own)
+    if len(table) != expected:
+        raise RuntimeError(f"evaluated {len(table)} images, expected {expected}")
+    return table
+
+
+def _gather(plan: _Plan, hits: np.ndarray) -> dict[str, np.ndarray]:
+    """``"clean"`` and each shift -> (n,) bool in data order; with several processes every process's rows
+    put back in data order: exactly the arrays of one process."""
+    if plan.own is not None:
+        rows = np.concatenate([np.arange(r.start, r.stop) for r in plan.own]) if plan.own else \
+            np.zeros(0, dtype=np.int64)
+        hits = _dist.gather_in_order(hits, rows, plan.n)
+    return {name: hits[:, j].astype(bool) for j, name in enumerate(["clean", *plan.names])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -555,7 +418,7 @@ class AlphaSweepResult:
         Returns the matplotlib Figure; also saved to ``path`` if given."""
         from matplotlib.figure import Figure
 
-        from .plotting import fit_titles
+        from .plotting import fit_titles, save_figure
 
         fig = Figure(figsize=(5.4, 5.4), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)
@@ -580,7 +443,7 @@ class AlphaSweepResult:
         top.set_title(str(self.settings.get("model") or ""), fontsize=9)
         fit_titles(fig)
         if path is not None:
-            fig.savefig(path, dpi=150)
+            save_figure(fig, path, dpi=150)
         return fig
 
 
@@ -590,20 +453,11 @@ def alpha_sweep(
         alphas: Sequence[float] = DEFAULT_ALPHAS,
         shifts: Sequence[str | Shift] = ("jpeg:5",),
         *,
-        probe_images: int | None = None,
-        probe_data: Any = None,
         site: str = "auto",
         include_prefix: bool = True,
-        resize: str = "paper",
-        batch_size: int = 64,
-        num_workers: int | None = None,
-        seed: int = 0,
-        max_images: int | None = None,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        img_size: int | tuple[int, int] | None = None,
-        distributed: str = "auto",
         labels: str = "check",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> AlphaSweepResult:
     """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
 
@@ -616,52 +470,63 @@ def alpha_sweep(
     * :func:`fragility` of every shift on the first ``max_images`` images of ``data`` (default all; no
       RPI), with the same loader settings.
 
+    ``settings`` (a :class:`~timm_posgeom.measuring.MeasureSettings`, or its fields as keywords, which
+    override it) is passed to both: ``resize``, ``batch_size``, ``num_workers``, ``seed``, ``max_images``,
+    ``device``, ``progress``, ``img_size``, ``distributed`` (``auto`` / ``off``). The keywords
+    ``probe_images`` (int) and ``probe_data`` (a split) are this function's own.
+
     ``max_images`` bounds all the work: the probe too uses at most that many images unless
     ``probe_images`` says otherwise (default: 1,000, the paper's count, or ``max_images`` if fewer;
     :func:`~timm_posgeom.protocol.probe_count`). ``labels`` is checked (or mapped) once, as in
     :func:`fragility`.
 
     alpha = 1 reproduces the unscaled model exactly. ``img_size`` sets the input size of both (see
-    :func:`fragility`). ``distributed`` (``auto`` / ``off``) is passed to both: launched as several
-    processes, each alpha's probe and evaluation are shared by batch and reduced, every process
-    returns the single-process result, and only the main process shows progress. Returns an
-    :class:`AlphaSweepResult`.
+    :func:`fragility`). Launched as several processes, each alpha's probe and evaluation are shared by
+    batch and reduced, every process returns the single-process result, and only the main process
+    shows progress. Returns an :class:`AlphaSweepResult`.
     """
     from .probes import probe_ssdc
     from .probes.sites import resolve_site
 
-    if distributed not in ("auto", "off"):
-        raise ValueError(f"distributed must be 'auto' or 'off', got {distributed!r}")
+    settings, own = MeasureSettings.resolve("alpha_sweep", settings, options,
+                                            {"probe_images": None, "probe_data": None})
+    if settings.distributed not in ("auto", "off"):
+        raise ValueError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
     site = resolve_site(model, site)
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ValueError("alphas is empty")
-    probe_images = probe_count(probe_images, max_images)
-    data = match_labels(model, data, labels)
+    n_probe, probe_loader, data = _sweep_data(model, data, own, labels, settings)
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
     shift_names = [s if isinstance(s, str) else parse_shift(s).spec for s in shifts]
-    probe_source = data if probe_data is None else probe_data
-    n_probe = check_split(probe_source, probe_images)
-    dev = _model_device(model, device)
-    probe_loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=batch_size, resize=resize,
-                               num_workers=num_workers, img_size=img_size)
-    rows = []
+    dev = _model_device(model, settings.device)
+    quiet = settings.replace(device=dev, progress=False)
     from tqdm.auto import tqdm
 
-    world = _dist.setup() if distributed == "auto" else 1
-    show = progress and (world == 1 or _dist.is_main())
+    world = _dist.setup() if settings.distributed == "auto" else 1
+    show = settings.progress and (world == 1 or _dist.is_main())
+    rows = []
     for alpha in tqdm(alphas, desc="alpha sweep", disable=not show):
         with pe_scale(model, alpha, include_prefix=include_prefix):
-            ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, seed=seed, max_images=n_probe,
-                              device=dev, progress=False, distributed=distributed)
-            frag = fragility(model, data, shifts, resize=resize, batch_size=batch_size, num_workers=num_workers,
-                             seed=seed, max_images=max_images, device=dev, progress=False, img_size=img_size,
-                             distributed=distributed, labels="as-is")  # checked (or mapped) above
+            ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, settings=quiet.replace(max_images=n_probe))
+            frag = fragility(model, data, shifts, settings=quiet, labels="as-is")  # checked (or mapped) above
         rows.append(AlphaSweepRow(
             alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
             clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),
             fragility=frag, ssdc=ssdc))
-    settings = {"model": _model_name(model), "site": site, "probe_images": n_probe, "include_prefix": include_prefix,
-                "resize": resize, "seed": seed, "num_images": rows[0].fragility.num_images}
-    return AlphaSweepResult(rows=rows, shifts=shift_names, settings=settings)
+    recorded = {"model": _model_name(model), "site": site, "probe_images": n_probe, "include_prefix": include_prefix,
+                "resize": settings.resize, "seed": settings.seed, "num_images": rows[0].fragility.num_images}
+    return AlphaSweepResult(rows=rows, shifts=shift_names, settings=recorded)
+
+
+def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,
+                settings: MeasureSettings) -> tuple[int, Any, Any]:
+    """(the probe's image count, its loader, the data with its labels checked or mapped)."""
+    probe_images = probe_count(own["probe_images"], settings.max_images)
+    data = match_labels(model, data, labels)
+    probe_source = data if own["probe_data"] is None else own["probe_data"]
+    n_probe = check_split(probe_source, probe_images)
+    loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=settings.batch_size,
+                         resize=settings.resize, num_workers=settings.num_workers, img_size=settings.img_size)
+    return n_probe, loader, data

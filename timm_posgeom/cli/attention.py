@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._options import add_data_args, add_distance_arg, add_model_args, add_run_args, load_model_and_data
+from ._options import add_data_args, add_distance_arg, add_model_args, add_run_args
+from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,32 +28,24 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import distributed
-    from ..eval_data import eval_loader
+    return run_measurement(args, lambda model, data, settings: _measure(args, model, data, settings), _report)
+
+
+def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> Any:
     from ..probes import attention_measures
 
-    world = distributed.setup()
-    if args.device is None and world > 1:
-        args.device = distributed.default_device()
-    with distributed.main_process_first():
-        model, data, device = load_model_and_data(args)
-    loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                         num_workers=args.num_workers, img_size=args.img_size)
-    result = attention_measures(model, loader, rpi=args.rpi, seed=args.seed, alpha=args.alpha,
-                                distance=args.distance, device=device, progress=not args.no_progress)
-    if not distributed.is_main():
-        return 0
-    result.metadata.update(model=args.model, data=args.data, split=args.split, resize=args.resize,
-                           checkpoint=args.checkpoint)
-    if world > 1:
-        result.metadata["processes"] = world
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    loader = eval_batches(args, model, data)
+    result = attention_measures(model, loader, rpi=args.rpi, alpha=args.alpha, distance=args.distance,
+                                settings=settings)
+    result.settings.update(resize=args.resize)
+    return result
+
+
+def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "attention.json")
     result.plot(out / "attention.png")
-    md = result.metadata
+    md = result.settings
     print(f"{args.model}  rpi={args.rpi}  alpha={args.alpha}  images={md['n_images']}  "
           f"grid={'x'.join(map(str, md['grid_size']))}  heads={md['num_heads']}")
     print(result.table())
     print(f"wrote {out / 'attention.json'} and {out / 'attention.png'}")
-    return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..protocol import PAPER_SHIFTS
 from ._options import (
@@ -24,8 +25,8 @@ from ._options import (
     add_model_args,
     add_run_args,
     add_shift_arg,
-    load_model_and_data,
 )
+from ._runner import run_measurement
 
 
 def add_parser(subparsers) -> None:
@@ -76,29 +77,21 @@ def _parse_severities(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if args.imagenet_c is not None or args.imagenet_c_root is not None:
         return _run_imagenet_c(args)
-    from .. import distributed
     from ..robustness import fragility
     from ..shifts import parse_shift
 
     shifts = args.shift or list(PAPER_SHIFTS)
     for spec in shifts:
         parse_shift(spec)  # fail on a bad spec before loading anything
-    world = distributed.setup()  # launched as several processes: each evaluates its share of the batches
-    if args.device is None and world > 1:
-        args.device = distributed.default_device()
-    with distributed.main_process_first():  # a download or cache made once, by the main process
-        model, data, device = load_model_and_data(args)
-    result = fragility(model, data, shifts, labels=args.labels, resize=args.resize, batch_size=args.batch_size,
-                       num_workers=args.num_workers, rpi=args.rpi, alpha=args.alpha, seed=args.seed,
-                       blur_on_device=args.blur_on_device, device=device, progress=not args.no_progress,
-                       img_size=args.img_size)
-    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
-        return 0
-    result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
-    if world > 1:
-        result.settings["processes"] = world
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+
+    def measure(model: Any, data: Any, settings: Any) -> Any:
+        return fragility(model, data, shifts, labels=args.labels, rpi=args.rpi, alpha=args.alpha,
+                         blur_on_device=args.blur_on_device, settings=settings)
+
+    return run_measurement(args, measure, _report)
+
+
+def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "fragility.json")
     result.plot(out / "fragility.png")
     print(f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}")
@@ -109,20 +102,36 @@ def run(args: argparse.Namespace) -> int:
         print(f"{s:{w}s} {result.accuracy[s]:7.3f} {_fmt_interval(*result.accuracy_interval[s]):>17s} "
               f"{result.fs[s]:7.3f} {_fmt_interval(*result.fs_interval[s]):>19s}")
     print(f"wrote {out / 'fragility.json'} and {out / 'fragility.png'}")
-    return 0
 
 
 def _run_imagenet_c(args: argparse.Namespace) -> int:
-    from ..imagenet_c import ImageNetCResult, imagenet_c_fragility, imagenet_c_released
+    from ..imagenet_c import imagenet_c_fragility, imagenet_c_released
+
+    names, severities, reference, folders = _imagenet_c_inputs(args)
+
+    def measure(model: Any, data: Any, settings: Any) -> Any:
+        common = dict(labels=args.labels, rpi=args.rpi, alpha=args.alpha, settings=settings)
+        if args.imagenet_c_root is None:
+            return imagenet_c_fragility(model, data, names, severities, **common)
+        return imagenet_c_released(model, data, args.imagenet_c_root, names, severities, class_folders=folders,
+                                   extra_classes=args.imagenet_c_extra_classes,
+                                   clean_framing=args.imagenet_c_clean_framing, **common)
+
+    return run_measurement(args, measure, lambda a, result, out: _report_imagenet_c(a, result, out, reference))
+
+
+def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], Any, list[str] | None]:
+    """(corruptions, severities, the reference result or None, the class folders or None), each checked before
+    anything is loaded."""
+    from ..imagenet_c import ImageNetCResult
     from ..shifts import imagenet_c, imagenet_c_shifts
 
     if args.shift:
         raise ValueError("--shift and --imagenet-c exclude each other: run them separately")
     if args.blur_on_device:
         raise ValueError("--blur-on-device does not apply to --imagenet-c")
-    corruptions = args.imagenet_c or "all"
     severities = _parse_severities(args.severities)
-    specs = imagenet_c_shifts(corruptions, severities)  # checks names and severities before anything is loaded
+    specs = imagenet_c_shifts(args.imagenet_c or "all", severities)  # checks names and severities first
     names = list(dict.fromkeys(spec.split(":")[1] for spec in specs))
     reference = ImageNetCResult.from_json(args.reference) if args.reference else None
     folders = None
@@ -141,35 +150,17 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
         if missing:
             raise ValueError(f"the reference {args.reference} lacks {', '.join(missing[:4])}"
                              f"{' ...' if len(missing) > 4 else ''}: run it with the same corruptions and severities")
+    return names, severities, reference, folders
 
-    from .. import distributed
 
-    world = distributed.setup()  # launched as several processes: each evaluates its share of the clean batches
-    if args.device is None and world > 1:
-        args.device = distributed.default_device()
-    with distributed.main_process_first():
-        model, data, device = load_model_and_data(args)
-    common = dict(labels=args.labels, batch_size=args.batch_size, resize=args.resize, num_workers=args.num_workers, rpi=args.rpi,
-                  alpha=args.alpha, seed=args.seed, device=device, progress=not args.no_progress,
-                  img_size=args.img_size)
-    if args.imagenet_c_root is None:
-        result = imagenet_c_fragility(model, data, names, severities, **common)
-    else:
-        result = imagenet_c_released(model, data, args.imagenet_c_root, names, severities, class_folders=folders,
-                                     extra_classes=args.imagenet_c_extra_classes,
-                                     clean_framing=args.imagenet_c_clean_framing, **common)
-    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
-        return 0
-    result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
-    if world > 1:
-        result.settings["processes"] = world
+def _report_imagenet_c(args: argparse.Namespace, result: Any, out: Path, reference: Any) -> None:
+    from ..jsonio import write_atomic
+
     if reference is not None:
         result.settings["reference"] = args.reference
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     table = result.to_markdown(reference=reference)
     result.to_json(out / "imagenet_c.json")
-    (out / "imagenet_c.md").write_text(table + "\n")
+    write_atomic(out / "imagenet_c.md", table + "\n")
     written = [out / "imagenet_c.json", out / "imagenet_c.md"]
     if result.fragility is not None:
         result.fragility.settings.update(model=args.model, data=args.data, split=args.split)
@@ -179,4 +170,3 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
           f"ImageNet-C {result.source}{'' if args.imagenet_c_root is None else ' from ' + args.imagenet_c_root}")
     print(table)
     print("wrote " + ", ".join(map(str, written)))
-    return 0

@@ -18,8 +18,8 @@ from ._options import (
     add_model_args,
     add_run_args,
     add_site_arg,
-    load_model_and_data,
 )
+from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,35 +35,27 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import distributed
-    from ..eval_data import eval_loader
+    return run_measurement(args, lambda model, data, settings: _measure(args, model, data, settings), _report)
+
+
+def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> Any:
     from ..interventions import pe_scale
     from ..probes import probe_ssdc
 
-    world = distributed.setup()  # launched as several processes: each probes its share of the batches
-    if args.device is None and world > 1:
-        args.device = distributed.default_device()
-    with distributed.main_process_first():  # a download or cache made once, by the main process
-        model, data, device = load_model_and_data(args)
-    loader = eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                         num_workers=args.num_workers, img_size=args.img_size)
+    loader = eval_batches(args, model, data)
     scale = pe_scale(model, args.alpha) if args.alpha is not None else contextlib.nullcontext()
     with scale:
-        result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, seed=args.seed, reduction=args.reduction,
-                            distance=args.distance, device=device, progress=not args.no_progress)
-    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
-        return 0
-    result.metadata.update(model=args.model, data=args.data, split=args.split, alpha=args.alpha, resize=args.resize,
-                           checkpoint=args.checkpoint)
-    if world > 1:
-        result.metadata["processes"] = world
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, reduction=args.reduction,
+                            distance=args.distance, settings=settings)
+    result.settings.update(alpha=args.alpha, resize=args.resize)
+    return result
+
+
+def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "ssdc.json")
     result.plot(out / "ssdc.png")
-    grids = sorted({tuple(g) for g in result.metadata["grid_sizes"]}, reverse=True)
-    print(f"{args.model}  site={result.metadata['site']}  rpi={args.rpi}  alpha={args.alpha}  "
-          f"images={result.metadata['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}")
+    grids = sorted({tuple(g) for g in result.settings["grid_sizes"]}, reverse=True)
+    print(f"{args.model}  site={result.settings['site']}  rpi={args.rpi}  alpha={args.alpha}  "
+          f"images={result.settings['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}")
     print(result.table())
     print(f"wrote {out / 'ssdc.json'} and {out / 'ssdc.png'}")
-    return 0

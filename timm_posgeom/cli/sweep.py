@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from ..protocol import DEFAULT_ALPHAS
 from ._options import (
@@ -19,8 +20,8 @@ from ._options import (
     add_run_args,
     add_shift_arg,
     add_site_arg,
-    load_model_and_data,
 )
+from ._runner import run_measurement
 
 
 def parse_alphas(text: str) -> list[float]:
@@ -49,7 +50,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import distributed
     from ..robustness import alpha_sweep
     from ..shifts import parse_shift
 
@@ -57,26 +57,21 @@ def run(args: argparse.Namespace) -> int:
     shifts = args.shift or ["jpeg:5"]
     for spec in shifts:
         parse_shift(spec)
-    world = distributed.setup()  # launched as several processes: each alpha's probe and evaluation are shared
-    if args.device is None and world > 1:
-        args.device = distributed.default_device()
-    with distributed.main_process_first():  # a download or cache made once, by the main process
+
+    def measure(model: Any, data: Any, settings: Any) -> Any:
         # the whole split: alpha_sweep applies --max-images to all its work, and --probe-images (when given) to SSDC
-        model, data, device = load_model_and_data(args, subset=False)
-    result = alpha_sweep(model, data, alphas, shifts, labels=args.labels, probe_images=args.probe_images, site=args.site,
-                         include_prefix=not args.patch_only, resize=args.resize, batch_size=args.batch_size,
-                         num_workers=args.num_workers, seed=args.seed, device=device, progress=not args.no_progress,
-                         img_size=args.img_size, max_images=args.max_images)
-    if not distributed.is_main():  # the same result everywhere: the main process writes and prints it
-        return 0
-    result.settings.update(model=args.model, data=args.data, split=args.split, checkpoint=args.checkpoint)
-    if world > 1:
-        result.settings["processes"] = world
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+        return alpha_sweep(model, data, alphas, shifts, labels=args.labels, probe_images=args.probe_images,
+                           site=args.site, include_prefix=not args.patch_only,
+                           settings=settings.replace(max_images=args.max_images))
+
+    return run_measurement(args, measure, _report, subset=False)
+
+
+def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
+    from ..jsonio import write_atomic
+
     result.to_json(out / "sweep.json")
-    (out / "sweep.md").write_text(result.to_markdown() + "\n")
+    write_atomic(out / "sweep.md", result.to_markdown() + "\n")
     result.plot(out / "sweep.png")
     print(result.to_markdown())
     print(f"wrote {out / 'sweep.json'}, {out / 'sweep.md'} and {out / 'sweep.png'}")
-    return 0

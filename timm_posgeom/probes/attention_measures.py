@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
@@ -150,8 +151,9 @@ class AttentionResult(MeasureResult):
             ``prefix_attention``, ``entropy``, ``ssdc`` and any custom measure's fields), also read as
             attributes (``result.ssdc``).
         permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
-        metadata: model, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens, num_heads,
-            patch_size, ssdc_distance, distance ("euclidean, patch units"), family.
+        settings: model, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens, num_heads,
+            patch_size, ssdc_distance, distance ("euclidean, patch units"), family (``metadata``: its
+            old name).
     """
 
     def head_mean(self, name: str) -> np.ndarray:
@@ -180,6 +182,8 @@ class AttentionResult(MeasureResult):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
+        from ..plotting import save_figure
+
         cols = [f for f in FIELDS[:4] if f in self.values]
         labels = {"mean_distance": "mean attention distance (patches)", "entropy": "attention entropy (nats)",
                   "ssdc": "attention SSDC (symmetrised)", "prefix_attention": "attention on prefix tokens"}
@@ -194,12 +198,12 @@ class AttentionResult(MeasureResult):
             ax.plot(layers, self.head_mean(c), "k-", lw=1, label="mean over heads")
             ax.set_xlabel("layer")
             ax.set_ylabel(labels.get(c, c))
-        md = self.metadata
+        md = self.settings
         axes[0].legend(fontsize=7)
         fig.suptitle(f"{md.get('model', '')}{' RPI' if md.get('rpi') else ''}"
                      f"{'' if md.get('alpha') is None else ' alpha=' + str(md['alpha'])}", fontsize=9)
         if path is not None:
-            fig.savefig(path, dpi=120)
+            save_figure(fig, path, dpi=120)
         return fig
 
 
@@ -208,16 +212,12 @@ def attention_measures(
         data: Any,
         *,
         rpi: bool = False,
-        seed: int | None = 0,
         alpha: float | None = None,
         layers: list[int] | None = None,
         distance: str = "manhattan",
         measures: list[AttentionMeasure] | None = None,
-        max_images: int | None = None,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        batch_size: int | None = 64,
-        distributed: str = "auto",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> AttentionResult:
     """Mean attention distance, attention entropy and attention SSDC, per block and head, over ``data``.
 
@@ -234,7 +234,6 @@ def attention_measures(
         rpi: random permutation of the patch tokens at inference (one permutation from ``seed`` for
             the whole call, as :func:`~timm_posgeom.probes.probe_ssdc`); the distances stay those of
             the index grid (token slots), as SSDC under RPI.
-        seed: the RPI permutation's seed.
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`);
             None leaves the model as it is.
         layers: block indices (negative allowed); default every block.
@@ -242,16 +241,17 @@ def attention_measures(
             ``chebyshev``). The mean attention distance is always Euclidean.
         measures: the measures to run (default :func:`default_measures`\\ (``distance``)).
 
-    ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed`` are those of
-    :func:`~timm_posgeom.probes.probe_ssdc` (several processes sum their float64 sums).
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutation's),
+            ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``, as those of
+            :func:`~timm_posgeom.probes.probe_ssdc` (several processes sum their float64 sums); each may
+            also be given as a keyword, which overrides ``settings``.
 
     Returns:
         An :class:`AttentionResult`: each field (L, heads).
     """
+    settings, _ = MeasureSettings.resolve("attention_measures", settings, options)
     measures = default_measures(distance) if measures is None else list(measures)
-    result = run_measures(model, data, measures, rpi=rpi, seed=seed, alpha=alpha, layers=layers,
-                          max_images=max_images, device=device, progress=progress, batch_size=batch_size,
-                          distributed=distributed)
-    result.metadata.update({"distance": "euclidean, patch units", "definitions": "docs/attention.md"})
+    result = run_measures(model, data, measures, rpi=rpi, alpha=alpha, layers=layers, settings=settings)
+    result.settings.update({"distance": "euclidean, patch units", "definitions": "docs/attention.md"})
     return AttentionResult(layers=result.layers, values=result.values, permutation=result.permutation,
-                           metadata=result.metadata)
+                           settings=result.settings)

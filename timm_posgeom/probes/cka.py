@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, run_measures
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
@@ -91,7 +92,7 @@ class CKAResult:
 
 def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: str = "attn_input",
         layers_a: list[int] | None = None, layers_b: list[int] | None = None, unbiased: bool = True,
-        rpi: bool = False, seed: int = 0, **options: Any) -> CKAResult:
+        rpi: bool = False, **options: Any) -> CKAResult:
     """Linear minibatch CKA between every probed block of ``model_a`` and of ``model_b`` on ``data``.
 
     Args:
@@ -103,20 +104,22 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
         site: ``attn_input`` or ``block_output``.
         unbiased: HSIC_1 (default) or the biased estimator.
         rpi: both models under RPI with the same permutation (seeded by ``seed``).
-        **options: ``max_images``, ``batch_size``, ``device``, ``progress`` of
-            :func:`~timm_posgeom.probes.run_measures` (one process).
+        **options: ``settings`` (a :class:`~timm_posgeom.measuring.MeasureSettings`) and its fields as
+            keywords: ``seed`` (default 0), ``max_images``, ``batch_size``, ``device``, ``progress`` of
+            :func:`~timm_posgeom.probes.run_measures` (one process: ``distributed`` is ``off``).
     """
     if site not in ("attn_input", "block_output"):
         raise ValueError(f"site must be attn_input or block_output, got {site!r}")
-    if options.pop("distributed", "off") != "off":
+    if options.get("distributed", "off") != "off":
         raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
+    settings, _ = MeasureSettings.resolve("cka", options.pop("settings", None), {**options, "distributed": "off"})
     grams_a, grams_b = _Grams(site), _Grams(site)
-    ra = run_measures(model_a, data, [grams_a], rpi=rpi, seed=seed, layers=layers_a, distributed="off", **options)
-    rb = run_measures(model_b, data, [grams_b], rpi=rpi, seed=seed, layers=layers_b, distributed="off", **options)
-    if ra.metadata["n_images"] != rb.metadata["n_images"]:
+    ra = run_measures(model_a, data, [grams_a], rpi=rpi, layers=layers_a, settings=settings)
+    rb = run_measures(model_b, data, [grams_b], rpi=rpi, layers=layers_b, settings=settings)
+    if ra.settings["n_images"] != rb.settings["n_images"]:
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
     matrix = np.array([[minibatch_cka(grams_a.grams[i], grams_b.grams[j], unbiased) for j in rb.layers]
                        for i in ra.layers])
-    metadata = dict(model_a=ra.metadata["model"], model_b=rb.metadata["model"], site=site, unbiased=unbiased,
-                    rpi=rpi, n_images=ra.metadata["n_images"])
+    metadata = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
+                    rpi=rpi, n_images=ra.settings["n_images"])
     return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrix, metadata=metadata)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ import torch.nn as nn
 from .. import distributed as _dist
 from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from ..jsonio import dump_json
+from ..measuring import MeasureSettings
 from .attention import attention_modules, capture_attention
-from .probe import _batches, _data_signature, _model_name, _placement, _resolve_layers, _Shard, _StopForward
+from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites
+from .streaming import Stream, _model_name, _resolve_layers, _StopForward, open_stream
 
 __all__ = ["Measure", "LayerView", "MeasureResult", "run_measures", "SOURCES"]
 
@@ -91,21 +93,25 @@ class Measure:
 
 
 @dataclass
-class MeasureResult:
+class MeasureResult(SettingsRecord):
     """Measures of one model, per probed block (the first axis of every field).
 
     Attributes:
         layers: the block index of each row.
         values: field name -> (L, ...) float64 array (e.g. (L, heads) for the attention measures).
         permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
-        metadata: model, family, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens,
-            patch_size, and what each measure records.
+        settings: model, family, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens,
+            patch_size, and what each measure records; ``metadata`` is its old name.
     """
 
     layers: list[int]
     values: dict[str, np.ndarray]
     permutation: torch.Tensor | None = field(default=None, repr=False)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    metadata: InitVar[dict[str, Any] | None] = None
+
+    def __post_init__(self, metadata: dict[str, Any] | None) -> None:
+        self._take_metadata(metadata)
 
     def __getattr__(self, name: str) -> np.ndarray:
         values = self.__dict__.get("values") or {}
@@ -117,11 +123,14 @@ class MeasureResult:
         """A JSON-ready dict: every field as nested lists, first index the layer."""
         return {"layers": list(self.layers), **{k: np.asarray(v).tolist() for k, v in self.values.items()},
                 "permutation": self.permutation.tolist() if self.permutation is not None else None,
-                "metadata": dict(self.metadata)}
+                **self._settings_json()}
 
     def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
         """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
         return dump_json(self.to_dict(), path, indent)
+
+
+MeasureResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
 
 
 class _Router:
@@ -159,15 +168,11 @@ def run_measures(
         measures: list[Measure],
         *,
         rpi: bool = False,
-        seed: int | None = 0,
         alpha: float | None = None,
         layers: list[int] | None = None,
-        max_images: int | None = None,
-        device: str | torch.device | None = None,
-        progress: bool = True,
-        batch_size: int | None = 64,
-        distributed: str = "auto",
         rpi_per: str = "call",
+        settings: MeasureSettings | None = None,
+        **options: Any,
 ) -> MeasureResult:
     """Run ``measures`` on every (or the chosen) block of a flat timm ViT over ``data``, in one pass.
 
@@ -183,22 +188,54 @@ def run_measures(
         rpi_per: ``call`` (one permutation for the call) or ``batch`` (a fresh one per batch, from the
             seeded generator: what a measure fitted on some batches and scored on others needs, so that
             no permutation is shared between them).
-        seed: the RPI permutation's seed.
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`).
         layers: block indices (negative allowed); default every block.
-
-    ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed`` are those of ``probe_ssdc``
-    (several processes sum the measures' float64 sums and the image counts).
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutation's),
+            ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``, as those of
+            ``probe_ssdc`` (several processes sum the measures' float64 sums and the image counts); each
+            may also be given as a keyword, which overrides ``settings``.
 
     Returns:
         A :class:`MeasureResult` of every measure's fields.
     """
-    if distributed not in ("auto", "presharded", "off"):
-        raise ValueError(f"unknown distributed mode {distributed!r}; expected auto, presharded or off")
+    settings, _ = MeasureSettings.resolve("run_measures", settings, options)
+    measures, sources = _check_measures(measures, rpi_per, alpha)
+    sites = find_sites(model)
+    layer_ids = _resolve_layers(layers, len(sites.blocks))
+    if "attention" in sources:
+        attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
+    stream = open_stream(model, data, settings, rpi, (rpi, alpha, layer_ids, [(type(m).__name__, m.metadata())
+                                                                             for m in measures]), "run_measures")
+    router = _Router(measures, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
+    scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
+    with stream.together(), scale:
+        grid, perm = _stream(model, sites, layer_ids, sources, router, rpi and rpi_per, stream)
+    n_images, image_size = stream.n_images, stream.image_size
+    if stream.shard is not None:
+        n_images, image_size, grid = _reduce(measures, router, n_images, image_size, grid, stream.shard.seen)
+    if n_images == 0:
+        raise ValueError("data yielded no images")
+    values: dict[str, np.ndarray] = {}
+    for m in measures:
+        values.update(m.finish(layer_ids, n_images, grid))
+    recorded: dict[str, Any] = {
+        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": stream.seed if rpi else None,
+        "rpi_per": rpi_per if rpi else None,
+        "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
+        "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
+    }
+    if router.heads:
+        heads = sorted(set(router.heads.values()))
+        recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
+    for m in measures:
+        recorded.update(m.metadata())
+    return MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded)
+
+
+def _check_measures(measures: list[Measure], rpi_per: str, alpha: float | None) -> tuple[list[Measure], list[str]]:
+    """The call's own settings checked; (the measures, their sources in the order they happen in a block)."""
     if rpi_per not in ("call", "batch"):
         raise ValueError(f"rpi_per must be 'call' or 'batch', got {rpi_per!r}")
-    if max_images is not None and max_images < 1:
-        raise ValueError(f"max_images must be >= 1, got {max_images}")
     if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     measures = list(measures)
@@ -207,56 +244,7 @@ def run_measures(
     for m in measures:
         if m.source not in SOURCES:
             raise ValueError(f"{type(m).__name__}.source is {m.source!r}; expected one of {', '.join(SOURCES)}")
-    sources = sorted({m.source for m in measures}, key=SOURCES.index)
-    sites = find_sites(model)
-    layer_ids = _resolve_layers(layers, len(sites.blocks))
-    if "attention" in sources:
-        attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
-    world = _dist.setup() if distributed != "off" else 1
-    shard = None
-    if world > 1:
-        _dist.check_same((rpi, seed, alpha, layer_ids, max_images, batch_size, distributed,
-                          [(type(m).__name__, m.metadata()) for m in measures],
-                          None if distributed == "presharded" else _data_signature(data)),
-                         "run_measures settings or data")
-        if distributed == "presharded" and max_images is not None:
-            raise ValueError("max_images cannot be applied to pre-sharded data: cut the shards instead")
-        if rpi:
-            seed = _dist.shared_seed(seed)
-        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
-    home, device, dtype = _placement(model, device)
-    from tqdm.auto import tqdm
-
-    show = progress and (shard is None or _dist.is_main())
-    total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
-    bar = tqdm(total=total if shard is None else None, unit="img", desc="measures", disable=not show, leave=False)
-    router = _Router(measures, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
-    batches = shard if shard is not None else _batches(data, batch_size)
-    scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
-    with _dist.fail_together() if shard is not None else contextlib.nullcontext(), scale:
-        n_images, image_size, grid, perm = _stream(model, sites, batches, layer_ids, sources, router,
-                                                   rpi and rpi_per, seed,
-                                                   None if shard is not None else max_images, device, home,
-                                                   dtype, bar)
-    if shard is not None:
-        n_images, image_size, grid = _reduce(measures, router, n_images, image_size, grid, shard.seen)
-    if n_images == 0:
-        raise ValueError("data yielded no images")
-    values: dict[str, np.ndarray] = {}
-    for m in measures:
-        values.update(m.finish(layer_ids, n_images, grid))
-    metadata: dict[str, Any] = {
-        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
-        "rpi_per": rpi_per if rpi else None,
-        "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
-        "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
-    }
-    if router.heads:
-        heads = sorted(set(router.heads.values()))
-        metadata["num_heads"] = heads[0] if len(heads) == 1 else heads
-    for m in measures:
-        metadata.update(m.metadata())
-    return MeasureResult(layers=layer_ids, values=values, permutation=perm, metadata=metadata)
+    return measures, sorted({m.source for m in measures}, key=SOURCES.index)
 
 
 def _patch_size(model: nn.Module) -> list[int] | None:
@@ -264,54 +252,38 @@ def _patch_size(model: nn.Module) -> list[int] | None:
     return [int(s) for s in size] if size is not None else None
 
 
-def _stream(model: nn.Module, sites: ProbeSites, batches: Any, layers: list[int], sources: list[str],
-            router: _Router, rpi: bool | str, seed: int | None, max_images: int | None, device: torch.device,
-            home: torch.device, dtype: torch.dtype,
-            bar: Any) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None, Any]:
-    """This process's batches through the model; returns (images, image size, grid, RPI permutation)."""
-    n_images, image_size, grid, perm = 0, None, None, None
+def _stream(model: nn.Module, sites: ProbeSites, layers: list[int], sources: list[str], router: _Router,
+            rpi: bool | str, stream: Stream) -> tuple[tuple[int, int] | None, Any]:
+    """This process's batches through the model; returns (grid, RPI permutation) (the stream counts the
+    images and keeps their size)."""
+    grid, perm = None, None
     handles: list = []
+    # rpi: False, or how often a permutation is drawn ("call" or "batch")
+    if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported unpermuted
+        check_unpermuted(model, "run_measures without rpi")
     try:
-        if device != home:
-            model.to(device)
-        # rpi: False, or how often a permutation is drawn ("call" or "batch")
-        if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported unpermuted
-            check_unpermuted(model, "run_measures without rpi")
-        rpi_ctx = token_permutation(model, seed=seed, per=rpi) if rpi else contextlib.nullcontext()
+        rpi_ctx = token_permutation(model, seed=stream.seed, per=rpi) if rpi else contextlib.nullcontext()
         capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
                    else contextlib.nullcontext())
-        with torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
+        with stream.placed(model), torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
             for source in sources:
                 if source != "attention":
                     handles += sites.register(source, layers, router.hook(source))
-            for images in batches:
-                if max_images is not None:
-                    images = images[:max_images - n_images]
-                if len(images) == 0:
-                    continue
-                hw = (int(images.shape[-2]), int(images.shape[-1]))
-                if image_size is not None and hw != image_size:
-                    raise ValueError(f"the image size changed from {image_size} to {hw}: the measures average over "
-                                     "one grid (resize the data)")
-                image_size = hw
+            for images, hw in stream.images():
+                if hw != stream.image_size:
+                    raise ValueError(f"the image size changed from {stream.image_size} to {hw}: the measures "
+                                     "average over one grid (resize the data)")
                 grid = router.grid = sites.grid_size(hw)
                 try:
-                    model(images.to(device=device, dtype=dtype, non_blocking=True))
+                    model(images)
                 except _StopForward:
                     pass
-                n_images += len(images)
-                bar.update(len(images))
-                if max_images is not None and n_images >= max_images:
-                    break
             if handle is not None and handle.permutation is not None:
                 perm = handle.permutation.cpu()
     finally:
         for h in handles:
             h.remove()
-        bar.close()
-        if device != home:
-            model.to(home)
-    return n_images, image_size, grid, perm
+    return grid, perm
 
 
 def _reduce(measures: list[Measure], router: _Router, n_images: int, image_size: tuple[int, int] | None,

@@ -1,8 +1,12 @@
-"""``SSDCResult``: what :func:`~timm_posgeom.probes.probe_ssdc` returns (numbers, maps, metadata, plot)."""
+"""``SSDCResult``: what :func:`~timm_posgeom.probes.probe_ssdc` returns (numbers, maps, settings, plot).
+
+Every result of the package names how its numbers were made ``settings`` (attribute and JSON key);
+:class:`SettingsRecord` keeps the old name ``metadata`` of the probes' results readable and writable.
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +14,42 @@ import torch
 
 from ..jsonio import dump_json
 
-__all__ = ["SSDCResult", "PerImageStats"]
+__all__ = ["SSDCResult", "PerImageStats", "SettingsRecord"]
+
+
+class SettingsRecord:
+    """What the results that once named their settings ``metadata`` share: ``settings`` is the dict, and
+    ``metadata`` (attribute, constructor keyword, JSON key) its old name, kept for old code and files."""
+
+    settings: dict[str, Any]
+
+    def _take_metadata(self, metadata: dict[str, Any] | None) -> None:
+        """``metadata=`` given to the constructor: the settings under their old name (not both)."""
+        if metadata is not None:
+            if self.settings:
+                raise TypeError(f"{type(self).__name__}() got both settings and metadata (its old name)")
+            self.settings = metadata
+
+    def _settings_json(self) -> dict[str, Any]:
+        """The settings under ``"settings"``, and under ``"metadata"`` for readers of the old key."""
+        return {"settings": dict(self.settings), "metadata": dict(self.settings)}
+
+    @staticmethod
+    def settings_of(record: dict[str, Any]) -> dict[str, Any]:
+        """The settings of a written result: its ``"settings"``, or ``"metadata"`` in an older file."""
+        return dict(record.get("settings") or record.get("metadata") or {})
+
+
+def _metadata(self: SettingsRecord) -> dict[str, Any]:
+    """The old name of ``settings`` (the same dict)."""
+    return self.settings
+
+
+def _set_metadata(self: SettingsRecord, value: dict[str, Any]) -> None:
+    self.settings = value
+
+
+METADATA_ALIAS = property(_metadata, _set_metadata, doc="The old name of ``settings`` (the same dict).")
 
 
 @dataclass
@@ -40,7 +79,7 @@ class PerImageStats:
 
 
 @dataclass
-class SSDCResult:
+class SSDCResult(SettingsRecord):
     """SSDC of one model at one probe site, layer by layer.
 
     Attributes:
@@ -56,9 +95,9 @@ class SSDCResult:
             slot order), when the mean map was computed; a list of L (N_l, N_l) tensors when the
             layers' grids differ (stages of a hierarchical model or CNN).
         permutation: under RPI, the (N,) permutation p used for every batch.
-        metadata: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size (the
+        settings: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size (the
             first layer's), grid_sizes (each layer's), granularity ("block" or "stage"), modules
-            (per stage: the module each feature map comes from)...
+            (per stage: the module each feature map comes from)...; ``metadata`` is its old name.
     """
 
     per_layer: list[float]
@@ -68,13 +107,17 @@ class SSDCResult:
     content_per_image: list[PerImageStats] | None = None
     mean_maps: torch.Tensor | list[torch.Tensor] | None = field(default=None, repr=False)
     permutation: torch.Tensor | None = field(default=None, repr=False)
-    metadata: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    metadata: InitVar[dict[str, Any] | None] = None
+
+    def __post_init__(self, metadata: dict[str, Any] | None) -> None:
+        self._take_metadata(metadata)
 
     @property
     def delta(self) -> float:
         """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) of a flat ViT's blocks (NaN unless both were
         probed; NaN per stage, where the two maps lie on different grids and the paper's quantity is not defined)."""
-        if self.metadata.get("granularity") == "stage":
+        if self.settings.get("granularity") == "stage":
             return math.nan
         if 0 in self.layers and 1 in self.layers:
             return self.per_layer[self.layers.index(1)] - self.per_layer[self.layers.index(0)]
@@ -91,7 +134,7 @@ class SSDCResult:
             "content_per_image": ([asdict(s) for s in self.content_per_image]
                                   if self.content_per_image is not None else None),
             "permutation": self.permutation.tolist() if self.permutation is not None else None,
-            "metadata": dict(self.metadata),
+            **self._settings_json(),
         }
         if include_maps and self.mean_maps is not None:
             out["mean_maps"] = [m.tolist() for m in self.mean_maps]
@@ -103,7 +146,7 @@ class SSDCResult:
 
     def table(self) -> str:
         """A plain-text per-layer table."""
-        grids = self.metadata.get("grid_sizes")
+        grids = self.settings.get("grid_sizes")
         show_grid = bool(grids) and len({tuple(g) for g in grids}) > 1
         head = [self._unit(), "ssdc"] + (["grid"] if show_grid else [])
         if self.per_image is not None:
@@ -126,7 +169,7 @@ class SSDCResult:
         return "\n".join(lines)
 
     def _unit(self) -> str:
-        return "stage" if self.metadata.get("granularity") == "stage" else "layer"
+        return "stage" if self.settings.get("granularity") == "stage" else "layer"
 
     def plot(self, path: str | Path | None = None, maps: bool = True, max_maps: int = 4):
         """SSDC across depth and, when ``maps`` and mean maps exist, up to ``max_maps`` mean similarity
@@ -143,7 +186,7 @@ class SSDCResult:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        from ..plotting import fit_titles, show_map
+        from ..plotting import fit_titles, save_figure, show_map
 
         show_maps = maps and self.mean_maps is not None
         idx = _spread(len(self.layers), max_maps) if show_maps else []
@@ -163,7 +206,7 @@ class SSDCResult:
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set_xlabel(self._unit())
         ax.set_ylabel("SSDC")
-        md = self.metadata
+        md = self.settings
         ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(),
                      fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # under the panel, off the lines
@@ -172,8 +215,11 @@ class SSDCResult:
             a.set_title(f"{self._unit()} {self.layers[k]} mean map", fontsize=8)
         fit_titles(fig)
         if path is not None:
-            fig.savefig(path, dpi=120)
+            save_figure(fig, path, dpi=120)
         return fig
+
+
+SSDCResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
 
 
 def _spread(n: int, k: int) -> list[int]:

@@ -1,0 +1,232 @@
+"""The probe's running sums: per layer, the summed similarity map and streaming per-image SSDC moments.
+
+:class:`_Accumulator` is the hook target of :func:`~timm_posgeom.probes.probe_ssdc`: it turns each probed
+layer's tokens (B, N, C) into unit vectors, their cosine maps (B, N, N), and keeps only running sums, so
+memory does not grow with the number of images (docs/method.md#similarity-maps-and-probe-sites).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .result import PerImageStats
+from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
+from .streaming import _StopForward
+
+MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks need tens of GB: refused, not OOM-killed
+_DEFER_BYTES = 256 * 2 ** 20  # per batch, the pairs of all layers kept for one SSDC call after the forward
+
+
+class _Moments:
+    """Streaming count / mean / sum of squared deviations of per-image values (Chan et al. merge)."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self.m2, self.n_nan = 0, 0.0, 0.0, 0
+
+    def update(self, values: torch.Tensor) -> None:
+        """values: (B,) float64; NaN entries (constant maps) are counted apart."""
+        nan = torch.isnan(values)
+        n_nan = int(nan.sum())
+        if n_nan:
+            values = values[~nan]
+        self.n_nan += n_nan
+        nb = values.numel()
+        if nb == 0:
+            return
+        mb = float(values.mean())
+        m2b = float((values - mb).square().sum())
+        tot = self.n + nb
+        delta = mb - self.mean
+        self.mean += delta * nb / tot
+        self.m2 += m2b + delta * delta * self.n * nb / tot
+        self.n = tot
+
+    def stats(self) -> PerImageStats:
+        return PerImageStats.from_moments(self.n, self.mean, self.m2, self.n_nan)
+
+    def state(self) -> tuple[int, float, float, int]:
+        """(n, mean, m2, n_nan): what another process needs to :meth:`merge` these moments."""
+        return self.n, self.mean, self.m2, self.n_nan
+
+    def merge(self, state: tuple[int, float, float, int]) -> None:
+        """Add another stream's moments (:meth:`state`): Chan et al.'s pairwise merge, as in :meth:`update`
+        (n and n_nan summed exactly; into empty moments the other's are copied as they are)."""
+        nb, mb, m2b, n_nan = state
+        self.n_nan += int(n_nan)
+        if nb == 0:
+            return
+        if self.n == 0:
+            self.n, self.mean, self.m2 = int(nb), float(mb), float(m2b)
+            return
+        tot = self.n + nb
+        delta = mb - self.mean
+        self.mean += delta * nb / tot
+        self.m2 += m2b + delta * delta * self.n * nb / tot
+        self.n = tot
+
+
+class _Accumulator:
+    """Hook target: turns the tokens of each probed layer into running sums.
+
+    Each layer has its own token grid (one grid for every block of a flat ViT; one per stage of a
+    hierarchical model or CNN), fixed across batches when the mean map is wanted.
+    """
+
+    def __init__(self, layers: list[int], reduction: str, distance: str, permutation: Any | None,
+                 num_prefix_tokens: int = 0) -> None:
+        self.layers, self.distance, self.num_prefix_tokens = layers, distance, num_prefix_tokens
+        self.want_map = reduction in ("mean_map", "both")
+        self.want_images = reduction in ("per_image", "both")
+        self.permutation = permutation  # TokenPermutation handle under RPI
+        self.last_layer = max(layers)
+        self.grid: tuple[int, int] | None = None  # the image's patch grid (flat ViTs) for this batch
+        self.grids: dict[int, tuple[int, int]] = {}  # each layer's grid (the first batch's, for the mean map)
+        self.map_sum: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.index_moments = {layer: _Moments() for layer in layers}
+        self.content_moments = {layer: _Moments() for layer in layers}
+        self._targets: dict[tuple[int, int], list] = {}
+        self._target_perm: torch.Tensor | None = None
+        self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, B, M) this batch's pairs i < j
+        self._batch: dict[tuple[int, int], list[int]] = {}  # per grid: the layers whose pairs wait in _pairs
+        self.too_small: set[int] = set()  # layers whose grid has fewer than 2 tokens: SSDC undefined
+
+    def start_batch(self, grid: tuple[int, int] | None = None) -> None:
+        """A new batch; ``grid`` is the image's patch grid where one grid serves every layer (flat ViTs)."""
+        self.grid = grid
+        self._batch = {}
+
+    def content_defined(self, grid: tuple[int, int]) -> bool:
+        """Under RPI, whether a layer with this grid has a content grid: its tokens are the permuted patch
+        slots themselves (same count), not pooled or merged from several of them (later stages)."""
+        perm = self.permutation.permutation if self.permutation is not None else None
+        return perm is not None and perm.numel() == grid[0] * grid[1]
+
+    def _distance_targets(self, grid: tuple[int, int], device: torch.device) -> list:
+        perm = self.permutation.permutation if self.permutation is not None else None
+        if perm is not None and (self._target_perm is None or not torch.equal(self._target_perm, perm.cpu())):
+            self._targets, self._target_perm = {}, perm.cpu()  # the patch embedding ran: this batch's p is known
+        if grid not in self._targets:
+            targets = [_distance_ranks(grid, self.distance, None, device)]
+            if self.content_defined(grid):
+                targets.append(_distance_ranks(grid, self.distance, grid_positions(grid)[perm.cpu()], device))
+            self._targets[grid] = targets
+        return self._targets[grid]
+
+    def patch_tokens(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) or (B, H, W, C) -> the (B, N, C) patch tokens of the batch's grid, prefix tokens dropped."""
+        H, W = self.grid
+        n = H * W
+        if tokens.ndim == 4:
+            tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
+        if tokens.ndim != 3:
+            raise ValueError(f"layer {layer}: expected (B, T, C) tokens, got shape {tuple(tokens.shape)}")
+        prefix = tokens.shape[1] - n
+        if prefix not in (0, self.num_prefix_tokens):
+            raise ValueError(
+                f"layer {layer} carries {tokens.shape[1]} tokens but the {H}x{W} patch grid has {n} (+ "
+                f"{self.num_prefix_tokens} prefix tokens): the model changes its token count between blocks; "
+                "probe it per stage with site='stage_output'")
+        return tokens[:, prefix:]
+
+    def __call__(self, layer: int, tokens: torch.Tensor) -> None:
+        """Hook callback of a flat ViT: ``tokens`` (B, T, C) on the batch's patch grid."""
+        self.add(layer, self.patch_tokens(layer, tokens), self.grid)
+        if layer == self.last_layer:
+            raise _StopForward
+
+    def add_feature_map(self, layer: int, fmap: torch.Tensor) -> None:
+        """A stage's (B, C, H, W) feature map: its H x W positions are the tokens, on their own grid."""
+        if fmap.ndim != 4:
+            raise ValueError(f"stage {layer}: expected a (B, C, H, W) feature map, got shape {tuple(fmap.shape)}")
+        self.add(layer, fmap.flatten(2).transpose(1, 2), (int(fmap.shape[2]), int(fmap.shape[3])))
+
+    def add(self, layer: int, patches: torch.Tensor, grid: tuple[int, int]) -> None:
+        """Add one layer's (B, N, C) tokens on ``grid`` (N = H * W) to the running sums."""
+        known = self.grids.setdefault(layer, grid)
+        if known != grid and self.want_map:
+            raise ValueError(f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
+                             "mean map needs one image size (resize the data, or use reduction='per_image')")
+        if grid[0] * grid[1] > MAX_GRID_TOKENS:
+            raise ValueError(f"layer {layer}'s grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]:,} tokens, more than the "
+                             f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
+                             "tens of GB): probe the other layers (layers=...) or smaller images")
+        if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
+            self.too_small.add(layer)
+            return
+        z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
+        if self.want_images:
+            sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
+            pairs = self._per_image(layer, sim, grid)  # (B, M) the pairs i < j
+            if self.want_map:
+                # summed in float64: a float32 sum adds columns in different orders, so a constant map came
+                # out varying by a rounding step, and Spearman ranked that noise (a number where NaN is right)
+                self._add_map(layer, pairs.sum(0, dtype=torch.float64), sim.diagonal(dim1=1, dim2=2).sum(0))
+        else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
+            flat = z.transpose(0, 1).reshape(z.shape[1], -1)
+            total = flat @ flat.T  # (N, N)
+            self._add_map(layer, upper_pairs(total), total.diagonal())
+
+    def _per_image(self, layer: int, sim: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Per-image SSDC of ``layer``'s maps sim (B, N, N): their pairs i < j are kept for
+        :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
+        computed now. Returns the pairs (B, M)."""
+        B, n = sim.shape[0], sim.shape[-1]
+        shape = (len(self.layers), B, n * (n - 1) // 2)
+        if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
+            pairs = upper_pairs(sim)
+            self._update(layer, ssdc_pairs(pairs, self._distance_targets(grid, sim.device)))
+            return pairs
+        buffer = self._pairs.get(grid)
+        if buffer is None or buffer.shape != shape or buffer.device != sim.device:
+            buffer = self._pairs[grid] = torch.empty(shape, dtype=sim.dtype, device=sim.device)
+        waiting = self._batch.setdefault(grid, [])
+        waiting.append(layer)
+        return upper_pairs(sim, out=buffer[len(waiting) - 1])
+
+    def end_batch(self) -> None:
+        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, one call per grid
+        after the batch's forward pass.
+
+        Deferred on purpose: between two layers the CPU's OpenMP threads of the forward still spin
+        (up to milliseconds after each parallel op) and would halve the speed of the sort-bound SSDC;
+        one call per batch also spreads L * B maps over the thread pool at once.
+        """
+        for grid, waiting in self._batch.items():
+            _, B, M = self._pairs[grid].shape
+            L = len(waiting)
+            pairs = self._pairs[grid][:L].reshape(L * B, M)
+            rhos = ssdc_pairs(pairs, self._distance_targets(grid, pairs.device))
+            for k, layer in enumerate(waiting):
+                self._update(layer, [r[k * B:(k + 1) * B] for r in rhos])
+        self._batch = {}
+
+    def _update(self, layer: int, rhos: list[torch.Tensor]) -> None:
+        """Add one batch's per-image SSDC of ``layer``: against the index grid, and the content grid."""
+        self.index_moments[layer].update(rhos[0])
+        if len(rhos) > 1:
+            self.content_moments[layer].update(rhos[1])
+
+    def _add_map(self, layer: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
+        """Accumulate (in float64) the batch's summed similarities: pairs i < j (M,) and diagonal (N,)."""
+        if layer in self.map_sum:
+            self.map_sum[layer][0].add_(pair_sum)
+            self.map_sum[layer][1].add_(diag_sum)
+        else:
+            self.map_sum[layer] = (pair_sum.to(torch.float64), diag_sum.to(torch.float64))
+
+    def mean_map(self, layer: int, n_images: int) -> torch.Tensor:
+        """(N, N) float64: the similarity map averaged over the images, rebuilt symmetric (a grid of
+        fewer than 2 tokens: its N x N map of NaN, nothing having been summed)."""
+        if layer in self.too_small:
+            n = self.grids[layer][0] * self.grids[layer][1]
+            return torch.full((n, n), math.nan, dtype=torch.float64)
+        pair_sum, diag_sum = self.map_sum[layer]
+        n = diag_sum.numel()
+        iu = torch.triu_indices(n, n, offset=1, device=pair_sum.device)
+        full = torch.diag(diag_sum)
+        full[iu[0], iu[1]] = pair_sum
+        full[iu[1], iu[0]] = pair_sum
+        return full / n_images

@@ -1,0 +1,231 @@
+"""What the streaming probes share: batches from any data, a process's shard of them, where the model runs,
+and the one setup of a stream (:func:`open_stream`) that :func:`~timm_posgeom.probes.probe_ssdc` and
+:func:`~timm_posgeom.probes.run_measures` both use.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, RandomSampler
+
+from .. import distributed as _dist
+from ..measuring import MeasureSettings
+
+
+class _StopForward(Exception):
+    """Raised by the last probed hook: the rest of the forward pass is not needed."""
+
+
+
+def _batches(data: Any, batch_size: int | None) -> Iterator[torch.Tensor]:
+    """Image batches (B, C, H, W) from a tensor, or an iterable of tensors / (images, ...) / dicts."""
+    if isinstance(data, torch.Tensor):
+        images = data[None] if data.ndim == 3 else data
+        step = batch_size or max(len(images), 1)
+        for start in range(0, len(images), step):
+            yield _check_images(images[start:start + step])
+        return
+    if isinstance(data, dict):
+        yield _check_images(_images_of(data))
+        return
+    if not isinstance(data, Iterable):
+        raise TypeError(f"data must be a tensor or an iterable of batches, got {type(data).__name__}")
+    for batch in data:
+        yield _check_images(_images_of(batch))
+
+
+class _Shard:
+    """This process's batches when ``world`` processes share ``data`` (see ``distributed`` in
+    :func:`probe_ssdc`): global batch k goes to process k mod ``world``, cut at the global ``max_images``.
+
+    ``seen`` counts the images of every process's batches (None for a pre-sharded ``data``): after
+    the iteration, the same on every process, and the sum of the processes' images.
+    """
+
+    def __init__(self, data: Any, batch_size: int | None, world: int, rank: int, max_images: int | None,
+                 presharded: bool) -> None:
+        self.data, self.batch_size, self.world, self.rank = data, batch_size, world, rank
+        self.max_images, self.presharded = max_images, presharded
+        self.seen: int | None = None
+        if not presharded and isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler) \
+                and data.sampler.generator is None and data.generator is None:
+            raise ValueError("a shuffling DataLoader without a seeded generator cannot be shared by batch across "
+                             "processes (each would draw its own order): pass an unshuffled one, or shard it "
+                             "yourself and pass distributed='presharded'")
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        data, world, rank, limit = self.data, self.world, self.rank, self.max_images
+        if self.presharded:
+            yield from _batches(data, self.batch_size)
+            return
+        if isinstance(data, torch.Tensor):
+            images = data[None] if data.ndim == 3 else data
+            images = images[:limit] if limit is not None else images
+            step = self.batch_size or max(len(images), 1)
+            self.seen = len(images)
+            for start in range(rank * step, len(images), world * step):
+                yield _check_images(images[start:start + step])
+            return
+        sharded = _dist.shard_dataloader(data, limit, world, rank)
+        if sharded is not None:  # each process loads only its own batches
+            loader, self.seen = sharded
+            yield from _batches(loader, None)
+            return
+        self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
+        for k, images in enumerate(_batches(data, self.batch_size)):
+            if limit is not None:
+                images = images[:limit - self.seen]
+            if len(images):
+                self.seen += len(images)
+                if k % world == rank:
+                    yield images
+            if limit is not None and self.seen >= limit:
+                break
+
+
+def _data_signature(data: Any) -> Any:
+    """What every process must agree on about ``data`` before sharing it (its length where known)."""
+    if isinstance(data, torch.Tensor):
+        return ("tensor", tuple(data.shape))
+    if isinstance(data, DataLoader):
+        try:
+            size = len(data.dataset)
+        except TypeError:
+            size = None
+        return ("DataLoader", size, data.batch_size)
+    try:
+        return (type(data).__name__, len(data))
+    except TypeError:
+        return (type(data).__name__, None)
+
+
+def _images_of(batch: Any) -> torch.Tensor:
+    if isinstance(batch, torch.Tensor):
+        return batch[None] if batch.ndim == 3 else batch
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
+        return _images_of(batch[0])
+    if isinstance(batch, dict):
+        for key in ("image", "pixel_values", "images"):
+            if isinstance(batch.get(key), torch.Tensor):
+                return _images_of(batch[key])
+        raise TypeError(f"a dict batch needs an 'image' or 'pixel_values' tensor, got keys {sorted(batch)}")
+    raise TypeError("each batch must be an image tensor (B, C, H, W), an (images, labels, ...) tuple or a dict "
+                    f"with 'image'/'pixel_values'; got {type(batch).__name__}")
+
+
+def _check_images(images: torch.Tensor) -> torch.Tensor:
+    if images.ndim != 4:
+        raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(images.shape)}")
+    return images
+
+
+def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
+    if layers is None:
+        return list(range(depth))
+    out = []
+    for layer in layers:
+        k = int(layer)
+        if not -depth <= k < depth:
+            raise ValueError(f"layer {layer} is out of range for a model with {depth} blocks")
+        out.append(k % depth)
+    if not out:
+        raise ValueError("layers is empty")
+    return sorted(set(out))
+
+
+def _placement(model: nn.Module, device: str | torch.device | None) -> tuple[torch.device, torch.device, torch.dtype]:
+    """(where the model's weights are, where to run it: ``device`` or there, the dtype of its inputs)."""
+    param = next((p for p in model.parameters() if p.is_floating_point()), None)
+    home = param.device if param is not None else torch.device("cpu")
+    return home, torch.device(device) if device is not None else home, param.dtype if param is not None else torch.float32
+
+
+def _model_name(model: nn.Module) -> str:
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    return str(cfg.get("architecture") or type(model).__name__)
+
+
+class Stream:
+    """This process's images of a streamed measurement, set up once by :func:`open_stream`.
+
+    ``batches``: this process's batches (its shard when several processes share the data); ``shard``:
+    that shard, or None alone; ``seed``: the seed every process uses (shared under RPI); ``limit``: the
+    images this process cuts at (None when sharded: the shard is cut at the global ``max_images``);
+    ``home`` / ``device`` / ``dtype``: where the model's weights are, where it runs, its input dtype;
+    ``n_images``: the images :meth:`images` has handed out and counted; ``image_size``: the (H, W) of
+    its first batch (None before one).
+    """
+
+    def __init__(self, batches: Iterable[torch.Tensor], shard: _Shard | None, seed: int | None,
+                 limit: int | None, placement: tuple[torch.device, torch.device, torch.dtype], bar: Any) -> None:
+        self.batches, self.shard, self.seed, self.limit, self.bar = batches, shard, seed, limit, bar
+        self.home, self.device, self.dtype = placement
+        self.n_images = 0
+        self.image_size: tuple[int, int] | None = None
+
+    def together(self) -> contextlib.AbstractContextManager:
+        """Sharded: an error in one process raised in every one (not a wait in a collective)."""
+        return _dist.fail_together() if self.shard is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def placed(self, model: nn.Module) -> Iterator[None]:
+        """The model on ``device`` for the block, moved back home after it; the bar closed."""
+        try:
+            if self.device != self.home:
+                model.to(self.device)
+            yield
+        finally:
+            self.bar.close()
+            if self.device != self.home:
+                model.to(self.home)
+
+    def images(self) -> Iterator[tuple[torch.Tensor, tuple[int, int]]]:
+        """(images on ``device`` in the model's dtype (B, C, H, W), (H, W)) per batch, cut at ``limit``;
+        a batch is counted (``n_images``, the bar) once its consumer asks for the next one."""
+        for images in self.batches:
+            if self.limit is not None:
+                images = images[:self.limit - self.n_images]
+            if len(images) == 0:
+                continue
+            hw = (int(images.shape[-2]), int(images.shape[-1]))
+            self.image_size = self.image_size or hw
+            yield images.to(device=self.device, dtype=self.dtype, non_blocking=True), hw
+            self.n_images += len(images)
+            self.bar.update(len(images))
+            if self.limit is not None and self.n_images >= self.limit:
+                break
+
+
+def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: bool, agreed: tuple,
+                what: str) -> Stream:
+    """The setup :func:`~timm_posgeom.probes.probe_ssdc` and :func:`~timm_posgeom.probes.run_measures` share.
+
+    ``settings``: the call's :class:`~timm_posgeom.measuring.MeasureSettings`. Launched as several processes
+    (``distributed`` not ``off``), every process must pass the same ``agreed`` values (the call's own
+    settings), the same settings and the same data (checked: an error on every process, not a wait); under
+    RPI the seed is shared; the data is cut into this process's :class:`_Shard`. Then the model's placement
+    and the progress bar (``what``; on the main process only when sharded)."""
+    max_images, batch_size, distributed = settings.max_images, settings.batch_size, settings.distributed
+    world = _dist.setup() if distributed != "off" else 1
+    shard, seed = None, settings.seed
+    if world > 1:
+        _dist.check_same((*agreed, seed, max_images, batch_size, distributed,
+                          None if distributed == "presharded" else _data_signature(data)), f"{what} settings or data")
+        if distributed == "presharded" and max_images is not None:
+            raise ValueError("max_images cannot be applied to pre-sharded data (each process holds its own shard): "
+                             "cut the shards instead, or pass the whole data with distributed='auto'")
+        if rpi:
+            seed = _dist.shared_seed(seed)
+        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
+    from tqdm.auto import tqdm
+
+    total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
+    show = settings.progress and (shard is None or _dist.is_main())
+    bar = tqdm(total=total if shard is None else None, unit="img", desc=what, disable=not show, leave=False)
+    batches = shard if shard is not None else _batches(data, batch_size)
+    return Stream(batches, shard, seed, None if shard is not None else max_images,
+                  _placement(model, settings.device), bar)
