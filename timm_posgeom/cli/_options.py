@@ -130,6 +130,12 @@ def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
     return bool(args.imagenet_c_jpeg_blur)
 
 
+def add_intervention_args(p: argparse.ArgumentParser) -> None:
+    """--rpi and --alpha: the interventions a measuring command applies (docs/method.md#rpi-and-rpt)."""
+    p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
+    p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
+
+
 def add_distance_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"),
                    help="grid distance of SSDC (default manhattan; attention's mean attention distance is always "

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ._options import add_data_args, add_distance_arg, add_model_args, add_run_args
+from ._options import add_data_args, add_distance_arg, add_intervention_args, add_model_args, add_run_args
 from ._runner import eval_batches, run_measurement
 
 
@@ -21,8 +21,7 @@ def add_parser(subparsers: Any) -> None:
                                                 "flat timm ViT on a dataset")
     add_model_args(p)
     add_data_args(p)
-    p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
-    p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
+    add_intervention_args(p)
     add_distance_arg(p)
     add_run_args(p, out="attention_out")
 

@@ -21,6 +21,7 @@ from typing import Any
 from ..protocol import PAPER_SHIFTS
 from ._options import (
     add_data_args,
+    add_intervention_args,
     add_labels_arg,
     add_model_args,
     add_run_args,
@@ -36,8 +37,7 @@ def add_parser(subparsers) -> None:
     add_labels_arg(p)
     add_data_args(p)
     add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
-    p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
-    p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
+    add_intervention_args(p)
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
     g = p.add_argument_group("ImageNet-C")
     g.add_argument("--imagenet-c", nargs="?", const="all", default=None, metavar="CORRUPTIONS",

@@ -15,6 +15,7 @@ from typing import Any
 from ._options import (
     add_data_args,
     add_distance_arg,
+    add_intervention_args,
     add_model_args,
     add_run_args,
     add_site_arg,
@@ -27,8 +28,7 @@ def add_parser(subparsers: Any) -> None:
     add_model_args(p)
     add_data_args(p)
     add_site_arg(p)
-    p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
-    p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
+    add_intervention_args(p)
     p.add_argument("--reduction", default="both", choices=("mean_map", "per_image", "both"))
     add_distance_arg(p)
     add_run_args(p, out="probe_out")
