@@ -142,3 +142,33 @@ def test_results_name_their_settings_settings_and_read_the_old_name(model, image
     assert old.settings == {"model": "m"} and old.metadata == {"model": "m"}
     with pytest.raises(TypeError, match="both settings and metadata"):
         SSDCResult(per_layer=[0.5], layers=[0], settings={"a": 1}, metadata={"b": 2})
+
+
+def test_every_result_file_carries_the_record_schemas_tags(model, images, tmp_path):
+    """One serialisation: the library's result files are tagged as the application's records are."""
+    from timm_posgeom.app.records import SCHEMA_VERSION, RunSummary
+    from timm_posgeom.imagenet_c import ImageNetCResult
+
+    results = {
+        "ssdc-result": probe_ssdc(model, images, batch_size=3, progress=False),
+        "measure-result": attention_measures(model, images, batch_size=3, progress=False),
+        "fragility-result": fragility(model, _split(), ["jpeg:5"], batch_size=3, num_workers=0, progress=False),
+        "alpha-sweep-result": alpha_sweep(model, _split(), [1.0], ["jpeg:5"], batch_size=3, num_workers=0,
+                                          progress=False, probe_images=3),
+    }
+    for kind, result in results.items():
+        written = json.loads(result.to_json(tmp_path / f"{kind}.json"))
+        assert (written["schema"], written["schema_version"]) == (f"timm-posgeom/{kind}", 1)
+        assert json.loads((tmp_path / f"{kind}.json").read_text()) == written
+    record = RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0,
+                        val_top1=0.5).to_dict()
+    assert (record["schema"], record["schema_version"]) == ("timm-posgeom/run-summary", SCHEMA_VERSION)
+    # an ImageNet-C reference is read back from its tagged file, and another kind of file is refused
+    c = ImageNetCResult(corruptions=["fog"], severities=[1], num_images=2, clean_accuracy=0.5,
+                        accuracy={"fog": {1: 0.25}}, fs={"fog": {1: 0.5}},
+                        counts={"clean": {"correct": 1, "total": 2}, "fog": {1: {"correct": 1, "total": 4}}},
+                        source="released")
+    c.to_json(tmp_path / "imagenet_c.json")
+    assert ImageNetCResult.from_json(tmp_path / "imagenet_c.json").fs == {"fog": {1: 0.5}}
+    with pytest.raises(ValueError, match="not an ImageNet-C result"):
+        ImageNetCResult.from_json(tmp_path / "ssdc-result.json")

@@ -56,7 +56,7 @@ from .imagenet_c_tree import (
     frame_like_imagenet_c,
 )
 from .interventions import eval_mode, pe_scale, token_permutation
-from .jsonio import dump_json, to_jsonable
+from .jsonio import dump_json, tagged, to_jsonable
 from .labels import match_labels
 from .measuring import MeasureSettings
 from .robustness import (
@@ -211,11 +211,15 @@ class ImageNetCResult:
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        return dump_json(self.to_dict(), path, indent)
+        return dump_json(tagged("imagenet-c-result", self.to_dict()), path, indent)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ImageNetCResult:
-        """The result :meth:`to_dict` wrote (without per-image arrays or the fragility result); for a reference."""
+        """The result :meth:`to_dict` (or :meth:`to_json`, tagged) wrote, without per-image arrays or the
+        fragility result; for a reference. ValueError for another kind of file."""
+        schema = d.get("schema") if isinstance(d, Mapping) else None
+        if schema is not None and schema != "timm-posgeom/imagenet-c-result":
+            raise ValueError(f"not an ImageNet-C result (imagenet_c.json): a {schema!r} file")
         try:
             severities = [int(s) for s in d["severities"]]
             corruptions = list(d["corruptions"])

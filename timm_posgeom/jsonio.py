@@ -10,6 +10,11 @@ through :func:`dumps` / :func:`write_json`:
 * :func:`write_json` writes a temporary file in the same folder and renames it into place, so a
   kill never leaves a half-written file.
 
+Every file is tagged with what it holds (:func:`tagged`): ``"schema": "timm-posgeom/<kind>"`` and
+``"schema_version"``, the tags of the application's records (``timm_posgeom.app.records``) on the
+library's results too (``ssdc-result``, ``measure-result``, ``fragility-result``, ``alpha-sweep-result``,
+``imagenet-c-result``, each at version 1), so that a reader can tell any of our files apart.
+
 That replacement is the package's one atomic write: :func:`write_atomic` for text or bytes (tables,
 figures, JSON), :func:`replacing` for what another library writes to a path of its own (a tensor cache
 by ``torch.save``, a Hub export folder by timm).
@@ -25,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none"]
+__all__ = ["SCHEMA_PREFIX", "tagged", "to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -99,6 +104,15 @@ def write_json(path: str | os.PathLike, value: Any, indent: int | None = 2) -> P
     (:func:`write_atomic`). Returns ``path``; TypeError for a value with no JSON form (nothing written),
     OSError as :func:`write_atomic`."""
     return write_atomic(path, dumps(value, indent=indent) + "\n")
+
+
+SCHEMA_PREFIX = "timm-posgeom/"
+
+
+def tagged(kind: str, body: Mapping[str, Any], version: int = 1) -> dict[str, Any]:
+    """``body`` with the schema tags in front: ``{"schema": "timm-posgeom/<kind>", "schema_version":
+    version, **body}`` (the form of every file the package writes)."""
+    return {"schema": SCHEMA_PREFIX + kind, "schema_version": version, **body}
 
 
 def dump_json(value: Any, path: str | os.PathLike | None = None, indent: int | None = 2) -> str:

@@ -47,7 +47,7 @@ from torchvision.transforms.v2 import functional as F
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
 from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
-from .jsonio import dump_json, to_jsonable
+from .jsonio import dump_json, tagged, to_jsonable
 from .labels import match_labels
 from .measuring import MeasureSettings
 from .probes.streaming import _model_name
@@ -398,7 +398,7 @@ class AlphaSweepResult:
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        return dump_json(self.to_dict(), path, indent)
+        return dump_json(tagged("alpha-sweep-result", self.to_dict()), path, indent)
 
     def to_markdown(self, digits: int = 3) -> str:
         """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC, clean top-1, FS per

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .jsonio import dump_json, to_jsonable
+from .jsonio import dump_json, tagged, to_jsonable
 
 __all__ = ["fragility_score", "wilson_interval", "paired_bootstrap_fs", "FragilityResult"]
 
@@ -166,7 +166,7 @@ class FragilityResult:
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
-        return dump_json(self.to_dict(), path, indent)
+        return dump_json(tagged("fragility-result", self.to_dict()), path, indent)
 
     def plot(self, path: str | os.PathLike | None = None, ax: Any = None) -> Any:
         """Bar chart: clean and shifted accuracy with Wilson 95% error bars, each shift's FS and its paired

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import PosgeomError
+from ..jsonio import tagged as with_schema_tags
 from ..jsonio import to_jsonable, write_json
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "AttentionSummary",
@@ -69,7 +70,7 @@ class Record:
 
     def to_dict(self, tagged: bool = True) -> dict[str, Any]:
         body = to_jsonable(dataclasses.asdict(self))
-        return {"schema": f"timm-posgeom/{self.KIND}", "schema_version": SCHEMA_VERSION, **body} if tagged else body
+        return with_schema_tags(self.KIND, body, SCHEMA_VERSION) if tagged else body
 
     @classmethod
     def from_dict(cls: type[R], values: Any, source: str = "record") -> R:

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from .. import distributed as _dist
 from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
-from ..jsonio import dump_json
+from ..jsonio import dump_json, tagged
 from ..measuring import MeasureSettings
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
@@ -127,7 +127,7 @@ class MeasureResult(SettingsRecord):
 
     def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
         """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
-        return dump_json(self.to_dict(), path, indent)
+        return dump_json(tagged("measure-result", self.to_dict()), path, indent)
 
 
 MeasureResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword

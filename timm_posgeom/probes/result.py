@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..jsonio import dump_json
+from ..jsonio import dump_json, tagged
 
 __all__ = ["SSDCResult", "PerImageStats", "SettingsRecord"]
 
@@ -142,7 +142,7 @@ class SSDCResult(SettingsRecord):
 
     def to_json(self, path: str | Path | None = None, include_maps: bool = False, indent: int = 2) -> str:
         """The :meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
-        return dump_json(self.to_dict(include_maps), path, indent)
+        return dump_json(tagged("ssdc-result", self.to_dict(include_maps)), path, indent)
 
     def table(self) -> str:
         """A plain-text per-layer table."""
