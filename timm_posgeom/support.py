@@ -75,7 +75,7 @@ def _probe(model: nn.Module, images: torch.Tensor, rpi: bool) -> str:
             result = probe_ssdc(model, images, rpi=rpi, progress=False)
     except (TypeError, ValueError, RuntimeError) as e:
         return _reason(e)
-    grids = [tuple(g) for g in result.metadata["grid_sizes"]]
+    grids = [tuple(g) for g in result.settings["grid_sizes"]]
     # NaN is right where a random-init model's tokens are all alike at a layer (levit's 2 x 2 stage at 64 px)
     constant = set(result.metadata.get("constant_layers") or [])
     finite = [math.isfinite(v) or g[0] * g[1] < 2 or layer in constant
@@ -84,10 +84,10 @@ def _probe(model: nn.Module, images: torch.Tensor, rpi: bool) -> str:
         raise AssertionError(f"probe_ssdc gave a non-finite SSDC on a grid of 2 or more tokens: {result.per_layer}")
     if rpi:
         return "yes"
-    unit = "blocks" if result.metadata["granularity"] == "block" else "feature maps"
+    unit = "blocks" if result.settings["granularity"] == "block" else "feature maps"
     sizes = sorted(set(grids), reverse=True)
     shown = (sizes, ", ") if len(sizes) <= 3 else ([sizes[0], sizes[-1]], "..")  # all grids, or the range
-    return f"{result.metadata['site']}: {len(grids)} {unit}, grid {shown[1].join('x'.join(map(str, g)) for g in shown[0])}"
+    return f"{result.settings['site']}: {len(grids)} {unit}, grid {shown[1].join('x'.join(map(str, g)) for g in shown[0])}"
 
 
 def _state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -83,11 +83,11 @@ class CKAResult:
     layers_a: list[int]
     layers_b: list[int]
     matrix: np.ndarray
-    metadata: dict[str, Any]
+    settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers_a": self.layers_a, "layers_b": self.layers_b, "matrix": self.matrix.tolist(),
-                "metadata": self.metadata}
+                "settings": self.settings}
 
 
 def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: str = "attn_input",
@@ -120,6 +120,6 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
     matrix = np.array([[minibatch_cka(grams_a.grams[i], grams_b.grams[j], unbiased) for j in rb.layers]
                        for i in ra.layers])
-    metadata = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
-                    rpi=rpi, n_images=ra.settings["n_images"])
-    return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrix, metadata=metadata)
+    described = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
+                     rpi=rpi, n_images=ra.settings["n_images"])
+    return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrix, settings=described)

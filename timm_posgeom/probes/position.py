@@ -99,7 +99,7 @@ class PositionProbeResult:
         row_accuracy, col_accuracy, accuracy: (L,) fraction of test patch tokens whose row, column, and
             both, the block's fitted linear map reads right.
         chance: {"row": 1/H, "col": 1/W, "both": 1/(HW)}.
-        metadata: site, rpi, seed, ridge, train and test image counts, grid, model.
+        settings: site, rpi, seed, ridge, train and test image counts, grid, model.
     """
 
     layers: list[int]
@@ -107,12 +107,12 @@ class PositionProbeResult:
     col_accuracy: np.ndarray
     accuracy: np.ndarray
     chance: dict[str, float]
-    metadata: dict[str, Any]
+    settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {"layers": self.layers, "row_accuracy": self.row_accuracy.tolist(),
                 "col_accuracy": self.col_accuracy.tolist(), "accuracy": self.accuracy.tolist(),
-                "chance": self.chance, "metadata": self.metadata}
+                "chance": self.chance, "settings": self.settings}
 
 
 def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str = "attn_input", rpi: bool = False,
@@ -144,10 +144,10 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
     score = _Score(site, {k: w.to(torch.float64) for k, w in weights.items()})
     scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="batch",
                           **options)
-    H, W = scored.metadata["grid_size"]
-    metadata = dict(model=scored.metadata["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,
-                    train_images=fitted.metadata["n_images"], test_images=scored.metadata["n_images"],
+    H, W = scored.settings["grid_size"]
+    settings = dict(model=scored.settings["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,
+                    train_images=fitted.settings["n_images"], test_images=scored.settings["n_images"],
                     grid_size=[H, W])
     return PositionProbeResult(layers=scored.layers, row_accuracy=scored.values["row_accuracy"],
                                col_accuracy=scored.values["col_accuracy"], accuracy=scored.values["accuracy"],
-                               chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)}, metadata=metadata)
+                               chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)}, settings=settings)

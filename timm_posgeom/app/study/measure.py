@@ -189,7 +189,7 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
         return [s.std for s in res.per_image] if res.per_image else None
 
     return SSDCSummary(
-        n_images=int(rpi.metadata["n_images"]), per_layer=list(normal.per_layer), delta=normal.delta,
+        n_images=int(rpi.settings["n_images"]), per_layer=list(normal.per_layer), delta=normal.delta,
         rpi_per_layer=rpi_mean, rpi_delta=rpi_mean[1] - rpi_mean[0] if len(rpi_mean) >= 2 else None,
         rpi_content_per_layer=list(rpi.content_per_layer), per_image_mean=means(normal), per_image_std=stds(normal),
         rpi_per_image_mean=means(rpi), rpi_per_image_std=stds(rpi),
@@ -234,8 +234,8 @@ def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
     except PosgeomError as e:  # an attention module the capture does not know
         log(f"attention not measured: {e}")
         return None
-    summary = AttentionSummary(n_images=int(normal.metadata["n_images"]), layers=[int(k) for k in normal.layers],
-                               grid=[int(g) for g in normal.metadata["grid_size"]], mean_distance=rows(normal.mean_distance), entropy=rows(normal.entropy),
+    summary = AttentionSummary(n_images=int(normal.settings["n_images"]), layers=[int(k) for k in normal.layers],
+                               grid=[int(g) for g in normal.settings["grid_size"]], mean_distance=rows(normal.mean_distance), entropy=rows(normal.entropy),
                                ssdc=rows(normal.ssdc))
     try:
         shuffled = measure(True)

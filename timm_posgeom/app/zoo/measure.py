@@ -195,10 +195,10 @@ def _ssdc(model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: C
     from ...probes import probe_ssdc
 
     normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
-    record.site = str(normal.metadata["site"])
-    record.granularity = str(normal.metadata["granularity"])
-    record.grid_sizes = [list(map(int, g)) for g in normal.metadata["grid_sizes"]]
-    record.probe_images = int(normal.metadata["n_images"])
+    record.site = str(normal.settings["site"])
+    record.granularity = str(normal.settings["granularity"])
+    record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
+    record.probe_images = int(normal.settings["n_images"])
     record.ssdc = _floats(normal.per_layer)
     record.delta_ssdc = _num(normal.delta)
     try:
