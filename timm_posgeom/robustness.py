@@ -178,22 +178,29 @@ def fragility(
         data: a Hugging Face dataset or any indexable of (PIL image, label) / {"image", "label"}.
         shifts: specs (``jpeg:5``, ``blur:2.5:5``, ``imagenet-c:gaussian_blur:3``) or Shift objects
             (one spec alone is accepted too); results are keyed by the spec as given, or ``Shift.spec``.
-        batch_size: images per step; each step forwards ``batch_size * (1 + len(shifts))`` copies
-            (in pieces of ``forward_size``).
-        num_workers: DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
         rpi: random permutation at inference: one permutation per step, seeded by ``seed``, shared
             by the clean and shifted copies of the batch (and by the pieces of a step).
-        seed: seeds the RPI permutations, the bootstrap, and the random shifts (image i of the data is
-            corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``).
         alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
-        max_images: evaluate only the first ``max_images`` images.
         blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
             same values) instead of in the loader workers.
-        device: where to run (the model is moved there); default the model's device.
-        progress: show a tqdm bar.
-        img_size: input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
+            ``"check"`` (default) raises :class:`~timm_posgeom.labels.LabelMismatchError` when they differ
+            (e.g. a 1000-class ImageNet model on 10-class data), ``"by-name"`` maps the data's classes onto
+            the model's (recorded class names, or an ImageNet head's WordNet ids and names), ``"as-is"``
+            uses the indices unchecked.
+
+    Keyword Args:
+        batch_size (int): images per step; each step forwards ``batch_size * (1 + len(shifts))`` copies
+            (in pieces of ``forward_size``).
+        num_workers (int | None): DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
+        seed (int | None): seeds the RPI permutations, the bootstrap, and the random shifts (image i of the data is
+            corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``).
+        max_images (int | None): evaluate only the first ``max_images`` images.
+        device (str | torch.device | None): where to run (the model is moved there); default the model's device.
+        progress (bool): show a tqdm bar.
+        img_size (int | tuple[int, int] | None): input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
             default the model's own. A model with one fixed other size is refused.
-        distributed: ``auto`` (default) or ``off`` (``presharded`` is refused): alone, nothing changes; launched as W > 1 processes
+        distributed (str): ``auto`` (default) or ``off`` (``presharded`` is refused): alone, nothing changes; launched as W > 1 processes
             (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.distributed`), the batches of
             ``batch_size`` images of the first ``max_images`` are shared, global batch k to process
             k mod W (each loads and shifts only its own images); the per-image correctness arrays
@@ -201,13 +208,8 @@ def fragility(
             result (counts, accuracies, FS, Wilson and bootstrap intervals). Under RPI each batch gets
             the permutation one process would draw for it. ``off``: this process evaluates all the
             data alone. A ``seed`` of None is replaced by one drawn on the main process.
-        forward_size: at most this many copies per model forward (memory: many shifts times a large
+        forward_size (int | None): at most this many copies per model forward (memory: many shifts times a large
             batch); default None, every copy of a step in one forward.
-        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
-            ``"check"`` (default) raises :class:`~timm_posgeom.labels.LabelMismatchError` when they differ
-            (e.g. a 1000-class ImageNet model on 10-class data), ``"by-name"`` maps the data's classes onto
-            the model's (recorded class names, or an ImageNet head's WordNet ids and names), ``"as-is"``
-            uses the indices unchecked.
 
     Returns:
         A :class:`FragilityResult`.

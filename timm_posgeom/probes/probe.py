@@ -106,17 +106,19 @@ def probe_ssdc(
             ``seed``, ``device``, ``progress`` and ``distributed`` below (``resize``, ``img_size`` and
             ``num_workers`` are the loader's: ``data`` is already transformed). Each of those fields may
             also be given as a keyword (``batch_size=8``), which overrides ``settings``.
-        seed: seed of the RPI permutation (None: torch's global RNG; with several processes, a seed
-            drawn on the main process and shared, recorded in ``settings["seed"]``).
         reduction: ``mean_map`` (the paper's: SSDC of the similarity map averaged over all images),
             ``per_image`` (mean, std and 95% CI of the per-image SSDC) or ``both``.
         distance: ``manhattan`` (the paper's), ``euclidean`` or ``chebyshev``.
         layers: block (or stage) indices to probe (negative allowed); default all.
-        max_images: stop after this many images (with several processes: this many in all).
-        device: run there (the model is moved for the probe and moved back); default the model's.
-        progress: show a tqdm bar (on the main process only, when several share the probe).
-        batch_size: chunk size when ``data`` is one tensor.
-        distributed: how several processes (``accelerate launch``, ``torchrun``: see
+
+    Keyword Args:
+        seed (int | None): seed of the RPI permutation (None: torch's global RNG; with several processes, a seed
+            drawn on the main process and shared, recorded in ``settings["seed"]``).
+        max_images (int | None): stop after this many images (with several processes: this many in all).
+        device (str | torch.device | None): run there (the model is moved for the probe and moved back); default the model's.
+        progress (bool): show a tqdm bar (on the main process only, when several share the probe).
+        batch_size (int): chunk size when ``data`` is one tensor.
+        distributed (str): how several processes (``accelerate launch``, ``torchrun``: see
             :mod:`timm_posgeom.distributed`) share the probe. ``auto`` (default): alone, nothing
             changes; launched as W > 1 processes, each takes global batches r, r + W, ... (the
             batches one process would read: chunks of ``batch_size`` of a tensor, or the data's own
