@@ -9,13 +9,17 @@ with the seed count) and the training wall time per model; and the APE alpha swe
 values as the last row. The figure draws the APE sweep of every study (mean line, band = min..max over
 seeds) with the paper's points. A study still running is read as it stands (its finished runs only).
 
-The width ladder (issue 32): with ``--width-figure PATH`` the studies are read as one ladder, each at the width
-its runs' recipes give (``model_kwargs.embed_dim``, else the model's own). It prints delta SSDC under RPI for
-APE and no PE per width and draws it against width with the paper's point (ViT-S, width 384), beside the
-PE-to-content norm ratio and the position table's own SSDC over training (APE runs that logged them).
+The width ladder (issue 32): with ``--width-figure PATH`` the studies are read as width ladders, each study at the
+width its runs' recipes give (``model_kwargs.embed_dim``, else the model's own). A label ``NAME:...`` puts the
+study on ladder NAME (e.g. ``cpu:`` and ``gpu:`` for two ways of training the same widths); without a colon
+there is one ladder. It prints delta SSDC under RPI for APE and no PE per ladder and width and draws it against
+width with the paper's point (ViT-S, width 384), beside the PE-to-content norm ratio and the position table's
+own SSDC over training (APE runs that logged them).
 
-    python scripts/scaling.py "w64=experiments/scaling/8x8-w64-paper" "w128=experiments/scaling/8x8-paper" \
-        "w192=experiments/scaling/8x8-w192-paper" --width-figure docs/figures/width.png
+    python scripts/scaling.py "cpu:w64=experiments/scaling/8x8-w64-paper" "cpu:w128=experiments/scaling/8x8-paper" \
+        "cpu:w192=experiments/scaling/8x8-w192-paper" "gpu:w128=experiments/scaling/8x8-w128-paper-gpu" \
+        "gpu:w192=experiments/scaling/8x8-w192-paper-gpu" "gpu:w256=experiments/scaling/8x8-w256-paper-gpu" \
+        "gpu:w384=experiments/scaling/8x8-w384-paper-gpu" --width-figure docs/figures/width.png
 """
 from __future__ import annotations
 
@@ -173,14 +177,23 @@ def ladder(studies: list[tuple[str, StudyResults]], dirs: list[Path]) -> dict[in
     return dict(sorted(out.items()))
 
 
-def width_table(widths: dict[int, dict[str, list]]) -> list[str]:
-    rows = ["| width | heads | APE delta SSDC under RPI | no PE (the floor) | APE seeds |", "|---|---|---|---|---|"]
-    for width, by in widths.items():
-        ape, nope = by.get("ape", []), by.get("nope", [])
-        rows.append(f"| {width} | {width // 32} | {_cell([d for d, _ in ape])} | {_cell([d for d, _ in nope])} "
-                    f"| {len(ape)} |")
-    rows.append(f"| the paper (ViT-S/16, 384, 14 x 14, IN-100) | 6 (size 64) | {PAPER_APE_DELTA[1.0]} "
-                "| - | 4 |")
+def ladders(studies: list[tuple[str, StudyResults]], dirs: list[Path]) -> dict[str, dict[int, dict[str, list]]]:
+    """ladder name (a label's part before ``:``; ``""`` without one) -> its :func:`ladder`, in the order given."""
+    groups: dict[str, list[int]] = {}
+    for i, (label, _) in enumerate(studies):
+        groups.setdefault(label.split(":", 1)[0] if ":" in label else "", []).append(i)
+    return {name: ladder([studies[i] for i in idx], [dirs[i] for i in idx]) for name, idx in groups.items()}
+
+
+def width_table(by_ladder: dict[str, dict[int, dict[str, list]]]) -> list[str]:
+    rows = ["| ladder | width | heads | APE delta SSDC under RPI | no PE (the floor) | seeds (APE / no PE) |",
+            "|---|---|---|---|---|---|"]
+    for name, widths in by_ladder.items():
+        for width, by in widths.items():
+            ape, nope = by.get("ape", []), by.get("nope", [])
+            rows.append(f"| {name or '-'} | {width} | {width // 32} | {_cell([d for d, _ in ape])} "
+                        f"| {_cell([d for d, _ in nope])} | {len(ape)} / {len(nope)} |")
+    rows.append(f"| the paper (ViT-S/16, IN-100, 14 x 14) | 384 | 6 (size 64) | {PAPER_APE_DELTA[1.0]} | - | 4 / - |")
     return rows
 
 
@@ -197,38 +210,45 @@ def _history(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
     return steps, values
 
 
-def width_figure(widths: dict[int, dict[str, list]], path: Path) -> None:
+def width_figure(by_ladder: dict[str, dict[int, dict[str, list]]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    styles = ["-", "--", "-.", ":"]
+    every = sorted({w for widths in by_ladder.values() for w in widths})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
-    for cond, style in (("ape", "o-"), ("nope", "s:")):
-        xs = [w for w in widths if widths[w].get(cond)]
-        means = [np.mean([d for d, _ in widths[w][cond]]) for w in xs]
-        ax.plot(xs, means, style, label=f"{LABELS.get(cond, cond)} (mean over seeds)")
-        for w in xs:
-            ax.scatter([w] * len(widths[w][cond]), [d for d, _ in widths[w][cond]], s=12, color="grey", zorder=3)
+    for k, (name, widths) in enumerate(by_ladder.items()):
+        for cond, marker in (("ape", "o"), ("nope", "s")):
+            xs = [w for w in widths if widths[w].get(cond)]
+            means = [np.mean([d for d, _ in widths[w][cond]]) for w in xs]
+            label = f"{LABELS.get(cond, cond)}{f' ({name})' if name else ''}: mean over seeds"
+            ax.plot(xs, means, marker=marker, linestyle=styles[k % len(styles)], label=label,
+                    color="C0" if cond == "ape" else "C1")
+            for w in xs:
+                ax.scatter([w] * len(widths[w][cond]), [d for d, _ in widths[w][cond]], s=12, color="grey", zorder=3)
     ax.scatter([384], [PAPER_APE_DELTA[1.0]], marker="*", s=160, color="k", label="the paper (ViT-S/16, IN-100)")
     ax.set_xlabel("width (embedding dimension; head size 32, depth 4, 8 x 8 tokens)")
     ax.set_ylabel("delta SSDC under RPI (layer 1 - layer 0)")
-    ax.set_title("delta SSDC against width")
-    ax.legend(fontsize=8)
+    ax.set_title("delta SSDC against width (grey: each seed)")
+    ax.legend(fontsize=7)
     for ax, key, label in ((axes[1], "pe_norm_ratio", "PE-to-content norm ratio"),
                            (axes[2], "pe_ssdc", "the position table's own SSDC")):
-        for width, by in widths.items():
-            for i, (_, run_dir) in enumerate(by.get("ape", [])):
-                steps, values = _history(run_dir, key)
-                if steps:
-                    ax.plot(steps, values, label=f"width {width}" if i == 0 else None,
-                            color=plt.cm.viridis(list(widths).index(width) / max(1, len(widths) - 1)))
+        for k, (name, widths) in enumerate(by_ladder.items()):
+            for width, by in widths.items():
+                for i, (_, run_dir) in enumerate(by.get("ape", [])):
+                    steps, values = _history(run_dir, key)
+                    if steps:
+                        ax.plot(steps, values, linestyle=styles[k % len(styles)],
+                                label=f"width {width}{f' ({name})' if name else ''}" if i == 0 else None,
+                                color=plt.cm.viridis(every.index(width) / max(1, len(every) - 1)))
         ax.set_xlabel("training step")
         ax.set_ylabel(label)
         ax.set_title(f"APE: {label} over training")
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "not logged by these runs", ha="center", transform=ax.transAxes)
     for ax in axes:
@@ -248,9 +268,9 @@ def main() -> None:
     args = parser.parse_args()
     studies = [load(s) for s in args.studies]
     if args.width_figure:
-        widths = ladder(studies, [Path(s.partition("=")[2]) for s in args.studies])
-        print("\n".join(width_table(widths)))
-        width_figure(widths, args.width_figure)
+        by_ladder = ladders(studies, [Path(s.partition("=")[2]) for s in args.studies])
+        print("\n".join(width_table(by_ladder)))
+        width_figure(by_ladder, args.width_figure)
         return
     print("\n".join(condition_table(studies)))
     print()

@@ -65,26 +65,32 @@ def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scali
     import matplotlib.pyplot as plt
 
     studies, dirs = [], []
-    for width, delta in ((64, 0.1), (192, 0.3)):
+    for label, width, delta in (("cpu:w64", 64, 0.1), ("cpu:w192", 192, 0.3), ("gpu:w192", 192, 0.2)):
         res = _study([1.0])
         res.runs[0].eval.ssdc.rpi_delta = delta
-        where = tmp_path / f"w{width}"
+        where = tmp_path / label.replace(":", "_")
         run_dir = where / "runs" / "ape_s0"
         run_dir.mkdir(parents=True)
         (run_dir / "recipe.yaml").write_text(f"model: m\nmodel_kwargs:\n  embed_dim: {width}\n")
         (run_dir / "metrics.jsonl").write_text("".join(
             json.dumps({"kind": "train", "step": s, "pe_norm_ratio": 0.1 * s, "pe_ssdc": 0.01 * s}) + "\n"
             for s in (25, 50)))
-        studies.append((f"w{width}", res))
+        studies.append((label, res))
         dirs.append(where)
-    widths = scaling.ladder(studies, dirs)
-    assert list(widths) == [64, 192] and widths[192]["ape"][0][0] == 0.3
-    rows = scaling.width_table(widths)
-    assert rows[2].startswith("| 64 | 2 | 0.100 |") and rows[3].startswith("| 192 | 6 | 0.300 |")
+    one = scaling.ladder(studies[:2], dirs[:2])
+    assert list(one) == [64, 192] and one[192]["ape"][0][0] == 0.3
+    by_ladder = scaling.ladders(studies, dirs)
+    assert list(by_ladder) == ["cpu", "gpu"] and by_ladder["gpu"][192]["ape"][0][0] == 0.2  # kept apart, not pooled
+    rows = scaling.width_table(by_ladder)
+    assert rows[2].startswith("| cpu | 64 | 2 | 0.100 |") and rows[3].startswith("| cpu | 192 | 6 | 0.300 |")
+    assert rows[4].startswith("| gpu | 192 | 6 | 0.200 |")
     assert "0.4725" in rows[-1]
-    scaling.width_figure(widths, tmp_path / "w.png")
+    scaling.width_figure(by_ladder, tmp_path / "w.png")
     fig = plt.gcf()
+    delta = next(ax for ax in fig.axes if "against width" in ax.get_title())
+    lines = {ln.get_label(): ln for ln in delta.get_lines()}
+    assert list(lines["APE (gpu): mean over seeds".replace("APE", scaling.LABELS.get("ape", "ape"))].get_ydata()) == [0.2]
     ratio = next(ax for ax in fig.axes if "norm ratio" in ax.get_title())
-    assert [list(ln.get_ydata()) for ln in ratio.get_lines()] == [[2.5, 5.0], [2.5, 5.0]]
+    assert [list(ln.get_ydata()) for ln in ratio.get_lines()] == [[2.5, 5.0]] * 3
     plt.close(fig)
     assert (tmp_path / "w.png").stat().st_size > 0
