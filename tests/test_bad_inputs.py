@@ -319,6 +319,51 @@ def test_rpi_on_a_model_without_a_patch_embedding_is_one_line(tmp_path, capsys, 
     _refused(code, err, "probe it without RPI")
 
 
+# The ten families issue 31 named (T2), each the smallest variant: the CLI's check is the library's own
+T2_FAMILIES = ["resnet18", "nextvit_small", "davit_tiny", "coat_lite_tiny", "fastvit_t8", "repvit_m0_9",
+               "mambaout_femto", "hgnetv2_b0", "levit_128s", "twins_svt_small"]
+
+
+@pytest.mark.parametrize("model", T2_FAMILIES)
+def test_the_library_refuses_rpi_on_every_family_without_a_patch_embedding(model, one_thread):
+    from timm_posgeom import probe_ssdc
+    from timm_posgeom.errors import USER_ERRORS, one_line
+
+    net = timm.create_model(model, pretrained=False).eval()
+    with pytest.raises(USER_ERRORS) as e:
+        probe_ssdc(net, torch.rand(1, 3, 224, 224), rpi=True, progress=False)
+    assert "probe it without RPI" in one_line(e.value)
+
+
+# The same corpus through the library (load_split -> eval_loader / fragility), as a script would read it
+def _library_numbers(root: Path) -> tuple[list[float], float, dict]:
+    from timm_posgeom import eval_loader, fragility, probe_ssdc
+    from timm_posgeom.data import load_split
+
+    torch.manual_seed(0)
+    net = timm.create_model(MODEL, num_classes=len(CLASSES), img_size=32).eval()
+    split = load_split(root, "validation")
+    ssdc = probe_ssdc(net, eval_loader(net, split, batch_size=2, num_workers=0), progress=False)
+    frag = fragility(net, split, ["jpeg:5"], batch_size=2, num_workers=0, seed=0, progress=False)
+    return list(ssdc.per_layer), frag.clean_accuracy, dict(frag.accuracy)
+
+
+@pytest.mark.parametrize("kind", IMAGE_MODES)
+def test_the_library_reads_images_of_any_mode_as_their_8_bit_rgb_twin(tmp_path, kind, one_thread):
+    root, twin = _write(tmp_path / kind, kind)
+    assert _library_numbers(root) == _library_numbers(twin)
+
+
+@pytest.mark.parametrize("kind,phrase", REFUSED_DATA, ids=[k for k, _ in REFUSED_DATA])
+def test_the_library_refuses_unreadable_files_with_the_clis_line(tmp_path, kind, phrase, one_thread):
+    from timm_posgeom.errors import USER_ERRORS, one_line
+
+    root, _ = _write(tmp_path / kind, kind, n=1)
+    with pytest.raises(USER_ERRORS) as e:
+        _library_numbers(root)
+    assert phrase.lower() in one_line(e.value).lower() and "0." in one_line(e.value)
+
+
 def test_a_missing_data_folder_is_one_line(tmp_path, capsys):
     _refused(*_probe(capsys, tmp_path / "nowhere" / "data", tmp_path / "out")[:2], "does not exist")
 

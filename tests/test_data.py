@@ -434,3 +434,46 @@ def test_cli_streams_a_config_of_a_hub_style_set_and_probes_the_same_images(tmp_
         main(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big", "--streaming",
               "--out", str(tmp_path / "x"), "--no-progress"])
     assert e.value.code == 2 and "--max-images" in capsys.readouterr().err
+
+
+def test_fragility_and_the_alpha_sweep_read_a_stream_as_its_first_max_images(tmp_path, fresh_hf_cache):
+    """Issue 30 item 7: the library's fragility and alpha sweep take a streamed dataset (a
+    ``datasets.IterableDataset``, or any iterable without a length) as its first ``max_images`` items, with the
+    numbers of the same images loaded; a stream without ``max_images`` is refused in one line."""
+    import datasets
+    import timm
+
+    from timm_posgeom import alpha_sweep, fragility
+
+    root = _parquet_set(tmp_path / "set")
+    files = {"validation": str(root / "big" / "validation-00000-of-00001.parquet")}
+    stream = datasets.load_dataset("parquet", data_files=files, split="validation", streaming=True)
+    assert not hasattr(stream, "__len__")
+    loaded = datasets.load_dataset("parquet", data_files=files, split="validation")
+    torch.manual_seed(0)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=4).eval()
+    opts = dict(max_images=5, batch_size=2, num_workers=0, seed=0, progress=False)
+    on_stream, on_loaded = fragility(model, stream, **opts), fragility(model, loaded, **opts)
+    assert on_stream.num_images == on_loaded.num_images == 5
+    assert on_stream.clean_accuracy == on_loaded.clean_accuracy and on_stream.fs == on_loaded.fs
+    generator = fragility(model, ((row["image"], row["label"]) for row in loaded), **opts)  # no features: as-is
+    assert generator.num_images == 5 and generator.clean_accuracy == on_loaded.clean_accuracy
+    sweep = alpha_sweep(model, stream, alphas=(1.0, 0.0), probe_images=3, **opts)
+    assert sweep.settings["probe_images"] == 3 and sweep.rows[0].fragility.num_images == 5
+    with pytest.raises(ValueError, match="stream .*give max_images"):
+        fragility(model, stream, batch_size=2, num_workers=0, progress=False)
+
+
+def test_cli_fragility_streams_the_same_images_as_it_loads(tmp_path, fresh_hf_cache):
+    import json
+
+    from timm_posgeom.cli import main
+
+    root = _parquet_set(tmp_path / "set")
+    common = ["fragility", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big",
+              "--max-images", "4", "--batch-size", "2", "--num-workers", "0", "--no-progress", "--num-classes", "4"]
+    assert main(common + ["--streaming", "--out", str(tmp_path / "streamed")]) == 0
+    assert not list(fresh_hf_cache.rglob("*.arrow"))  # nothing prepared
+    assert main(common + ["--out", str(tmp_path / "loaded")]) == 0
+    streamed, loaded = (json.loads(next((tmp_path / d).glob("*.json")).read_text()) for d in ("streamed", "loaded"))
+    assert streamed["fs"] == loaded["fs"] and streamed["num_images"] == loaded["num_images"] == 4

@@ -7,10 +7,13 @@ timm's resize + centre crop).
 
 A split is anything indexable with a length whose items are ``(PIL image, label)`` pairs or dicts
 with ``image``/``img`` and ``label``/``labels`` keys: a :class:`~timm_posgeom.data.ImageSplit`
-(:func:`~timm_posgeom.data.load_split`), a Hugging Face dataset split, a list.
+(:func:`~timm_posgeom.data.load_split`), a Hugging Face dataset split, a list. A stream (an iterable
+without a length: ``datasets.load_dataset(..., streaming=True)``, a generator) is read as its first
+``max_images`` items (:func:`first_items`).
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from .data import ImageSplit, RelabeledSplit
 from .transforms import class_index, resize_transform, resolve_config
 
-__all__ = ["split_item", "check_split", "EvalImages", "eval_loader", "default_workers", "DecodedImages",
+__all__ = ["split_item", "first_items", "check_split", "EvalImages", "eval_loader", "default_workers", "DecodedImages",
            "resized_item", "prepare_shared"]
 
 
@@ -42,6 +45,31 @@ def split_item(item: Any) -> tuple[PIL.Image.Image, int]:
     if not isinstance(image, PIL.Image.Image):
         raise TypeError(f"data images must be PIL images, got {type(image).__name__}")
     return image, class_index(label)
+
+
+def first_items(data: Any, max_images: int | None) -> Any:
+    """``data`` itself when it is indexable with a length; else (a stream: a ``datasets.IterableDataset``,
+    a generator) its first ``max_images`` items, read into memory, which a stream needs to be given (it has no
+    length). A Hugging Face stream becomes a ``datasets.Dataset`` of those rows with the stream's features
+    (its class names stay, for the label check), its images as stored (not decoded and encoded again)."""
+    if (hasattr(data, "__len__") and hasattr(data, "__getitem__")) or isinstance(data, Mapping) \
+            or not hasattr(data, "__iter__"):
+        return data
+    if max_images is None:
+        raise ValueError("data is a stream (an iterable without a length): give max_images, the number of its "
+                         "first images to read")
+    if max_images < 1:
+        raise ValueError(f"max_images must be >= 1, got {max_images}")
+    features = getattr(data, "features", None)
+    if features is not None and hasattr(data, "take") and hasattr(data, "cast_column"):  # datasets.IterableDataset
+        import datasets
+
+        from .data import find_columns
+
+        image_col, _ = find_columns(features)
+        stream = data.cast_column(image_col, datasets.Image(decode=False))
+        return datasets.Dataset.from_list(list(stream.take(max_images)), features=stream.features).cast(features)
+    return list(itertools.islice(data, max_images))
 
 
 def check_split(data: Any, max_images: int | None = None) -> int:
@@ -165,6 +193,7 @@ def eval_loader(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    data = first_items(data, max_images)
     n = check_split(data, max_images)
     workers = default_workers() if num_workers is None else int(num_workers)
     cfg = resolve_config(model, img_size)

@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
 from . import distributed as _dist
-from .eval_data import check_split, default_workers, eval_loader, prepare_shared, resized_item
+from .eval_data import check_split, default_workers, eval_loader, first_items, prepare_shared, resized_item
 from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
 from .jsonio import dump_json, tagged, to_jsonable
 from .labels import match_labels
@@ -216,7 +216,7 @@ def fragility(
     """
     settings, own = MeasureSettings.resolve("fragility", settings, options, {"forward_size": None})
     shift_list, names = _check_fragility(shifts, settings, own["forward_size"])
-    data = match_labels(model, data, labels)
+    data = match_labels(model, first_items(data, settings.max_images), labels)
     n = check_split(data, settings.max_images)
     plan = _Plan(names, shift_list, [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list], n,
                  settings.batch_size, own["forward_size"])
@@ -526,8 +526,10 @@ def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,
                 settings: MeasureSettings) -> tuple[int, Any, Any]:
     """(the probe's image count, its loader, the data with its labels checked or mapped)."""
     probe_images = probe_count(own["probe_images"], settings.max_images)
-    data = match_labels(model, data, labels)
-    probe_source = data if own["probe_data"] is None else own["probe_data"]
+    # a stream is read once, as far as the fragility part (max_images) or the probe (probe_images) goes
+    bound = None if settings.max_images is None else max(settings.max_images, probe_images)
+    data = match_labels(model, first_items(data, bound), labels)
+    probe_source = data if own["probe_data"] is None else first_items(own["probe_data"], probe_images)
     n_probe = check_split(probe_source, probe_images)
     loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=settings.batch_size,
                          resize=settings.resize, num_workers=settings.num_workers, img_size=settings.img_size)
