@@ -180,8 +180,10 @@ def test_bad_input():
     model = Brightness()
     with pytest.raises(ValueError, match="data is empty"):
         fragility(model, [], **FAST)
-    with pytest.raises(TypeError, match="indexable"):
+    with pytest.raises(ValueError, match="stream .*give max_images"):  # a stream needs its bound (test_data.py)
         fragility(model, (x for x in [(_solid(1), 0)]), **FAST)
+    with pytest.raises(TypeError, match="indexable"):
+        fragility(model, 7, **FAST)
     with pytest.raises(TypeError, match="pass one split"):
         fragility(model, {"validation": [(_solid(1), 0)]}, **FAST)
     with pytest.raises(ValueError, match="valid forms"):
