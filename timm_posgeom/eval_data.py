@@ -60,15 +60,10 @@ def first_items(data: Any, max_images: int | None) -> Any:
                          "first images to read")
     if max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
-    features = getattr(data, "features", None)
-    if features is not None and hasattr(data, "take") and hasattr(data, "cast_column"):  # datasets.IterableDataset
-        import datasets
+    if getattr(data, "features", None) is not None and hasattr(data, "take") and hasattr(data, "cast_column"):
+        from .data.hub import take_stream
 
-        from .data import find_columns
-
-        image_col, _ = find_columns(features)
-        stream = data.cast_column(image_col, datasets.Image(decode=False))
-        return datasets.Dataset.from_list(list(stream.take(max_images)), features=stream.features).cast(features)
+        return take_stream(data, max_images)
     return list(itertools.islice(data, max_images))
 
 

@@ -9,7 +9,7 @@ from ..errors import PosgeomError
 from ..transforms import class_index
 from .splits import ImageSplit, split_name
 
-__all__ = ["HubOptions", "DataSourceError", "find_columns", "load_hub_split"]
+__all__ = ["HubOptions", "DataSourceError", "find_columns", "load_hub_split", "take_stream"]
 
 _IMAGE_NAMES = ("image", "img", "jpg", "png", "pixel_values")
 _LABEL_NAMES = ("label", "labels", "fine_label", "class", "cls", "target")
@@ -90,6 +90,18 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
                       lambda index: f"row {index} of the {split!r} split of {source}")
 
 
+def take_stream(stream: Any, n: int) -> Any:
+    """The first ``n`` rows of a ``datasets.IterableDataset`` as a ``datasets.Dataset`` with the stream's
+    features (class names included), its images the encoded bytes as stored: rows of decoded images would be
+    encoded again (a JPEG re-compressed)."""
+    import datasets
+
+    features = stream.features
+    image_col, _ = find_columns(features)
+    stream = stream.cast_column(image_col, datasets.Image(decode=False))
+    return datasets.Dataset.from_list(list(stream.take(n)), features=stream.features).cast(features)
+
+
 def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, config: str | None = None,
                    revision: str | None = None, streaming: bool = False) -> Any:
     """One split of a Hub or parquet set as a ``datasets.Dataset``, loading that split alone: its data files
@@ -104,12 +116,6 @@ def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, c
     names = list(files) or list(datasets.get_dataset_split_names(where, config, revision=revision))
     name = split_name(names, split)
     if streaming:
-        stream = datasets.load_dataset(where, config, split=name, revision=revision, streaming=True)
-        image_col, _ = find_columns(stream.features)
-        features = stream.features
-        # the encoded bytes as stored: rows of decoded images would be encoded again (a JPEG re-compressed)
-        stream = stream.cast_column(image_col, datasets.Image(decode=False))
-        rows = list(stream.take(subset))
-        return datasets.Dataset.from_list(rows, features=stream.features).cast(features)
+        return take_stream(datasets.load_dataset(where, config, split=name, revision=revision, streaming=True), subset)
     only = {name: files[name]} if name in files else None  # a script-built set: its own split logic
     return datasets.load_dataset(where, config, split=name, revision=revision, data_files=only)
