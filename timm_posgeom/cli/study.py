@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--seeds", type=int, default=None, help="seeds per condition (default 1)")
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
     p.add_argument("--rpi-permutations", type=int, default=None,
-                   help="RPI permutations per model (seeds 0..n-1; default 3): SSDC under RPI is their mean and "
+                   help="RPI permutations per model (seeds 0..n-1; default 10): SSDC under RPI is their mean and "
                         "their spread enters the claims' intervals")
     add_imagenet_c_jpeg_blur_arg(p)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")

@@ -29,8 +29,10 @@ class StudyConfig:
     probe_images: int = 1000  # the paper's SSDC batch
     # RPI permutations per model (seeds 0 .. n-1, shared by every model and seed): SSDC under RPI is their
     # mean, and their spread enters the claims' intervals. The paper draws one per batch; one permutation
-    # alone hides its own variance (the no-PE floor of one permutation is not zero).
-    rpi_permutations: int = 3
+    # alone hides its own variance (the no-PE floor of one permutation is not zero). 10: at 8 x 8 on Imagenette
+    # one permutation's floor is about +-0.04, so 3 (a t interval on 2 degrees of freedom, +-0.12) could not
+    # tell |SSDC| < 0.1; 10 give about +-0.03, for one probe pass each (docs/method.md#rpi-and-rpt).
+    rpi_permutations: int = 10
     sweep_images: int | None = None  # fragility images per alpha (None: eval_images)
     alphas: tuple[float, ...] = (1.0, 0.8, 0.6, 0.5, 0.4, 0.2, 0.0)
     shifts: tuple[str, ...] = ("jpeg:5", "blur:2.5:5")
