@@ -4,8 +4,9 @@
         "14x14 paper=experiments/scaling/14x14-paper" --figure docs/figures/scaling.png
 
 Each argument is ``LABEL=STUDY_DIR`` (a ``posgeom study`` output with ``results.json``). Prints two markdown
-tables: per study and condition, clean top-1, delta SSDC under RPI at alpha 1 (mean ± std over seeds,
-with the seed count) and the training wall time per model; and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
+tables: per study and condition, clean top-1, delta SSDC under RPI at alpha 1 (mean ± std over seeds, ± std
+over RPI permutations and the 95% interval over both, as the claims decide it; with the seed and permutation
+counts) and the training wall time per model; and the APE alpha sweep (delta SSDC and JPEG q5 FS per alpha), with the paper's
 values as the last row. The figure draws the APE sweep of every study (mean line, band = min..max over
 seeds) with the paper's points. A study still running is read as it stands (its finished runs only).
 
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from timm_posgeom.app.claims import LABELS, spread
+from timm_posgeom.app.claims import LABELS, spread, spread_sp
 from timm_posgeom.app.records import StudyResults
 
 # The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep as its appendix table
@@ -54,6 +55,19 @@ def _cell(values: list[float], digits: int = 3) -> str:
     return f"{s.mean:.{digits}f}" if s.n == 1 else f"{s.mean:.{digits}f} ± {s.std:.{digits}f}"
 
 
+def rpi_delta_spread(runs: list) -> tuple[str, int]:
+    """Delta SSDC under RPI over seeds x RPI permutations (the claims' interval, ``spread_sp``): its text
+    (mean ± std over seeds (permutations ± std over permutations) [95% interval]) and the permutation count;
+    a run recorded before several were drawn counts as one permutation (its ``rpi_delta``)."""
+    rows = []
+    for r in runs:
+        by = r.eval.ssdc.rpi_by_permutation
+        rows.append([_num(p[1]) - _num(p[0]) for p in by] if by else [_num(r.eval.ssdc.rpi_delta)])
+    width = max(len(row) for row in rows)
+    s = spread_sp([row + [math.nan] * (width - len(row)) for row in rows])
+    return ("n/a" if s.n == 0 else s.text()), s.permutations
+
+
 def load(spec: str) -> tuple[str, StudyResults]:
     label, _, where = spec.partition("=")
     if not where:
@@ -65,8 +79,8 @@ def load(spec: str) -> tuple[str, StudyResults]:
 
 
 def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
-    rows = ["| study | condition | seeds | clean top-1 | delta SSDC under RPI (alpha 1) | SSDC under RPI, layers 0..L "
-            "| training min per model |", "|---|---|---|---|---|---|---|"]
+    rows = ["| study | condition | seeds | RPI permutations | clean top-1 | delta SSDC under RPI (alpha 1) "
+            "| SSDC under RPI, layers 0..L | training min per model |", "|---|---|---|---|---|---|---|---|"]
     for label, res in studies:
         by: dict[str, list] = {}
         for run in res.runs:
@@ -74,9 +88,9 @@ def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
                 by.setdefault(run.condition, []).append(run)
         for cond, runs in by.items():
             layers = np.array([[_num(v) for v in r.eval.ssdc.rpi_per_layer] for r in runs])
-            rows.append(f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | "
-                        f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | "
-                        f"{_cell([_num(r.eval.ssdc.rpi_delta) for r in runs])} | "
+            delta, perms = rpi_delta_spread(runs)
+            rows.append(f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | {perms} | "
+                        f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | {delta} | "
                         + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0)) + " | "
                         + _cell([_num(r.train.time_s) / 60 for r in runs], 0) + " |")
     return rows

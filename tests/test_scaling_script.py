@@ -94,3 +94,22 @@ def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scali
     assert [list(ln.get_ydata()) for ln in ratio.get_lines()] == [[2.5, 5.0]] * 3
     plt.close(fig)
     assert (tmp_path / "w.png").stat().st_size > 0
+
+
+def test_the_condition_table_puts_the_permutation_spread_in_delta_ssdcs_interval(scaling):
+    """Issue 32: a study's delta SSDC under RPI is read over seeds x permutations, as the claims decide it."""
+    from timm_posgeom.app.claims import spread_sp
+
+    by_seed = {0: [[0.10, 0.30], [0.10, 0.20], [0.10, 0.40]], 1: [[0.10, 0.32], [0.10, 0.22], [0.10, 0.38]]}
+    runs = []
+    for seed, by in by_seed.items():
+        run = _study([1.0]).runs[0]
+        run.seed, run.eval.ssdc.rpi_by_permutation = seed, by
+        runs.append(run)
+    res = StudyResults(config={}, plan=[], versions={}, runs=runs)
+    row = scaling.condition_table([("s", res)])[2]
+    expected = spread_sp([[p[1] - p[0] for p in by] for by in by_seed.values()])
+    assert row.startswith("| s | APE | 2 | 3 | 0.500 ± 0.000 | ")
+    assert f"| {expected.text()} |" in row and "(permutations ± 0.090)" in row  # per-permutation means 0.21, 0.11, 0.29
+    text, perms = scaling.rpi_delta_spread(runs[:1] + _study([1.0]).runs)  # a one-permutation record pads
+    assert perms == 1 and text.startswith("0.150")
