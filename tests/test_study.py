@@ -143,6 +143,34 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert f"; accelerate {nope.train.versions['accelerate']} for nope s0, ape s0." in header
 
 
+def test_a_resume_measures_the_trained_runs_first_so_an_interrupt_keeps_them(tmp_path, monkeypatch):
+    """results.json is rewritten after every run with the runs the invocation has done: a resume that went in
+    the plan's order and stopped in an untrained run (hours of training) held none of the trained runs
+    planned after it. The trained runs go first; results.json keeps the plan's order."""
+    config = _tiny(conditions=("nope", "ape"))
+    run_study(config, tmp_path, progress=False)
+    (tmp_path / "runs" / "nope_s0" / "summary.json").unlink()  # nope (first in the plan) is to train again
+    real = study_runner.train_run
+    seen = []
+
+    def interrupt_training(run, *args):
+        seen.append(run.condition)
+        if run.condition == "nope":
+            raise KeyboardInterrupt
+        return real(run, *args)
+
+    monkeypatch.setattr(study_runner, "train_run", interrupt_training)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, tmp_path, resume=True, progress=False)
+    assert seen == ["ape", "nope"]
+    partial = StudyResults.read(tmp_path / "results.json")
+    assert not partial.complete and [r.condition for r in partial.runs] == ["ape"]
+    monkeypatch.setattr(study_runner, "train_run", real)
+    results = run_study(config, tmp_path, resume=True, progress=False)
+    assert results.complete and [r.condition for r in results.runs] == ["nope", "ape"]
+    assert [r.condition for r in StudyResults.read(tmp_path / "results.json").runs] == ["nope", "ape"]
+
+
 def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_path, capsys, monkeypatch):
     """A resume with --conditions ape (or fewer --seeds) of a study that holds five measured conditions
     rewrote results.json and the report with APE alone: claims it had decided read "not measured"."""

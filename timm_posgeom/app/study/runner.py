@@ -45,7 +45,8 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     planned = plan.to_json()
     write_plan(config, out, planned, data=identity)  # a plan written before the data was identified gains it here
     started, earlier = time.time(), previous.elapsed_s if previous is not None else 0.0
-    bar = tqdm(plan.runs, desc="study", unit="run", disable=not progress)
+    order = {(r.condition, r.seed): i for i, r in enumerate(plan.runs)}
+    bar = tqdm(_trained_first(plan.runs), desc="study", unit="run", disable=not progress)
     m = Measuring(config=config, val=val, settings=eval_settings(config, val), versions=package_versions(),
                   log=bar.write if progress else (lambda s: None), allow_changes=allow_changes)
     results = StudyResults(config=asdict(config), plan=planned, versions=m.versions, recipes=plan.recipes(),
@@ -54,11 +55,21 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     for run in bar:
         bar.set_postfix_str(run.label)
         results.runs.append(_run_one(run, m, out))
+        results.runs.sort(key=lambda r: order[(r.condition, r.seed)])  # the plan's order, whatever ran first
         results.elapsed_s = round(earlier + time.time() - started, 1)
         results.complete = len(results.runs) == len(plan.runs)
         results.write(out / "results.json")
     write_report(out, results)
     return results
+
+
+def _trained_first(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs with a finished training first (each measured, or its record reused, in seconds to minutes),
+    then the ones still to train, each group in the plan's order: ``results.json`` is rewritten after every
+    run with the runs this invocation has done, so an interrupted resume keeps every trained run in it
+    rather than only those the plan puts before the run it stopped in."""
+    trained = [(r.run_dir / "summary.json").is_file() for r in runs]
+    return [r for r, t in zip(runs, trained) if t] + [r for r, t in zip(runs, trained) if not t]
 
 
 def _run_one(run: PlannedRun, m: Measuring, out: Path) -> StudyRun:
