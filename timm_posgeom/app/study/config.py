@@ -49,8 +49,8 @@ class StudyConfig:
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The embedded default: the synthetic set (classes that need layout as well as content), micro models
-    # at width 64 (2 heads of 32) at 64 px, 300 steps each with the paper's initialisation: 8 min 21 s on 2
-    # idle cores from a fresh install (set v3). With timm's initialisation the APE model had not learnt the layout after 1,000 steps
+    # at width 64 (2 heads of 32) at 64 px, 300 steps each with the paper's initialisation: 4 min 26 s on 2
+    # idle cores (set v3, 10 RPI permutations). With timm's initialisation the APE model had not learnt the layout after 1,000 steps
     # (top-1 0.38, no better than a model without PE could be on set v2), with the paper's it had after 100
     # (0.92). Fragility is measured on 3,200 validation images, SSDC and the sweep on the first 320. On set v2
     # JPEG q5 cost every model at most 3% of its accuracy and the fragility claim stayed within noise; set v3's
