@@ -252,12 +252,14 @@ def width_figure(by_ladder: dict[str, dict[int, dict[str, list]]], path: Path) -
                            (axes[2], "pe_ssdc", "the position table's own SSDC")):
         for k, (name, widths) in enumerate(by_ladder.items()):
             for width, by in widths.items():
-                for i, (_, run_dir) in enumerate(by.get("ape", [])):
+                labelled = False  # the first run that logged the key names the width (earlier seeds may not have)
+                for _, run_dir in by.get("ape", []):
                     steps, values = _history(run_dir, key)
                     if steps:
                         ax.plot(steps, values, linestyle=styles[k % len(styles)],
-                                label=f"width {width}{f' ({name})' if name else ''}" if i == 0 else None,
+                                label=None if labelled else f"width {width}{f' ({name})' if name else ''}",
                                 color=plt.cm.viridis(every.index(width) / max(1, len(every) - 1)))
+                        labelled = True
         ax.set_xlabel("training step")
         ax.set_ylabel(label)
         ax.set_title(f"APE: {label} over training")
