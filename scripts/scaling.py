@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from timm_posgeom.app.claims import LABELS, spread, spread_sp
+from timm_posgeom.app.claims import LABELS, rpi_cube, spread, spread_sp
 from timm_posgeom.app.records import StudyResults
 
 # The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep as its appendix table
@@ -56,15 +56,13 @@ def _cell(values: list[float], digits: int = 3) -> str:
 
 
 def rpi_delta_spread(runs: list) -> tuple[str, int]:
-    """Delta SSDC under RPI over seeds x RPI permutations (the claims' interval, ``spread_sp``): its text
-    (mean ± std over seeds (permutations ± std over permutations) [95% interval]) and the permutation count;
-    a run recorded before several were drawn counts as one permutation (its ``rpi_delta``)."""
-    rows = []
-    for r in runs:
-        by = r.eval.ssdc.rpi_by_permutation
-        rows.append([_num(p[1]) - _num(p[0]) for p in by] if by else [_num(r.eval.ssdc.rpi_delta)])
-    width = max(len(row) for row in rows)
-    s = spread_sp([row + [math.nan] * (width - len(row)) for row in rows])
+    """Delta SSDC under RPI over seeds x RPI permutations, as the claims decide it (``rpi_cube``: the
+    permutations every run has; a run recorded before several were drawn counts as one): its text (mean ± std
+    over seeds (permutations ± std over permutations) [95% interval]) and the permutation count."""
+    cube = rpi_cube(runs)
+    if cube.ndim != 3 or cube.shape[2] < 2:
+        return "n/a", 0
+    s = spread_sp(cube[:, :, 1] - cube[:, :, 0])
     return ("n/a" if s.n == 0 else s.text()), s.permutations
 
 
