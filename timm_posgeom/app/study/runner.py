@@ -15,7 +15,7 @@ from ..rundir import describe_changes
 from .config import CONDITIONS, StudyConfig, StudyError, config_changes
 from .measure import Measuring, eval_settings, measure_run, untrained_ssdc
 from .plan import PlannedRun, StudyPlan, make_plan, write_plan
-from .training import train_run, training_history
+from .training import is_trained, train_run, training_history
 
 __all__ = ["run_study"]
 
@@ -68,7 +68,7 @@ def _trained_first(runs: list[PlannedRun]) -> list[PlannedRun]:
     then the ones still to train, each group in the plan's order: ``results.json`` is rewritten after every
     run with the runs this invocation has done, so an interrupted resume keeps every trained run in it
     rather than only those the plan puts before the run it stopped in."""
-    trained = [(r.run_dir / "summary.json").is_file() for r in runs]
+    trained = [is_trained(r) for r in runs]
     return [r for r, t in zip(runs, trained) if t] + [r for r, t in zip(runs, trained) if not t]
 
 

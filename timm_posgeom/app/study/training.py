@@ -12,7 +12,12 @@ from ..rundir import describe_changes, set_aside, settings_changes
 from .config import StudyConfig, StudyError
 from .plan import PlannedRun
 
-__all__ = ["train_run", "training_history"]
+__all__ = ["is_trained", "train_run", "training_history"]
+
+
+def is_trained(run: PlannedRun) -> bool:
+    """A finished training: its summary and its exported weights are there (reused unless its recipe changed)."""
+    return (run.run_dir / "summary.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file()
 
 
 def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], allow_changes: bool = False) -> None:
@@ -22,7 +27,7 @@ def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], 
     from ..train import latest_checkpoint
 
     _check_recipe(run, log, allow_changes)
-    if (run.run_dir / "summary.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file():
+    if is_trained(run):
         log(f"[{run.label}] trained run found, reused")
         return
     resume = latest_checkpoint(run.run_dir) is not None
