@@ -142,24 +142,39 @@ def test_measures_match_direct_computation_streamed_over_batches(rpi, one_thread
     torch.manual_seed(0)
     model = make_local(timm.create_model("posgeom_vit_micro_patch8_64_sincos", num_classes=0), 1.0).eval()
     x = smooth_images(7, seed=3)
-    result = attention_measures(model, x, rpi=rpi, seed=5, batch_size=3, progress=False)  # batches 3 + 3 + 1
+    # batches 3 + 3 + 1; under RPI 3 shared permutations (seeds 5, 6, 7), two stacked per forward
+    result = attention_measures(model, x, rpi=rpi, seed=5, batch_size=3, progress=False, rpi_permutations=3,
+                                forward_size=6)
     perm = result.permutation
     assert (perm is not None) == rpi
-    # reference: the whole set in one forward, under the same permutation (applied after the patch embedding)
-    maps = []
+    # reference: the whole set in one forward, under each permutation (applied after the patch embedding)
+    directs = []
     with torch.no_grad():
-        if rpi:
-            with timm_posgeom.token_permutation(model, seed=5, per="call") as handle:
+        for k in range(3 if rpi else 1):
+            if rpi:
+                with timm_posgeom.token_permutation(model, seed=5 + k, per="call") as handle:
+                    maps = _unfused_reference(model, x)
+                if k == 0:
+                    assert torch.equal(handle.permutation.cpu(), perm)
+            else:
                 maps = _unfused_reference(model, x)
-            assert torch.equal(handle.permutation.cpu(), perm)
-        else:
-            maps = _unfused_reference(model, x)
-    direct = _direct(maps, (8, 8), 1)
+            directs.append(_direct(maps, (8, 8), 1))
     assert result.metadata["n_images"] == 7 and result.metadata["num_heads"] == 4
-    for name, want in direct.items():
+    for name in directs[0]:
         got = getattr(result, name)
         assert got.shape == (4, 4)
+        want = np.mean([d[name] for d in directs], axis=0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+        if rpi:  # each permutation's own values, and the interval over them around their mean
+            for k, d in enumerate(directs):
+                np.testing.assert_allclose(result.replicates[name][k], d[name], rtol=1e-5, atol=1e-6)
+            low, high = result.intervals[name]
+            stack = np.stack([d[name] for d in directs])
+            half = 4.302652729911275 * stack.std(0, ddof=1) / np.sqrt(3)  # t(0.975, 2 df)
+            np.testing.assert_allclose(low, want - half, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(high, want + half, rtol=1e-5, atol=1e-6)
+        else:
+            assert result.intervals == {}
     assert (result.ssdc > 0.3).all()  # the sincos PE makes attention local: the measure is not vacuous
     assert result.mean_distance.max() < 3.5  # uniform attention over the 8 x 8 grid: 4.1
     json.loads(result.to_json())

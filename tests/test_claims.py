@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ ALPHAS = [1.0, 0.5, 0.0]
 
 
 def _ssdc(plain: float, rpi: list[float]) -> SSDCSummary:
-    return SSDCSummary(n_images=10, per_layer=[plain] * len(rpi), delta=0.0, rpi_per_layer=list(rpi),
+    return SSDCSummary(n_images=10, per_layer=[plain] * len(rpi), rise=0.0, rpi_per_layer=list(rpi),
                        rpi_delta=rpi[1] - rpi[0], rpi_content_per_layer=[plain] * len(rpi))
 
 
@@ -186,8 +188,9 @@ def test_claim_5_with_undefined_or_too_few_alphas_is_not_decided():
     assert evaluate_claims(_results(runs))[4]["status"] == "not measured"
 
 
-def test_report_html_is_a_rendered_self_contained_page(tmp_path):
-    """report.html was the markdown inside <pre>; now rendered tables, styled, figures embedded."""
+def test_report_html_is_a_rendered_page_that_links_its_figures(tmp_path):
+    """report.html was the markdown inside <pre>; now rendered tables, styled, its figures linked (not embedded:
+    the PNGs lie beside it, and a copy inside every report doubled what git kept)."""
     from timm_posgeom.app.report import render_html
 
     figures = tmp_path / "figures"
@@ -199,8 +202,21 @@ def test_report_html_is_a_rendered_self_contained_page(tmp_path):
     page = render_html(md, figures)
     assert page.startswith("<!doctype html>") and "<pre" not in page and "<style>" in page
     assert "<table>" in page and "<th>claim</th>" in page and "<h1>Title</h1>" in page
-    assert page.count("data:image/png;base64,") == 1 and 'src="figures/b.png"' in page
+    assert "base64" not in page and '<a href="figures/a.png"><img alt="A" src="figures/a.png"></a>' in page
+    assert 'src="figures/b.png"' in page
     assert '<td class="verdict-yes">yes</td>' in page and 'class="verdict-undecided"' in page
+
+
+def test_claim_evidence_with_pipes_stays_in_its_cell():
+    """|SSDC| in a claim's evidence split the markdown cell, and the deciding interval never reached the page."""
+    from timm_posgeom.app.report import _claims_table, render_html
+
+    claim = {"claim": "no PE collapses", "status": "held", "reason": "",
+             "evidence": "no PE under RPI -0.010 [-0.030, 0.010], |SSDC| < 0.1 at every layer? yes: layer 3 "
+                         "[-0.031, 0.012] inside (-0.1, 0.1)"}
+    page = render_html("\n".join(_claims_table([claim])), Path("."))
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", page)
+    assert len(cells) == 4 and "|SSDC| &lt; 0.1" in cells[3] and cells[3].endswith("inside (-0.1, 0.1)")
 
 
 def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path):

@@ -477,3 +477,28 @@ def test_cli_fragility_streams_the_same_images_as_it_loads(tmp_path, fresh_hf_ca
     assert main(common + ["--out", str(tmp_path / "loaded")]) == 0
     streamed, loaded = (json.loads(next((tmp_path / d).glob("*.json")).read_text()) for d in ("streamed", "loaded"))
     assert streamed["fs"] == loaded["fs"] and streamed["num_images"] == loaded["num_images"] == 4
+
+
+@pytest.mark.parametrize("where", ["synthetic", "imagenette", "folder"])
+def test_a_split_the_data_lacks_is_refused_naming_the_splits_it_has(where, tmp_path, imagenette_path):
+    """``--split test`` on data with train and validation read validation silently, recorded as "test"."""
+    from timm_posgeom.data import load_split
+
+    source = {"synthetic": "synthetic", "imagenette": str(imagenette_path), "folder": str(tmp_path)}[where]
+    if where == "folder":
+        for split in ("train", "val"):
+            (tmp_path / split / "cat").mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / split / "cat" / "a.png")
+    with pytest.raises(ValueError, match=r"no split 'test' in the data; it has the split\(s\): .*(train|val)"):
+        load_split(source, "test", subset=2)
+    assert len(load_split(source, "val", subset=2)) >= 1  # an alias of validation still reads it
+
+
+def test_the_cli_refuses_a_missing_split_in_one_line(capsys):
+    from timm_posgeom.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["probe", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--split", "test", "--no-progress",
+              "--max-images", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1 and "no split 'test'" in err[0] and "validation" in err[0]

@@ -277,7 +277,7 @@ def _study(tmp_path: Path, seeds: int = 2) -> Path:
             def layers(base: float) -> list[float]:
                 return [float(base + 0.05 * k + 0.01 * rng.random()) for k in range(4)]
 
-            ssdc = SSDCSummary(n_images=16, per_layer=layers(0.5), delta=0.01, rpi_per_layer=layers(0.1),
+            ssdc = SSDCSummary(n_images=16, per_layer=layers(0.5), rise=0.01, rpi_per_layer=layers(0.1),
                                rpi_delta=0.05, rpi_content_per_layer=layers(0.5))
             sweep = None
             if c != "nope":
@@ -444,7 +444,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     captions = re.findall(r"^\*Figure (\d)\. (.+)\*$", md, re.M)
     assert [int(n) for n, _ in captions] == [1, 2, 3, 4, 5]
     assert all(("std over seeds" in c or "colour bar" in c) for _, c in captions)
-    assert page.count("data:image/png;base64,") == 5
+    assert "base64" not in page and page.count('<a href="figures/') == 5  # linked, not embedded
     # the sweep tables run alpha upwards, as the figure's axis
     rows = re.findall(r"^\| (\d(?:\.\d+)?) \|", section("Alpha sweep: delta SSDC"), re.M)
     assert [float(a) for a in rows] == [0.0, 0.5, 1.0]

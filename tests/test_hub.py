@@ -35,7 +35,7 @@ def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", wit
     RunSummary(model=name, steps=120, epochs=3.0, train_images=5120, val_images=640, processes=1, time_s=42.5,
                val_top1=0.6125, export_sha1=sha1).write(run / "summary.json")
     if with_eval:
-        ssdc = SSDCSummary(n_images=64, per_layer=[0.5, 0.4, 0.3, 0.2], delta=-0.1, rpi_per_layer=[0.1, 0.25, 0.2, 0.2],
+        ssdc = SSDCSummary(n_images=64, per_layer=[0.5, 0.4, 0.3, 0.2], rise=-0.1, rpi_per_layer=[0.1, 0.25, 0.2, 0.2],
                            rpi_delta=0.15, rpi_content_per_layer=[0.5, 0.4, 0.3, 0.2])
         RunEval(clean_accuracy=0.6, fs={"jpeg:5": 0.3125, "blur:2.5:5": 0.1875}, ssdc=ssdc,
                 weights_sha1=sha1).write(run / "eval.json")

@@ -25,7 +25,7 @@ from timm_posgeom.imagenet_c import (
     imagenet_c_fragility,
     imagenet_c_released,
 )
-from timm_posgeom.interventions import token_permutation
+from timm_posgeom.interventions import image_permutations, token_permutation
 from timm_posgeom.robustness import _forward_in_pieces, fragility
 from timm_posgeom.shifts import (
     IMAGENET_C_CORRUPTIONS,
@@ -261,7 +261,7 @@ def test_generated_run_is_one_pass_and_reproducible():
 
 
 def test_forward_in_pieces_equals_one_forward_with_rpi():
-    """Pieces of a step share its RPI permutation: the same predictions as one forward per step."""
+    """Under RPI each image keeps its own permutation whatever the pieces: the same predictions as one forward."""
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2,
                               num_classes=3)
@@ -272,21 +272,23 @@ def test_forward_in_pieces_equals_one_forward_with_rpi():
     assert all(np.array_equal(whole.correct[k], pieces.correct[k]) for k in whole.correct)
     with pytest.raises(ValueError, match="forward_size must be >= 1"):
         fragility(model, data, shifts, forward_size=0, **FAST)
-    # the pieces reuse the step's permutation and draw none: the next step gets the generator's next one
+    # under RPI every row carries its own permutation (one per image): the pieces apply exactly those rows'
     model.eval()
     with torch.no_grad():
         model.pos_embed.normal_(0, 1)  # a PE strong enough for the permutation to show in the outputs
     model.head = nn.Identity()  # the class token's features (the random head squashes the differences)
     x = torch.randn(7, 3, 32, 32)
-    with torch.no_grad():
-        with token_permutation(model, seed=3, per="batch"):
-            whole, second = model(x), model(x)
-        with token_permutation(model, seed=3, per="batch") as handle:
-            pieces, later = _forward_in_pieces(model, x, 3, handle), model(x)
-        with token_permutation(model, seed=3, per="batch"):
-            fresh = torch.cat([model(x[:3]), model(x[3:6]), model(x[6:])])  # a permutation per piece
-    assert (pieces - whole).abs().max() < 1e-6 and (later - second).abs().max() < 1e-6
-    assert (fresh - whole).abs().max() > 1e-4  # 1.4e-3 here: a permutation per piece shows
+    perms = image_permutations(16, 3, range(7))  # (7, 16): 4 x 4 patches of 8 px
+
+    def rows(n):
+        return perms
+
+    with torch.no_grad(), token_permutation(model, per="given") as handle:
+        pieces = _forward_in_pieces(model, x, 3, handle, rows)
+        whole = _forward_in_pieces(model, x, None, handle, rows)
+        shared = _forward_in_pieces(model, x, None, handle, lambda n: perms[:1].expand(7, -1))
+    assert (pieces - whole).abs().max() < 1e-6
+    assert (shared - whole).abs().max() > 1e-4  # another permutation for the other images shows
 
 
 # ------------------------------------------------------------------------------------------

@@ -73,7 +73,10 @@ def test_mean_map_and_per_image_match_direct_formula(nope, images):
                                    atol=1e-6)
         assert stats.n == n and stats.n_nan == 0
     torch.testing.assert_close(result.mean_maps[0].double(), torch.from_numpy(maps[0].mean(0)), atol=1e-6, rtol=0)
-    assert result.delta == pytest.approx(result.per_layer[1] - result.per_layer[0])
+    assert result.rise == pytest.approx(result.per_layer[1] - result.per_layer[0])
+    with pytest.warns(DeprecationWarning, match="delta SSDC under RPI"):  # delta is defined under RPI only
+        assert result.delta == result.rise
+    assert result.delta_ci == (pytest.approx(math.nan, nan_ok=True),) * 2
     assert result.metadata["n_images"] == n and result.metadata["grid_size"] == [8, 8]
 
 
@@ -134,7 +137,9 @@ def test_layers_max_images_and_result_io(nope, images, tmp_path):
     assert result.per_layer == [s.mean for s in result.per_image]
     data = json.loads(result.to_json(tmp_path / "r.json"))
     assert data["layers"] == [0, 1] and data["metadata"]["site"] == "block_output"
-    assert json.loads((tmp_path / "r.json").read_text())["delta"] == pytest.approx(result.delta)
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["delta"] is None and written["rise"] == pytest.approx(result.rise)  # no RPI: no delta SSDC
+    assert written["rise_ci"] is None  # the per-image reduction keeps no per-image rise: no interval for it
     result.plot(tmp_path / "r.png")
     probe_ssdc(nope, images[:2], layers=[-1], progress=False).plot(tmp_path / "m.png")
     assert (tmp_path / "r.png").stat().st_size > 0 and (tmp_path / "m.png").stat().st_size > 0

@@ -52,16 +52,22 @@ def parse(out: str) -> dict:
     m = re.search(r"^SSDC per layer +((?:-?\d\.\d+ ?)+)$", out, re.M)
     assert m, out
     plain = [float(v) for v in m[1].split()]
-    m = re.search(rf"^SSDC per layer under RPI ((?:-?\d\.\d+ ?)+)\(delta SSDC ({NUMBER})\)$", out, re.M)
+    m = re.search(rf"^SSDC per layer under RPI ((?:-?\d\.\d+ ?)+)\(delta SSDC ({NUMBER}), 95% interval ({NUMBER}) "
+                  rf"to ({NUMBER})\)$", out, re.M)
     assert m, out
     under = [float(v) for v in m[1].split()]
-    delta = float(m[2])
-    rows = {}
+    delta, delta_ci = float(m[2]), (float(m[3]), float(m[4]))
+    rows, head = {}, []
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and re.fullmatch(r"[\d.]+", cells[0]):
-            rows[float(cells[0])] = dict(delta=float(cells[1]), top1=float(cells[2]), fs=float(cells[3]))
-    return dict(clean=clean, rpi=rpi, fs=fs, interval=(lo, hi), plain=plain, under=under, delta=delta, sweep=rows)
+        if line.startswith("| alpha "):
+            head = cells
+        elif line.startswith("| ") and re.fullmatch(r"[\d.]+", cells[0]):
+            row = dict(zip(head, cells))
+            rows[float(cells[0])] = dict(delta=float(row["delta SSDC (RPI)"]), top1=float(row["clean top-1"]),
+                                         fs=float(row["FS jpeg:5"]))
+    return dict(clean=clean, rpi=rpi, fs=fs, interval=(lo, hi), plain=plain, under=under, delta=delta,
+                delta_ci=delta_ci, sweep=rows)
 
 
 def test_readme_example_shape():
@@ -101,7 +107,8 @@ def test_readme_example_runs_and_means_what_it_says(tmp_path):
     assert all(p > u for p, u in zip(n["plain"], n["under"])), out
     assert min(n["plain"]) > 0.1 and max(abs(u) for u in n["under"]) < 0.2, out
     assert n["delta"] == pytest.approx(n["under"][1] - n["under"][0], abs=2e-3), out
-    assert sweep[1.0]["delta"] == pytest.approx(n["delta"], abs=1e-3), out
+    assert n["delta_ci"][0] <= n["delta"] <= n["delta_ci"][1] and n["delta_ci"][0] < n["delta_ci"][1], out
+    assert sweep[1.0]["delta"] == pytest.approx(n["delta"], abs=1e-3), out  # alpha 1 first: the same permutations
     # a second run reuses the finished training instead of failing on it
     again = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=1800)

@@ -23,7 +23,7 @@ from timm_posgeom.jsonio import dumps, replacing, write_atomic, write_json
 
 
 def _ssdc(nan: bool = False) -> SSDCSummary:
-    return SSDCSummary(n_images=8, per_layer=[0.5, math.nan if nan else 0.4], delta=-0.1, rpi_per_layer=[0.1, 0.2],
+    return SSDCSummary(n_images=8, per_layer=[0.5, math.nan if nan else 0.4], rise=-0.1, rpi_per_layer=[0.1, 0.2],
                        rpi_delta=0.1, rpi_content_per_layer=[0.5, 0.4], per_image_mean=[0.4, 0.3],
                        per_image_std=[0.1, 0.1])
 

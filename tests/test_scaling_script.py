@@ -24,7 +24,7 @@ def scaling():
 
 
 def _study(alphas: list[float]) -> StudyResults:
-    ssdc = SSDCSummary(n_images=4, per_layer=[0.1, 0.2], delta=0.1, rpi_per_layer=[0.1, 0.2], rpi_delta=0.1,
+    ssdc = SSDCSummary(n_images=4, per_layer=[0.1, 0.2], rise=0.1, rpi_per_layer=[0.1, 0.2], rpi_delta=0.1,
                        rpi_content_per_layer=[0.1, 0.2])
     sweep = SweepSummary(alphas=alphas, delta_ssdc=[0.1] * len(alphas), fs={"jpeg:5": [0.2] * len(alphas)},
                          clean_accuracy=[0.5] * len(alphas), rpi_per_layer=[[0.1, 0.2]] * len(alphas))

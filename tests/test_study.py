@@ -75,7 +75,17 @@ def test_demo_study_end_to_end(demo_study):
     assert len(evaluate_claims(results)) == 5
     for name in ("ssdc_depth", "fragility", "alpha_sweep", "similarity_maps", "training", "attention_heads"):
         assert _is_png(out / "figures" / f"{name}.png"), name
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 6
+    page = (out / "report.html").read_text()
+    assert "base64" not in page and page.count('<a href="figures/') == 6  # linked, not embedded
+    # every claim's evidence reaches the page whole: its deciding interval and threshold (a |SSDC| once cut it)
+    claims_table = page.split("five claims in this run</h2>")[1].split("<h2")[0]
+    rows = re.findall(r"<tr>\s*<td>(\d)</td>\s*<td>.*?</td>\s*<td[^>]*>.*?</td>\s*<td>(.*?)</td>\s*</tr>",
+                      claims_table, re.S)
+    assert [int(n) for n, _ in rows] == [1, 2, 3, 4, 5]
+    for n, evidence in rows:
+        decided = evaluate_claims(results)[int(n) - 1]
+        assert evidence.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&") == decided["evidence"]
+        assert "[" in evidence or decided["status"] in ("not measured", "undecided"), evidence
     assert "During training: SSDC under RPI" in report
     # issue 33: attention per head at a few layers, normal and under RPI, in each run's record and the report
     for run in results.runs:
@@ -478,9 +488,9 @@ def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_p
 
 def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_part(tmp_path, monkeypatch):
     """Issue 32: every model drew RPI with seed 0, so the permutation's own variance was in no spread. The
-    study now draws rpi_permutations (seeds 0 .. n-1); a resume that changes it measures SSDC under RPI
-    again and keeps the training, the fragility and the alpha sweep. A study recorded before the setting
-    existed counts as one permutation."""
+    study now draws rpi_permutations (seeds 0 .. n-1); a resume that changes it measures the RPI parts again
+    (SSDC, attention, the sweep's delta SSDC) and keeps the training, the fragility and the sweep's FS. A
+    study recorded before the setting existed counts as one permutation (seed 0 at every alpha)."""
     config = _tiny(conditions=("ape",))
     config.rpi_permutations = 2
     first = run_study(config, tmp_path, progress=False).runs[0]
@@ -497,23 +507,33 @@ def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_par
     import timm_posgeom.robustness as robustness
 
     def not_again(*args, **kwargs):
-        raise AssertionError("fragility or the alpha sweep measured again")
+        raise AssertionError("fragility or the alpha sweep's fragility measured again")
 
     monkeypatch.setattr(robustness, "fragility", not_again)
     monkeypatch.setattr(robustness, "alpha_sweep", not_again)
     again = run_study(more, tmp_path, resume=True, progress=False, allow_changes=True).runs[0]
     assert (run_dir / "summary.json").stat().st_mtime_ns == trained_at and (run_dir / "eval.json.replaced-1").is_file()
     assert again.eval.ssdc.rpi_permutations == [0, 1, 2] and again.eval.settings["rpi_permutations"] == 3
-    assert again.eval.fs == first.eval.fs and again.eval.alpha_sweep == first.eval.alpha_sweep
+    assert again.eval.fs == first.eval.fs
+    sweep, before = again.eval.alpha_sweep, first.eval.alpha_sweep
+    assert sweep.fs == before.fs and sweep.fs_interval == before.fs_interval  # FS kept
+    assert sweep.rpi_permutations == 3 and before.rpi_permutations == 2 and sweep.delta_ssdc != before.delta_ssdc
+    assert all(lo <= d <= hi for d, (lo, hi) in zip(sweep.delta_ssdc, sweep.delta_ssdc_ci))
+    assert again.eval.attention.rpi_permutations == 3
     assert np.allclose(again.eval.ssdc.rpi_by_permutation[:2], ssdc.rpi_by_permutation)  # seeds 0, 1 again
     # a study from before the setting: its plan and eval.json lack it, and it drew one permutation
     for name in ("plan.json", "runs/ape_s0/eval.json"):
         raw = json.loads((tmp_path / name).read_text())
-        (raw["config"] if name == "plan.json" else raw["settings"]).pop("rpi_permutations")
+        for key in ("rpi_permutations", "sweep_rpi", "attention_rpi"):
+            (raw["config"] if name == "plan.json" else raw["settings"]).pop(key, None)
         (tmp_path / name).write_text(json.dumps(raw))
     assert study_mod.config_changes(json.loads((tmp_path / "plan.json").read_text())["config"],
                                     dataclasses.asdict(more)) == {"rpi_permutations": (1, 3)}
     one = _tiny(conditions=("ape",))
     one.rpi_permutations = 1
-    resumed = run_study(one, tmp_path, resume=True, progress=False, allow_changes=False).runs[0]
+    # one permutation now: the same SSDC and attention as then, but the sweep draws one per alpha afresh
+    with pytest.raises(StudyError, match="sweep_rpi: '1 permutation, seed 0 at every alpha' -> '1 permutation"):
+        run_study(one, tmp_path, resume=True, progress=False)
+    resumed = run_study(one, tmp_path, resume=True, progress=False, allow_changes=True).runs[0]
     assert resumed.eval.settings["rpi_permutations"] == 1 and resumed.eval.ssdc.rpi_permutations == [0, 1, 2]
+    assert resumed.eval.alpha_sweep.rpi_permutations == 1 and resumed.eval.attention.rpi_permutations == 3

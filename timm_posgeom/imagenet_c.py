@@ -55,7 +55,7 @@ from .imagenet_c_tree import (
     check_imagenet_c_tree,
     frame_like_imagenet_c,
 )
-from .interventions import eval_mode, pe_scale, token_permutation
+from .interventions import eval_mode, image_permutations, pe_scale, token_permutation
 from .jsonio import dump_json, tagged, to_jsonable
 from .labels import match_labels
 from .measuring import MeasureSettings
@@ -487,11 +487,13 @@ def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, r
         stack.enter_context(eval_mode(model))
         if alpha is not None:
             stack.enter_context(pe_scale(model, alpha))
-        if rpi:
-            stack.enter_context(token_permutation(model, seed=settings.seed, per="batch"))
+        handle = stack.enter_context(token_permutation(model, per="given")) if rpi else None
         stack.enter_context(torch.inference_mode())
         start = 0
         for images, labels in tqdm(loader, desc="imagenet-c", disable=not settings.progress, leave=False):
+            if handle is not None:  # one permutation per released image, from (seed, its index in the tree)
+                ids = np.arange(start, start + len(images))
+                handle.give(lambda n, ids=ids: image_permutations(n, settings.seed or 0, ids))
             logits = model(images.to(dev, non_blocking=True))
             check_labels(labels, logits.shape[-1])
             b = labels.shape[0]

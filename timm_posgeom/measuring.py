@@ -56,6 +56,10 @@ class MeasureSettings:
         num_workers: DataLoader workers (where a loader is built); None: ``min(4, cpu_count - 1)``.
         seed: seed of everything random: the RPI permutations, the bootstrap, random corruptions
             (None: one drawn from torch's global RNG, shared by the processes).
+        rpi_permutations: under RPI, the K shared permutations every SSDC and attention measure is averaged
+            over (permutation k from the seed ``seed + k``; an interval over them); None: 10
+            (:data:`~timm_posgeom.protocol.RPI_PERMUTATIONS`). Accuracy under RPI draws one permutation per
+            image instead (``fragility``).
         distributed: ``"auto"`` (alone nothing changes; launched as several processes, each measures
             its share of the batches and every process returns the one-process result),
             ``"presharded"`` (``probe_ssdc`` and ``run_measures`` only: the data is this process's own
@@ -70,6 +74,7 @@ class MeasureSettings:
     device: Any = None
     num_workers: int | None = None
     seed: int | None = 0
+    rpi_permutations: int | None = None
     distributed: str = "auto"
     progress: bool = True
 
@@ -96,6 +101,8 @@ class MeasureSettings:
             problems.append(f"num_workers must be >= 0, got {self.num_workers!r}")
         if self.seed is not None and not _is_int(self.seed):
             problems.append(f"seed must be an integer or None, got {self.seed!r}")
+        if self.rpi_permutations is not None and (not _is_int(self.rpi_permutations) or self.rpi_permutations < 1):
+            problems.append(f"rpi_permutations must be an integer >= 1 (or None: 10), got {self.rpi_permutations!r}")
         if self.distributed not in DISTRIBUTED_MODES:
             problems.append(f"unknown distributed mode {self.distributed!r}; expected one of "
                             f"{', '.join(DISTRIBUTED_MODES)}")

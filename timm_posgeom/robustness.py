@@ -46,12 +46,12 @@ from torchvision.transforms.v2 import functional as F
 
 from . import distributed as _dist
 from .eval_data import check_split, default_workers, eval_loader, first_items, prepare_shared, resized_item
-from .interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
+from .interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
 from .jsonio import dump_json, tagged, to_jsonable
 from .labels import match_labels
 from .measuring import MeasureSettings
 from .probes.streaming import _model_name
-from .protocol import DEFAULT_ALPHAS, probe_count
+from .protocol import DEFAULT_ALPHAS, probe_count, rpi_count
 from .scores import FragilityResult, fragility_score, paired_bootstrap_fs, wilson_interval
 from .shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from .transforms import normalize_batch, resize_transform, resolve_config
@@ -60,6 +60,7 @@ __all__ = [
     "fragility",
     "FragilityResult",
     "alpha_sweep",
+    "sweep_ssdc",
     "AlphaSweepResult",
     "AlphaSweepRow",
     "fragility_score",
@@ -72,7 +73,7 @@ __all__ = [
 # data
 # --------------------------------------------------------------------------------------------
 class _ShiftedCopies(Dataset):
-    """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label).
+    """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label, i).
 
     Each shift gets ``shift.for_image(image, i, seed)``: random ones (ImageNet-C's noise, frost, ...)
     draw from a seed of (seed, i), so the copies do not depend on the batch size or the workers."""
@@ -84,26 +85,10 @@ class _ShiftedCopies(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int, int]:
         image, label = resized_item(self.data, index, self.resize)
         copies = [image, *(shift.for_image(image, index, self.seed) for shift in self.shifts)]
-        return torch.stack([F.pil_to_tensor(c) for c in copies]), label
-
-
-def _skip_other_draws(handle: Any, own: Sequence[int]) -> None:
-    """Under RPI with several processes: make ``handle`` (``per="batch"``, seeded) give this process's
-    batches the permutations a single process would draw for them. Global batch k gets the k-th draw
-    of the seeded generator, so before each own batch the draws of the other processes' batches are
-    made and discarded (one ``randperm`` of the token count each)."""
-    draw = handle._draw
-    skips = iter([k - prev - 1 for prev, k in zip([-1, *own[:-1]], own)])
-
-    def draw_own(n: int, device: torch.device) -> torch.Tensor:
-        for _ in range(next(skips, 0)):
-            draw(n, torch.device("cpu"))
-        return draw(n, device)
-
-    handle._draw = draw_own
+        return torch.stack([F.pil_to_tensor(c) for c in copies]), label, index
 
 
 def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -115,21 +100,18 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
     return param.device if param is not None else torch.device("cpu")
 
 
-def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None) -> torch.Tensor:
-    """``model(x)`` in pieces of at most ``size`` images, concatenated; under RPI every piece reuses the
-    permutation the first one drew (one permutation per step, as with a single forward)."""
-    if size is None or x.shape[0] <= size:
-        return model(x)
-    pieces = [model(x[:size])]
-    if permutation is not None:  # the next pieces reuse the permutation just drawn, drawing none
-        draw = permutation._draw
-        permutation._draw = lambda n, device: permutation.permutation.to(device)
-    try:
-        pieces += [model(x[i:i + size]) for i in range(size, x.shape[0], size)]
-    finally:
+def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None,
+                       perms: Any = None) -> torch.Tensor:
+    """``model(x)`` in pieces of at most ``size`` images, concatenated; under RPI (``permutation``, a
+    ``per="given"`` handle) row i of ``x`` is permuted by ``perms(n)[i]`` (n: the tokens the patch embedding
+    emits)."""
+    size = size or max(x.shape[0], 1)
+    pieces = []
+    for i in range(0, x.shape[0], size):
         if permutation is not None:
-            permutation._draw = draw
-    return torch.cat(pieces)
+            permutation.give(lambda n, i=i: perms(n)[i:i + size])
+        pieces.append(model(x[i:i + size]))
+    return torch.cat(pieces) if pieces else model(x)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,8 +160,9 @@ def fragility(
         data: a Hugging Face dataset or any indexable of (PIL image, label) / {"image", "label"}.
         shifts: specs (``jpeg:5``, ``blur:2.5:5``, ``imagenet-c:gaussian_blur:3``) or Shift objects
             (one spec alone is accepted too); results are keyed by the spec as given, or ``Shift.spec``.
-        rpi: random permutation at inference: one permutation per step, seeded by ``seed``, shared
-            by the clean and shifted copies of the batch (and by the pieces of a step).
+        rpi: random permutation at inference: one permutation per image, from (``seed``, the image's index in
+            the data), shared by its clean and shifted copies; the accuracies are then means over as many
+            permutations as images, whatever the batch size or the number of processes.
         alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
         blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
             same values) instead of in the loader workers.
@@ -230,10 +213,12 @@ def fragility(
                 "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
     if seed is None:
         recorded["shift_seed"] = shift_seed
+    if rpi:  # one permutation per image, from (the seed, its index)
+        recorded["rpi_per"] = "image"
     show = settings.progress and (plan.own is None or _dist.is_main())
     with _dist.fail_together() if plan.own is not None else contextlib.nullcontext(), contextlib.ExitStack() as stack:
         permutation = _intervene(stack, model, plan, rpi, alpha, seed)
-        hits = _evaluate(model, loader, plan, cfg, dev, permutation, show)
+        hits = _evaluate(model, loader, plan, cfg, dev, permutation, show, seed=shift_seed)
     return FragilityResult.from_correct(_gather(plan, hits), settings=recorded, seed=seed)
 
 
@@ -304,10 +289,8 @@ def _intervene(stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: 
     permutation = None
     if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported rpi=False
         check_unpermuted(model, "fragility(rpi=False)")
-    if rpi:
-        permutation = stack.enter_context(token_permutation(model, seed=seed, per="batch"))
-        if plan.own is not None:
-            _skip_other_draws(permutation, [rows.start // plan.batch_size for rows in plan.own])
+    if rpi:  # each image's permutation from (seed, its index): _evaluate gives them, step by step
+        permutation = stack.enter_context(token_permutation(model, per="given"))
     # last, so that pe_scale's saved copies and rebuilt caches are ordinary tensors, not inference
     # tensors (those would break a later backward through the model)
     stack.enter_context(torch.inference_mode())
@@ -315,21 +298,27 @@ def _intervene(stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: 
 
 
 def _evaluate(model: nn.Module, loader: DataLoader, plan: _Plan, cfg: dict[str, Any], dev: torch.device,
-              permutation: Any, show: bool) -> np.ndarray:
+              permutation: Any, show: bool, seed: int = 0) -> np.ndarray:
     """(images, 1 + shifts) bool: whether each of this process's images, clean then shifted, is classified
     right, in loader order."""
     from tqdm.auto import tqdm
 
     hits: list[np.ndarray] = []
-    for copies, labels in tqdm(loader, desc="fragility", disable=not show, leave=False):
+    for copies, labels, indices in tqdm(loader, desc="fragility", disable=not show, leave=False):
         copies = copies.to(dev, non_blocking=True)  # (B, V_loader, C, H, W) uint8
         variants, it = [copies[:, 0]], iter(range(1, copies.shape[1]))
         for p, d in zip(plan.shifts, plan.on_device):
             variants.append(p.batch(copies[:, 0]) if d else copies[:, next(it)])
         x = torch.stack(variants, dim=1)  # (B, V, C, H, W), V = 1 + len(shifts)
         b, v = x.shape[:2]
+        perms = None
+        if permutation is not None:  # image i's permutation (of the n tokens the hook sees) for each of its copies
+            ids = indices.numpy()
+
+            def perms(n: int, ids=ids, v=v) -> torch.Tensor:
+                return image_permutations(n, seed, ids).repeat_interleave(v, dim=0)
         logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
-                                    plan.forward_size, permutation)
+                                    plan.forward_size, permutation, perms)
         check_labels(labels, logits.shape[-1])
         hits.append((logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy())
     table = np.concatenate(hits) if hits else np.zeros((0, 1 + len(plan.names)), dtype=bool)
@@ -354,7 +343,8 @@ def _gather(plan: _Plan, hits: np.ndarray) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------------------------
 @dataclass
 class AlphaSweepRow:
-    """One alpha: delta SSDC and per-layer SSDC under RPI, clean accuracy, accuracy and FS per shift."""
+    """One alpha: delta SSDC and per-layer SSDC under RPI (means over the RPI permutations, with their 95%
+    intervals over them), clean accuracy, accuracy and FS per shift (intervals in ``fragility``)."""
 
     alpha: float
     delta_ssdc: float
@@ -364,11 +354,19 @@ class AlphaSweepRow:
     fs: dict[str, float]
     fragility: FragilityResult = field(repr=False)
     ssdc: Any = field(default=None, repr=False)
+    delta_ssdc_ci: tuple[float, float] = (math.nan, math.nan)
+    ssdc_per_layer_ci: list[tuple[float, float]] | None = None
+    permutation_seeds: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "alpha": self.alpha, "delta_ssdc": self.delta_ssdc, "ssdc_per_layer": list(self.ssdc_per_layer),
-            "clean_accuracy": self.clean_accuracy, "accuracy": dict(self.accuracy), "fs": dict(self.fs),
+            "alpha": self.alpha, "delta_ssdc": self.delta_ssdc, "delta_ssdc_ci": list(self.delta_ssdc_ci),
+            "ssdc_per_layer": list(self.ssdc_per_layer),
+            "ssdc_per_layer_ci": [list(c) for c in self.ssdc_per_layer_ci] if self.ssdc_per_layer_ci else None,
+            "ssdc_by_permutation": self.ssdc.by_permutation if self.ssdc is not None else None,
+            "permutation_seeds": self.permutation_seeds,
+            "clean_accuracy": self.clean_accuracy, "clean_accuracy_ci": list(self.fragility.clean_interval),
+            "accuracy": dict(self.accuracy), "fs": dict(self.fs),
             "fragility": self.fragility.to_dict(),
         }
 
@@ -403,13 +401,21 @@ class AlphaSweepResult:
         return dump_json(tagged("alpha-sweep-result", self.to_dict()), path, indent)
 
     def to_markdown(self, digits: int = 3) -> str:
-        """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC, clean top-1, FS per
-        shift, per-layer SSDC under RPI."""
-        head = ["alpha", "delta SSDC (RPI)", "clean top-1", *(f"FS {s}" for s in self.shifts), "SSDC per layer (RPI)"]
+        """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC under RPI with its 95%
+        interval over the RPI permutations, clean top-1 and FS per shift each with its 95% interval (Wilson;
+        paired bootstrap), per-layer SSDC under RPI (means over the permutations)."""
+        head = ["alpha", "delta SSDC (RPI)", "delta SSDC (RPI) 95% CI", "clean top-1", "clean top-1 95% CI",
+                *(c for s in self.shifts for c in (f"FS {s}", f"FS {s} 95% CI")), "SSDC per layer (RPI)"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+        def ci(pair: Any) -> str:
+            low, high = pair
+            return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
         for r in sorted(self.rows, key=lambda r: r.alpha):
-            cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", f"{r.clean_accuracy:.{digits}f}",
-                     *(f"{r.fs[s]:.{digits}f}" for s in self.shifts),
+            cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", ci(r.delta_ssdc_ci), f"{r.clean_accuracy:.{digits}f}",
+                     ci(r.fragility.clean_interval),
+                     *(c for s in self.shifts for c in (f"{r.fs[s]:.{digits}f}", ci(r.fragility.fs_interval[s]))),
                      ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer)]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
@@ -427,7 +433,11 @@ class AlphaSweepResult:
         order = np.argsort(self.alphas)
         alphas = np.asarray(self.alphas, dtype=float)[order]
         top.plot(alphas, np.asarray(self.delta_ssdc, dtype=float)[order], "o-", color="k",
-                 label="delta SSDC under RPI (no interval recorded)")
+                 label=f"delta SSDC under RPI (mean over {self.settings.get('rpi_permutations', '?')} permutations)")
+        cis = np.asarray([self.rows[k].delta_ssdc_ci for k in order], dtype=float)
+        if np.isfinite(cis).any():
+            top.fill_between(alphas, cis[:, 0], cis[:, 1], color="k", alpha=0.15, lw=0,
+                             label="its 95% interval over the permutations")
         top.axhline(0, color="0.6", lw=0.5)
         top.set_ylabel("delta SSDC under RPI")
         top.legend(fontsize=7)
@@ -467,8 +477,10 @@ def alpha_sweep(
     the paper, sincos, RoPE angles; any timm ViT ``pe_scale`` supports):
 
     * SSDC per layer under RPI at ``site`` on the first ``probe_images`` clean images of
-      ``probe_data`` (default: ``data``), via :func:`~timm_posgeom.probes.probe_ssdc` with ``seed``;
-      delta SSDC = SSDC(layer 1) - SSDC(layer 0);
+      ``probe_data`` (default: ``data``), via :func:`~timm_posgeom.probes.probe_ssdc`: the mean over
+      ``rpi_permutations`` (default 10) permutations drawn afresh for each alpha, as the paper draws them
+      (alpha j, in the order given, takes the seeds ``seed + jK`` .. ``seed + jK + K - 1``), with its 95%
+      interval over them; delta SSDC = SSDC(layer 1) - SSDC(layer 0), its interval likewise;
     * :func:`fragility` of every shift on the first ``max_images`` images of ``data`` (default all; no
       RPI), with the same loader settings.
 
@@ -487,7 +499,6 @@ def alpha_sweep(
     batch and reduced, every process returns the single-process result, and only the main process
     shows progress. Returns an :class:`AlphaSweepResult`.
     """
-    from .probes import probe_ssdc
     from .probes.sites import resolve_site
 
     settings, own = MeasureSettings.resolve("alpha_sweep", settings, options,
@@ -508,18 +519,48 @@ def alpha_sweep(
 
     world = _dist.setup() if settings.distributed == "auto" else 1
     show = settings.progress and (world == 1 or _dist.is_main())
+    ssdcs = sweep_ssdc(model, probe_loader, alphas, site=site, include_prefix=include_prefix,
+                       settings=quiet.replace(max_images=n_probe), progress=show)
     rows = []
-    for alpha in tqdm(alphas, desc="alpha sweep", disable=not show):
+    for alpha, ssdc in zip(alphas, tqdm(ssdcs, desc="fragility per alpha", disable=not show)):
         with pe_scale(model, alpha, include_prefix=include_prefix):
-            ssdc = probe_ssdc(model, probe_loader, site=site, rpi=True, settings=quiet.replace(max_images=n_probe))
             frag = fragility(model, data, shifts, settings=quiet, labels="as-is")  # checked (or mapped) above
         rows.append(AlphaSweepRow(
-            alpha=alpha, delta_ssdc=float(ssdc.delta), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
+            alpha=alpha, delta_ssdc=float(ssdc.rise), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
             clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),
-            fragility=frag, ssdc=ssdc))
+            fragility=frag, ssdc=ssdc, delta_ssdc_ci=ssdc.delta_ci, ssdc_per_layer_ci=ssdc.per_layer_ci,
+            permutation_seeds=list(ssdc.settings["permutation_seeds"])))
+    k, seed = ssdcs[0].settings["rpi_permutations"], ssdcs[0].settings["seed"]
     recorded = {"model": _model_name(model), "site": site, "probe_images": n_probe, "include_prefix": include_prefix,
-                "resize": settings.resize, "seed": settings.seed, "num_images": rows[0].fragility.num_images}
+                "resize": settings.resize, "seed": seed, "rpi_permutations": k, "permutations_per_alpha": "fresh",
+                "num_images": rows[0].fragility.num_images}
     return AlphaSweepResult(rows=rows, shifts=shift_names, settings=recorded)
+
+
+def sweep_ssdc(model: nn.Module, loader: Any, alphas: Sequence[float], *, site: str = "auto",
+               include_prefix: bool = True, settings: MeasureSettings | None = None,
+               progress: bool = False) -> list[Any]:
+    """SSDC under RPI at each alpha, the SSDC part of :func:`alpha_sweep`: one
+    :func:`~timm_posgeom.probes.probe_ssdc` per alpha inside ``pe_scale(model, alpha, include_prefix)``, with
+    ``settings.rpi_permutations`` (K) permutations drawn afresh for every alpha, as the paper draws them: alpha
+    j (in the order given) takes the seeds ``seed + jK`` .. ``seed + jK + K - 1``. ``loader``: the probe's
+    batches (as ``probe_ssdc`` reads them). Returns one :class:`~timm_posgeom.probes.SSDCResult` per alpha."""
+    from tqdm.auto import tqdm
+
+    from .probes import probe_ssdc
+
+    settings = settings or MeasureSettings()
+    k = rpi_count(settings.rpi_permutations)
+    if settings.distributed == "auto":
+        _dist.setup()
+    seed = _dist.shared_seed(settings.seed)  # None alone: one from torch's global RNG; shared by processes
+    seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
+    out = []
+    for j, alpha in enumerate(tqdm(alphas, desc="alpha sweep", disable=not progress)):
+        with pe_scale(model, float(alpha), include_prefix=include_prefix):
+            out.append(probe_ssdc(model, loader, site=site, rpi=True,
+                                  settings=settings.replace(seed=seed + j * k, rpi_permutations=k, progress=False)))
+    return out
 
 
 def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,

@@ -27,6 +27,13 @@ reads; files are written with ``SCHEMA_VERSION``):
   of their numbers.
 * 4: :class:`RunEval` gains ``attention`` (:class:`AttentionSummary`: attention measures per head at a few
   layers, normal and under RPI); older records have None (not measured; a resumed study measures it).
+* 5: every number a reader compares has its 95% interval beside it. :class:`SSDCSummary`: ``delta`` (SSDC of
+  layer 1 minus layer 0 without RPI) is renamed ``rise`` (a version 4 file's ``delta`` is read as ``rise``),
+  and it gains ``per_layer_ci`` and ``rise_ci`` (jackknife over images), ``rpi_per_layer_ci`` and
+  ``rpi_delta_ci`` (over the RPI permutations); ``rpi_content_per_layer`` and ``rpi_per_image_*`` are means
+  over the permutations (the first permutation's before). :class:`SweepSummary` gains ``rpi_permutations``
+  (K, drawn afresh for every alpha; None: one, seed 0 at every alpha) and ``delta_ssdc_ci``.
+  :class:`AttentionSummary` gains ``rpi_permutations`` (its RPI fields are means over them; None: one, seed 0).
 
 Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
@@ -52,8 +59,8 @@ __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunS
            "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)  # older versions whose records this one reads (new keys take their defaults)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -170,17 +177,20 @@ class SSDCSummary(Record):
     """SSDC across depth at the attention input, normal and under RPI (docs/method.md#ssdc,
     docs/method.md#rpi-and-rpt).
 
-    Lists hold one value per layer; ``per_image_*`` are the per-image reduction's mean and std. Under RPI
-    the study draws ``rpi_permutations`` (their seeds; None: one, seed 0, a version 1 record) and keeps
-    SSDC per layer under each in ``rpi_by_permutation``; ``rpi_per_layer`` and ``rpi_delta`` are the mean
-    over permutations, while ``rpi_content_per_layer`` and ``rpi_per_image_*`` are those of the first
-    permutation.
+    Lists hold one value per layer; ``per_image_*`` are the per-image reduction's mean and std. ``rise`` is
+    SSDC(layer 1) - SSDC(layer 0) without RPI (delta SSDC is defined under RPI: ``rpi_delta``). Under RPI the
+    study draws ``rpi_permutations`` (their seeds; None: one, seed 0, a version 1 record) and keeps SSDC per
+    layer under each in ``rpi_by_permutation``; ``rpi_per_layer`` and ``rpi_delta`` are the means over
+    permutations, and so are ``rpi_content_per_layer`` and ``rpi_per_image_*`` from schema 5 (the first
+    permutation's before). Each ``*_ci`` is the 95% interval ``[low, high]`` of the number it is named after
+    (per layer: a list of pairs): over images without RPI (a delete-a-group jackknife), over the permutations
+    under RPI (schema 5; None in older records).
     """
 
     KIND: ClassVar[str] = "ssdc-summary"
     n_images: int
     per_layer: list[Num]
-    delta: Num
+    rise: Num
     rpi_per_layer: list[Num]
     rpi_delta: Num  # delta SSDC under RPI: layer 1 - layer 0 (docs/method.md#delta-ssdc)
     rpi_content_per_layer: list[Num]  # under RPI, against where each token's content came from
@@ -190,13 +200,26 @@ class SSDCSummary(Record):
     rpi_per_image_std: list[Num] | None = None
     rpi_permutations: list[int] | None = None  # the seeds of the RPI permutations (schema version 2)
     rpi_by_permutation: list[list[Num]] | None = None  # SSDC per layer under each of them (schema version 2)
+    per_layer_ci: list[list[Num]] | None = None  # schema 5: the intervals of per_layer, rise, rpi_per_layer, rpi_delta
+    rise_ci: list[Num] | None = None
+    rpi_per_layer_ci: list[list[Num]] | None = None
+    rpi_delta_ci: list[Num] | None = None
+
+    @classmethod
+    def from_dict(cls, values: Any, source: str = "record") -> SSDCSummary:
+        """As :meth:`Record.from_dict`; a record before schema 5 names ``rise`` ``delta``."""
+        if isinstance(values, dict) and "delta" in values and "rise" not in values:
+            values = {("rise" if k == "delta" else k): v for k, v in values.items()}
+        return super().from_dict(values, source)
 
 
 @dataclass
 class SweepSummary(Record):
     """An alpha sweep: per alpha, delta SSDC under RPI, clean accuracy and FS per shift; ``fs_interval``: per
     shift, the paired-bootstrap 95% interval ``[lo, hi]`` of FS at each alpha (absent in sweeps recorded before
-    it was kept)."""
+    it was kept). From schema 5: ``rpi_permutations`` K (delta SSDC and ``rpi_per_layer`` are means over K
+    permutations drawn afresh for every alpha; None: one permutation, seed 0, the same at every alpha) and
+    ``delta_ssdc_ci``, the 95% interval ``[lo, hi]`` of delta SSDC at each alpha over those permutations."""
 
     KIND: ClassVar[str] = "alpha-sweep"
     alphas: list[float]
@@ -205,12 +228,15 @@ class SweepSummary(Record):
     clean_accuracy: list[Num]
     rpi_per_layer: list[list[Num]]
     fs_interval: dict[str, list[list[Num]]] | None = None
+    rpi_permutations: int | None = None
+    delta_ssdc_ci: list[list[Num]] | None = None
 
 
 @dataclass
 class AttentionSummary(Record):
     """Attention measures per head at a few layers of a trained run (docs/attention.md#the-measures),
-    normal and under RPI (one permutation, seed 0; distances on the index grid, as SSDC under RPI).
+    normal and under RPI (distances on the index grid, as SSDC under RPI): the mean over ``rpi_permutations``
+    shared permutations (schema 5; None: one permutation, seed 0).
 
     ``layers`` are the block indices measured, ``grid`` the patch grid; every other list is (layers, heads): ``mean_distance``, the
     mean attention distance in patch units, ``entropy`` in nats, ``ssdc`` the SSDC of each head's
@@ -227,6 +253,7 @@ class AttentionSummary(Record):
     rpi_mean_distance: list[list[Num]] | None = None
     rpi_entropy: list[list[Num]] | None = None
     rpi_ssdc: list[list[Num]] | None = None
+    rpi_permutations: int | None = None
 
 
 @dataclass
@@ -301,7 +328,12 @@ class ZooModel(Record):
     ``status`` is ``"ok"`` (measured; parts that do not apply are None with the reason in ``notes``) or
     ``"error"`` (it failed to load or to measure: ``error``; retried on the next run). Lists hold one
     value per probed layer (block of a flat ViT, or stage). ``rpi_delta_ssdc`` is the paper's delta SSDC:
-    SSDC under RPI of layer 1 minus layer 0 (docs/method.md#delta-ssdc); None per stage.
+    SSDC under RPI of layer 1 minus layer 0 (docs/method.md#delta-ssdc); None per stage. ``rise`` is the same
+    difference without RPI (``delta_ssdc`` before schema 5). Under RPI every number is the mean over
+    ``rpi_permutations`` shared permutations (schema 5; before: one, seed 0). Each ``*_ci`` is the 95%
+    interval ``[low, high]`` of the number it is named after (per layer: a list of pairs): over the RPI
+    permutations under RPI, over images without (a delete-a-group jackknife); ``*_mean_ci`` is that of the
+    mean over layers.
     ``clean_accuracy``, ``accuracy`` and ``fs`` exist only when the data's labels could be matched to the
     model's classes (``labels`` says how).
     """
@@ -327,7 +359,7 @@ class ZooModel(Record):
     grid_sizes: list[list[int]] | None = None
     probe_images: int | None = None
     ssdc: list[Num] | None = None
-    delta_ssdc: Num = None  # without RPI: layer 1 - layer 0
+    rise: Num = None  # without RPI: layer 1 - layer 0
     rpi_ssdc: list[Num] | None = None  # under RPI, against the index grid
     rpi_content_ssdc: list[Num] | None = None  # under RPI, against where each token's content came from
     rpi_delta_ssdc: Num = None
@@ -349,6 +381,22 @@ class ZooModel(Record):
     position_accuracy_rpi: list[Num] | None = None
     position_chance: Num = None
     notes: list[str] = field(default_factory=list)
+    # schema 5: the intervals, and the RPI permutations the RPI numbers are means over
+    rpi_permutations: int | None = None
+    ssdc_ci: list[list[Num]] | None = None
+    ssdc_mean_ci: list[Num] | None = None
+    rise_ci: list[Num] | None = None
+    rpi_ssdc_ci: list[list[Num]] | None = None
+    rpi_ssdc_mean_ci: list[Num] | None = None
+    rpi_delta_ssdc_ci: list[Num] | None = None
+    clean_accuracy_ci: list[Num] | None = None  # Wilson 95% interval of clean_accuracy
+
+    @classmethod
+    def from_dict(cls, values: Any, source: str = "record") -> ZooModel:
+        """As :meth:`Record.from_dict`; a record before schema 5 names ``rise`` ``delta_ssdc``."""
+        if isinstance(values, dict) and "delta_ssdc" in values and "rise" not in values:
+            values = {("rise" if k == "delta_ssdc" else k): v for k, v in values.items()}
+        return super().from_dict(values, source)
 
 
 @dataclass

@@ -5,7 +5,6 @@ report can be rebuilt, restyled or re-thresholded without re-running a model.
 """
 from __future__ import annotations
 
-import base64
 import math
 import os
 from pathlib import Path
@@ -176,8 +175,9 @@ def _tables(results: StudyResults) -> list[str]:
         for title, value in (("delta SSDC under RPI", lambda s, i: s.delta_ssdc[i]),
                              ("JPEG q5 FS", lambda s, i: s.fs["jpeg:5"][i])):
             lines += ["", f"## Alpha sweep: {title} (mean ± std [95% interval] over seeds)", ""]
-            if title.startswith("delta"):  # the sweep draws one permutation (the first) per alpha
-                lines += ["One RPI permutation per alpha (the first of every model). " + _floor_line(results, delta=True), ""]
+            if title.startswith("delta"):
+                lines += [_sweep_protocol([s for _, sweeps in swept for s in sweeps]) + " "
+                          + _floor_line(results, delta=True), ""]
             lines += ["| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
                       "|---|" + "---|" * len(swept)]
             alphas = swept[0][1][0].alphas
@@ -186,6 +186,16 @@ def _tables(results: StudyResults) -> list[str]:
                 lines.append(f"| {a:g} | " + " | ".join(
                     spread([value(s, i) for s in sweeps]).text() for _, sweeps in swept) + " |")
     return lines
+
+
+def _sweep_protocol(sweeps: list[Any]) -> str:
+    """How the recorded sweeps permuted under RPI (each record says; a record before schema 5 drew one
+    permutation, seed 0, at every alpha)."""
+    counts = sorted({s.rpi_permutations for s in sweeps}, key=lambda k: (k is None, k or 0))
+    texts = [f"the mean over {k} RPI permutations drawn afresh for each alpha (seeds jK .. jK + K - 1 for the j-th "
+             "alpha)" if k else "one RPI permutation, the first, the same at every alpha (recorded before the "
+             "protocol of fresh permutations per alpha)" for k in counts]
+    return "Delta SSDC at each alpha is " + "; in some runs ".join(texts) + ", per run."
 
 
 def _short(s) -> str:
@@ -219,8 +229,14 @@ def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
              "| # | claim | held here | evidence |", "|---|---|---|---|"]
     for i, c in enumerate(claims, 1):
         held = {"held": "yes", "not held": "**no**"}.get(c["status"], f"{c['status']}: {c['reason']}")
-        lines.append(f"| {i} | {c['claim']} | {held} | {c['evidence']} |")
+        lines.append(f"| {i} | {_cell(c['claim'])} | {_cell(held)} | {_cell(c['evidence'])} |")
     return lines + [""]
+
+
+def _cell(text: str) -> str:
+    """``text`` for one cell of a markdown table: a pipe (|SSDC|) escaped, so that it does not end the cell
+    (the rest of the evidence would be lost), and line breaks made spaces."""
+    return " ".join(str(text).split("\n")).replace("|", "\\|")
 
 
 def _versions_text(results: StudyResults) -> str:
@@ -467,9 +483,10 @@ p > em:only-child { color: #57606a; font-size: .9em; }
 
 
 def render_html(md: str, figures: Path) -> str:
-    """A self-contained page from the report's markdown: rendered with Python-Markdown (tables), styled,
-    every ``figures/*.png`` it shows embedded as a data URI, the claims' verdicts coloured, the headings given
-    the anchors the contents link to, the title taken from the report's first heading."""
+    """A page from the report's markdown: rendered with Python-Markdown (tables), styled, the claims' verdicts
+    coloured, the headings given the anchors the contents link to, the title taken from the report's first
+    heading. Its figures are linked (``figures/*.png`` beside it, as in report.md), not embedded: a copy of the
+    PNGs inside every report doubled what a study keeps (``figures`` is where they are; unused)."""
     import html
     import re
 
@@ -481,14 +498,8 @@ def render_html(md: str, figures: Path) -> str:
     title = next((line[2:].strip() for line in md.splitlines() if line.startswith("# ")), "timm-posgeom report")
     title = html.escape(title.replace("`", ""))
 
-    def embed(match: re.Match) -> str:
-        png = figures / Path(match.group(1)).name
-        if not png.is_file():
-            return match.group(0)
-        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
-
     body = re.sub(r'<h1 id="[^"]*">', "<h1>", body)  # the contents link to sections (h2) only
-    body = re.sub(r'src="(figures/[^"]+\.png)"', embed, body)
+    body = re.sub(r'(<img [^>]*src="(figures/[^"]+\.png)"[^>]*>)', r'<a href="\2">\1</a>', body)  # click: full size
     body = re.sub(r"<td>yes</td>", '<td class="verdict-yes">yes</td>', body)
     body = re.sub(r"<td>(undecided: [^<]*)</td>", r'<td class="verdict-undecided">\1</td>', body)
     return (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"

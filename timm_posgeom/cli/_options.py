@@ -17,7 +17,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..protocol import PROBE_IMAGES, SPEC_FORMS
+from ..protocol import PROBE_IMAGES, RPI_PERMUTATIONS, SPEC_FORMS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -130,9 +130,25 @@ def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
     return bool(args.imagenet_c_jpeg_blur)
 
 
-def add_intervention_args(p: argparse.ArgumentParser) -> None:
-    """--rpi and --alpha: the interventions a measuring command applies (docs/method.md#rpi-and-rpt)."""
-    p.add_argument("--rpi", action="store_true", help="random permutation of patch tokens at inference")
+RPI_PERMUTATIONS_HELP = (f"RPI permutations (default {RPI_PERMUTATIONS}): every SSDC and attention number under RPI is "
+                         "the mean over K seeded permutations (seeds SEED .. SEED+K-1; an alpha sweep draws K afresh "
+                         "for each alpha), with a 95%% interval over them; 1 gives no interval")
+RPI_HELP = ("random permutation of the patch tokens at inference, before any PE: SSDC and attention average over "
+            "--rpi-permutations shared permutations; accuracy (fragility) gives each image a permutation of its own")
+
+
+def add_rpi_permutations_arg(p: argparse.ArgumentParser) -> None:
+    """--rpi-permutations K: the permutations every measurement under RPI averages over."""
+    p.add_argument("--rpi-permutations", type=int, default=None, metavar="K", help=RPI_PERMUTATIONS_HELP)
+
+
+def add_intervention_args(p: argparse.ArgumentParser, shared: bool = True) -> None:
+    """--rpi, --rpi-permutations and --alpha: the interventions a measuring command applies
+    (docs/method.md#rpi-and-rpt). ``shared``: RPI averages over shared permutations (SSDC, attention: the flag
+    --rpi-permutations); else each image has its own (accuracy: no such flag)."""
+    p.add_argument("--rpi", action="store_true", help=RPI_HELP)
+    if shared:
+        add_rpi_permutations_arg(p)
     p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
 
 
@@ -173,7 +189,8 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
 
 def check_counts(args: argparse.Namespace) -> None:
     """Refuse counts no run could use (one line, before anything is loaded)."""
-    for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images", "images"):
+    for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images", "images",
+                 "rpi_permutations"):
         value = getattr(args, flag, None)
         low = 0 if flag == "num_workers" else 1
         if value is not None and value < low:

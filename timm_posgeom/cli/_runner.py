@@ -23,12 +23,13 @@ __all__ = ["run_measurement", "measure_settings", "eval_batches"]
 
 def measure_settings(args: argparse.Namespace, device: Any) -> Any:
     """The :class:`~timm_posgeom.measuring.MeasureSettings` of the shared flags (``--batch-size``, ``--resize``,
-    ``--img-size``, ``--num-workers``, ``--seed``, ``--no-progress``) on ``device``. ``--max-images`` is not
+    ``--img-size``, ``--num-workers``, ``--seed``, ``--rpi-permutations``, ``--no-progress``) on ``device``. ``--max-images`` is not
     among them: the loaded split is cut to it already (a command that cuts it itself adds it)."""
     from ..measuring import MeasureSettings
 
     return MeasureSettings(batch_size=args.batch_size, resize=args.resize, img_size=args.img_size, device=device,
-                           num_workers=args.num_workers, seed=args.seed, progress=not args.no_progress)
+                           num_workers=args.num_workers, seed=args.seed, progress=not args.no_progress,
+                           rpi_permutations=getattr(args, "rpi_permutations", None))
 
 
 def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:

@@ -37,7 +37,7 @@ def add_parser(subparsers) -> None:
     add_labels_arg(p)
     add_data_args(p)
     add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
-    add_intervention_args(p)
+    add_intervention_args(p, shared=False)
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
     g = p.add_argument_group("ImageNet-C")
     g.add_argument("--imagenet-c", nargs="?", const="all", default=None, metavar="CORRUPTIONS",

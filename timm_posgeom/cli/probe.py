@@ -8,7 +8,6 @@ MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +38,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> Any:
-    from ..interventions import pe_scale
     from ..probes import probe_ssdc
 
     loader = eval_batches(args, model, data)
-    scale = pe_scale(model, args.alpha) if args.alpha is not None else contextlib.nullcontext()
-    with scale:
-        result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, reduction=args.reduction,
-                            distance=args.distance, settings=settings)
-    result.settings.update(alpha=args.alpha, resize=args.resize)
+    result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, reduction=args.reduction,
+                        distance=args.distance, alpha=args.alpha, settings=settings)
+    result.settings.update(resize=args.resize)
     return result
 
 
@@ -55,7 +51,8 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "ssdc.json")
     result.plot(out / "ssdc.png")
     grids = sorted({tuple(g) for g in result.settings["grid_sizes"]}, reverse=True)
-    print(f"{args.model}  site={result.settings['site']}  rpi={args.rpi}  alpha={args.alpha}  "
+    perms = f" ({result.settings['rpi_permutations']} permutations)" if args.rpi else ""
+    print(f"{args.model}  site={result.settings['site']}  rpi={args.rpi}{perms}  alpha={args.alpha}  "
           f"images={result.settings['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}")
     print(result.table())
     print(f"wrote {out / 'ssdc.json'} and {out / 'ssdc.png'}")

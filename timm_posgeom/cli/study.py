@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from ._options import add_imagenet_c_jpeg_blur_arg, imagenet_c_jpeg_blur
+from ._options import add_imagenet_c_jpeg_blur_arg, add_rpi_permutations_arg, imagenet_c_jpeg_blur
 
 
 def add_parser(subparsers) -> None:
@@ -22,9 +22,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per condition (default 1)")
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
-    p.add_argument("--rpi-permutations", type=int, default=None,
-                   help="RPI permutations per model (seeds 0..n-1; default 10): SSDC under RPI is their mean and "
-                        "their spread enters the claims' intervals")
+    add_rpi_permutations_arg(p)
     add_imagenet_c_jpeg_blur_arg(p)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")

@@ -17,6 +17,7 @@ from ._options import (
     add_labels_arg,
     add_model_args,
     add_probe_images_arg,
+    add_rpi_permutations_arg,
     add_run_args,
     add_shift_arg,
     add_site_arg,
@@ -43,6 +44,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
                    help="comma-separated PE scales (default 1,0.9,...,0.1)")
     add_probe_images_arg(p)
+    add_rpi_permutations_arg(p)
     add_site_arg(p)
     p.add_argument("--patch-only", action="store_true",
                    help="scale only patch rows of an APE table (default: class row too, as the paper)")

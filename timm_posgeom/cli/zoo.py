@@ -18,6 +18,7 @@ from ._options import (
     add_loader_args,
     add_max_images_arg,
     add_probe_images_arg,
+    add_rpi_permutations_arg,
     add_seed_arg,
     add_site_arg,
     add_split_args,
@@ -59,6 +60,7 @@ def add_parser(subparsers: Any) -> None:
     add_imagenet_c_jpeg_blur_arg(p)
     add_loader_args(p)
     add_seed_arg(p)
+    add_rpi_permutations_arg(p)
     p.add_argument("--allow-changes", action="store_true",
                    help="accept settings that differ from those DIR was measured with: its models are measured "
                         "again (former records kept as .replaced-N)")
@@ -128,6 +130,7 @@ def _config(args: argparse.Namespace, pretrained: str) -> Any:
                      site=args.site, resize=args.resize,
                      img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
                      alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
+                     **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
                      batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
                      shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
                      streaming=args.streaming,

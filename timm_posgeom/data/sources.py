@@ -8,7 +8,7 @@ from pathlib import Path
 from ..synthetic import SyntheticShapes
 from .folder import is_image_folder, load_folder_split
 from .hub import HubOptions, load_hub_split
-from .splits import ImageSplit
+from .splits import ImageSplit, split_name
 
 try:
     from typing import Unpack  # Python 3.11+
@@ -58,7 +58,8 @@ def load_split(
 
     Args:
         source: Hub id, local folder, or None / ``"synthetic"``.
-        split: ``train`` or ``validation`` (aliases val/valid/test accepted in the data).
+        split: ``train``, ``validation`` (aliases training, val, valid) or another split the data has
+            (``test``, ...); a split the data lacks is refused (ValueError naming those it has).
         subset: keep only the first ``subset`` items (rows of the parquet sets are pre-shuffled; an
             ImageFolder split is put in a fixed order mixed across classes first).
         img_size: resolution of the synthetic set (ignored for real data).
@@ -86,6 +87,7 @@ def load_split(
     if kind == "synthetic":
         if any(hub.values()):
             raise ValueError("config, revision and streaming apply to Hub and parquet data, not to the synthetic set")
+        split = split_name(["train", "validation"], split)  # the synthetic set has these two: another is refused
         n = synthetic_size or (5000 if split == "train" else 1000)
         n = min(n, subset) if subset else n
         ds = SyntheticShapes(n, img_size=img_size, seed=seed, split="train" if split == "train" else "validation")

@@ -20,13 +20,15 @@ __all__ = ["SPLIT_ALIASES", "split_name", "ImageSplit", "BadImageError", "Subset
 
 SPLIT_ALIASES = {
     "train": ("train", "training"),
-    "validation": ("validation", "val", "valid", "test"),
+    "validation": ("validation", "val", "valid"),
+    "test": ("test",),  # a split of its own: never read in place of validation (often unlabelled)
 }
 
 
 def split_name(available: Sequence[str], split: str) -> str:
     """The name in ``available`` that serves as ``split``: itself, else an alias (validation / val /
-    valid / test are interchangeable, as are train / training)."""
+    valid are interchangeable, as are train / training; test is a split of its own). ValueError (one line,
+    naming the splits the data has) for a split the data lacks."""
     if split in available:
         return split
     for group in SPLIT_ALIASES.values():
@@ -34,7 +36,7 @@ def split_name(available: Sequence[str], split: str) -> str:
             for alias in group:
                 if alias in available:
                     return alias
-    raise ValueError(f"no split {split!r} in the data; available splits: {', '.join(available)}")
+    raise ValueError(f"no split {split!r} in the data; it has the split(s): {', '.join(available) or 'none'}")
 
 
 class ImageSplit(Dataset):

@@ -73,7 +73,19 @@ def _token_layout(x: torch.Tensor, module: nn.Module) -> str:
 
 
 def _permute_tokens(x: torch.Tensor, perm: torch.Tensor, layout: str) -> torch.Tensor:
-    """Permute the token axis of (B, N, C), (B, H, W, C) or (B, C, H, W) so that slot i holds token perm[i]."""
+    """Permute the token axis of (B, N, C), (B, H, W, C) or (B, C, H, W) so that slot i holds token perm[i].
+
+    ``perm`` (N,) applies to every image; (G, N) applies perm[g] to the g-th of G equal chunks of the batch
+    (G = B: one permutation per image)."""
+    if perm.ndim == 2:
+        groups = perm.shape[0]
+        if x.shape[0] % groups:
+            raise ValueError(f"{groups} permutations cannot be applied to equal chunks of a batch of {x.shape[0]}")
+        if layout == "NLC":  # one gather: chunk g's token axis indexed by perm[g]
+            chunks = x.reshape(groups, -1, *x.shape[1:])
+            index = perm[:, None, :, None].expand(-1, chunks.shape[1], -1, x.shape[-1])
+            return chunks.gather(2, index).reshape(x.shape)
+        return torch.cat([_permute_tokens(c, p, layout) for c, p in zip(x.chunk(groups), perm)])
     if layout == "NLC":
         return x[:, perm]
     if layout == "NHWC":  # as timm's PatchEmbed(output_fmt='NHWC') emits with dynamic_img_size
@@ -141,7 +153,8 @@ class TokenPermutation:
 
     ``permutation`` is the LongTensor p of the last forward pass: token slot i holds the content of
     patch p[i] (row-major patch order), so for a model without PE every block output under
-    permutation equals the unpermuted output indexed ``[:, p]``. None before the first forward.
+    permutation equals the unpermuted output indexed ``[:, p]``. None before the first forward. With
+    ``per="given"`` it is what :meth:`give` set: (N,) or (G, N), one permutation per chunk of the batch.
     ``num_calls`` counts the forward passes that were permuted.
     """
 
@@ -150,9 +163,30 @@ class TokenPermutation:
     mode: str
     permutation: torch.Tensor | None = None
     num_calls: int = 0
+    given: torch.Tensor | Callable[[int], torch.Tensor] | None = field(default=None, repr=False)
     _generator: torch.Generator | None = field(default=None, repr=False)
 
+    def give(self, permutations: torch.Tensor | Callable[[int], torch.Tensor]) -> None:
+        """``per="given"``: the permutation(s) of the next forward passes: (N,) for every image, or (G, N),
+        ``permutations[g]`` for the g-th of G equal chunks of the batch (the caller stacks G copies of its
+        images, or gives one permutation per image); or a function of the token count N that returns them
+        (for models whose token count is known only in the forward pass)."""
+        if self.per != "given":
+            raise TokenPermutationError(f"give() is for token_permutation(per='given'), not per={self.per!r}")
+        if isinstance(permutations, torch.Tensor) and permutations.ndim not in (1, 2):
+            raise ValueError(f"permutations must be (N,) or (G, N), got shape {tuple(permutations.shape)}")
+        self.given = permutations
+
     def _draw(self, n: int, device: torch.device) -> torch.Tensor:
+        if self.per == "given":
+            if self.given is None:
+                raise TokenPermutationError("token_permutation(per='given'): a forward pass ran before give() set "
+                                            "its permutation")
+            given = self.given if isinstance(self.given, torch.Tensor) else self.given(n)
+            if given.ndim not in (1, 2) or given.shape[-1] != n:
+                raise ValueError(f"the given permutations have shape {tuple(given.shape)} but the patch embedding "
+                                 f"emitted {n} tokens")
+            return given.long().to(device)
         if self.per == "call" and self.permutation is not None:
             if self.permutation.numel() != n:
                 raise ValueError(
@@ -184,8 +218,11 @@ def token_permutation(
         mode: ``inference`` (RPI: every forward inside the context is permuted) or ``training``
             (RPT for a third-party model: only forwards in training mode are permuted).
         per: ``call`` (one permutation for the whole context, shared by every batch: the paper's
-            RPI when the context wraps one evaluation) or ``batch`` (a fresh permutation every
-            forward). Default: ``call`` for inference, ``batch`` for training.
+            RPI when the context wraps one evaluation), ``batch`` (a fresh permutation every
+            forward) or ``given`` (the caller sets each forward's permutations with
+            :meth:`TokenPermutation.give`: one for the batch, or one per equal chunk of it, e.g. per image;
+            the probes' K-permutation protocol, :mod:`.draws`). Default: ``call`` for inference, ``batch``
+            for training.
 
     Yields:
         A :class:`TokenPermutation` handle; ``handle.permutation`` is the permutation last applied.
@@ -216,8 +253,8 @@ def _check_mode(mode: str, per: str | None) -> str:
     if mode not in ("inference", "training"):
         raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
     per = per or ("call" if mode == "inference" else "batch")
-    if per not in ("call", "batch"):
-        raise ValueError(f"per must be 'call' or 'batch', got {per!r}")
+    if per not in ("call", "batch", "given"):
+        raise ValueError(f"per must be 'call', 'batch' or 'given', got {per!r}")
     return per
 
 

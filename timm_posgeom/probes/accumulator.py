@@ -7,11 +7,13 @@ memory does not grow with the number of images (docs/method.md#similarity-maps-a
 from __future__ import annotations
 
 import math
-from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..intervals import image_groups
+from ..interventions.draws import draw_permutations
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
@@ -73,47 +75,75 @@ class _Accumulator:
 
     Each layer has its own token grid (one grid for every block of a flat ViT; one per stage of a
     hierarchical model or CNN), fixed across batches when the mean map is wanted.
+
+    Replicas: under RPI, K permutations (``permutations``, (K, N)) each give their own sums; a forward pass
+    carries R of them as R equal chunks of its batch (the same images R times, chunk r permuted by replica
+    ``replicas[r]``, :meth:`start_batch`). Without RPI there is one replica, and its summed map is kept per
+    jackknife group of images (``groups``; group of image i from (``group_seed``, i)): the interval of the
+    mean map's SSDC over images (:func:`~timm_posgeom.intervals.jackknife_interval`). ``map_sum[layer]`` is
+    (pairs (S, M), diagonal (S, N)) float64 with slot ``replica * G + group`` (G = max(groups, 1)).
     """
 
-    def __init__(self, layers: list[int], reduction: str, distance: str, permutation: Any | None,
-                 num_prefix_tokens: int = 0) -> None:
+    def __init__(self, layers: list[int], reduction: str, distance: str, num_prefix_tokens: int = 0, *,
+                 permutation_seeds: list[int] | None = None, groups: int = 0, group_seed: int = 0) -> None:
         self.layers, self.distance, self.num_prefix_tokens = layers, distance, num_prefix_tokens
         self.want_map = reduction in ("mean_map", "both")
         self.want_images = reduction in ("per_image", "both")
-        self.permutation = permutation  # TokenPermutation handle under RPI
+        self.permutation_seeds = permutation_seeds  # under RPI, the K permutations' seeds; else None
+        self.permutations: dict[int, torch.Tensor] = {}  # token count N -> the (K, N) permutations drawn
+        self.num_replicas = 1 if permutation_seeds is None else len(permutation_seeds)
+        self.groups = groups if permutation_seeds is None and self.want_map else 0
+        self.group_seed = group_seed
+        self.group_counts = torch.zeros(max(self.groups, 1), dtype=torch.int64)
         self.last_layer = max(layers)
         self.grid: tuple[int, int] | None = None  # the image's patch grid (flat ViTs) for this batch
         self.grids: dict[int, tuple[int, int]] = {}  # each layer's grid (the first batch's, for the mean map)
         self.map_sum: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.index_moments = {layer: _Moments() for layer in layers}
-        self.content_moments = {layer: _Moments() for layer in layers}
-        self._targets: dict[tuple[int, int], list] = {}
-        self._target_perm: torch.Tensor | None = None
-        self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, B, M) this batch's pairs i < j
+        self.index_moments = {(layer, k): _Moments() for layer in layers for k in range(self.num_replicas)}
+        self.content_moments = {(layer, k): _Moments() for layer in layers for k in range(self.num_replicas)}
+        self._replicas: list[int] = [0]  # the replicas of this forward pass, one per chunk of its batch
+        self._group_ids: torch.Tensor | None = None  # (B,) jackknife group of each image of the batch
+        self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, R * B, M) this batch's pairs i < j
         self._batch: dict[tuple[int, int], list[int]] = {}  # per grid: the layers whose pairs wait in _pairs
         self.too_small: set[int] = set()  # layers whose grid has fewer than 2 tokens: SSDC undefined
 
-    def start_batch(self, grid: tuple[int, int] | None = None) -> None:
-        """A new batch; ``grid`` is the image's patch grid where one grid serves every layer (flat ViTs)."""
+    @property
+    def slots(self) -> int:
+        return self.num_replicas * max(self.groups, 1)
+
+    def start_batch(self, grid: tuple[int, int] | None = None, replicas: list[int] | None = None,
+                    offset: int = 0, batch: int = 0) -> None:
+        """A new forward pass of ``batch`` images (the first at index ``offset`` in the data), stacked once
+        per replica of ``replicas`` (default [0]); ``grid`` is the image's patch grid where one grid serves
+        every layer (flat ViTs)."""
         self.grid = grid
         self._batch = {}
+        self._replicas = list(replicas) if replicas is not None else [0]
+        self._group_ids = None
+        if self.groups:
+            ids = image_groups(np.arange(offset, offset + batch), self.group_seed, self.groups)
+            self._group_ids = torch.from_numpy(ids)
+            if self._replicas == [0]:
+                self.group_counts += torch.bincount(self._group_ids, minlength=self.groups)
+
+    def permutations_for(self, n: int) -> torch.Tensor:
+        """(K, n): the K permutations of ``n`` tokens (drawn from the seeds the first time, then kept)."""
+        if n not in self.permutations:
+            self.permutations[n] = draw_permutations(n, self.permutation_seeds)
+        return self.permutations[n]
 
     def content_defined(self, grid: tuple[int, int]) -> bool:
         """Under RPI, whether a layer with this grid has a content grid: its tokens are the permuted patch
         slots themselves (same count), not pooled or merged from several of them (later stages)."""
-        perm = self.permutation.permutation if self.permutation is not None else None
-        return perm is not None and perm.numel() == grid[0] * grid[1]
+        return grid[0] * grid[1] in self.permutations
 
-    def _distance_targets(self, grid: tuple[int, int], device: torch.device) -> list:
-        perm = self.permutation.permutation if self.permutation is not None else None
-        if perm is not None and (self._target_perm is None or not torch.equal(self._target_perm, perm.cpu())):
-            self._targets, self._target_perm = {}, perm.cpu()  # the patch embedding ran: this batch's p is known
-        if grid not in self._targets:
-            targets = [_distance_ranks(grid, self.distance, None, device)]
-            if self.content_defined(grid):
-                targets.append(_distance_ranks(grid, self.distance, grid_positions(grid)[perm.cpu()], device))
-            self._targets[grid] = targets
-        return self._targets[grid]
+    def distance_targets(self, grid: tuple[int, int], replica: int, device: torch.device) -> list:
+        """[the index grid's centred distance ranks, and under RPI the content grid's of ``replica``]."""
+        targets = [_distance_ranks(grid, self.distance, None, device)]
+        if self.content_defined(grid):
+            positions = grid_positions(grid)[self.permutations[grid[0] * grid[1]][replica].cpu()]
+            targets.append(_distance_ranks(grid, self.distance, positions, device))
+        return targets
 
     def patch_tokens(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T, C) or (B, H, W, C) -> the (B, N, C) patch tokens of the batch's grid, prefix tokens dropped."""
@@ -132,19 +162,20 @@ class _Accumulator:
         return tokens[:, prefix:]
 
     def __call__(self, layer: int, tokens: torch.Tensor) -> None:
-        """Hook callback of a flat ViT: ``tokens`` (B, T, C) on the batch's patch grid."""
+        """Hook callback of a flat ViT: ``tokens`` (R * B, T, C) on the batch's patch grid."""
         self.add(layer, self.patch_tokens(layer, tokens), self.grid)
         if layer == self.last_layer:
             raise _StopForward
 
     def add_feature_map(self, layer: int, fmap: torch.Tensor) -> None:
-        """A stage's (B, C, H, W) feature map: its H x W positions are the tokens, on their own grid."""
+        """A stage's (R * B, C, H, W) feature map: its H x W positions are the tokens, on their own grid."""
         if fmap.ndim != 4:
             raise ValueError(f"stage {layer}: expected a (B, C, H, W) feature map, got shape {tuple(fmap.shape)}")
         self.add(layer, fmap.flatten(2).transpose(1, 2), (int(fmap.shape[2]), int(fmap.shape[3])))
 
     def add(self, layer: int, patches: torch.Tensor, grid: tuple[int, int]) -> None:
-        """Add one layer's (B, N, C) tokens on ``grid`` (N = H * W) to the running sums."""
+        """Add one layer's (R * B, N, C) tokens on ``grid`` (N = H * W) to the running sums (chunk r of the
+        batch to replica ``replicas[r]``)."""
         known = self.grids.setdefault(layer, grid)
         if known != grid and self.want_map:
             raise ValueError(f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
@@ -156,28 +187,29 @@ class _Accumulator:
         if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return
-        z = F.normalize(patches.float(), dim=-1)  # (B, N, C) unit tokens
-        if self.want_images:
-            sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
-            pairs = self._per_image(layer, sim, grid)  # (B, M) the pairs i < j
+        z = F.normalize(patches.float(), dim=-1)  # (R * B, N, C) unit tokens
+        if self.want_images or self.groups:
+            sim = torch.bmm(z, z.transpose(1, 2))  # (R * B, N, N) cosine similarity per image
+            pairs = self._per_image(layer, sim, grid) if self.want_images else upper_pairs(sim)  # (R * B, M)
             if self.want_map:
                 # summed in float64: a float32 sum adds columns in different orders, so a constant map came
                 # out varying by a rounding step, and Spearman ranked that noise (a number where NaN is right)
-                self._add_map(layer, pairs.sum(0, dtype=torch.float64), sim.diagonal(dim1=1, dim2=2).sum(0))
-        else:  # the summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
-            flat = z.transpose(0, 1).reshape(z.shape[1], -1)
-            total = flat @ flat.T  # (N, N)
-            self._add_map(layer, upper_pairs(total), total.diagonal())
+                self._add_images(layer, pairs, sim.diagonal(dim1=1, dim2=2))
+        else:  # each replica's summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
+            for replica, chunk in zip(self._replicas, z.chunk(len(self._replicas))):
+                flat = chunk.transpose(0, 1).reshape(chunk.shape[1], -1)
+                total = flat @ flat.T  # (N, N)
+                self._add_slot(layer, replica, upper_pairs(total), total.diagonal())
 
     def _per_image(self, layer: int, sim: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Per-image SSDC of ``layer``'s maps sim (B, N, N): their pairs i < j are kept for
+        """Per-image SSDC of ``layer``'s maps sim (R * B, N, N): their pairs i < j are kept for
         :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
-        computed now. Returns the pairs (B, M)."""
+        computed now. Returns the pairs (R * B, M)."""
         B, n = sim.shape[0], sim.shape[-1]
         shape = (len(self.layers), B, n * (n - 1) // 2)
         if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
             pairs = upper_pairs(sim)
-            self._update(layer, ssdc_pairs(pairs, self._distance_targets(grid, sim.device)))
+            self._score(layer, pairs, grid)
             return pairs
         buffer = self._pairs.get(grid)
         if buffer is None or buffer.shape != shape or buffer.device != sim.device:
@@ -187,43 +219,82 @@ class _Accumulator:
         return upper_pairs(sim, out=buffer[len(waiting) - 1])
 
     def end_batch(self) -> None:
-        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, one call per grid
-        after the batch's forward pass.
+        """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, one call per grid and
+        replica after the batch's forward pass.
 
         Deferred on purpose: between two layers the CPU's OpenMP threads of the forward still spin
         (up to milliseconds after each parallel op) and would halve the speed of the sort-bound SSDC;
         one call per batch also spreads L * B maps over the thread pool at once.
         """
         for grid, waiting in self._batch.items():
-            _, B, M = self._pairs[grid].shape
-            L = len(waiting)
-            pairs = self._pairs[grid][:L].reshape(L * B, M)
-            rhos = ssdc_pairs(pairs, self._distance_targets(grid, pairs.device))
-            for k, layer in enumerate(waiting):
-                self._update(layer, [r[k * B:(k + 1) * B] for r in rhos])
+            _, RB, M = self._pairs[grid].shape
+            L, R = len(waiting), len(self._replicas)
+            B = RB // R
+            for r, replica in enumerate(self._replicas):
+                pairs = self._pairs[grid][:L, r * B:(r + 1) * B].reshape(L * B, M)
+                rhos = ssdc_pairs(pairs, self.distance_targets(grid, replica, pairs.device))
+                for k, layer in enumerate(waiting):
+                    self._update(layer, replica, [rho[k * B:(k + 1) * B] for rho in rhos])
         self._batch = {}
 
-    def _update(self, layer: int, rhos: list[torch.Tensor]) -> None:
-        """Add one batch's per-image SSDC of ``layer``: against the index grid, and the content grid."""
-        self.index_moments[layer].update(rhos[0])
+    def _score(self, layer: int, pairs: torch.Tensor, grid: tuple[int, int]) -> None:
+        """Per-image SSDC of one layer's pairs (R * B, M) now (maps too large to defer)."""
+        B = pairs.shape[0] // len(self._replicas)
+        for r, replica in enumerate(self._replicas):
+            chunk = pairs[r * B:(r + 1) * B]
+            self._update(layer, replica, ssdc_pairs(chunk, self.distance_targets(grid, replica, chunk.device)))
+
+    def _update(self, layer: int, replica: int, rhos: list[torch.Tensor]) -> None:
+        """Add one batch's per-image SSDC of ``layer`` under ``replica``: against the index grid, and the
+        content grid."""
+        self.index_moments[(layer, replica)].update(rhos[0])
         if len(rhos) > 1:
-            self.content_moments[layer].update(rhos[1])
+            self.content_moments[(layer, replica)].update(rhos[1])
 
-    def _add_map(self, layer: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
-        """Accumulate (in float64) the batch's summed similarities: pairs i < j (M,) and diagonal (N,)."""
-        if layer in self.map_sum:
-            self.map_sum[layer][0].add_(pair_sum)
-            self.map_sum[layer][1].add_(diag_sum)
-        else:
-            self.map_sum[layer] = (pair_sum.to(torch.float64), diag_sum.to(torch.float64))
+    def _add_images(self, layer: int, pairs: torch.Tensor, diag: torch.Tensor) -> None:
+        """Add the per-image pairs (R * B, M) and diagonals (R * B, N): each chunk to its replica, each image
+        to its jackknife group."""
+        chunks = len(self._replicas)
+        for replica, p, d in zip(self._replicas, pairs.chunk(chunks), diag.chunk(chunks)):
+            if self._group_ids is None:
+                self._add_slot(layer, replica, p.sum(0, dtype=torch.float64), d.sum(0, dtype=torch.float64))
+                continue
+            # this batch's sum per group as one small GEMM with the (G, B) one-hot of the groups (torch's
+            # index_add_ on the CPU took 50 ms a layer for ViT-S/16's 32 x 19,110 pairs, a sixth of the layer's
+            # forward), added to the float64 sums: at most a batch of float32 values is summed in float32
+            onehot = torch.zeros(self.groups, p.shape[0], dtype=p.dtype, device=p.device)
+            onehot[self._group_ids.to(p.device), torch.arange(p.shape[0], device=p.device)] = 1.0
+            sums = self._sums(layer, p.shape[1], d.shape[1], p.device)
+            rows = slice(replica * self.groups, (replica + 1) * self.groups)
+            sums[0][rows] += onehot @ p
+            sums[1][rows] += onehot @ d
 
-    def mean_map(self, layer: int, n_images: int) -> torch.Tensor:
-        """(N, N) float64: the similarity map averaged over the images, rebuilt symmetric (a grid of
+    def _sums(self, layer: int, m: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer not in self.map_sum:
+            self.map_sum[layer] = (torch.zeros(self.slots, m, dtype=torch.float64, device=device),
+                                   torch.zeros(self.slots, n, dtype=torch.float64, device=device))
+        return self.map_sum[layer]
+
+    def _add_slot(self, layer: int, replica: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:
+        """Accumulate (in float64) one replica's summed similarities: pairs i < j (M,) and diagonal (N,)."""
+        sums = self._sums(layer, pair_sum.numel(), diag_sum.numel(), pair_sum.device)
+        sums[0][replica].add_(pair_sum)
+        sums[1][replica].add_(diag_sum)
+
+    def replica_pairs(self, layer: int) -> torch.Tensor:
+        """(K, M) float64: each replica's summed pairs (its groups added up)."""
+        pairs = self.map_sum[layer][0]
+        return pairs.reshape(self.num_replicas, max(self.groups, 1), -1).sum(1)
+
+    def mean_map(self, layer: int, n_images: int, replica: int = 0) -> torch.Tensor:
+        """(N, N) float64: ``replica``'s similarity map averaged over the images, rebuilt symmetric (a grid of
         fewer than 2 tokens: its N x N map of NaN, nothing having been summed)."""
         if layer in self.too_small:
             n = self.grids[layer][0] * self.grids[layer][1]
             return torch.full((n, n), math.nan, dtype=torch.float64)
-        pair_sum, diag_sum = self.map_sum[layer]
+        groups = max(self.groups, 1)
+        pair_sum = self.replica_pairs(layer)[replica]
+        diag_sum = self.map_sum[layer][1].reshape(self.num_replicas, groups, -1).sum(1)[replica]
         n = diag_sum.numel()
         iu = torch.triu_indices(n, n, offset=1, device=pair_sum.device)
         full = torch.diag(diag_sum)

@@ -150,7 +150,9 @@ class AttentionResult(MeasureResult):
         values: field name -> (L, heads) float64 array (``mean_distance``, ``mean_distance_unnormalised``,
             ``prefix_attention``, ``entropy``, ``ssdc`` and any custom measure's fields), also read as
             attributes (``result.ssdc``).
-        permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
+        permutation: under RPI, the first permutation p (N,) (slot i holds patch p[i]).
+        intervals / replicates: under RPI, each field's 95% interval over the permutations, and the field
+            under each permutation (:class:`~timm_posgeom.probes.MeasureResult`).
         settings: model, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens, num_heads,
             patch_size, ssdc_distance, distance ("euclidean, patch units"), family (``metadata``: its
             old name).
@@ -161,20 +163,44 @@ class AttentionResult(MeasureResult):
         with np.errstate(all="ignore"):
             return np.nanmean(self.values[name], axis=1) if self.values[name].size else self.values[name][:, 0]
 
+    def head_mean_interval(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(L,) low and high of the 95% interval of :meth:`head_mean` over the RPI permutations (the mean over
+        heads under each permutation, Student t); None without shared RPI permutations."""
+        if name not in self.replicates:
+            return None
+        from ..intervals import t_interval
+
+        with np.errstate(all="ignore"):
+            per = np.nanmean(self.replicates[name], axis=2)  # (K, L)
+        _, low, high = t_interval(per, axis=0)
+        return low, high
+
     def table(self) -> str:
-        """Plain text: per layer, the mean over heads and the range over heads of each built-in field."""
+        """Plain text: per layer and built-in field, the mean over heads (``FIELD``), under RPI its 95% interval
+        over the permutations (``FIELD_ci95``), and the range over heads (``FIELD_heads``: [min, max], a spread
+        of the heads, not an interval)."""
         cols = [f for f in FIELDS[:4] if f in self.values]
-        head = ["layer"] + [f"{c} (mean [min, max])" for c in cols]
+        shared = bool(self.replicates)
+        head = ["layer"]
+        for c in cols:
+            head += [c] + ([f"{c}_ci95"] if shared else []) + [f"{c}_heads"]
         rows = [head]
         for k, layer in enumerate(self.layers):
             row = [str(layer)]
             for c in cols:
                 v = self.values[c][k]
-                row.append(f"{np.nanmean(v):.3f} [{np.nanmin(v):.3f}, {np.nanmax(v):.3f}]"
-                           if np.isfinite(v).any() else "nan")
+                finite = np.isfinite(v).any()
+                row.append(f"{np.nanmean(v):.3f}" if finite else "nan")
+                if shared:
+                    low, high = self.head_mean_interval(c)
+                    row.append(f"[{low[k]:.3f}, {high[k]:.3f}]")
+                row.append(f"[{np.nanmin(v):.3f}, {np.nanmax(v):.3f}]" if finite else "[nan, nan]")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-        return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+        if shared:
+            lines.append(f"intervals: 95%, {self.settings.get('interval')}; *_heads: the range over heads")
+        return "\n".join(lines)
 
     def plot(self, path: str | Path | None = None):
         """Per-head figure: one panel per built-in field, each head a dot at its layer (as the ViT paper's
@@ -231,9 +257,10 @@ def attention_measures(
             is set for the call and restored.
         data: as :func:`~timm_posgeom.probes.probe_ssdc`: a (B, C, H, W) tensor (chunks of
             ``batch_size``) or an iterable of batches, transformed for the model; one image size.
-        rpi: random permutation of the patch tokens at inference (one permutation from ``seed`` for
-            the whole call, as :func:`~timm_posgeom.probes.probe_ssdc`); the distances stay those of
-            the index grid (token slots), as SSDC under RPI.
+        rpi: random permutation of the patch tokens at inference, the protocol of
+            :func:`~timm_posgeom.probes.probe_ssdc`: every field is the mean over ``rpi_permutations`` shared
+            permutations (default 10), with its 95% interval over them (``intervals``); the distances stay
+            those of the index grid (token slots), as SSDC under RPI.
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`);
             None leaves the model as it is.
         layers: block indices (negative allowed); default every block.
@@ -241,17 +268,19 @@ def attention_measures(
             ``chebyshev``). The mean attention distance is always Euclidean.
         measures: the measures to run (default :func:`default_measures`\\ (``distance``)).
 
-        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutation's),
-            ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``, as those of
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutations'),
+            ``rpi_permutations``, ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``, as those of
             :func:`~timm_posgeom.probes.probe_ssdc` (several processes sum their float64 sums); each may
-            also be given as a keyword, which overrides ``settings``.
+            also be given as a keyword, which overrides ``settings``. ``forward_size``: as
+            :func:`~timm_posgeom.probes.run_measures`.
 
     Returns:
         An :class:`AttentionResult`: each field (L, heads).
     """
-    settings, _ = MeasureSettings.resolve("attention_measures", settings, options)
+    settings, own = MeasureSettings.resolve("attention_measures", settings, options, {"forward_size": None})
     measures = default_measures(distance) if measures is None else list(measures)
-    result = run_measures(model, data, measures, rpi=rpi, alpha=alpha, layers=layers, settings=settings)
+    result = run_measures(model, data, measures, rpi=rpi, alpha=alpha, layers=layers, settings=settings,
+                          forward_size=own["forward_size"])
     result.settings.update({"distance": "euclidean, patch units", "definitions": "docs/attention.md"})
     return AttentionResult(layers=result.layers, values=result.values, permutation=result.permutation,
-                           settings=result.settings)
+                           settings=result.settings, intervals=result.intervals, replicates=result.replicates)

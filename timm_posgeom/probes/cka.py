@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..intervals import t_interval
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, run_measures
 
@@ -78,16 +79,22 @@ class _Grams(Measure):
 @dataclass
 class CKAResult:
     """CKA between the blocks of two models: ``matrix[i, j]`` for block ``layers_a[i]`` of model a and
-    ``layers_b[j]`` of model b (docs/attention.md#cka)."""
+    ``layers_b[j]`` of model b (docs/attention.md#cka). Under RPI ``matrix`` is the mean over the shared
+    permutations (both models under the same ones) and ``matrix_ci`` its 95% interval over them ((low, high),
+    each shaped like ``matrix``; None without RPI)."""
 
     layers_a: list[int]
     layers_b: list[int]
     matrix: np.ndarray
     settings: dict[str, Any]
+    matrix_ci: tuple[np.ndarray, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers_a": self.layers_a, "layers_b": self.layers_b, "matrix": self.matrix.tolist(),
-                "settings": self.settings}
+        out = {"layers_a": self.layers_a, "layers_b": self.layers_b, "matrix": self.matrix.tolist(),
+               "settings": self.settings}
+        if self.matrix_ci is not None:
+            out["matrix_ci_low"], out["matrix_ci_high"] = (m.tolist() for m in self.matrix_ci)
+        return out
 
 
 def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: str = "attn_input",
@@ -103,7 +110,8 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
             ``eval_loader``; it is read once per model, in the same order); batches of >= 4 images.
         site: ``attn_input`` or ``block_output``.
         unbiased: HSIC_1 (default) or the biased estimator.
-        rpi: both models under RPI with the same permutation (seeded by ``seed``).
+        rpi: both models under RPI, under the same ``rpi_permutations`` shared permutations (seeds ``seed`` ..
+            ``seed + K - 1``): the matrix is the mean over them, with its interval (``matrix_ci``).
         **options: ``settings`` (a :class:`~timm_posgeom.measuring.MeasureSettings`) and its fields as
             keywords: ``seed`` (default 0), ``max_images``, ``batch_size``, ``device``, ``progress`` of
             :func:`~timm_posgeom.probes.run_measures` (one process: ``distributed`` is ``off``).
@@ -113,13 +121,17 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
     if options.get("distributed", "off") != "off":
         raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
     settings, _ = MeasureSettings.resolve("cka", options.pop("settings", None), {**options, "distributed": "off"})
-    grams_a, grams_b = _Grams(site), _Grams(site)
-    ra = run_measures(model_a, data, [grams_a], rpi=rpi, layers=layers_a, settings=settings)
-    rb = run_measures(model_b, data, [grams_b], rpi=rpi, layers=layers_b, settings=settings)
+    ra = run_measures(model_a, data, [_Grams(site)], rpi=rpi, layers=layers_a, settings=settings)
+    rb = run_measures(model_b, data, [_Grams(site)], rpi=rpi, layers=layers_b, settings=settings)
     if ra.settings["n_images"] != rb.settings["n_images"]:
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
-    matrix = np.array([[minibatch_cka(grams_a.grams[i], grams_b.grams[j], unbiased) for j in rb.layers]
-                       for i in ra.layers])
+    matrices = np.stack([  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
+        np.array([[minibatch_cka(ga[0].grams[i], gb[0].grams[j], unbiased) for j in rb.layers] for i in ra.layers])
+        for ga, gb in zip(ra.replica_measures, rb.replica_measures)])
     described = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
-                     rpi=rpi, n_images=ra.settings["n_images"])
-    return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrix, settings=described)
+                     rpi=rpi, n_images=ra.settings["n_images"], rpi_permutations=ra.settings["rpi_permutations"],
+                     permutation_seeds=ra.settings["permutation_seeds"], interval=ra.settings["interval"])
+    if not rpi:
+        return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrices[0], settings=described)
+    mean, low, high = t_interval(matrices, axis=0)
+    return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=mean, settings=described, matrix_ci=(low, high))

@@ -11,7 +11,9 @@ it: :mod:`.attention_measures`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import warnings
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,13 +23,23 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
-from ..interventions import check_unpermuted, eval_mode, pe_scale, token_permutation
+from ..intervals import t_interval
+from ..interventions import (
+    check_unpermuted,
+    draw_permutations,
+    eval_mode,
+    image_permutations,
+    pe_scale,
+    permutation_seeds,
+    token_permutation,
+)
 from ..jsonio import dump_json, tagged
 from ..measuring import MeasureSettings
+from ..protocol import rpi_count
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites
-from .streaming import Stream, _model_name, _resolve_layers, _StopForward, open_stream
+from .streaming import FORWARD_IMAGES, Stream, _model_name, _resolve_layers, _StopForward, open_stream
 
 __all__ = ["Measure", "LayerView", "MeasureResult", "run_measures", "SOURCES"]
 
@@ -99,9 +111,15 @@ class MeasureResult(SettingsRecord):
     Attributes:
         layers: the block index of each row.
         values: field name -> (L, ...) float64 array (e.g. (L, heads) for the attention measures).
-        permutation: under RPI, the (N,) permutation p used for every batch (slot i holds patch p[i]).
-        settings: model, family, rpi, seed, alpha, n_images, image_size, grid_size, num_prefix_tokens,
-            patch_size, and what each measure records; ``metadata`` is its old name.
+        permutation: under RPI, the first permutation p (N,) (slot i holds patch p[i]).
+        settings: model, family, rpi, rpi_per, seed, rpi_permutations, permutation_seeds, interval, alpha,
+            n_images, image_size, grid_size, num_prefix_tokens, patch_size, and what each measure records;
+            ``metadata`` is its old name.
+        intervals: under RPI with shared permutations, field name -> (low, high) arrays of the field's shape:
+            the 95% interval of each value over the K permutations (Student t; NaN with K = 1); empty
+            otherwise (the values have no interval).
+        replicates: under RPI with shared permutations, field name -> (K, L, ...) the field under each
+            permutation (``values`` is their mean).
     """
 
     layers: list[int]
@@ -109,6 +127,8 @@ class MeasureResult(SettingsRecord):
     permutation: torch.Tensor | None = field(default=None, repr=False)
     settings: dict[str, Any] = field(default_factory=dict)
     metadata: InitVar[dict[str, Any] | None] = None
+    intervals: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    replicates: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self, metadata: dict[str, Any] | None) -> None:
         self._take_metadata(metadata)
@@ -120,9 +140,14 @@ class MeasureResult(SettingsRecord):
         raise AttributeError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: every field as nested lists, first index the layer."""
-        return {"layers": list(self.layers), **{k: np.asarray(v).tolist() for k, v in self.values.items()},
-                "permutation": self.permutation.tolist() if self.permutation is not None else None,
+        """A JSON-ready dict: every field as nested lists, first index the layer; under RPI each field's
+        interval beside it (``FIELD_ci_low``, ``FIELD_ci_high``, same shape) and ``replicates`` (per permutation)."""
+        out = {"layers": list(self.layers), **{k: np.asarray(v).tolist() for k, v in self.values.items()}}
+        for k, (low, high) in self.intervals.items():
+            out[f"{k}_ci_low"], out[f"{k}_ci_high"] = np.asarray(low).tolist(), np.asarray(high).tolist()
+        if self.replicates:
+            out["replicates"] = {k: np.asarray(v).tolist() for k, v in self.replicates.items()}
+        return {**out, "permutation": self.permutation.tolist() if self.permutation is not None else None,
                 **self._settings_json()}
 
     def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
@@ -134,11 +159,12 @@ MeasureResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor 
 
 
 class _Router:
-    """Hook target: hands each probed block's input to the measures of its source; stops the forward after
-    the last event any measure needs."""
+    """Hook target: hands each probed block's input to the measures of its source (chunk r of a forward pass to
+    the measures of replica ``current[r]``); stops the forward after the last event any measure needs."""
 
-    def __init__(self, measures: list[Measure], last: tuple[int, str], prefix: int) -> None:
-        self.measures, self.last, self.prefix = measures, last, prefix
+    def __init__(self, replicas: list[list[Measure]], last: tuple[int, str], prefix: int) -> None:
+        self.replicas, self.last, self.prefix = replicas, last, prefix
+        self.current: list[int] = [0]
         self.grid: tuple[int, int] | None = None
         self.heads: dict[int, int] = {}
 
@@ -152,14 +178,18 @@ class _Router:
         if source == "attention":
             self.heads[layer] = int(x.shape[1])
         view = LayerView(layer=layer, grid=self.grid, prefix=prefix)
-        for m in self.measures:
-            if m.source == source:
-                m.update(x, view)
+        for replica, chunk in zip(self.current, x.chunk(len(self.current))):
+            for m in self.replicas[replica]:
+                if m.source == source:
+                    m.update(chunk, view)
         if (layer, source) == self.last:
             raise _StopForward
 
     def hook(self, source: str):
         return lambda layer, x: self.receive(source, layer, x)
+
+
+RPI_PER = ("call", "image")
 
 
 def run_measures(
@@ -183,44 +213,57 @@ def run_measures(
         data: as :func:`~timm_posgeom.probes.probe_ssdc`: a (B, C, H, W) tensor (chunks of
             ``batch_size``) or an iterable of batches, transformed for the model; one image size.
         measures: :class:`Measure` instances (fresh: they keep their sums).
-        rpi: random permutation of the patch tokens at inference, one permutation (from ``seed``) for
-            the call, after the patch embedding and before any PE (as ``probe_ssdc``).
-        rpi_per: ``call`` (one permutation for the call) or ``batch`` (a fresh one per batch, from the
-            seeded generator: what a measure fitted on some batches and scored on others needs, so that
-            no permutation is shared between them).
+        rpi: random permutation of the patch tokens at inference, after the patch embedding and before
+            any PE (as ``probe_ssdc``).
+        rpi_per: ``call`` (the protocol of ``probe_ssdc``: ``rpi_permutations`` shared permutations, seeds
+            ``seed`` .. ``seed + K - 1``, each image forwarded under each; every field is the mean over them,
+            with its interval over them in ``intervals``) or ``image`` (one permutation per image, from
+            (``seed``, the image's index in the data): what a measure fitted on some images and scored on
+            others needs, so that no permutation is shared between them; no interval). ``batch`` is the old
+            name of ``image`` (a fresh permutation per batch made the numbers depend on the batch size).
         alpha: scale the positional encoding by alpha for the call (:func:`~timm_posgeom.pe_scale`).
         layers: block indices (negative allowed); default every block.
-        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutation's),
-            ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``, as those of
-            ``probe_ssdc`` (several processes sum the measures' float64 sums and the image counts); each
-            may also be given as a keyword, which overrides ``settings``.
+        settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``seed`` (the RPI permutations'),
+            ``rpi_permutations``, ``max_images``, ``device``, ``progress``, ``batch_size`` and ``distributed``,
+            as those of ``probe_ssdc`` (several processes sum the measures' float64 sums and the image
+            counts); each may also be given as a keyword, which overrides ``settings``. ``forward_size`` (at
+            most this many images per forward pass, the permutations of a batch stacked up to it) is a
+            keyword of this function's own.
 
     Returns:
-        A :class:`MeasureResult` of every measure's fields.
+        A :class:`MeasureResult` of every measure's fields. Under RPI with shared permutations each replica
+        of the measures is a deep copy of ``measures`` made before any data is read; ``measures`` themselves
+        hold the first permutation's sums.
     """
-    settings, _ = MeasureSettings.resolve("run_measures", settings, options)
-    measures, sources = _check_measures(measures, rpi_per, alpha)
+    settings, own = MeasureSettings.resolve("run_measures", settings, options, {"forward_size": None})
+    measures, sources, rpi_per = _check_measures(measures, rpi_per, alpha)
     sites = find_sites(model)
     layer_ids = _resolve_layers(layers, len(sites.blocks))
     if "attention" in sources:
         attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
-    stream = open_stream(model, data, settings, rpi, (rpi, alpha, layer_ids, [(type(m).__name__, m.metadata())
-                                                                             for m in measures]), "run_measures")
-    router = _Router(measures, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
+    k = rpi_count(settings.rpi_permutations) if rpi and rpi_per == "call" else 1
+    stream = open_stream(model, data, settings, rpi, (rpi, rpi_per, k, alpha, layer_ids,
+                                                      [(type(m).__name__, m.metadata()) for m in measures]),
+                         "run_measures")
+    seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2 ** 31, ()).item())
+    replicas = [measures] + [copy.deepcopy(measures) for _ in range(k - 1)]
+    router = _Router(replicas, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
+    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi else [], own["forward_size"])
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with stream.together(), scale:
-        grid, perm = _stream(model, sites, layer_ids, sources, router, rpi and rpi_per, stream)
+        grid, perm = _stream(model, sites, layer_ids, sources, router, plan, stream)
     n_images, image_size = stream.n_images, stream.image_size
     if stream.shard is not None:
-        n_images, image_size, grid = _reduce(measures, router, n_images, image_size, grid, stream.shard.seen)
+        n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
     if n_images == 0:
         raise ValueError("data yielded no images")
-    values: dict[str, np.ndarray] = {}
-    for m in measures:
-        values.update(m.finish(layer_ids, n_images, grid))
+    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, rpi and rpi_per == "call")
     recorded: dict[str, Any] = {
-        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": stream.seed if rpi else None,
-        "rpi_per": rpi_per if rpi else None,
+        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
+        "rpi_per": rpi_per if rpi else None, "rpi_permutations": k if rpi and rpi_per == "call" else None,
+        "permutation_seeds": plan.seeds if rpi and rpi_per == "call" else None,
+        "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
+        if rpi and rpi_per == "call" else None,
         "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
         "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
     }
@@ -229,13 +272,67 @@ def run_measures(
         recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
     for m in measures:
         recorded.update(m.metadata())
-    return MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded)
+    result = MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded,
+                           intervals=intervals, replicates=replicates)
+    result.replica_measures = replicas  # each permutation's measures (not written): cka reads their Grams
+    return result
 
 
-def _check_measures(measures: list[Measure], rpi_per: str, alpha: float | None) -> tuple[list[Measure], list[str]]:
-    """The call's own settings checked; (the measures, their sources in the order they happen in a block)."""
-    if rpi_per not in ("call", "batch"):
-        raise ValueError(f"rpi_per must be 'call' or 'batch', got {rpi_per!r}")
+@dataclass
+class _RPIPlan:
+    """How a run_measures call permutes: ``per`` (None: no RPI, ``call``: the shared permutations of
+    ``seeds``, ``image``: one per image from ``seeds[0]``), and ``forward_size``."""
+
+    per: str | None
+    seeds: list[int]
+    forward_size: int | None = None
+    drawn: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def shared(self, n: int) -> torch.Tensor:
+        """(K, n) the shared permutations of ``n`` tokens (drawn once)."""
+        if n not in self.drawn:
+            self.drawn[n] = draw_permutations(n, self.seeds)
+        return self.drawn[n]
+
+    def per_forward(self, batch: int) -> int:
+        """How many shared permutations one forward pass stacks for a batch of ``batch`` images."""
+        if self.per != "call":
+            return 1
+        limit = self.forward_size or FORWARD_IMAGES
+        return max(1, min(len(self.seeds), limit // max(batch, 1)))
+
+
+def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images: int, grid: tuple[int, int],
+                     shared: bool) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]],
+                                        dict[str, np.ndarray]]:
+    """(values, intervals, replicates): each replica's fields; with shared permutations their mean, its
+    interval over them and the (K, ...) stacks; else the one replica's fields alone."""
+    per_replica = []
+    for measures in replicas:
+        fields: dict[str, np.ndarray] = {}
+        for m in measures:
+            fields.update(m.finish(layers, n_images, grid))
+        per_replica.append(fields)
+    if not shared:
+        return per_replica[0], {}, {}
+    values, intervals, replicates = {}, {}, {}
+    for name in per_replica[0]:
+        stack = np.stack([np.asarray(f[name], dtype=float) for f in per_replica])  # (K, L, ...)
+        mean, low, high = t_interval(stack, axis=0)
+        values[name], intervals[name], replicates[name] = mean, (low, high), stack
+    return values, intervals, replicates
+
+
+def _check_measures(measures: list[Measure], rpi_per: str,
+                    alpha: float | None) -> tuple[list[Measure], list[str], str]:
+    """The call's own settings checked; (the measures, their sources in the order they happen in a block,
+    rpi_per with its old name ``batch`` read as ``image``)."""
+    if rpi_per == "batch":
+        warnings.warn("run_measures(rpi_per='batch') is now rpi_per='image' (one permutation per image, from the "
+                      "seed and the image's index: the same whatever the batch size)", DeprecationWarning, stacklevel=3)
+        rpi_per = "image"
+    if rpi_per not in RPI_PER:
+        raise ValueError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
     if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     measures = list(measures)
@@ -244,7 +341,7 @@ def _check_measures(measures: list[Measure], rpi_per: str, alpha: float | None) 
     for m in measures:
         if m.source not in SOURCES:
             raise ValueError(f"{type(m).__name__}.source is {m.source!r}; expected one of {', '.join(SOURCES)}")
-    return measures, sorted({m.source for m in measures}, key=SOURCES.index)
+    return measures, sorted({m.source for m in measures}, key=SOURCES.index), rpi_per
 
 
 def _patch_size(model: nn.Module) -> list[int] | None:
@@ -253,44 +350,64 @@ def _patch_size(model: nn.Module) -> list[int] | None:
 
 
 def _stream(model: nn.Module, sites: ProbeSites, layers: list[int], sources: list[str], router: _Router,
-            rpi: bool | str, stream: Stream) -> tuple[tuple[int, int] | None, Any]:
-    """This process's batches through the model; returns (grid, RPI permutation) (the stream counts the
+            plan: _RPIPlan, stream: Stream) -> tuple[tuple[int, int] | None, Any]:
+    """This process's batches through the model (under each shared permutation, stacked as chunks of a forward
+    pass, or under one permutation per image); returns (grid, the first permutation) (the stream counts the
     images and keeps their size)."""
-    grid, perm = None, None
+    grid = None
     handles: list = []
-    # rpi: False, or how often a permutation is drawn ("call" or "batch")
-    if not rpi:  # inside the caller's token_permutation the tokens would be permuted, reported unpermuted
+    if plan.per is None:  # inside the caller's token_permutation the tokens would be permuted, reported unpermuted
         check_unpermuted(model, "run_measures without rpi")
     try:
-        rpi_ctx = token_permutation(model, seed=stream.seed, per=rpi) if rpi else contextlib.nullcontext()
+        rpi_ctx = token_permutation(model, per="given") if plan.per else contextlib.nullcontext()
         capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
                    else contextlib.nullcontext())
         with stream.placed(model), torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
             for source in sources:
                 if source != "attention":
                     handles += sites.register(source, layers, router.hook(source))
-            for images, hw in stream.images():
+            for images, hw, offset in stream.images():
                 if hw != stream.image_size:
                     raise ValueError(f"the image size changed from {stream.image_size} to {hw}: the measures "
                                      "average over one grid (resize the data)")
                 grid = router.grid = sites.grid_size(hw)
-                try:
-                    model(images)
-                except _StopForward:
-                    pass
-            if handle is not None and handle.permutation is not None:
-                perm = handle.permutation.cpu()
+                _forward_replicas(model, images, offset, router, plan, handle)
     finally:
         for h in handles:
             h.remove()
+    perm = None
+    if plan.per == "call" and plan.drawn:
+        perm = next(iter(plan.drawn.values()))[0].clone()
     return grid, perm
 
 
-def _reduce(measures: list[Measure], router: _Router, n_images: int, image_size: tuple[int, int] | None,
+def _forward_replicas(model: nn.Module, images: torch.Tensor, offset: int, router: _Router, plan: _RPIPlan,
+                      handle: Any) -> None:
+    """One batch through the model under every replica (its permutations stacked, ``plan.per_forward`` at a
+    time) or, per image, under each image's permutation."""
+    step = plan.per_forward(len(images))
+    count = len(router.replicas)
+    for first in range(0, count, step):
+        replicas = list(range(first, min(first + step, count)))
+        x = images if len(replicas) == 1 else images.repeat(len(replicas), 1, 1, 1)
+        if plan.per == "call":
+            handle.give(lambda n, ks=replicas: plan.shared(n)[ks])
+        elif plan.per == "image":
+            indices = np.arange(offset, offset + len(images))
+            handle.give(lambda n, ids=indices: image_permutations(n, plan.seeds[0], ids))
+        router.current = replicas
+        try:
+            model(x)
+        except _StopForward:
+            pass
+
+
+def _reduce(replicas: list[list[Measure]], router: _Router, n_images: int, image_size: tuple[int, int] | None,
             grid: tuple[int, int] | None,
             seen: int | None) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
-    """Sum every measure's float64 sums, and the image counts, across processes (a process without
-    images adds zeros of the shapes the others report)."""
+    """Sum every measure's float64 sums (of every replica), and the image counts, across processes (a process
+    without images adds zeros of the shapes the others report)."""
+    measures = [m for replica in replicas for m in replica]
     states = _dist.all_gather_objects({"n": n_images, "seen": seen, "image_size": image_size, "grid": grid,
                                        "heads": dict(router.heads),
                                        "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures]})

@@ -8,7 +8,8 @@ column, and of both. Chance is 1/H, 1/W and 1/(HW). The fit is closed form from 
 X^T Y over every token), so it is exact, deterministic and reduces across processes by summing.
 
 Under RPI the targets are the index grid (slot k at (k // W, k % W), where the PE puts it), and every
-batch draws a fresh permutation (fit and score never share one): a model without PE is equivariant, its
+image has its own permutation, from (seed, its index; the score's seed is the fit's + 1), so fit and score
+never share one and no number depends on the batch size: a model without PE is equivariant, its
 token at slot k depends on the content of a random patch, and the probe falls to chance; a model whose
 PE survives in the tokens is read by it.
 """
@@ -126,8 +127,8 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
             or of one part of a split); one image size.
         test: batches of the other split (or part), read the same way, at the same image size.
         site: ``attn_input`` (the paper's) or ``block_output``.
-        rpi: tokens permuted after the patch embedding, a fresh permutation every batch (seeded by
-            ``seed`` for the fit and ``seed + 1`` for the score); targets are the index grid.
+        rpi: tokens permuted after the patch embedding, one permutation per image (from ``seed`` and the
+            image's index for the fit, ``seed + 1`` for the score); targets are the index grid.
         ridge: the ridge penalty, relative to the mean diagonal of X^T X.
         layers: block indices (default every block).
         **options: ``max_images``, ``batch_size``, ``device``, ``progress``, ``distributed`` of
@@ -138,11 +139,11 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
     if not ridge >= 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
     fit = _Fit(site)
-    fitted: MeasureResult = run_measures(model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="batch",
+    fitted: MeasureResult = run_measures(model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image",
                                          **options)
     weights = {layer: _solve(fit.sums[("xtx", layer)], fit.sums[("xty", layer)], ridge) for layer in fitted.layers}
     score = _Score(site, {k: w.to(torch.float64) for k, w in weights.items()})
-    scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="batch",
+    scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="image",
                           **options)
     H, W = scored.settings["grid_size"]
     settings = dict(model=scored.settings["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,

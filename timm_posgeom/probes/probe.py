@@ -5,6 +5,13 @@ Only running sums are kept (the summed map per layer, and streaming per-image mo
 :mod:`.accumulator`), so memory does not grow with the number of images. The SSDC formula lives in
 :mod:`.spearman`; this module is the edge: hooks, devices, the reduction across processes (the data and its
 shards: :mod:`.streaming`). Definitions: docs/method.md#similarity-maps-and-probe-sites.
+
+Under RPI every image is read (decoded, resized) once and goes through the model under each of the K
+permutations of the protocol (:mod:`~timm_posgeom.interventions.draws`); a forward pass stacks several of
+them (``forward_size``) as chunks of one batch. Each permutation keeps its own sums, and the result is their
+mean with a Student t interval over permutations. Without RPI the summed map is kept per random group of
+images, and the SSDC of the mean map gets the interval of a delete-a-group jackknife over images
+(:mod:`~timm_posgeom.intervals`).
 """
 from __future__ import annotations
 
@@ -15,23 +22,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
+from ..intervals import jackknife_interval, t_interval
 from ..interventions import (
     TokenPermutationError,
     check_unpermuted,
     eval_mode,
     find_embed_module,
+    pe_scale,
+    permutation_seeds,
     token_permutation,
 )
 from ..measuring import DISTRIBUTED_MODES, MeasureSettings
+from ..protocol import JACKKNIFE_GROUPS, rpi_count
 from .accumulator import MAX_GRID_TOKENS, _Accumulator, _Moments
-from .result import SSDCResult
+from .result import PerImageStats, SSDCResult
 from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
-from .spearman import DISTANCES, ConstantMapWarning, grid_positions, ssdc
+from .spearman import DISTANCES, ConstantMapWarning, ssdc_pairs
 from .streaming import (  # noqa: F401  (_batches, _Shard and the others: their old home, still importable)
+    FORWARD_IMAGES,
     Stream,
     _batches,
     _check_images,
@@ -53,7 +66,7 @@ REDUCTIONS = ("mean_map", "per_image", "both")
 @dataclass(frozen=True)
 class _Probe:
     """What one :func:`probe_ssdc` call measures, checked: the site, the model's probe sites (blocks or
-    stages), the layer indices, the reduction, the distance, RPI."""
+    stages), the layer indices, the reduction, the distance, RPI and its permutation count."""
 
     site: str
     sites: ProbeSites | StageSites
@@ -61,6 +74,8 @@ class _Probe:
     reduction: str
     distance: str
     rpi: bool
+    permutations: int = 1
+    forward_size: int | None = None
 
     @property
     def staged(self) -> bool:
@@ -97,13 +112,15 @@ def probe_ssdc(
             ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output),
             ``block_output`` (the residual stream) or ``stage_output`` (each feature map of timm's
             ``forward_intermediates``, on its own grid: ``settings["grid_sizes"]``).
-        rpi: random permutation at inference: one permutation of the patch-token contents (drawn
-            from ``seed``) for the whole probe, after the patch embedding and before any PE.
-            ``per_layer`` is then SSDC against the index grid (the paper's) and
-            ``content_per_layer`` against the content grid (NaN for a stage whose grid is not the
-            patch grid: its tokens mix several patches). Refused for models without a patch embedding.
+        rpi: random permutation at inference: the patch-token contents are permuted after the patch
+            embedding and before any PE, under each of ``rpi_permutations`` shared permutations
+            (permutation k from the seed ``seed + k``, the same for every image), and every number is
+            the mean over them, with a 95% interval over them (Student t). ``per_layer`` is then SSDC
+            against the index grid (the paper's) and ``content_per_layer`` against the content grid (NaN
+            for a stage whose grid is not the patch grid: its tokens mix several patches). Refused for
+            models without a patch embedding.
         settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``max_images``, ``batch_size``,
-            ``seed``, ``device``, ``progress`` and ``distributed`` below (``resize``, ``img_size`` and
+            ``seed``, ``rpi_permutations``, ``device``, ``progress`` and ``distributed`` below (``resize``, ``img_size`` and
             ``num_workers`` are the loader's: ``data`` is already transformed). Each of those fields may
             also be given as a keyword (``batch_size=8``), which overrides ``settings``.
         reduction: ``mean_map`` (the paper's: SSDC of the similarity map averaged over all images),
@@ -111,9 +128,22 @@ def probe_ssdc(
         distance: ``manhattan`` (the paper's), ``euclidean`` or ``chebyshev``.
         layers: block (or stage) indices to probe (negative allowed); default all.
 
+    Without RPI, the SSDC of the mean map gets a 95% interval over images: a delete-a-group jackknife over
+    20 random groups of images (image i's group from (``seed``, i)), Student t on 19 degrees of freedom
+    (docs/method.md#intervals). The per-image reduction's interval is Student t over images (over the
+    permutations under RPI).
+
     Keyword Args:
-        seed (int | None): seed of the RPI permutation (None: torch's global RNG; with several processes, a seed
-            drawn on the main process and shared, recorded in ``settings["seed"]``).
+        seed (int | None): seed of the RPI permutations (permutation k: ``seed + k``) and of the jackknife's
+            groups (None: one drawn from torch's global RNG; with several processes, drawn on the main
+            process and shared; recorded in ``settings["seed"]``).
+        rpi_permutations (int | None): the K permutations under RPI (default 10,
+            :data:`~timm_posgeom.protocol.RPI_PERMUTATIONS`); each image is read once and forwarded K
+            times. K = 1 gives no interval (NaN), never one of zero width.
+        alpha (float | None): scale the positional encoding by alpha for the probe (:func:`~timm_posgeom.pe_scale`,
+            the class row included); None: as it is.
+        forward_size (int | None): at most this many images per forward pass: under RPI, the permutations of
+            a batch are stacked up to it (default 512 images, at least one batch).
         max_images (int | None): stop after this many images (with several processes: this many in all).
         device (str | torch.device | None): run there (the model is moved for the probe and moved back); default the model's.
         progress (bool): show a tqdm bar (on the main process only, when several share the probe).
@@ -137,62 +167,99 @@ def probe_ssdc(
     Returns:
         An :class:`SSDCResult`.
     """
-    settings, _ = MeasureSettings.resolve("probe_ssdc", settings, options)
-    probe = _check_probe(model, site, rpi, reduction, distance, layers)
-    stream = open_stream(model, data, settings, rpi, (probe.site, rpi, reduction, distance, probe.layers),
-                         "probe_ssdc")
-    with stream.together():
-        acc = _stream(model, probe, stream)
+    settings, own = MeasureSettings.resolve("probe_ssdc", settings, options, {"forward_size": None, "alpha": None})
+    probe = _check_probe(model, site, rpi, reduction, distance, layers, settings.rpi_permutations,
+                         own["forward_size"])
+    alpha = own["alpha"]
+    _check_alpha(alpha)
+    stream = open_stream(model, data, settings, True,
+                         (probe.site, rpi, probe.permutations, alpha, reduction, distance, probe.layers), "probe_ssdc")
+    seed = stream.seed if stream.seed is not None else int(torch.randint(2 ** 31, ()).item())
+    acc = _accumulator(probe, seed)
+    scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
+    with stream.together(), scale:
+        _stream(model, probe, stream, acc)
     n_images, image_size = stream.n_images, stream.image_size
     if stream.shard is not None:
         n_images, image_size = _reduce_across_processes(acc, n_images, image_size, stream.shard.seen)
     if n_images == 0:
         raise ValueError("data yielded no images")
-    return _finish(acc, probe, stream.seed, n_images, image_size, model)
+    result = _finish(acc, probe, seed, n_images, image_size, model)
+    result.settings["alpha"] = alpha
+    return result
+
+
+def _check_alpha(alpha: float | None) -> None:
+    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
 
 
 def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distance: str,
-                 layers: Sequence[int] | None) -> _Probe:
+                 layers: Sequence[int] | None, permutations: int | None, forward_size: int | None) -> _Probe:
     """The call's own settings checked (before any data is read) and its probe sites found."""
     site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
+    count = rpi_count(permutations)
+    if forward_size is not None and (isinstance(forward_size, bool) or not isinstance(forward_size, int)
+                                     or forward_size < 1):
+        raise ValueError(f"forward_size must be an integer >= 1, got {forward_size!r}")
     if rpi:
         find_embed_module(model)  # a model without a patch embedding (CNNs): refused before any data is read
     else:
         check_unpermuted(model, "probe_ssdc(rpi=False)")
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
     depth = len(sites.names) if site == "stage_output" else len(sites.blocks)
-    return _Probe(site, sites, _resolve_layers(layers, depth), reduction, distance, rpi)
+    return _Probe(site, sites, _resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1,
+                  forward_size)
 
 
-def _stream(model: nn.Module, probe: _Probe, stream: Stream) -> _Accumulator:
-    """This process's part of :func:`probe_ssdc`: the stream's batches through the model into an
-    accumulator (the stream counts the images and keeps the first batch's size)."""
+def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
+    """The running sums of the call: under RPI one replica per permutation (seeds ``seed`` .. ``seed + K - 1``),
+    else one replica with the jackknife's groups of images (from ``seed``)."""
+    prefix = 0 if probe.staged else probe.sites.num_prefix_tokens
+    seeds = permutation_seeds(seed, probe.permutations) if probe.rpi else None
+    return _Accumulator(probe.layers, probe.reduction, probe.distance, prefix, permutation_seeds=seeds,
+                        groups=0 if probe.rpi else JACKKNIFE_GROUPS, group_seed=seed)
+
+
+def _per_forward(probe: _Probe, batch: int) -> int:
+    """How many permutations one forward pass stacks for a batch of ``batch`` images."""
+    limit = probe.forward_size or FORWARD_IMAGES
+    return max(1, min(probe.permutations, limit // max(batch, 1)))
+
+
+def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) -> None:
+    """This process's part of :func:`probe_ssdc`: the stream's batches through the model, under each
+    permutation under RPI, into ``acc`` (the stream counts the images and keeps the first batch's size)."""
     hooks = []
     try:
-        rpi_ctx = token_permutation(model, seed=stream.seed, per="call") if probe.rpi else contextlib.nullcontext()
+        rpi_ctx = token_permutation(model, per="given") if probe.rpi else contextlib.nullcontext()
         with stream.placed(model), torch.no_grad(), eval_mode(model), rpi_ctx as handle:
-            acc = _Accumulator(probe.layers, probe.reduction, probe.distance, handle,
-                               getattr(probe.sites, "num_prefix_tokens", 0))
             if not probe.staged:
                 hooks = probe.sites.register(probe.site, probe.layers, acc)
-            for images, hw in stream.images():
-                if probe.staged:
-                    _forward_stages(probe.sites, acc, images, probe.layers, handle)
-                else:
-                    acc.start_batch(probe.sites.grid_size(hw))
-                    try:
-                        model(images)
-                    except _StopForward:
-                        pass
-                acc.end_batch()
+            for images, hw, offset in stream.images():
+                step = _per_forward(probe, len(images))
+                for first in range(0, acc.num_replicas, step):
+                    replicas = list(range(first, min(first + step, acc.num_replicas)))
+                    x = images if len(replicas) == 1 else images.repeat(len(replicas), 1, 1, 1)
+                    if handle is not None:  # chunk r of the forward under permutation replicas[r]
+                        handle.give(lambda n, ks=replicas: acc.permutations_for(n)[ks])
+                    acc.start_batch(None if probe.staged else probe.sites.grid_size(hw), replicas, offset,
+                                    len(images))
+                    if probe.staged:
+                        _forward_stages(probe.sites, acc, x, probe.layers, handle)
+                    else:
+                        try:
+                            model(x)
+                        except _StopForward:
+                            pass
+                    acc.end_batch()
     finally:
         for h in hooks:
             h.remove()
-    return acc
 
 
 def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None,
@@ -201,16 +268,16 @@ def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple
 
     Reduced: the image count (summed, exact); each layer's grid (the first process's that has one, as
     the first batch's in one process; a different one refused under the mean map), the layers whose
-    grid is too small (union), the RPI permutation (the same everywhere, checked); the per-image
-    moments (gathered, merged in process order by Chan's formula); each layer's float64 summed map,
-    pairs and diagonal (all-reduced sum: a process without images adds zeros).
+    grid is too small (union); the per-image moments of each layer and permutation (gathered, merged in
+    process order by Chan's formula); each layer's float64 summed maps (every permutation's, or every
+    jackknife group's), their diagonals and the groups' image counts (all-reduced sums: a process without
+    images adds zeros). The permutations are drawn from the shared seed: the same everywhere.
     """
-    perm = acc.permutation.permutation if acc.permutation is not None else None
     states = _dist.all_gather_objects({
         "n": n_images, "seen": seen, "image_size": image_size, "grids": dict(acc.grids),
-        "too_small": sorted(acc.too_small), "perm": None if perm is None else perm.cpu(),
-        "index": {layer: m.state() for layer, m in acc.index_moments.items()},
-        "content": {layer: m.state() for layer, m in acc.content_moments.items()},
+        "too_small": sorted(acc.too_small),
+        "index": {key: m.state() for key, m in acc.index_moments.items()},
+        "content": {key: m.state() for key, m in acc.content_moments.items()},
     })
     seens = [s["seen"] for s in states]
     total = sum(s["n"] for s in states)
@@ -222,16 +289,12 @@ def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple
     acc.grids = grids = _merged_grids(states, acc.want_map)
     acc.too_small = set().union(*(s["too_small"] for s in states))
     for key, moments in (("index", acc.index_moments), ("content", acc.content_moments)):
-        for layer in moments:
+        for slot in moments:
             merged = _Moments()
             for s in states:
-                merged.merge(s[key][layer])
-            moments[layer] = merged
-    perms = [s["perm"] for s in states if s["perm"] is not None]
-    if perms:
-        if any(not torch.equal(p, perms[0]) for p in perms[1:]):
-            raise RuntimeError("the processes drew different RPI permutations: give probe_ssdc the same seed everywhere")
-        acc.permutation.permutation = perms[0]
+                merged.merge(s[key][slot])
+            moments[slot] = merged
+    acc.group_counts = _dist.all_reduce_sum(acc.group_counts.to(torch.float64)).round().to(torch.int64)
     if acc.want_map:
         _sum_maps(acc, grids)
     return total, image_size
@@ -250,24 +313,23 @@ def _merged_grids(states: list[dict[str, Any]], want_map: bool) -> dict[int, tup
 
 
 def _sum_maps(acc: _Accumulator, grids: dict[int, tuple[int, int]]) -> None:
-    """Each layer's float64 summed map, pairs and diagonal, summed across processes (all-reduce; a process
-    without images adds zeros)."""
+    """Each layer's float64 summed maps (every slot), pairs and diagonal, summed across processes (all-reduce;
+    a process without images adds zeros)."""
     for layer in acc.layers:  # the same layers, in the same order, on every process
         if layer in acc.too_small or layer not in grids:
             continue
         n = grids[layer][0] * grids[layer][1]
         m = n * (n - 1) // 2
         local = acc.map_sum.get(layer)
-        flat = torch.cat(local) if local is not None else torch.zeros(m + n, dtype=torch.float64)
+        flat = torch.cat(local, dim=1) if local is not None else torch.zeros(acc.slots, m + n, dtype=torch.float64)
         flat = _dist.all_reduce_sum(flat)
-        acc.map_sum[layer] = (flat[:m], flat[m:])
+        acc.map_sum[layer] = (flat[:, :m], flat[:, m:])
 
 
 def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int],
                     handle: Any | None) -> None:
     """One batch through ``forward_intermediates``; each feature map goes to the accumulator on its grid."""
     calls = handle.num_calls if handle is not None else 0
-    acc.start_batch()
     fmaps = sites.forward(images, layers)
     if handle is not None and handle.num_calls == calls:
         raise TokenPermutationError(f"{type(sites.model).__name__}.forward_intermediates did not call the patch "
@@ -289,64 +351,195 @@ def _near_constant(pairs: torch.Tensor) -> bool:
     return spread <= _CONSTANT_RTOL * max(float(pairs.abs().mean()), 1e-12)
 
 
-def _finish(acc: _Accumulator, probe: _Probe, seed: int | None, n_images: int, image_size: tuple[int, int],
+def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_size: tuple[int, int],
             model: nn.Module) -> SSDCResult:
-    """The result from the (reduced) sums: per-layer SSDC of the mean maps and / or the per-image statistics."""
-    layers, distance = probe.layers, probe.distance
+    """The result from the (reduced) sums: per-layer SSDC of the mean maps and / or the per-image statistics,
+    each with its interval (over permutations under RPI, over images without)."""
+    layers = probe.layers
     grids = [acc.grids[layer] for layer in layers]
-    perm = acc.permutation.permutation.cpu() if probe.rpi else None
     if acc.too_small:
         names = ", ".join(f"{layer} ({'x'.join(map(str, acc.grids[layer]))})" for layer in sorted(acc.too_small))
         warnings.warn(f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger "
                       "images", ConstantMapWarning, stacklevel=3)
-    per_layer = content = mean_maps = None
-    flat: list[int] = []
-    if acc.want_map:
-        per_layer, content, mean_maps, flat = _map_ssdc(acc, probe, n_images, grids, perm)
-    per_image = content_per_image = None
-    if acc.want_images:
-        per_image = [acc.index_moments[layer].stats() for layer in layers]
-        if probe.rpi:
-            content_per_image = [acc.content_moments[layer].stats() for layer in layers]
-        if per_layer is None:
-            per_layer = [s.mean for s in per_image]
-            content = [s.mean for s in content_per_image] if probe.rpi else None
+    maps = _MapStats(layers) if not acc.want_map else _map_ssdc(acc, probe, n_images, grids)
+    stats = _image_stats(acc, probe) if acc.want_images else None
+    if not acc.want_map:  # the per-image reduction alone: its means are the numbers
+        maps.index = np.array([[s.mean for s in stats[0]]]) if not probe.rpi else stats[2]
+        maps.content = stats[3] if probe.rpi else None
+        maps.index_ci = [(s.ci_low, s.ci_high) for s in stats[0]]
+        maps.content_ci = [(s.ci_low, s.ci_high) for s in stats[1]] if probe.rpi else None
+        maps.interval = stats[0][0].over if stats[0] else "none"
+        cols = _rise_columns(probe)
+        if probe.rpi and cols is not None:  # each permutation's rise of its image means
+            _, low, high = t_interval(maps.index[:, cols[1]] - maps.index[:, cols[0]])
+            maps.rise_ci = (float(low), float(high))
     staged = probe.staged
+    k = acc.num_replicas
+    n_tokens = grids[0][0] * grids[0][1] if grids else 0
+    perms = acc.permutations.get(n_tokens) if probe.rpi else None
     settings = {
         "model": _model_name(model), "site": probe.site, "reduction": probe.reduction, "rpi": probe.rpi,
-        "seed": seed if probe.rpi else None, "distance": distance, "n_images": n_images,
+        "seed": seed, "rpi_permutations": k if probe.rpi else None,
+        "permutation_seeds": list(acc.permutation_seeds) if probe.rpi else None,
+        "jackknife_groups": acc.groups or None, "interval": maps.interval,
+        "distance": probe.distance, "n_images": n_images,
         "image_size": list(image_size), "grid_size": list(grids[0]), "grid_sizes": [list(g) for g in grids],
         "num_prefix_tokens": 0 if staged else probe.sites.num_prefix_tokens, "family": probe.sites.family,
         "granularity": "stage" if staged else "block",
         # layers whose mean map is constant up to float rounding (their SSDC NaN, with a ConstantMapWarning)
-        "constant_layers": flat,
+        "constant_layers": maps.flat,
     }
     if staged:
         settings["modules"] = [probe.sites.names[layer] for layer in layers]
-    return SSDCResult(per_layer=per_layer, layers=list(layers), per_image=per_image, content_per_layer=content,
-                      content_per_image=content_per_image, mean_maps=mean_maps, permutation=perm,
-                      settings=settings)
+    result = SSDCResult(
+        per_layer=[float(v) for v in np.nanmean(maps.index, 0)] if _any_finite(maps.index) else
+        [math.nan] * len(layers), layers=list(layers),
+        per_image=stats[0] if stats else None,
+        content_per_layer=_mean_rows(maps.content) if probe.rpi else None,
+        content_per_image=stats[1] if stats and probe.rpi else None,
+        mean_maps=maps.mean_maps, permutation=perms[0].clone() if perms is not None else None, settings=settings,
+        per_layer_ci=maps.index_ci, content_per_layer_ci=maps.content_ci if probe.rpi else None,
+        by_permutation=maps.index.tolist() if probe.rpi else None,
+        content_by_permutation=maps.content.tolist() if probe.rpi and maps.content is not None else None,
+        permutations=perms.clone() if perms is not None else None, rise_ci=maps.rise_ci, jackknife=maps.jackknife)
+    return result
 
 
-def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple[int, int]],
-              perm: torch.Tensor | None) -> tuple[list[float], list[float] | None, Any, list[int]]:
-    """(SSDC of each layer's mean map, under RPI against the content grid, the mean maps, the layers
-    whose mean map is constant up to float rounding: NaN, with a ConstantMapWarning)."""
-    layers, distance = probe.layers, probe.distance
-    maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each
-    flat = [layer for layer in layers if layer not in acc.too_small and _near_constant(acc.map_sum[layer][0])]
-    if flat:
-        warnings.warn(f"the mean similarity map of layer(s) {', '.join(map(str, flat))} is constant up to float "
+def _any_finite(values: np.ndarray) -> bool:
+    return values.size > 0 and bool(np.isfinite(values).any())
+
+
+def _mean_rows(values: np.ndarray | None) -> list[float] | None:
+    """The mean over replicates (rows) of each column, NaN left out (NaN where a column has none)."""
+    if values is None:
+        return None
+    return [float(v) for v in t_interval(values, axis=0)[0]]
+
+
+@dataclass
+class _MapStats:
+    """The mean-map numbers of a call: per replicate (permutation) and layer, with their intervals."""
+
+    layers: list[int]
+    index: np.ndarray = None  # (K, L) SSDC against the index grid per permutation (K = 1 without RPI)
+    content: np.ndarray | None = None  # (K, L) against the content grid (RPI)
+    index_ci: list[tuple[float, float]] | None = None
+    content_ci: list[tuple[float, float]] | None = None
+    rise_ci: tuple[float, float] | None = None
+    jackknife: dict[str, Any] | None = None
+    interval: str = "none"
+    mean_maps: Any = None
+    flat: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.index is None:
+            self.index = np.full((1, len(self.layers)), np.nan)
+        self.flat = self.flat or []
+
+
+def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple[int, int]]) -> _MapStats:
+    """SSDC of each layer's mean map under each replica (permutation), against the index grid and (RPI) the
+    content grid, their intervals (over permutations; without RPI the jackknife over images), the mean maps
+    (the first permutation's under RPI), and the layers whose mean map is constant up to float rounding (NaN,
+    with a ConstantMapWarning)."""
+    layers, k = probe.layers, acc.num_replicas
+    stats = _MapStats(layers, index=np.full((k, len(layers)), np.nan),
+                      content=np.full((k, len(layers)), np.nan) if probe.rpi else None)
+    deleted = np.full((acc.groups, len(layers)), np.nan) if acc.groups else None
+    rows: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}  # grid -> [(column, (K + G, M) mean maps)]
+    for i, (layer, grid) in enumerate(zip(layers, grids)):
+        if layer in acc.too_small:
+            continue
+        pairs = acc.replica_pairs(layer)  # (K, M) summed maps
+        if any(_near_constant(row) for row in pairs):
+            stats.flat.append(layer)
+            continue
+        maps = [pairs / n_images]
+        if deleted is not None:  # each group's images left out: the jackknife's replicates
+            counts = acc.group_counts.to(pairs.device, torch.float64)
+            maps.append((pairs[0][None] - acc.map_sum[layer][0]) / (n_images - counts).clamp(min=1)[:, None])
+        # ranked as float32 (values in [-1, 1], rounding 6e-8; a swap of two tied-close ranks moves SSDC by
+        # ~1e-12): one sort with its payload, 4x faster than float64 (spearman.py), all of a grid's rows at once
+        rows.setdefault(grid, []).append((i, torch.cat(maps).float()))
+    for grid, items in rows.items():
+        device = items[0][1].device
+        (rho,) = ssdc_pairs(torch.cat([m for _, m in items]), acc.distance_targets(grid, 0, device)[:1])
+        rho = rho.cpu().numpy().reshape(len(items), -1)  # (layers of this grid, K + G)
+        for (i, _), values in zip(items, rho):
+            stats.index[:, i] = values[:k]
+            if deleted is not None:
+                deleted[:, i] = values[k:]
+        if probe.rpi and acc.content_defined(grid):
+            for r in range(k):  # against where each token's content came from: permutation r's own grid
+                (rho,) = ssdc_pairs(torch.stack([m[r] for _, m in items]), acc.distance_targets(grid, r, device)[1:])
+                stats.content[r, [i for i, _ in items]] = rho.cpu().numpy()
+    if stats.flat:
+        warnings.warn(f"the mean similarity map of layer(s) {', '.join(map(str, stats.flat))} is constant up to float "
                       "rounding (every patch token alike): its SSDC is undefined (NaN)", ConstantMapWarning,
                       stacklevel=4)
-    undefined = acc.too_small | set(flat)
-    per_layer = [float(ssdc(m, g, distance)) if layer not in undefined else math.nan
-                 for layer, m, g in zip(layers, maps, grids)]
-    content = None
-    if probe.rpi:
-        content = [float(ssdc(m, g, distance, positions=grid_positions(g)[perm]))
-                   if acc.content_defined(g) and layer not in undefined else math.nan
-                   for layer, m, g in zip(layers, maps, grids)]
+    _intervals(stats, acc, probe, deleted)
+    maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each, replica 0
     same = len({m.shape for m in maps}) == 1
-    mean_maps = torch.stack(maps).float().cpu() if same else [m.float().cpu() for m in maps]
-    return per_layer, content, mean_maps, flat
+    stats.mean_maps = torch.stack(maps).float().cpu() if same else [m.float().cpu() for m in maps]
+    return stats
+
+
+def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.ndarray | None) -> None:
+    """Fill the intervals of ``stats``: over permutations under RPI (NaN with one), else the jackknife's."""
+    rise_col = _rise_columns(probe)
+    if probe.rpi:
+        _, lo, hi = t_interval(stats.index, axis=0)
+        stats.index_ci = list(zip(lo.tolist(), hi.tolist()))
+        _, lo, hi = t_interval(stats.content, axis=0)
+        stats.content_ci = list(zip(lo.tolist(), hi.tolist()))
+        if rise_col is not None:
+            _, lo, hi = t_interval(stats.index[:, rise_col[1]] - stats.index[:, rise_col[0]])
+            stats.rise_ci = (float(lo), float(hi))
+        stats.interval = (f"over {acc.num_replicas} RPI permutations (Student t, {acc.num_replicas - 1} df)"
+                          if acc.num_replicas >= 2 else "none (one RPI permutation)")
+        return
+    if deleted is None:
+        return
+    sizes = acc.group_counts.numpy()
+    stats.jackknife = {"deleted": deleted.tolist(), "sizes": sizes.tolist()}
+    lo, hi = jackknife_interval(stats.index[0], deleted, sizes)
+    stats.index_ci = list(zip(lo.tolist(), hi.tolist()))
+    if rise_col is not None:
+        full = stats.index[0, rise_col[1]] - stats.index[0, rise_col[0]]
+        lo, hi = jackknife_interval(full, deleted[:, rise_col[1]] - deleted[:, rise_col[0]], sizes)
+        stats.rise_ci = (float(lo), float(hi))
+    stats.interval = (f"over images (delete-a-group jackknife, {int((sizes > 0).sum())} random groups, Student t)")
+
+
+def _rise_columns(probe: _Probe) -> tuple[int, int] | None:
+    """(column of layer 0, column of layer 1) when both blocks were probed (None per stage: other grids)."""
+    if probe.staged or 0 not in probe.layers or 1 not in probe.layers:
+        return None
+    return probe.layers.index(0), probe.layers.index(1)
+
+
+def _image_stats(acc: _Accumulator, probe: _Probe) -> tuple[list[PerImageStats], list[PerImageStats], Any, Any]:
+    """Per layer, the per-image SSDC's statistics (index grid, content grid): without RPI over the images;
+    under RPI the mean over permutations of each permutation's image mean, its interval over permutations,
+    and the std over every (image, permutation). Also (K, L) arrays of the per-permutation image means."""
+    layers, k = probe.layers, acc.num_replicas
+    if not probe.rpi:
+        return [acc.index_moments[(layer, 0)].stats() for layer in layers], [], None, None
+    out = []
+    arrays = []
+    for moments in (acc.index_moments, acc.content_moments):
+        per = [[moments[(layer, r)].stats() for layer in layers] for r in range(k)]  # (K, L)
+        means = np.array([[s.mean for s in row] for row in per], dtype=float)
+        mean, lo, hi = t_interval(means, axis=0)
+        stats = []
+        for i, layer in enumerate(layers):
+            pooled = _Moments()
+            for r in range(k):
+                pooled.merge(moments[(layer, r)].state())
+            whole = pooled.stats()
+            stats.append(PerImageStats(mean=float(mean[i]), std=whole.std, ci_low=float(lo[i]), ci_high=float(hi[i]),
+                                       n=per[0][i].n, n_nan=pooled.n_nan,
+                                       over=f"{k} RPI permutations" if k >= 2 else "none (one RPI permutation)"))
+        out.append(stats)
+        arrays.append(means)
+    return out[0], out[1], arrays[0], arrays[1]

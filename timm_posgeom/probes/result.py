@@ -6,10 +6,13 @@ Every result of the package names how its numbers were made ``settings`` (attrib
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
 from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..jsonio import dump_json, tagged
@@ -55,7 +58,11 @@ METADATA_ALIAS = property(_metadata, _set_metadata, doc="The old name of ``setti
 @dataclass
 class PerImageStats:
     """Per-image SSDC of one layer over n images: mean, sample std (ddof 1), two-sided 95% CI of the mean
-    (Student t), and how many maps were NaN (constant maps; left out of the statistics)."""
+    (Student t), and how many maps were NaN (constant maps; left out of the statistics).
+
+    ``over`` says what the interval is over: ``"images"``; under RPI ``"K RPI permutations"`` (the mean is then
+    the mean over K permutations of each one's image mean, the std that of every (image, permutation), and
+    ``n_nan`` counts NaN maps over every permutation)."""
 
     mean: float
     std: float
@@ -63,6 +70,7 @@ class PerImageStats:
     ci_high: float
     n: int
     n_nan: int = 0
+    over: str = "images"
 
     @classmethod
     def from_moments(cls, n: int, mean: float, m2: float, n_nan: int = 0) -> PerImageStats:
@@ -94,10 +102,21 @@ class SSDCResult(SettingsRecord):
         mean_maps: (L, N, N) float32 CPU tensor of the similarity maps averaged over images (in token
             slot order), when the mean map was computed; a list of L (N_l, N_l) tensors when the
             layers' grids differ (stages of a hierarchical model or CNN).
-        permutation: under RPI, the (N,) permutation p used for every batch.
-        settings: model, site, reduction, rpi, seed, distance, n_images, image_size, grid_size (the
-            first layer's), grid_sizes (each layer's), granularity ("block" or "stage"), modules
-            (per stage: the module each feature map comes from)...; ``metadata`` is its old name.
+        permutation: under RPI, the first of the K permutations (N,) (slot i holds patch p[i]).
+        settings: model, site, reduction, rpi, seed, rpi_permutations (K), permutation_seeds, interval
+            (what ``per_layer_ci`` is over), jackknife_groups, distance, n_images, image_size, grid_size
+            (the first layer's), grid_sizes (each layer's), granularity ("block" or "stage"), modules (per
+            stage: the module each feature map comes from), alpha...; ``metadata`` is its old name.
+        per_layer_ci / content_per_layer_ci: the 95% interval (low, high) of each entry of ``per_layer`` /
+            ``content_per_layer``: over the K permutations under RPI (Student t; NaN with K = 1), else over
+            images (the mean map's: a delete-a-group jackknife; the per-image reduction's: Student t).
+        by_permutation / content_by_permutation: under RPI, (K, L) SSDC per permutation and layer (what the
+            mean and the interval are made of).
+        permutations: under RPI, the (K, N) permutations (permutation k from the seed ``seed + k``).
+        rise_ci: the 95% interval of :attr:`rise`, made the same way as ``per_layer_ci`` (the rise of each
+            permutation, or of each jackknife replicate).
+        jackknife: without RPI, the mean map's jackknife replicates: ``{"deleted": (G, L) SSDC per layer with
+            group g's images left out, "sizes": (G,) images per group}`` (:meth:`interval_of` reads them).
     """
 
     per_layer: list[float]
@@ -109,31 +128,95 @@ class SSDCResult(SettingsRecord):
     permutation: torch.Tensor | None = field(default=None, repr=False)
     settings: dict[str, Any] = field(default_factory=dict)
     metadata: InitVar[dict[str, Any] | None] = None
+    per_layer_ci: list[tuple[float, float]] | None = None
+    content_per_layer_ci: list[tuple[float, float]] | None = None
+    by_permutation: list[list[float]] | None = None
+    content_by_permutation: list[list[float]] | None = None
+    permutations: torch.Tensor | None = field(default=None, repr=False)
+    rise_ci: tuple[float, float] | None = None
+    jackknife: dict[str, Any] | None = None
 
     def __post_init__(self, metadata: dict[str, Any] | None) -> None:
         self._take_metadata(metadata)
 
     @property
-    def delta(self) -> float:
-        """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) of a flat ViT's blocks (NaN unless both were
-        probed; NaN per stage, where the two maps lie on different grids and the paper's quantity is not defined)."""
+    def rpi(self) -> bool:
+        return bool(self.settings.get("rpi"))
+
+    @property
+    def rise(self) -> float:
+        """SSDC(layer 1) - SSDC(layer 0) of a flat ViT's blocks, whatever the intervention (NaN unless both were
+        probed; NaN per stage, where the two maps lie on different grids). Under RPI it is the paper's delta
+        SSDC (:attr:`delta`)."""
         if self.settings.get("granularity") == "stage":
             return math.nan
         if 0 in self.layers and 1 in self.layers:
             return self.per_layer[self.layers.index(1)] - self.per_layer[self.layers.index(0)]
         return math.nan
 
+    @property
+    def delta(self) -> float:
+        """The paper's delta SSDC: SSDC(layer 1) - SSDC(layer 0) under RPI (the mean over permutations of each
+        permutation's rise; its interval: :attr:`delta_ci`). Without RPI it is not defined: the rise of a probe
+        without RPI is :attr:`rise` (read here, it is returned with a DeprecationWarning, for one release)."""
+        if not self.rpi:
+            warnings.warn("SSDCResult.delta is delta SSDC under RPI; without RPI, SSDC(layer 1) - SSDC(layer 0) is "
+                          "SSDCResult.rise (delta will be NaN without RPI in the next release)", DeprecationWarning,
+                          stacklevel=2)
+        return self.rise
+
+    def interval_of(self, statistic: Callable[[np.ndarray], float]) -> tuple[float, float, float]:
+        """(value, low, high): a statistic of the per-layer SSDC vector (L,) (e.g. ``np.nanmean``, its mean over
+        layers) with its 95% interval, made as ``per_layer_ci`` is: under RPI the statistic of each
+        permutation's vector, their mean and Student t interval; without RPI the statistic of ``per_layer``
+        and the delete-a-group jackknife of its replicates. (NaN, NaN) where there are none."""
+        from ..intervals import jackknife_interval, t_interval
+
+        if self.by_permutation is not None:
+            values = [statistic(np.asarray(row, dtype=float)) for row in self.by_permutation]
+            mean, low, high = t_interval(np.asarray(values, dtype=float))
+            return float(mean), float(low), float(high)
+        value = float(statistic(np.asarray(self.per_layer, dtype=float)))
+        if self.jackknife is None:
+            return value, math.nan, math.nan
+        deleted = [statistic(np.asarray(row, dtype=float)) for row in self.jackknife["deleted"]]
+        low, high = jackknife_interval(value, deleted, self.jackknife["sizes"])
+        return value, float(low), float(high)
+
+    @property
+    def delta_ci(self) -> tuple[float, float]:
+        """The 95% interval of delta SSDC under RPI, over the permutations ((NaN, NaN) without RPI or with one
+        permutation)."""
+        if not self.rpi or self.rise_ci is None:
+            return (math.nan, math.nan)
+        return tuple(self.rise_ci)
+
     def to_dict(self, include_maps: bool = False) -> dict[str, Any]:
-        """A JSON-ready dict (NaN kept as float NaN); the mean maps only when ``include_maps``."""
+        """A JSON-ready dict (NaN kept as float NaN); the mean maps only when ``include_maps``. Every number a
+        reader compares has its interval beside it under the same name + ``_ci`` ([low, high]): ``per_layer``,
+        ``content_per_layer``, ``delta`` (under RPI only: None without) and ``rise`` (SSDC(layer 1) - SSDC(layer
+        0), any probe)."""
+        def pairs(ci):
+            return [list(c) for c in ci] if ci is not None else None
+
         out: dict[str, Any] = {
             "per_layer": list(self.per_layer),
+            "per_layer_ci": pairs(self.per_layer_ci),
             "layers": list(self.layers),
-            "delta": self.delta,
+            "delta": self.rise if self.rpi else None,
+            "delta_ci": list(self.delta_ci) if self.rpi else None,
+            "rise": self.rise,
+            "rise_ci": list(self.rise_ci) if self.rise_ci is not None else None,
             "per_image": [asdict(s) for s in self.per_image] if self.per_image is not None else None,
             "content_per_layer": list(self.content_per_layer) if self.content_per_layer is not None else None,
+            "content_per_layer_ci": pairs(self.content_per_layer_ci),
             "content_per_image": ([asdict(s) for s in self.content_per_image]
                                   if self.content_per_image is not None else None),
+            "by_permutation": self.by_permutation,
+            "jackknife": self.jackknife,
+            "content_by_permutation": self.content_by_permutation,
             "permutation": self.permutation.tolist() if self.permutation is not None else None,
+            "permutations": self.permutations.tolist() if self.permutations is not None else None,
             **self._settings_json(),
         }
         if include_maps and self.mean_maps is not None:
@@ -145,27 +228,37 @@ class SSDCResult(SettingsRecord):
         return dump_json(tagged("ssdc-result", self.to_dict(include_maps)), path, indent)
 
     def table(self) -> str:
-        """A plain-text per-layer table."""
+        """A plain-text per-layer table. Each number a reader compares stands beside its own 95% interval:
+        ``ssdc`` (the headline: SSDC of the mean map, or the mean of the per-image SSDC when only that was
+        kept) and ``ssdc_ci95``; ``img_mean`` and ``img_mean_ci95``; ``content`` and ``content_ci95``. The last
+        lines give delta SSDC (under RPI) or the rise from layer 0 to layer 1 (without), with its interval, and
+        what the intervals are over."""
         grids = self.settings.get("grid_sizes")
         show_grid = bool(grids) and len({tuple(g) for g in grids}) > 1
-        head = [self._unit(), "ssdc"] + (["grid"] if show_grid else [])
+        head = [self._unit(), "ssdc", "ssdc_ci95"] + (["grid"] if show_grid else [])
         if self.per_image is not None:
-            head += ["img_mean", "img_std", "ci95"]
+            head += ["img_mean", "img_mean_ci95", "img_std"]
         if self.content_per_layer is not None:
-            head += ["content"]
+            head += ["content", "content_ci95"]
         rows = [head]
         for k, layer in enumerate(self.layers):
-            row = [str(layer), f"{self.per_layer[k]:.4f}"] + (["x".join(map(str, grids[k]))] if show_grid else [])
+            row = [str(layer), f"{self.per_layer[k]:.4f}", _ci_text(self.per_layer_ci, k)]
+            row += ["x".join(map(str, grids[k]))] if show_grid else []
             if self.per_image is not None:
                 s = self.per_image[k]
-                row += [f"{s.mean:.4f}", f"{s.std:.4f}", f"[{s.ci_low:.4f}, {s.ci_high:.4f}]"]
+                row += [f"{s.mean:.4f}", _ci_text([(s.ci_low, s.ci_high)], 0), f"{s.std:.4f}"]
             if self.content_per_layer is not None:
-                row.append(f"{self.content_per_layer[k]:.4f}")
+                row += [f"{self.content_per_layer[k]:.4f}", _ci_text(self.content_per_layer_ci, k)]
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-        if not math.isnan(self.delta):
-            lines.append(f"delta SSDC ({self._unit()} 1 - {self._unit()} 0): {self.delta:.4f}")
+        unit = self._unit()
+        if not math.isnan(self.rise):
+            ci = _ci_text([self.rise_ci] if self.rise_ci is not None else None, 0)
+            name = "delta SSDC under RPI" if self.rpi else "rise without RPI"
+            lines.append(f"{name} ({unit} 1 - {unit} 0): {self.rise:.4f} {ci}")
+        lines.append(f"intervals: 95%, ssdc {self.settings.get('interval', 'not recorded')}"
+                     + (f"; img_mean over {self.per_image[0].over}" if self.per_image else ""))
         return "\n".join(lines)
 
     def _unit(self) -> str:
@@ -195,12 +288,18 @@ class SSDCResult(SettingsRecord):
         axes = fig.subplots(1, 1 + len(idx), squeeze=False)[0]
         ax = axes[0]
         grid = " (index grid)" if self.content_per_layer else ""
-        ax.plot(self.layers, self.per_layer, "o-", color="C0", label=f"SSDC of the mean map{grid}")
-        if self.per_image is not None:
+        headline = "SSDC of the mean map" if md_reduction(self) != "per_image" else "per-image SSDC, mean"
+        ax.plot(self.layers, self.per_layer, "o-", color="C0", label=f"{headline}{grid}")
+        if self.per_layer_ci is not None and not all(math.isnan(lo) for lo, _ in self.per_layer_ci):
+            ax.fill_between(self.layers, [lo for lo, _ in self.per_layer_ci], [hi for _, hi in self.per_layer_ci],
+                            color="C0", alpha=0.2, lw=0,
+                            label=f"its 95% interval, {self.settings.get('interval', '')}")
+        if self.per_image is not None and md_reduction(self) != "per_image":
             ax.plot(self.layers, [s.mean for s in self.per_image], "^:", color="C2", ms=4,
                     label=f"per-image SSDC, mean{grid}")
             ax.fill_between(self.layers, [s.ci_low for s in self.per_image], [s.ci_high for s in self.per_image],
-                            color="C2", alpha=0.2, lw=0, label="per-image SSDC, 95% interval of its mean")
+                            color="C2", alpha=0.2, lw=0,
+                            label=f"per-image SSDC, 95% interval of its mean over {self.per_image[0].over}")
         if self.content_per_layer is not None:
             ax.plot(self.layers, self.content_per_layer, "s--", color="C1", label="SSDC of the mean map (content grid)")
         ax.axhline(0.0, color="0.6", lw=0.8)
@@ -220,6 +319,19 @@ class SSDCResult(SettingsRecord):
 
 
 SSDCResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
+
+
+def md_reduction(result: SSDCResult) -> str:
+    """The result's reduction (``mean_map``, ``per_image`` or ``both``; ``mean_map`` when not recorded)."""
+    return str(result.settings.get("reduction") or "mean_map")
+
+
+def _ci_text(ci: list[tuple[float, float]] | None, k: int) -> str:
+    """``[low, high]`` of entry k (4 decimals), ``[nan, nan]`` where there is none."""
+    if ci is None:
+        return "[nan, nan]"
+    low, high = ci[k]
+    return f"[{low:.4f}, {high:.4f}]"
 
 
 def _spread(n: int, k: int) -> list[int]:

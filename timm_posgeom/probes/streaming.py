@@ -15,6 +15,10 @@ from torch.utils.data import DataLoader, RandomSampler
 from .. import distributed as _dist
 from ..measuring import MeasureSettings
 
+# Under RPI, the permutations of one batch are stacked into forwards of up to this many images (at least one
+# batch): the images are read once, and bigger forwards use the hardware better (benchmarks/bench_rpi.py).
+FORWARD_IMAGES = 512
+
 
 class _StopForward(Exception):
     """Raised by the last probed hook: the rest of the forward pass is not needed."""
@@ -57,10 +61,15 @@ class _Shard:
                              "processes (each would draw its own order): pass an unshuffled one, or shard it "
                              "yourself and pass distributed='presharded'")
 
-    def __iter__(self) -> Iterator[torch.Tensor]:
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """(global index of the batch's first image, images) for each of this process's batches (a
+        pre-sharded ``data``: the index within this process's shard)."""
         data, world, rank, limit = self.data, self.world, self.rank, self.max_images
         if self.presharded:
-            yield from _batches(data, self.batch_size)
+            start = 0
+            for images in _batches(data, self.batch_size):
+                yield start, images
+                start += len(images)
             return
         if isinstance(data, torch.Tensor):
             images = data[None] if data.ndim == 3 else data
@@ -68,23 +77,33 @@ class _Shard:
             step = self.batch_size or max(len(images), 1)
             self.seen = len(images)
             for start in range(rank * step, len(images), world * step):
-                yield _check_images(images[start:start + step])
+                yield start, _check_images(images[start:start + step])
             return
         sharded = _dist.shard_dataloader(data, limit, world, rank)
         if sharded is not None:  # each process loads only its own batches
             loader, self.seen = sharded
-            yield from _batches(loader, None)
+            starts = [rows[0] for rows in loader.batch_sampler.batches if len(rows)]
+            yield from zip(starts, _batches(loader, None))
             return
         self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
         for k, images in enumerate(_batches(data, self.batch_size)):
             if limit is not None:
                 images = images[:limit - self.seen]
             if len(images):
+                start = self.seen
                 self.seen += len(images)
                 if k % world == rank:
-                    yield images
+                    yield start, images
             if limit is not None and self.seen >= limit:
                 break
+
+
+def _numbered(batches: Iterable[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index of the batch's first image, images) for each batch of one process reading all the data."""
+    start = 0
+    for images in batches:
+        yield start, images
+        start += len(images)
 
 
 def _data_signature(data: Any) -> Any:
@@ -160,7 +179,7 @@ class Stream:
     its first batch (None before one).
     """
 
-    def __init__(self, batches: Iterable[torch.Tensor], shard: _Shard | None, seed: int | None,
+    def __init__(self, batches: Iterable[tuple[int, torch.Tensor]], shard: _Shard | None, seed: int | None,
                  limit: int | None, placement: tuple[torch.device, torch.device, torch.dtype], bar: Any) -> None:
         self.batches, self.shard, self.seed, self.limit, self.bar = batches, shard, seed, limit, bar
         self.home, self.device, self.dtype = placement
@@ -183,17 +202,20 @@ class Stream:
             if self.device != self.home:
                 model.to(self.home)
 
-    def images(self) -> Iterator[tuple[torch.Tensor, tuple[int, int]]]:
-        """(images on ``device`` in the model's dtype (B, C, H, W), (H, W)) per batch, cut at ``limit``;
-        a batch is counted (``n_images``, the bar) once its consumer asks for the next one."""
-        for images in self.batches:
+    def images(self) -> Iterator[tuple[torch.Tensor, tuple[int, int], int]]:
+        """(images on ``device`` in the model's dtype (B, C, H, W), (H, W), the index in the data of the first
+        image) per batch, cut at ``limit``; a batch is counted (``n_images``, the bar) once its consumer asks
+        for the next one. The index is global when several processes share the data (within this process's
+        shard for a pre-sharded ``data``): per-image choices (RPI permutations, jackknife groups) made from it
+        do not depend on batching or on the number of processes."""
+        for offset, images in self.batches:
             if self.limit is not None:
                 images = images[:self.limit - self.n_images]
             if len(images) == 0:
                 continue
             hw = (int(images.shape[-2]), int(images.shape[-1]))
             self.image_size = self.image_size or hw
-            yield images.to(device=self.device, dtype=self.dtype, non_blocking=True), hw
+            yield images.to(device=self.device, dtype=self.dtype, non_blocking=True), hw, offset
             self.n_images += len(images)
             self.bar.update(len(images))
             if self.limit is not None and self.n_images >= self.limit:
@@ -226,6 +248,6 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
     total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
     show = settings.progress and (shard is None or _dist.is_main())
     bar = tqdm(total=total if shard is None else None, unit="img", desc=what, disable=not show, leave=False)
-    batches = shard if shard is not None else _batches(data, batch_size)
+    batches = shard if shard is not None else _numbered(_batches(data, batch_size))
     return Stream(batches, shard, seed, None if shard is not None else max_images,
                   _placement(model, settings.device), bar)

@@ -8,7 +8,7 @@ from ...errors import PosgeomError
 from ..rundir import settings_changes
 
 __all__ = ["CONDITIONS", "SWEPT", "PRESETS", "StudyConfig", "StudyError", "preset_config", "check_init",
-           "config_changes", "LEGACY_SETTINGS", "RPI_SETTINGS"]
+           "config_changes", "LEGACY_SETTINGS", "RPI_SETTINGS", "PART_SETTINGS", "sweep_rpi", "attention_rpi"]
 
 CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
 SWEPT = ("ape", "sincos", "rope")
@@ -114,20 +114,36 @@ class StudyError(PosgeomError, RuntimeError):
     """A study that cannot go on as asked (a failed training, settings that differ from what exists)."""
 
 
+def sweep_rpi(permutations: int) -> str:
+    """How the alpha sweep permutes under RPI, as recorded in a run's measuring settings."""
+    return f"{permutations} permutation{'s' if permutations != 1 else ''} per alpha, drawn afresh for each alpha"
+
+
+def attention_rpi(permutations: int) -> str:
+    """How the attention measures permute under RPI, as recorded in a run's measuring settings (one
+    permutation is seed 0, as before the protocol)."""
+    return "1 permutation, seed 0" if permutations == 1 else f"{permutations} shared permutations (seeds 0, 1, ...)"
+
+
 # Settings added since the first studies, with the value a study that did not record them had: a study (or
-# an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0.
-LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1}
-# Settings that change only the RPI part of a run's measurements (SSDC under RPI): a change re-measures it,
-# keeping the run's fragility and alpha sweep.
-RPI_SETTINGS = frozenset({"rpi_permutations"})
+# an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0; before the sweep and
+# the attention measures took the permutation protocol, each drew one, seed 0 (at every alpha).
+LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1, "sweep_rpi": "1 permutation, seed 0 at every alpha",
+                                   "attention_rpi": "1 permutation, seed 0"}
+# Settings that change one part of a run's measurements alone: a change re-measures that part (the eval.json
+# field named here), keeping the others.
+PART_SETTINGS: dict[str, str] = {"rpi_permutations": "ssdc", "sweep_rpi": "alpha_sweep", "attention_rpi": "attention"}
+RPI_SETTINGS = frozenset({"rpi_permutations"})  # kept for readers of the old name: the SSDC part
 
 
-def _with_legacy(saved: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` with the settings it predates set to what it ran with (``LEGACY_SETTINGS``); {} stays {}."""
-    return {**LEGACY_SETTINGS, **saved} if saved else saved
+def _with_legacy(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the settings it predates (of those ``asked`` has) set to what it ran with
+    (``LEGACY_SETTINGS``); {} stays {}."""
+    legacy = {k: v for k, v in LEGACY_SETTINGS.items() if k in asked}
+    return {**legacy, **saved} if saved else saved
 
 
 def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared); a
     setting ``saved`` predates counts as its legacy value (``LEGACY_SETTINGS``)."""
-    return settings_changes("study", _with_legacy(saved), asked)
+    return settings_changes("study", _with_legacy(saved, asked), asked)

@@ -7,7 +7,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from ...errors import PosgeomError
 from ...jsonio import to_jsonable
 from ..records import AttentionSummary, RunEval, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
-from .config import RPI_SETTINGS, SWEPT, StudyConfig, StudyError, config_changes
+from .config import PART_SETTINGS, SWEPT, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
 from .plan import PlannedRun
 
 __all__ = ["Measuring", "measure_run", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
@@ -41,6 +41,8 @@ class Measuring:
     versions: dict[str, str]  # package_versions() of this invocation
     log: Callable[[str], None]
     allow_changes: bool = False
+    # run folder -> its alpha sweep measured before under other RPI permutations alone: its FS is kept
+    kept_fs: dict[Path, SweepSummary] = field(default_factory=dict)
 
 
 def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
@@ -48,7 +50,8 @@ def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
     return to_jsonable(dict(data=config.data or "synthetic", val_images=len(val), eval_images=config.eval_images,
                             probe_images=config.probe_images, sweep_images=config.sweep_images, alphas=config.alphas,
                             shifts=config.shifts, imagenet_c=config.imagenet_c,
-                            rpi_permutations=config.rpi_permutations))
+                            rpi_permutations=config.rpi_permutations, sweep_rpi=sweep_rpi(config.rpi_permutations),
+                            attention_rpi=attention_rpi(config.rpi_permutations)))
 
 
 def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
@@ -75,8 +78,10 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
         evals.ssdc = ssdc_summary(model, m.val, m.config, run.run_dir / "maps.pt")
         measured()
     if run.condition in SWEPT and evals.alpha_sweep is None:
-        m.log(f"[{run.run_dir.name}] alpha sweep {list(m.config.alphas)}")
-        evals.alpha_sweep = _sweep(model, m)
+        kept = m.kept_fs.pop(run.run_dir, None)
+        m.log(f"[{run.run_dir.name}] alpha sweep {list(m.config.alphas)}"
+              + (" (delta SSDC under RPI; FS kept: it does not depend on the permutations)" if kept else ""))
+        evals.alpha_sweep = _sweep(model, m, kept)
         measured()
     if evals.attention is None:
         m.log(f"[{run.run_dir.name}] attention per head")
@@ -88,8 +93,9 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
 
 def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
     """The run's ``eval.json`` (a new record when there is none), checked against the settings and the
-    weights measured now: a change is refused unless ``allow_changes``; then a change of the RPI settings
-    alone clears the SSDC part, any other sets the file aside and starts again."""
+    weights measured now: a change is refused unless ``allow_changes``; then a change of settings that each
+    touch one part (``PART_SETTINGS``: the RPI permutations of SSDC, of the sweep, of attention) clears
+    those parts alone, any other sets the file aside and starts again."""
     from ..hub import weights_sha1
 
     settings, current = m.settings, m.versions
@@ -102,10 +108,15 @@ def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
     if changed and not m.allow_changes:
         raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                          "--allow-changes to measure again (the former file is kept)")
-    if changed and set(changed) <= RPI_SETTINGS:  # only the RPI part depends on them: measure it again
+    if changed and set(changed) <= set(PART_SETTINGS):  # only these parts depend on them: measure them again
         set_aside(eval_path, m.log)
-        m.log(f"[{run.run_dir.name}] {describe_changes(changed)}: SSDC under RPI measured again, the rest kept")
-        evals.settings, evals.ssdc = settings, None
+        parts = sorted({PART_SETTINGS[key] for key in changed})
+        m.log(f"[{run.run_dir.name}] {describe_changes(changed)}: {', '.join(parts)} measured again, the rest kept")
+        if evals.alpha_sweep is not None and "alpha_sweep" in parts and evals.alpha_sweep.fs_interval is not None:
+            m.kept_fs[run.run_dir] = evals.alpha_sweep  # the same alphas, shifts and images: only the RPI part moves
+        for part in parts:
+            setattr(evals, part, None)
+        evals.settings = settings
         evals.write(eval_path)
     elif changed:
         set_aside(eval_path, m.log)
@@ -135,18 +146,34 @@ def _fragility(evals: RunEval, model: torch.nn.Module, m: Measuring) -> None:
     evals.num_images = res.num_images
 
 
-def _sweep(model: torch.nn.Module, m: Measuring) -> SweepSummary:
-    """The alpha sweep: delta SSDC under RPI and JPEG q5 FS per alpha."""
+def _sweep(model: torch.nn.Module, m: Measuring, kept: SweepSummary | None = None) -> SweepSummary:
+    """The alpha sweep: delta SSDC under RPI and JPEG q5 FS per alpha. With ``kept`` (the run's former sweep,
+    measured with the same alphas, shifts and images under other RPI permutations), only the SSDC part is
+    measured (:func:`~timm_posgeom.robustness.sweep_ssdc`, the sweep's own code) and its FS kept."""
     from ... import robustness
 
     config = m.config
+    if kept is not None and list(kept.alphas) == [float(a) for a in config.alphas]:
+        from ...measuring import MeasureSettings
+
+        loader = _probe_loader(model, m.val, config)
+        ssdcs = robustness.sweep_ssdc(model, loader, config.alphas, settings=MeasureSettings(
+            seed=0, rpi_permutations=config.rpi_permutations, device=config.device, progress=False,
+            max_images=config.probe_images))
+        return SweepSummary(
+            alphas=list(kept.alphas), delta_ssdc=[r.rise for r in ssdcs], fs=kept.fs,
+            clean_accuracy=kept.clean_accuracy, rpi_per_layer=[list(r.per_layer) for r in ssdcs],
+            fs_interval=kept.fs_interval, rpi_permutations=config.rpi_permutations,
+            delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs])
     sweep = robustness.alpha_sweep(model, m.val, config.alphas, shifts=("jpeg:5",), probe_images=config.probe_images,
                                    batch_size=config.batch_size, max_images=config.sweep_images or config.eval_images,
-                                   num_workers=config.workers, device=config.device, progress=False)
+                                   num_workers=config.workers, device=config.device, progress=False, seed=0,
+                                   rpi_permutations=config.rpi_permutations)
     return SweepSummary(
         alphas=list(sweep.alphas), delta_ssdc=list(sweep.delta_ssdc), fs=sweep.fs,
         clean_accuracy=[r.clean_accuracy for r in sweep.rows], rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows],
-        fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts})
+        fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts},
+        rpi_permutations=config.rpi_permutations, delta_ssdc_ci=[list(r.delta_ssdc_ci) for r in sweep.rows])
 
 
 def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig, max_images: int | None = None) -> Any:
@@ -158,15 +185,16 @@ def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig, max_i
 
 
 def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
-    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``; under RPI
-    with ``config.rpi_permutations`` permutations (seeds 0 .. P-1): SSDC per layer under each, their mean,
-    and the per-image reduction, content SSDC and maps of the first (docs/method.md#rpi-and-rpt)."""
+    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``, each with its
+    95% interval: over images without RPI, over the ``config.rpi_permutations`` permutations under RPI (seeds
+    0 .. P-1, the protocol of :func:`~timm_posgeom.probes.probe_ssdc`; docs/method.md#rpi-and-rpt). The mean
+    maps of layers 0 and 1 (under RPI: of the first permutation) go to ``maps_path``."""
     from ...probes import probe_ssdc
 
     results, maps = {}, {}
     for rpi in (False, True):
         res = probe_ssdc(model, _probe_loader(model, split, config), rpi=rpi, seed=0, reduction="both",
-                         device=config.device, progress=False)
+                         rpi_permutations=config.rpi_permutations, device=config.device, progress=False)
         results[rpi] = res
         if res.mean_maps is not None:
             maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
@@ -175,12 +203,6 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
     if maps_path is not None and maps:
         torch.save(maps, maps_path)
     normal, rpi = results[False], results[True]
-    by_permutation = [list(rpi.per_layer)]
-    for seed in range(1, config.rpi_permutations):
-        res = probe_ssdc(model, _probe_loader(model, split, config), rpi=True, seed=seed, reduction="mean_map",
-                         device=config.device, progress=False)
-        by_permutation.append(list(res.per_layer))
-    rpi_mean = _nanmean_rows(by_permutation)
 
     def means(res):
         return [s.mean for s in res.per_image] if res.per_image else None
@@ -188,21 +210,17 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
     def stds(res):
         return [s.std for s in res.per_image] if res.per_image else None
 
+    def pairs(ci):
+        return [list(c) for c in ci] if ci is not None else None
+
     return SSDCSummary(
-        n_images=int(rpi.settings["n_images"]), per_layer=list(normal.per_layer), delta=normal.delta,
-        rpi_per_layer=rpi_mean, rpi_delta=rpi_mean[1] - rpi_mean[0] if len(rpi_mean) >= 2 else None,
+        n_images=int(rpi.settings["n_images"]), per_layer=list(normal.per_layer), rise=normal.rise,
+        rpi_per_layer=list(rpi.per_layer), rpi_delta=rpi.rise if len(rpi.per_layer) >= 2 else None,
         rpi_content_per_layer=list(rpi.content_per_layer), per_image_mean=means(normal), per_image_std=stds(normal),
         rpi_per_image_mean=means(rpi), rpi_per_image_std=stds(rpi),
-        rpi_permutations=list(range(config.rpi_permutations)), rpi_by_permutation=by_permutation)
-
-
-def _nanmean_rows(rows: list[list[float | None]]) -> list[float]:
-    """The mean over rows of each column, NaN (and None) left out; NaN where a column has no value."""
-    out = []
-    for column in zip(*rows):
-        vals = [float(v) for v in column if v is not None and math.isfinite(float(v))]
-        out.append(sum(vals) / len(vals) if vals else math.nan)
-    return out
+        rpi_permutations=list(rpi.settings["permutation_seeds"]), rpi_by_permutation=rpi.by_permutation,
+        per_layer_ci=pairs(normal.per_layer_ci), rise_ci=list(normal.rise_ci) if normal.rise_ci else None,
+        rpi_per_layer_ci=pairs(rpi.per_layer_ci), rpi_delta_ci=list(rpi.rise_ci) if rpi.rise_ci else None)
 
 
 def attention_layers(depth: int, count: int = ATTENTION_LAYERS) -> list[int]:
@@ -217,13 +235,15 @@ def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
                       log: Callable[[str], None] = lambda s: None) -> AttentionSummary | None:
     """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures)
     at :func:`attention_layers` of the model, on the first ``probe_images`` (at most ``ATTENTION_IMAGES``),
-    normal and under RPI (seed 0), with the function ``posgeom attention`` and the zoo use. None (said
+    normal and under RPI (the mean over ``config.rpi_permutations`` shared permutations, seeds 0 .. P-1), with
+    the function ``posgeom attention`` and the zoo use. None (said
     through ``log``) for a model whose attention cannot be captured."""
     from ...probes import attention_measures
 
     def measure(rpi: bool) -> Any:
         loader = _probe_loader(model, split, config, min(config.probe_images, ATTENTION_IMAGES))
-        return attention_measures(model, loader, rpi=rpi, seed=0, layers=layers, device=config.device, progress=False)
+        return attention_measures(model, loader, rpi=rpi, seed=0, layers=layers, device=config.device, progress=False,
+                                  rpi_permutations=config.rpi_permutations)
 
     def rows(values: Any) -> list[list[float | None]]:
         return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
@@ -244,6 +264,7 @@ def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
     else:
         summary.rpi_mean_distance = rows(shuffled.mean_distance)
         summary.rpi_entropy, summary.rpi_ssdc = rows(shuffled.entropy), rows(shuffled.ssdc)
+        summary.rpi_permutations = config.rpi_permutations
     return summary
 
 

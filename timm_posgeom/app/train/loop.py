@@ -73,7 +73,8 @@ def evaluate_top1(model: nn.Module, loader, accelerator) -> dict[str, float]:
 
 
 def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
-    """SSDC per layer under RPI (one fixed permutation, seed 0) on the first ``max_images`` images."""
+    """SSDC per layer under RPI on the first ``max_images`` images: the mean over the protocol's 10 permutations
+    (seeds 0 .. 9, the same at every evaluation), and delta SSDC."""
     from ...probes import probe_ssdc
 
     # the main process alone runs this probe: "off", for the other processes are not in it (with "auto"
@@ -83,7 +84,7 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
     def rounded(v: float) -> float | None:
         return round(float(v), 4) if math.isfinite(v) else None
 
-    return {"rpi_ssdc": [rounded(v) for v in result.per_layer], "rpi_delta_ssdc": rounded(result.delta)}
+    return {"rpi_ssdc": [rounded(v) for v in result.per_layer], "rpi_delta_ssdc": rounded(result.delta)}  # under RPI
 
 
 def evaluate_now(s: Session) -> dict[str, Any]:

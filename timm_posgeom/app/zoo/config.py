@@ -16,7 +16,7 @@ import torch
 from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
-from ...protocol import probe_count
+from ...protocol import RPI_PERMUTATIONS, probe_count, rpi_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
@@ -57,7 +57,8 @@ class ZooConfig:
     pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
     shifts: tuple[str, ...] = PAPER_SHIFTS
     alphas: tuple[float, ...] | None = None  # None: no alpha sweep
-    seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutation, bootstrap
+    seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutations, bootstrap
+    rpi_permutations: int = RPI_PERMUTATIONS  # SSDC and attention under RPI: the mean over this many (seed + k)
     batch_size: int = 64
     num_workers: int | None = None
     device: str | None = None
@@ -76,6 +77,7 @@ class ZooConfig:
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         self.probe_count()  # max_images, probe_images >= 1
+        rpi_count(self.rpi_permutations)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.img_size is not None and self.img_size < 1:

@@ -32,7 +32,8 @@ def _empty(ax: Any, text: str) -> None:
 
 def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
     """SSDC against relative depth (:func:`relative_depth`), one line per model: normal (left) and under
-    RPI (right), against the index grid."""
+    RPI (right), against the index grid; each line with its 95% interval as a band (over images without RPI,
+    over the RPI permutations under it)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -47,8 +48,13 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
             if not values:
                 continue
             y = [math.nan if v is None else v for v in values]
-            ax.plot(relative_depth(len(y)), y, marker="s" if r.granularity == "stage" else "o", ms=4,
+            x = relative_depth(len(y))
+            ax.plot(x, y, marker="s" if r.granularity == "stage" else "o", ms=4,
                     color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=_label(r.model))
+            cis = getattr(r, f"{key}_ci")
+            if cis and len(cis) == len(y):
+                ax.fill_between(x, [math.nan if c[0] is None else c[0] for c in cis],
+                                [math.nan if c[1] is None else c[1] for c in cis], color=f"C{i % 10}", alpha=0.15, lw=0)
             drawn += 1
         if not drawn:
             _empty(ax, "no model measured" if key == "ssdc" else "no model measured under RPI")
@@ -67,8 +73,9 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
 
 def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JPEG_SHIFT) -> list[str]:
     """``shift``'s FS against delta SSDC under RPI, one labelled point per model that has both, with FS's
-    paired-bootstrap 95% interval as a vertical error bar (delta SSDC has no interval in a zoo record);
-    labels point inwards so they stay inside the axes. Returns the models left out."""
+    paired-bootstrap 95% interval as a vertical error bar and delta SSDC's 95% interval over the RPI
+    permutations as a horizontal one; labels point inwards so they stay inside the axes. Returns the models
+    left out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -86,7 +93,10 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
             continue
         lo, hi = ((r.fs_interval or {}).get(shift) or [None, None])[:2]
         err = None if lo is None or hi is None else [[max(fs - lo, 0.0)], [max(hi - fs, 0.0)]]
-        ax.errorbar([r.rpi_delta_ssdc], [fs], yerr=err, fmt="o", color=f"C{i % 10}", ms=5, capsize=3, zorder=3)
+        dlo, dhi = (r.rpi_delta_ssdc_ci or [None, None])[:2]
+        d = r.rpi_delta_ssdc
+        xerr = None if dlo is None or dhi is None else [[max(d - dlo, 0.0)], [max(dhi - d, 0.0)]]
+        ax.errorbar([d], [fs], yerr=err, xerr=xerr, fmt="o", color=f"C{i % 10}", ms=5, capsize=3, zorder=3)
         points.append((r.rpi_delta_ssdc, fs, r.model, i))
     if not points:
         _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
@@ -97,7 +107,9 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
         from matplotlib.lines import Line2D
 
         bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
-        ax.legend(handles=[bar], fontsize=7, loc="best")
+        hbar = Line2D([], [], color="0.3", marker="_", ms=10, ls="none",
+                      label="delta SSDC: 95% interval over the RPI permutations")
+        ax.legend(handles=[bar, hbar], fontsize=7, loc="best")
         mid = sum(ax.get_xlim()) / 2
         top = sum(ax.get_ylim()) / 2
         for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
@@ -105,7 +117,7 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
             ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
                         textcoords="offset points", fontsize=7, ha="left" if right else "right",
                         va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
-    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0; no interval recorded)")
+    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
     ax.set_ylabel(f"fragility score FS, {shift}")
     ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
     fit_titles(fig)
@@ -115,6 +127,14 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
 
 def _f3(value: Any) -> str:
     return "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.3f}"
+
+
+def _ci3(value: Any, ci: Sequence[Any] | None) -> str:
+    """``0.123 [0.100, 0.150]``: a number with its 95% interval (the number alone where there is none)."""
+    text = _f3(value)
+    if not text or not ci or ci[0] is None or ci[1] is None:
+        return text
+    return f"{text} [{_f3(ci[0])}, {_f3(ci[1])}]"
 
 
 def _md_cell(text: str) -> str:
@@ -169,9 +189,12 @@ def _md_header(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         "",
         "SSDC: Spearman correlation of the patch tokens' cosine similarities with minus their grid distance, "
         "per layer (per block of a flat ViT, per stage otherwise), from the similarity map averaged over the "
-        "images. RPI: the patch contents permuted once before any PE. Delta SSDC: SSDC under RPI of layer 1 "
-        "minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 as a fraction, only where the "
-        "data's labels match the model's classes. Definitions: docs/method.md.", "",
+        f"images. RPI: the patch contents permuted before any PE, under {config.rpi_permutations} shared "
+        "permutations (seeds seed .. seed + K - 1); every number under RPI is their mean. Delta SSDC: SSDC under "
+        "RPI of layer 1 minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 as a fraction, "
+        "only where the data's labels match the model's classes. Brackets: 95% intervals of the number before "
+        "them: top-1 Wilson, FS paired bootstrap over images, SSDC under RPI and delta SSDC Student t over the "
+        "RPI permutations (two models whose intervals overlap may not differ). Definitions: docs/method.md.", "",
     ]
     if any(r.weights == "random-init" for r in records):
         lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
@@ -182,7 +205,7 @@ def _md_header(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
 def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     """The main table: one row per model (a failed one says so)."""
     head = ["model", "weights", "params (M)", "size", "PE", "top-1", *(f"FS {s}" for s in config.shifts),
-            "SSDC first / last / peak (layer)", "RPI: first / last / mean", "ΔSSDC (RPI)"]
+            "SSDC first / last / peak (layer)", "RPI: mean over layers", "ΔSSDC (RPI)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         if r.status != "ok":
@@ -193,12 +216,12 @@ def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         cells = [
             f"`{_md_cell(r.model)}`", r.weights or "", _fmt(r.params / 1e6 if r.params else None, ".2f"),
             "x".join(map(str, size[1:])), _md_cell(pe_kinds(r.pe)),
-            _f3(r.clean_accuracy),
-            *(_f3((r.fs or {}).get(sh)) for sh in config.shifts),
+            _ci3(r.clean_accuracy, r.clean_accuracy_ci),
+            *(_ci3((r.fs or {}).get(sh), (r.fs_interval or {}).get(sh)) for sh in config.shifts),
             (f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
              if s["first"] is not None else ""),
-            f"{_f3(p['first'])} / {_f3(p['last'])} / {_f3(p['mean'])}" if p["first"] is not None else "",
-            _f3(r.rpi_delta_ssdc),
+            _ci3(p["mean"], r.rpi_ssdc_mean_ci) if p["first"] is not None else "",
+            _ci3(r.rpi_delta_ssdc, r.rpi_delta_ssdc_ci),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -218,11 +241,14 @@ def _md_sweeps(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     for r in sweeps:
         sw = r.alpha_sweep
         fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
-        cells = sorted(zip(sw.alphas, sw.delta_ssdc, fs), key=lambda c: c[0])
+        dci = sw.delta_ssdc_ci or [None] * len(sw.alphas)
+        fci = (sw.fs_interval or {}).get(JPEG_SHIFT) or [None] * len(sw.alphas)
+        cells = sorted(zip(sw.alphas, sw.delta_ssdc, dci, fs, fci), key=lambda c: c[0])
         lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
-            f"{_f3(d) or 'n/a'}" + (f" / {_f3(f)}" if f is not None else "")
-            for _, d, f in cells) + " |")
-    return lines + ["", "Each cell: delta SSDC under RPI / FS (FS only where the labels match)."]
+            f"{_ci3(d, dc) or 'n/a'}" + (f" / {_ci3(f, fc)}" if f is not None else "")
+            for _, d, dc, f, fc in cells) + " |")
+    return lines + ["", "Each cell: delta SSDC under RPI [its 95% interval over the RPI permutations, drawn afresh "
+                    "for each alpha] / FS [paired bootstrap 95% interval] (FS only where the labels match)."]
 
 
 def _md_notes(records: Sequence[ZooModel]) -> list[str]:
@@ -241,10 +267,12 @@ def _md_figures(left_out: Sequence[str]) -> list[str]:
     """The figures with their captions, and the models the fragility figure leaves out."""
     lines = ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
              "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
-             "RPI (against the index grid). One run per model: no band.*",
+             "RPI (against the index grid, the mean over the RPI permutations). Bands: 95% intervals, over images "
+             "(a delete-a-group jackknife) on the left, over the RPI permutations on the right.*",
              "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
              "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
-             "paired-bootstrap 95% interval over the images. Delta SSDC has no interval in a zoo record.*"]
+             "paired-bootstrap 95% interval over the images; horizontal bars: delta SSDC's 95% interval over the "
+             "RPI permutations.*"]
     if left_out:
         lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
                   + ", ".join(f"`{m}`" for m in left_out) + "."]

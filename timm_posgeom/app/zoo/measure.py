@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import math
 import time
 import traceback
 import warnings
@@ -152,7 +153,7 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
     device = torch.device(config.device or _default_device())
     model.to(device)
     _describe(model, record, config)
-    common = dict(seed=config.seed, device=device, progress=progress)
+    common = dict(seed=config.seed, device=device, progress=progress, rpi_permutations=config.rpi_permutations)
 
     def loader():
         return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
@@ -199,18 +200,28 @@ def _ssdc(model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: C
     record.granularity = str(normal.settings["granularity"])
     record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
     record.probe_images = int(normal.settings["n_images"])
-    record.ssdc = _floats(normal.per_layer)
-    record.delta_ssdc = _num(normal.delta)
+    record.ssdc, record.ssdc_ci, record.ssdc_mean_ci = _with_intervals(normal)
+    record.rise = _num(normal.rise)
+    record.rise_ci = _floats(normal.rise_ci) if normal.rise_ci else None
     try:
         rpi = probe_ssdc(model, loader(), site=config.site, rpi=True, **common)
     except (TypeError, TokenPermutationError) as e:  # no patch embedding to permute after (CNNs), ...
         record.notes.append(f"RPI not measured: {_failure_text(e)}")
     else:
-        record.rpi_ssdc = _floats(rpi.per_layer)
+        record.rpi_permutations = int(rpi.settings["rpi_permutations"])
+        record.rpi_ssdc, record.rpi_ssdc_ci, record.rpi_ssdc_mean_ci = _with_intervals(rpi)
         record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
-        record.rpi_delta_ssdc = _num(rpi.delta)
+        record.rpi_delta_ssdc = _num(rpi.rise)
+        record.rpi_delta_ssdc_ci = _floats(rpi.rise_ci) if rpi.rise_ci else None
         if record.granularity == "stage":
             record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
+
+
+def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | None]] | None, list[float | None]]:
+    """(SSDC per layer, its 95% interval per layer, the interval of its mean over layers) of a probe."""
+    cis = [_floats(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
+    _, low, high = result.interval_of(lambda v: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan)
+    return _floats(result.per_layer), cis, _floats((low, high))
 
 
 def _fragility(model: torch.nn.Module, record: ZooModel, config: ZooConfig, matched: Any,
@@ -223,6 +234,7 @@ def _fragility(model: torch.nn.Module, record: ZooModel, config: ZooConfig, matc
                      **common)
     record.num_images = frag.num_images
     record.clean_accuracy = _num(frag.clean_accuracy)
+    record.clean_accuracy_ci = _floats(frag.clean_interval)
     record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
     record.fs = {k: _num(v) for k, v in frag.fs.items()}
     record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
@@ -265,7 +277,7 @@ def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: A
                                num_workers=config.num_workers, img_size=config.img_size)
 
         options = dict(batch_size=config.batch_size, device=common["device"], progress=common["progress"],
-                       distributed="off")
+                       distributed="off")  # per-image permutations under RPI: no permutation count
         fit, score = range(0, half), range(half, n)
         plain = position_probe(model, part(fit), part(score), seed=config.seed, **options)
         record.position_accuracy = _floats(plain.accuracy)
@@ -283,7 +295,7 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
     """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
     under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
     from ...eval_data import eval_loader
-    from ...interventions import PEScaleError, TokenPermutationError, pe_scale
+    from ...interventions import PEScaleError, TokenPermutationError
     from ...probes import probe_ssdc
     from ...robustness import alpha_sweep
 
@@ -296,19 +308,24 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
             return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
                                 fs={k: _floats(v) for k, v in sweep.fs.items()},
                                 clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
-                                rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows])
-        deltas, layers = [], []
-        for alpha in alphas:
+                                rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
+                                fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows]
+                                             for k in sweep.shifts},
+                                rpi_permutations=config.rpi_permutations,
+                                delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows])
+        deltas, cis, layers = [], [], []
+        k = config.rpi_permutations
+        for j, alpha in enumerate(alphas):  # the sweep's protocol: fresh permutations per alpha (seed + jK + ...)
             loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
                                  resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
-            with pe_scale(model, alpha):
-                res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"],
-                                 device=common["device"], progress=False)
-            deltas.append(res.delta)
+            res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"] + j * k, alpha=alpha,
+                             rpi_permutations=k, device=common["device"], progress=False)
+            deltas.append(res.rise)
+            cis.append(_floats(res.delta_ci))
             layers.append(_floats(res.per_layer))
         record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
         return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
-                            rpi_per_layer=layers)
+                            rpi_per_layer=layers, rpi_permutations=k, delta_ssdc_ci=cis)
     except (PEScaleError, TokenPermutationError, TypeError) as e:
         record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
         return None

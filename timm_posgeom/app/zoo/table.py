@@ -31,6 +31,20 @@ def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
                 mean=sum(v for _, v in finite) / len(finite))
 
 
+def summary_intervals(values: Sequence[float | None] | None, per_layer_ci: Sequence[Sequence[float | None]] | None,
+                      mean_ci: Sequence[float | None] | None) -> dict[str, tuple[Any, Any]]:
+    """The 95% interval (low, high) of each entry of :func:`layer_summary`: ``first``, ``last`` and ``peak``
+    are single layers (that layer's interval), ``mean`` the mean over layers (its own interval); (None, None)
+    where none was measured."""
+    none = (None, None)
+    summary = layer_summary(values)
+    cis = [tuple(c) if c is not None else none for c in (per_layer_ci or [])]
+    if not cis or summary["peak_layer"] is None:
+        return dict(first=none, last=none, peak=none, mean=tuple(mean_ci) if mean_ci else none)
+    return dict(first=cis[0], last=cis[-1], peak=cis[summary["peak_layer"]],
+                mean=tuple(mean_ci) if mean_ci else none)
+
+
 def _fmt(value: Any, spec: str = ".6g") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
@@ -39,6 +53,11 @@ def _fmt(value: Any, spec: str = ".6g") -> str:
 
 def _series(values: Sequence[float | None] | None) -> str:
     return " ".join("nan" if v is None else f"{v:.6g}" for v in values) if values else ""
+
+
+def _ci_series(cis: Sequence[Sequence[float | None]] | None, side: int) -> str:
+    """The low (side 0) or high (1) ends of per-layer intervals, as a series."""
+    return _series([c[side] if c is not None else None for c in cis]) if cis else ""
 
 
 def _short_kind(kind: str) -> str:
@@ -62,13 +81,19 @@ def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
 def csv_columns(config: ZooConfig) -> list[str]:
     """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, SSDC summaries, versions."""
     cols = ["model", "status", "weights", "source", "architecture", "param_count", "img_size", "interpolation",
-            "pe_kinds", "site", "granularity", "n_layers", "probe_images", "top1", "n_images", "labels",
-            *(f"fs_{s}" for s in config.shifts)]
+            "pe_kinds", "site", "granularity", "n_layers", "probe_images", "rpi_permutations", "top1", "top1_ci_low",
+            "top1_ci_high", "n_images", "labels"]
+    for s in config.shifts:
+        cols += [f"fs_{s}", f"fs_{s}_ci_low", f"fs_{s}_ci_high"]
     for prefix in ("ssdc", "rpi_ssdc"):
-        cols += [f"{prefix}_{k}" for k in ("first", "last", "peak", "peak_layer", "mean")]
-    cols += ["delta_ssdc_rpi", "ssdc_per_layer", "rpi_ssdc_per_layer"]
+        for k in ("first", "last", "peak", "peak_layer", "mean"):
+            cols += [f"{prefix}_{k}"] + ([f"{prefix}_{k}_ci_low", f"{prefix}_{k}_ci_high"] if k != "peak_layer" else [])
+    cols += ["delta_ssdc_rpi", "delta_ssdc_rpi_ci_low", "delta_ssdc_rpi_ci_high", "ssdc_per_layer",
+             "ssdc_per_layer_ci_low", "ssdc_per_layer_ci_high", "rpi_ssdc_per_layer", "rpi_ssdc_per_layer_ci_low",
+             "rpi_ssdc_per_layer_ci_high"]
     if config.alphas is not None:
-        cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
+        cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", "sweep_delta_ssdc_rpi_ci_low", "sweep_delta_ssdc_rpi_ci_high",
+                 *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
     if "attention" in config.extras:
         cols += ["attn_distance_mean", "attn_distance_per_layer", "attn_entropy_per_layer"]
     if "position" in config.extras:
@@ -81,7 +106,8 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
     """One dict per record, keyed by :func:`csv_columns`; a value that does not exist is ``""``.
 
     ``param_count`` is in millions (3 decimals); ``top1`` (clean top-1), FS and SSDC are fractions with 6
-    significant digits, as everywhere in the package; ``*_per_layer`` are space-separated."""
+    significant digits, as everywhere in the package; ``*_per_layer`` are space-separated. Every column
+    ``X_ci_low`` / ``X_ci_high`` is the 95% interval of column ``X`` (docs/zoo.md#zoocsv-columns)."""
     rows = []
     for r in records:
         row = {c: "" for c in csv_columns(config)}
@@ -97,14 +123,16 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 interpolation=str((r.data_config or {}).get("interpolation") or ""), pe_kinds=pe_kinds(r.pe),
                 site=r.site or "", granularity=r.granularity or "", n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
                 probe_images=_fmt(r.probe_images), n_images=_fmt(r.num_images), labels=r.labels or "",
-                top1=_fmt(r.clean_accuracy),
+                top1=_fmt(r.clean_accuracy), rpi_permutations=_fmt(r.rpi_permutations),
                 delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc), ssdc_per_layer=_series(r.ssdc),
                 rpi_ssdc_per_layer=_series(r.rpi_ssdc), notes=" | ".join(n for n in r.notes))
+            _ssdc_columns(row, r)
+            low, high = (r.clean_accuracy_ci or [None, None])[:2]
+            row["top1_ci_low"], row["top1_ci_high"] = _fmt(low), _fmt(high)
             for s in config.shifts:
                 row[f"fs_{s}"] = _fmt((r.fs or {}).get(s))
-            for prefix, values in (("ssdc", r.ssdc), ("rpi_ssdc", r.rpi_ssdc)):
-                for k, v in layer_summary(values).items():
-                    row[f"{prefix}_{k}"] = _fmt(v)
+                low, high = ((r.fs_interval or {}).get(s) or [None, None])[:2]
+                row[f"fs_{s}_ci_low"], row[f"fs_{s}_ci_high"] = _fmt(low), _fmt(high)
             if "attention" in config.extras:
                 row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
                            attn_distance_per_layer=_series(r.attention_distance),
@@ -119,10 +147,25 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 sw = r.alpha_sweep
                 row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
                 row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
+                row["sweep_delta_ssdc_rpi_ci_low"] = _ci_series(sw.delta_ssdc_ci, 0)
+                row["sweep_delta_ssdc_rpi_ci_high"] = _ci_series(sw.delta_ssdc_ci, 1)
                 for s in SWEEP_SHIFTS:
                     row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
         rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
     return rows
+
+
+def _ssdc_columns(row: dict[str, str], r: ZooModel) -> None:
+    """The SSDC summaries of a record, each with its interval, into ``row``."""
+    for prefix, values, cis, mean_ci in (("ssdc", r.ssdc, r.ssdc_ci, r.ssdc_mean_ci),
+                                         ("rpi_ssdc", r.rpi_ssdc, r.rpi_ssdc_ci, r.rpi_ssdc_mean_ci)):
+        for k, v in layer_summary(values).items():
+            row[f"{prefix}_{k}"] = _fmt(v)
+        for k, (low, high) in summary_intervals(values, cis, mean_ci).items():
+            row[f"{prefix}_{k}_ci_low"], row[f"{prefix}_{k}_ci_high"] = _fmt(low), _fmt(high)
+        row[f"{prefix}_per_layer_ci_low"], row[f"{prefix}_per_layer_ci_high"] = _ci_series(cis, 0), _ci_series(cis, 1)
+    low, high = (r.rpi_delta_ssdc_ci or [None, None])[:2]
+    row["delta_ssdc_rpi_ci_low"], row["delta_ssdc_rpi_ci_high"] = _fmt(low), _fmt(high)
 
 
 def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:

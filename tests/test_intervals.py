@@ -1,0 +1,103 @@
+"""The intervals of the probes' numbers: Student t over replicates, the delete-a-group jackknife over images
+(docs/method.md#intervals), checked against their formulas, a brute-force reference and by coverage."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from scipy.stats import spearmanr
+from scipy.stats import t as student_t
+
+import timm_posgeom  # noqa: F401
+from timm_posgeom.intervals import image_groups, jackknife_interval, t_interval
+from timm_posgeom.probes import probe_ssdc
+
+
+def test_t_interval_is_students_and_needs_two_finite_replicates():
+    values = np.array([[1.0, 2.0], [3.0, np.nan], [5.0, 4.0]])
+    mean, low, high = t_interval(values)
+    half = student_t.ppf(0.975, 2) * 2.0 / math.sqrt(3)
+    assert mean[0] == 3.0 and low[0] == pytest.approx(3 - half) and high[0] == pytest.approx(3 + half)
+    half2 = student_t.ppf(0.975, 1) * np.std([2.0, 4.0], ddof=1) / math.sqrt(2)
+    assert mean[1] == 3.0 and (low[1], high[1]) == pytest.approx((3 - half2, 3 + half2))  # NaN left out
+    mean, low, high = t_interval([[0.5]])
+    assert mean[0] == 0.5 and math.isnan(low[0]) and math.isnan(high[0])  # one replicate: no interval
+
+
+def test_jackknife_of_a_mean_with_equal_groups_is_the_usual_formula():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=60)
+    groups = np.repeat(np.arange(6), 10)
+    deleted = np.array([x[groups != g].mean() for g in range(6)])
+    low, high = jackknife_interval(x.mean(), deleted, [10] * 6)
+    var = 5 / 6 * ((deleted - deleted.mean()) ** 2).sum()
+    half = student_t.ppf(0.975, 5) * math.sqrt(var)
+    assert (low, high) == pytest.approx((x.mean() - half, x.mean() + half))
+    # for the mean, the delete-a-group jackknife with equal groups is the t interval of the group means
+    group_means = np.array([x[groups == g].mean() for g in range(6)])
+    _, tl, th = t_interval(group_means)
+    assert (low, high) == pytest.approx((float(tl), float(th)))
+
+
+@pytest.mark.parametrize("statistic", ["mean", "ratio"])
+def test_jackknife_covers_the_truth_95_percent_of_the_time(statistic):
+    rng = np.random.default_rng(1)
+    groups = image_groups(np.arange(300), 3, 20)  # unequal random groups, as the probe makes them
+    sizes = np.bincount(groups, minlength=20)
+    covered = 0
+    for _ in range(1000):
+        x = rng.exponential(size=300)
+        y = rng.exponential(size=300) + 1.0
+
+        def stat(keep, x=x, y=y):
+            return x[keep].mean() if statistic == "mean" else x[keep].mean() / y[keep].mean()
+
+        full = stat(np.ones(300, bool))
+        deleted = [stat(groups != g) for g in range(20)]
+        low, high = jackknife_interval(full, deleted, sizes)
+        covered += low <= (1.0 if statistic == "mean" else 0.5) <= high
+    assert 0.92 <= covered / 1000 <= 0.975
+
+
+def test_image_groups_come_from_the_index_alone():
+    a = image_groups(np.arange(100), 0, 20)
+    assert np.array_equal(a[40:60], image_groups(np.arange(40, 60), 0, 20))
+    assert not np.array_equal(a, image_groups(np.arange(100), 1, 20))
+    assert a.min() >= 0 and a.max() < 20 and len(set(a.tolist())) == 20
+
+
+def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc():
+    """probe_ssdc's interval without RPI against a brute-force jackknife: each group of images left out of the
+    mean map, its SSDC by scipy."""
+    torch.manual_seed(0)
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope").eval()
+    gen = torch.Generator().manual_seed(1)
+    images = F.interpolate(torch.randn(45, 3, 4, 4, generator=gen), size=64, mode="bicubic", align_corners=False)
+    result = probe_ssdc(model, images, batch_size=10, seed=3, progress=False, layers=[0, 1])
+    maps = []
+    hooks = [model.blocks[k].norm1.register_forward_hook(lambda m, a, out: maps.append(out)) for k in (0, 1)]
+    with torch.no_grad():
+        model(images)
+    for h in hooks:
+        h.remove()
+    i, j = np.triu_indices(64, 1)
+    r, c = np.divmod(np.arange(64), 8)
+    d = -(np.abs(r[i] - r[j]) + np.abs(c[i] - c[j]))
+    groups = image_groups(np.arange(45), 3, 20)
+    sizes = np.bincount(groups, minlength=20)
+    for k, tokens in enumerate(maps):
+        z = F.normalize(tokens[:, 1:].double(), dim=-1)
+        sims = (z @ z.transpose(1, 2)).numpy()[:, i, j]  # (n, M)
+        full = spearmanr(sims.mean(0), d).statistic
+        deleted = [spearmanr(sims[groups != g].mean(0), d).statistic if sizes[g] else np.nan for g in range(20)]
+        low, high = jackknife_interval(full, np.nan_to_num(deleted), sizes)
+        assert result.per_layer[k] == pytest.approx(full, abs=1e-6)
+        assert result.per_layer_ci[k] == pytest.approx((low, high), abs=1e-6)
+        assert low < full < high
+    value, low, high = result.interval_of(lambda v: v[1] - v[0])
+    assert value == pytest.approx(result.rise) and (low, high) == pytest.approx(result.rise_ci)
+    assert "jackknife" in result.settings["interval"] and result.settings["jackknife_groups"] == 20
