@@ -392,8 +392,7 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
     if staged:
         settings["modules"] = [probe.sites.names[layer] for layer in layers]
     result = SSDCResult(
-        per_layer=[float(v) for v in np.nanmean(maps.index, 0)] if _any_finite(maps.index) else
-        [math.nan] * len(layers), layers=list(layers),
+        per_layer=_mean_rows(maps.index), layers=list(layers),
         per_image=stats[0] if stats else None,
         content_per_layer=_mean_rows(maps.content) if probe.rpi else None,
         content_per_image=stats[1] if stats and probe.rpi else None,
@@ -403,10 +402,6 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
         content_by_permutation=maps.content.tolist() if probe.rpi and maps.content is not None else None,
         permutations=perms.clone() if perms is not None else None, rise_ci=maps.rise_ci, jackknife=maps.jackknife)
     return result
-
-
-def _any_finite(values: np.ndarray) -> bool:
-    return values.size > 0 and bool(np.isfinite(values).any())
 
 
 def _mean_rows(values: np.ndarray | None) -> list[float] | None:
