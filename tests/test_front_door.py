@@ -16,7 +16,7 @@ import yaml
 import timm_posgeom
 
 ROOT = Path(__file__).resolve().parents[1]
-MAIN_JOB = "python3 -m venv .venv && . .venv/bin/activate && pip install . && posgeom study"
+MAIN_JOB = 'python3 -m venv .venv && . .venv/bin/activate && pip install ".[app]" && posgeom study'
 TESTS = ('python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && python -m pytest -q '
          "&& python scripts/run_timm_model_tests.py")
 GENERATED = {"index.md": "README.md", "contributing.md": "CONTRIBUTING.md"}  # scripts/mkdocs_hooks.py

@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
+from .errors import require
+
 __all__ = [
     "launched_world_size",
     "check_port",
@@ -118,7 +120,7 @@ def setup() -> int:
     if not dist.is_available():
         raise RuntimeError(f"{launched} processes were launched but this torch build has no torch.distributed")
     check_port()
-    from accelerate import PartialState
+    PartialState = require("accelerate", "measuring in several processes").PartialState
 
     PartialState(cpu=_use_cpu())
     if is_initialized():  # made here: destroyed before the interpreter exits (else a process may abort on exit)
@@ -180,7 +182,7 @@ def _comm_device() -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     if backend in ("gloo", "mpi", "undefined") or "cpu:" in backend:
         return torch.device("cpu")
-    from accelerate import PartialState  # xccl, hccl, ...: accelerate set the group up, it knows the device
+    PartialState = require("accelerate", "measuring in several processes").PartialState  # xccl, hccl, ...: accelerate knows the device
 
     return PartialState().device
 

@@ -7,12 +7,40 @@ error with exit status 2; anything else keeps its traceback.
 """
 from __future__ import annotations
 
-__all__ = ["PosgeomError", "USER_ERRORS", "one_line"]
+import importlib
+from types import ModuleType
+
+__all__ = ["PosgeomError", "MissingDependencyError", "USER_ERRORS", "one_line", "require", "APP_MODULES"]
 
 
 class PosgeomError(Exception):
     """Base class of this package's user errors (each also derives from the builtin it refines, e.g.
     ``ValueError`` or ``TypeError``, so code that caught the builtin still catches it)."""
+
+
+class MissingDependencyError(PosgeomError, ImportError):
+    """An optional dependency is missing or unusable; the message says what to install."""
+
+
+# The modules of the [app] extra (pyproject.toml) that the package imports: the application (training, study,
+# zoo, reports, Hub cards) and the command line need them; the library imports them only inside the functions
+# that use them, through :func:`require`.
+APP_MODULES = ("accelerate", "datasets", "matplotlib", "jinja2", "markdown", "yaml")
+
+
+def require(module: str, needed_for: str, extra: str = "app") -> ModuleType:
+    """``importlib.import_module(module)``, or, when its top-level package is not installed, a
+    :class:`MissingDependencyError` whose one line says what needs it and which extra installs it, e.g.
+    ``require("datasets", "reading a Hub or parquet data set")``. A package that is installed but fails to
+    import (one of its own dependencies missing) raises its own error."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        top = module.split(".")[0]
+        if (e.name or "").split(".")[0] != top:
+            raise
+        raise MissingDependencyError(f"{needed_for} needs {top}, which is not installed: it comes with the "
+                                     f"[{extra}] extra (pip install 'timm-posgeom[{extra}]')") from None
 
 
 # The builtins the library raises for bad input (a missing path, a bad value, an unwritable folder) are

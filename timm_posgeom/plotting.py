@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import require
 from .jsonio import write_atomic
 
 __all__ = ["elide", "fit_titles", "masked_map", "show_map", "save_figure", "MAP_LABEL"]
@@ -35,7 +36,7 @@ def elide(text: str, width: int) -> str:
 def _renderer(fig: Any) -> Any:
     """The figure's renderer, attaching an Agg canvas to a bare ``Figure`` first."""
     if not hasattr(fig.canvas, "get_renderer"):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
 
         FigureCanvasAgg(fig)
     return fig.canvas.get_renderer()

@@ -45,6 +45,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
 from . import distributed as _dist
+from .errors import require
 from .eval_data import check_split, default_workers, eval_loader, first_items, prepare_shared, resized_item
 from .interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
 from .jsonio import dump_json, tagged, to_jsonable
@@ -424,7 +425,7 @@ class AlphaSweepResult:
         """Against alpha (increasing left to right), two panels sharing the x axis: delta SSDC under RPI
         (top) and FS per shift with its paired-bootstrap 95% interval as a band (bottom); no twin axes.
         Returns the matplotlib Figure; also saved to ``path`` if given."""
-        from matplotlib.figure import Figure
+        Figure = require("matplotlib.figure", "plotting").Figure
 
         from .plotting import fit_titles, save_figure
 

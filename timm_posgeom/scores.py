@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import require
 from .jsonio import dump_json, tagged, to_jsonable
 
 __all__ = ["fragility_score", "wilson_interval", "paired_bootstrap_fs", "FragilityResult"]
@@ -172,7 +173,7 @@ class FragilityResult:
         """Bar chart: clean and shifted accuracy with Wilson 95% error bars, each shift's FS and its paired
         bootstrap 95% interval written above its bar. Returns the matplotlib Figure; also saved to ``path``
         if given."""
-        from matplotlib.figure import Figure
+        Figure = require("matplotlib.figure", "plotting").Figure
 
         from .plotting import fit_titles, save_figure
 

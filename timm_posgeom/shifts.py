@@ -64,7 +64,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
-from .errors import PosgeomError, one_line
+from .errors import MissingDependencyError, one_line
 from .protocol import PAPER_SHIFTS, SPEC_FORMS
 from .synthetic import seed32
 
@@ -302,10 +302,6 @@ class GaussianBlur(Shift):
 # --------------------------------------------------------------------------------------------
 # ImageNet-C through the imagecorruptions package
 # --------------------------------------------------------------------------------------------
-class MissingDependencyError(PosgeomError, ImportError):
-    """An optional dependency is missing or unusable; the message says what to install."""
-
-
 _SEEDED_BY_ARGUMENT = ("glass_blur", "impulse_noise")  # draw from their own generator, given a seed argument
 
 

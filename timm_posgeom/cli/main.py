@@ -7,12 +7,17 @@ import os
 import re
 import sys
 
-from ..errors import USER_ERRORS, one_line
+from ..errors import APP_MODULES, USER_ERRORS, one_line
 from ..labels import LabelMismatchError
 from ._options import check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
 COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
+# What each command needs of the [app] extra (errors.APP_MODULES), checked before it runs: the measuring
+# commands write figures (matplotlib), the application's commands need all of it. `posgeom models` needs none.
+_FIGURES = ("matplotlib",)
+NEEDS_APP = {"probe": _FIGURES, "attention": _FIGURES, "fragility": _FIGURES, "sweep": _FIGURES,
+             **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES)}
 
 
 def _command_modules():
@@ -48,13 +53,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_app_modules(command: str) -> list[str]:
+    """The modules of the [app] extra that ``command`` needs and that are not installed (none imported)."""
+    import importlib.util
+
+    return [m for m in NEEDS_APP.get(command, ()) if importlib.util.find_spec(m) is None]
+
+
+def _app_extra_line(command: str, missing: list[str]) -> str:
+    return (f"posgeom {command}: error: needs the [app] extra ({', '.join(missing)} not installed): "
+            "pip install 'timm-posgeom[app]'\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # parsed before torch or timm is imported: --help and bad flags answer at once
+    missing = missing_app_modules(args.command)
+    if missing:  # said before any work, rather than failing at its end
+        parser.exit(2, _app_extra_line(args.command, missing))
     module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
         check_counts(args)  # counts no run could use, refused before anything heavy is loaded
         return int(module.run(args) or 0)
+    except ModuleNotFoundError as e:  # a module of the [app] extra that the table above did not foresee
+        top = (e.name or "").split(".")[0]
+        if top not in APP_MODULES:
+            raise
+        parser.exit(2, _app_extra_line(args.command, [top]))
     except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         text = one_line(e)
         if isinstance(e, LabelMismatchError):  # the library names its parameter; the command line, its flag

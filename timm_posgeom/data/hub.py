@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ..errors import PosgeomError
+from ..errors import PosgeomError, require
 from ..transforms import class_index
 from .splits import ImageSplit, split_name
 
@@ -31,7 +31,7 @@ class DataSourceError(PosgeomError, ValueError):
 
 def find_columns(features: Any) -> tuple[str, str]:
     """(image column, label column) of a ``datasets.Features``: by feature type, else by usual name."""
-    import datasets
+    datasets = require("datasets", "reading a Hub or parquet data set")
 
     names = list(features)
     image = next((n for n in names if isinstance(features[n], datasets.Image)), None)
@@ -61,7 +61,7 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
                    hub: HubOptions) -> ImageSplit:
     """The ``split`` of a Hub (``kind="hub"``) or parquet (``"local"``) set at ``where``, its first ``subset``
     items; ``source`` as the user named it, for messages. A Hub out of reach raises :class:`DataSourceError`."""
-    import datasets
+    datasets = require("datasets", "reading a Hub or parquet data set")
 
     try:
         ds = _load_hf_split(where, source, split, subset=subset, **hub)
@@ -94,7 +94,7 @@ def take_stream(stream: Any, n: int) -> Any:
     """The first ``n`` rows of a ``datasets.IterableDataset`` as a ``datasets.Dataset`` with the stream's
     features (class names included), its images the encoded bytes as stored: rows of decoded images would be
     encoded again (a JPEG re-compressed)."""
-    import datasets
+    datasets = require("datasets", "reading a Hub or parquet data set")
 
     features = stream.features
     image_col, _ = find_columns(features)
@@ -106,7 +106,7 @@ def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, c
                    revision: str | None = None, streaming: bool = False) -> Any:
     """One split of a Hub or parquet set as a ``datasets.Dataset``, loading that split alone: its data files
     only (read from the builder's configuration), or, streaming, its first ``subset`` rows."""
-    import datasets
+    datasets = require("datasets", "reading a Hub or parquet data set")
 
     try:
         builder = datasets.load_dataset_builder(where, config, revision=revision)
@@ -116,6 +116,7 @@ def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, c
     names = list(files) or list(datasets.get_dataset_split_names(where, config, revision=revision))
     name = split_name(names, split)
     if streaming:
+        assert subset is not None  # load_split refuses streaming without a count
         return take_stream(datasets.load_dataset(where, config, split=name, revision=revision, streaming=True), subset)
     only = {name: files[name]} if name in files else None  # a script-built set: its own split logic
     return datasets.load_dataset(where, config, split=name, revision=revision, data_files=only)

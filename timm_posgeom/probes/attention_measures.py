@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..errors import require
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
@@ -205,8 +206,8 @@ class AttentionResult(MeasureResult):
     def plot(self, path: str | Path | None = None):
         """Per-head figure: one panel per built-in field, each head a dot at its layer (as the ViT paper's
         Fig. 7), the mean over heads a line. Agg canvas (no display). Returns the Figure."""
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
+        Figure = require("matplotlib.figure", "plotting").Figure
 
         from ..plotting import save_figure
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import require
 from ..jsonio import dump_json, tagged
 
 __all__ = ["SSDCResult", "PerImageStats", "SettingsRecord"]
@@ -276,8 +277,8 @@ class SSDCResult(SettingsRecord):
         Uses matplotlib's Agg canvas (no display, global backend untouched). Returns the Figure;
         saves it to ``path`` when given.
         """
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
+        FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
+        Figure = require("matplotlib.figure", "plotting").Figure
 
         from ..plotting import fit_titles, save_figure, show_map
 
