@@ -51,14 +51,17 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         MeasureResult,
         PositionProbeResult,
         SSDCResult,
-        attention_measures,
-        cka,
         pe_table_ssdc,
         position_probe,
         probe_ssdc,
         run_measures,
         ssdc,
     )
+
+    # the functions that share their submodule's name: imported from it (mypy takes `from .probes import cka`
+    # for the submodule)
+    from .probes.attention_measures import attention_measures
+    from .probes.cka import cka
     from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support

@@ -350,10 +350,10 @@ def imagenet_c_fragility(
         counts[c] = {s: dict(result.counts[_spec(c, s)]) for s in levels}
     accuracy = {c: {s: result.accuracy[_spec(c, s)] for s in levels} for c in names}
     fs = {c: {s: result.fs[_spec(c, s)] for s in levels} for c in names}
-    settings = {**result.settings, "corruption_seed": "image_seed(seed, image index, corruption)"}
+    recorded = {**result.settings, "corruption_seed": "image_seed(seed, image index, corruption)"}
     return ImageNetCResult(corruptions=names, severities=levels, num_images=result.num_images,
                            clean_accuracy=result.clean_accuracy, accuracy=accuracy, fs=fs, counts=counts,
-                           source="generated", fragility=result, settings=settings)
+                           source="generated", fragility=result, settings=recorded)
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,6 +478,7 @@ def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, r
                        alpha: float | None) -> np.ndarray:
     """(len(tree),) bool: whether each released image is classified right (every process reads them all)."""
     dev = _model_device(model, settings.device)
+    assert settings.batch_size is not None  # fragility() on the clean images refused None first
     loader = eval_loader(model, tree, batch_size=settings.batch_size, resize=settings.resize,
                          num_workers=settings.num_workers, pin_memory=dev.type == "cuda", img_size=settings.img_size)
     correct = np.zeros(len(tree), dtype=bool)

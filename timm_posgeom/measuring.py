@@ -94,7 +94,7 @@ class MeasureSettings:
                             f"{self.batch_size!r}")
         if self.resize not in RESIZE_MODES:
             problems.append(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
-        sizes = self.img_size if isinstance(self.img_size, tuple) else (self.img_size,)
+        sizes = self.img_size if isinstance(self.img_size, tuple) else (self.img_size,) if self.img_size else ()
         if self.img_size is not None and (len(sizes) not in (1, 2) or not all(_is_int(s) and s >= 1 for s in sizes)):
             problems.append(f"img_size must be >= 1 (S or (H, W)), got {self.img_size!r}")
         if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):

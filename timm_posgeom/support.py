@@ -77,7 +77,7 @@ def _probe(model: nn.Module, images: torch.Tensor, rpi: bool) -> str:
         return _reason(e)
     grids = [tuple(g) for g in result.settings["grid_sizes"]]
     # NaN is right where a random-init model's tokens are all alike at a layer (levit's 2 x 2 stage at 64 px)
-    constant = set(result.metadata.get("constant_layers") or [])
+    constant = set(result.settings.get("constant_layers") or [])
     finite = [math.isfinite(v) or g[0] * g[1] < 2 or layer in constant
               for layer, v, g in zip(result.layers, result.per_layer, grids)]
     if not all(finite):
@@ -156,6 +156,7 @@ def _equivariance(model: nn.Module, images: torch.Tensor) -> str:
     finally:
         hook.remove()
     plain, permuted = (o.reshape(o.shape[0], -1, o.shape[-1]) for o in outputs)
+    assert handle.permutation is not None  # drawn by the permuted forward above
     n = handle.permutation.numel()
     plain, permuted = plain[:, plain.shape[1] - n:], permuted[:, permuted.shape[1] - n:]
     exact = torch.allclose(permuted, plain[:, handle.permutation], rtol=0, atol=1e-9)

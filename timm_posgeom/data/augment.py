@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict
 
@@ -15,9 +16,9 @@ from torch.utils.data import Dataset
 from ..synthetic import seed32
 from ..transforms import eval_transform, to_rgb
 
-try:
-    from typing import Unpack  # Python 3.11+
-except ImportError:  # Python 3.10: typing_extensions, which torch requires
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # Python 3.10: typing_extensions, which torch requires
     from typing_extensions import Unpack
 
 __all__ = ["AUGMENTATIONS", "TimmAugment", "crop_flip", "eval_config", "train_transform", "TransformDataset"]
@@ -38,8 +39,9 @@ class TimmAugment(TypedDict, total=False):
 
 
 def _pil_interp(name: str) -> int:
-    return {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "nearest": Image.NEAREST,
-            "lanczos": Image.LANCZOS, "box": Image.BOX}[name]
+    modes = Image.Resampling
+    return {"bicubic": modes.BICUBIC, "bilinear": modes.BILINEAR, "nearest": modes.NEAREST,
+            "lanczos": modes.LANCZOS, "box": modes.BOX}[name]
 
 
 def _resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
@@ -130,9 +132,11 @@ def train_transform(
         return _CropFlipTransform(img_size, mean, std, interpolation, crop_pad, hflip)
     from timm.data import create_transform
 
+    low, high = timm.get("scale", (0.08, 1.0))
     return create_transform(
-        (3, img_size, img_size), is_training=True, scale=tuple(timm.get("scale", (0.08, 1.0))), hflip=hflip,
-        color_jitter=timm.get("color_jitter") or None, auto_augment=timm.get("auto_augment"),
+        (3, img_size, img_size), is_training=True, scale=(float(low), float(high)), hflip=hflip,
+        color_jitter=timm.get("color_jitter") or None,  # type: ignore[arg-type]  # None: no jitter (timm's annotation omits it)
+        auto_augment=timm.get("auto_augment"),
         interpolation=interpolation, mean=tuple(mean), std=tuple(std), re_prob=timm.get("reprob", 0.0),
     )
 
@@ -150,7 +154,7 @@ class TransformDataset(Dataset):
     each epoch (loaders must not use persistent workers).
     """
 
-    def __init__(self, split: Dataset, transform: Callable, seed: int | None = None):
+    def __init__(self, split: Any, transform: Callable, seed: int | None = None):  # split: len(), [i] -> (PIL, label)
         self.split, self.transform, self.seed, self.epoch = split, transform, seed, 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -3,6 +3,7 @@ Hub id) and :func:`load_split` loads one split of it (see :mod:`timm_posgeom.dat
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..synthetic import SyntheticShapes
@@ -10,9 +11,9 @@ from .folder import is_image_folder, load_folder_split
 from .hub import HubOptions, load_hub_split
 from .splits import ImageSplit, split_name
 
-try:
-    from typing import Unpack  # Python 3.11+
-except ImportError:  # Python 3.10: typing_extensions, which torch requires
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # Python 3.10: typing_extensions, which torch requires
     from typing_extensions import Unpack
 
 __all__ = ["resolve_source", "load_split"]
@@ -92,6 +93,7 @@ def load_split(
         n = min(n, subset) if subset else n
         ds = SyntheticShapes(n, img_size=img_size, seed=seed, split="train" if split == "train" else "validation")
         return ImageSplit(ds, ds.classes, ds.labels, ds.fingerprint, _synthetic_getter)
+    assert where is not None  # only the synthetic set has no location
     if kind == "local" and is_image_folder(Path(where)):
         return load_folder_split(Path(where), split, subset)
     return load_hub_split(kind, where, source, split, subset, hub)

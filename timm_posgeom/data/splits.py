@@ -46,6 +46,8 @@ class ImageSplit(Dataset):
     string identifying the exact content, used for the on-disk uint8 cache).
     """
 
+    skipped: list[str]  # set by check_images: where each image it left out was
+
     def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
                  getter: Callable[[Any, int], tuple[Image.Image, int]],
                  where: Callable[[int], str] | None = None):

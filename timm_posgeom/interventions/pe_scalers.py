@@ -5,12 +5,16 @@ restores it exactly: a tensor times alpha, a module's output times alpha (a forw
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 _Undo = list  # restore callbacks, run last first
 _Apply = Callable[[float, _Undo], None]  # scales in place for one alpha and appends its restore callbacks
+# The PE modules below are third parties' (timm's RoPE, swinv2's attention, ...), read by duck typing: typed
+# ``Any`` (an ``nn.Module`` whose attributes these functions know), as torch types a module's attributes
+# ``Tensor | Module``.
 
 
 def _run_undo(undo: _Undo) -> None:
@@ -27,12 +31,12 @@ def _scale_tensor(t: torch.Tensor, rows: slice | None = None) -> _Apply:
     return apply
 
 
-def _undo_with(scale, module: nn.Module) -> _Apply:
+def _undo_with(scale, module: Any) -> _Apply:
     """Adapt ``scale(module, alpha) -> restore`` to an :data:`_Apply`."""
     return lambda alpha, undo: undo.append(scale(module, alpha))
 
 
-def _scale_output(module: nn.Module) -> _Apply:
+def _scale_output(module: Any) -> _Apply:
     """A forward hook multiplying ``module``'s output by alpha (none at alpha = 1: bit-identical)."""
     def apply(alpha: float, undo: _Undo) -> None:
         if alpha != 1.0:
@@ -40,7 +44,7 @@ def _scale_output(module: nn.Module) -> _Apply:
     return apply
 
 
-def _shadow_get_bias(module: nn.Module) -> _Apply:
+def _shadow_get_bias(module: Any) -> _Apply:
     """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
     def apply(alpha: float, undo: _Undo) -> None:
         previous = vars(module).get("get_bias")  # an outer pe_scale's shadow, kept for its own exit
@@ -56,7 +60,7 @@ def _shadow_get_bias(module: nn.Module) -> _Apply:
     return apply
 
 
-def _scale_axial_rope(module: nn.Module, alpha: float):
+def _scale_axial_rope(module: Any, alpha: float):
     """timm axial RoPE: angles = pos * bands, so scale the bands and rebuild the cached table."""
     if alpha == 1.0:  # exact no-op (a rebuilt cache can differ from the stored one in the last bits)
         return lambda: None
@@ -82,7 +86,7 @@ def _scale_axial_rope(module: nn.Module, alpha: float):
     return restore
 
 
-def _scale_dinov3_rope(module: nn.Module, alpha: float):
+def _scale_dinov3_rope(module: Any, alpha: float):
     """DINOv3 RoPE: angles = 2 pi coords / periods, so divide the periods by alpha."""
     if alpha == 1.0:
         return lambda: None
@@ -108,7 +112,7 @@ def _is_swinv2_attention(module: nn.Module) -> bool:
         getattr(module, "softmax", None), nn.Softmax) and hasattr(module, "relative_position_index")
 
 
-def _swinv2_bias(attn: nn.Module) -> torch.Tensor:
+def _swinv2_bias(attn: Any) -> torch.Tensor:
     """The bias swinv2's ``WindowAttention.forward`` adds to its logits (timm 1.0.31), (heads, N, N)."""
     n = attn.window_size[0] * attn.window_size[1]
     table = attn.cpb_mlp(attn.relative_coords_table).view(-1, attn.num_heads)
@@ -116,7 +120,7 @@ def _swinv2_bias(attn: nn.Module) -> torch.Tensor:
     return 16 * torch.sigmoid(bias)
 
 
-def _scale_swinv2_bias(attn: nn.Module) -> _Apply:
+def _scale_swinv2_bias(attn: Any) -> _Apply:
     """The logits reach ``attn.softmax`` with the bias b added: a pre-hook adds (alpha - 1) * b, so they carry
     alpha * b. (b = 16 * sigmoid(.) is in (0, 16): no output of cpb_mlp gives alpha * b for alpha > 1.)"""
     def apply(alpha: float, undo: _Undo) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -102,7 +102,7 @@ def _module_pe(name: str, module: nn.Module) -> _PE | None:
     return None if scaler is None else _PE(PEEntry(name, scaler[0], True), scaler[1])
 
 
-def _module_scaler(module: nn.Module, kind: str) -> tuple[str, _Apply] | None:
+def _module_scaler(module: Any, kind: str) -> tuple[str, _Apply] | None:
     """(what alpha scales, how) for a PE module pe_scale knows, or None."""
     if kind in ("RotaryEmbedding", "RotaryEmbeddingCat") and hasattr(module, "bands"):
         return "axial RoPE (alpha scales the rotation angles: bands)", _undo_with(_scale_axial_rope, module)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -87,7 +88,7 @@ def _is_posgeom(model: nn.Module) -> bool:
     return hasattr(model, "set_alpha") and hasattr(model, "alpha")
 
 
-def _apply_pe_scale(model: nn.Module, alpha: float, include_prefix: bool, strict: bool = True):
+def _apply_pe_scale(model: Any, alpha: float, include_prefix: bool, strict: bool = True):
     """Scale every scalable PE of ``model`` in place; return the function that restores them exactly."""
     if _is_posgeom(model):
         if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result

@@ -25,7 +25,7 @@ List every model of the plugin: ``timm.list_models(module='vision_transformer_pe
 """
 import math
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 import torch.nn as nn
@@ -65,6 +65,8 @@ class PosGeomViT(Eva):
 
     The defaults give a standard ViT: class token, token pooling, no layer scale, qkv bias.
     """
+
+    sincos_embed: Optional[torch.Tensor]  # a buffer (registered in __init__), None unless pe == 'sincos'
 
     def __init__(
             self,
@@ -109,8 +111,9 @@ class PosGeomViT(Eva):
         sincos = sincos_2d(grid, self.embed_dim, device=dd["device"]) if pe == "sincos" else None
         self.register_buffer("sincos_embed", sincos, persistent=False)
         if pe == "rope":
+            attn: Any = self.blocks[0].attn  # timm's EvaAttention
             self.rope = ScaledRotaryEmbeddingCat(
-                self.embed_dim // self.blocks[0].attn.num_heads,
+                self.embed_dim // attn.num_heads,
                 alpha=alpha,
                 in_pixels=False,
                 temperature=rope_temperature,
@@ -160,14 +163,14 @@ class PosGeomViT(Eva):
         def reset(module: Optional[nn.Module]) -> None:
             if module is not None and id(module) not in done:
                 done.add(id(module))
-                module.reset_parameters()
+                cast(Any, module).reset_parameters()  # Linear, Conv2d and LayerNorm: each has one
 
         reset(self.patch_embed.proj)
         self._init_tokens_paper()
         for blk in self.blocks:
             _init_attention_paper(blk.attn, reset)
         for blk in self.blocks:
-            for module in blk.mlp.modules():
+            for module in cast(nn.Module, blk.mlp).modules():
                 if isinstance(module, (nn.Linear, nn.Conv2d)):
                     reset(module)
         if isinstance(self.head, nn.Linear):
@@ -202,7 +205,7 @@ class PosGeomViT(Eva):
             raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         self.alpha = check_alpha(alpha)
         if self.pe == "rope":
-            self.rope.set_alpha(self.alpha)
+            cast(ScaledRotaryEmbeddingCat, self.rope).set_alpha(self.alpha)
 
     # --- token shuffling (RPT / RPI built into the model) ----------------------------------------
     def _shuffle_active(self) -> bool:
@@ -239,7 +242,9 @@ class PosGeomViT(Eva):
             sincos = sincos.to(x.dtype)
             x = x + (sincos if scale == 1.0 else scale * sincos)
         if self.rope is not None:
-            rope = self.rope.get_embed(shape=[grid[0], grid[1]]) if self.dynamic_img_size else self.rope.get_embed()
+            # Eva types self.rope as a plain Module; TorchScript (which scripts this) takes no typing.cast
+            rope = (self.rope.get_embed(shape=[grid[0], grid[1]]) if self.dynamic_img_size  # type: ignore[operator]
+                    else self.rope.get_embed())  # type: ignore[operator]
         x = self._prefix_and_ape(x, grid[0], grid[1], same_grid)
         x = self.pos_drop(x)
         return x, rope
@@ -253,7 +258,7 @@ class PosGeomViT(Eva):
             prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
-        table = self.pos_embed
+        table: Optional[torch.Tensor] = self.pos_embed
         if table is None:  # pe != 'ape'
             return torch.cat(prefix + [x], dim=1) if len(prefix) > 0 else x
         if not same_grid:
@@ -281,8 +286,8 @@ class PosGeomViT(Eva):
 
 
 @torch.no_grad()
-def _init_attention_paper(attn: nn.Module, reset: Callable[[Optional[nn.Module]], None]) -> None:
-    """One attention layer as the paper's: ``reset`` (PyTorch's default init) on the fused qkv Linear, the q and
+def _init_attention_paper(attn: Any, reset: Callable[[Optional[nn.Module]], None]) -> None:
+    """One attention layer (timm's ``EvaAttention``) as the paper's: ``reset`` (PyTorch's default init) on the fused qkv Linear, the q and
     v biases cut from one 3*D draw as the paper's fused bias (the key bias stays Eva's zero), or on the q, k,
     v Linears; then on the output projection."""
     if attn.qkv is not None:
