@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +20,55 @@ import timm_posgeom  # noqa: F401  (registers the models)
 IMAGENETTE = Path(os.environ.get("POSGEOM_IMAGENETTE") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette")
 
 
+# torch threads per test process: under pytest-xdist, its share of the cores (CI: 2 workers on 2 cores, 1 thread
+# each, rather than 2 processes of 2 threads fighting over 2 cores); alone, torch's default.
+SESSION_THREADS = max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+torch.set_num_threads(SESSION_THREADS)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
+    """Every test starts from torch seed 0, and the torch thread count it found is set back after it (a test that
+    changes the count does not leave it to the next)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
     yield
+    torch.set_num_threads(threads)
+
+
+# Every test that takes over SLOW_SECONDS (setup, call and teardown together) is marked `slow` (CONTRIBUTING.md;
+# CI still runs it): the run's summary lists those that are not.
+SLOW_SECONDS = 5.0
+_seconds: dict[str, float] = {}
+_marked_slow: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
+    if "slow" in report.keywords:
+        _marked_slow.add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    unmarked = sorted(((t, n) for n, t in _seconds.items() if t > SLOW_SECONDS and n not in _marked_slow), reverse=True)
+    if unmarked:
+        terminalreporter.write_sep("=", f"{len(unmarked)} tests over {SLOW_SECONDS:g} s not marked slow")
+        for seconds, nodeid in unmarked:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
+    path = os.environ.get("POSGEOM_DURATIONS")
+    if path and _seconds:  # .ci/run: the durations report it commits (.ci/durations.txt)
+        write_durations(Path(path), _seconds, _marked_slow, terminalreporter.config)
+
+
+def write_durations(path: Path, seconds: dict[str, float], slow: set[str], config: Any, over: float = 0.5) -> None:
+    """Every test's seconds (setup, call and teardown), slowest first, those over ``over`` s; ``slow`` after the
+    tests so marked."""
+    workers = getattr(config.option, "numprocesses", None) or 1
+    rows = sorted(((t, n) for n, t in seconds.items() if t > over), reverse=True)
+    lines = [f"# python -m pytest -q with {workers} worker(s): {len(seconds)} tests, {sum(seconds.values()):.0f} s of "
+             f"test time; those over {over:g} s (setup + call + teardown), slowest first. Written by .ci/run.",
+             *(f"{t:7.2f}s {n}{'  slow' if n in slow else ''}" for t, n in rows)]
+    path.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture

@@ -60,7 +60,8 @@ def test_spread_is_the_student_t_interval_over_seeds():
     half = t.ppf(0.975, 2) * s.std / math.sqrt(3)
     assert s.n == 3 and s.mean == pytest.approx(7 / 3) and s.lo == pytest.approx(7 / 3 - half)
     assert spread([0.5]).text() == "0.500" and spread([]).text() == "n/a"
-    assert "[" in spread([0.1, 0.2]).text()
+    # two seeds: mean ± sample std [mean ± t(0.975, 1) std / sqrt(2)], t(0.975, 1) = 12.706
+    assert spread([0.1, 0.2]).text() == "0.150 ± 0.071 [-0.485, 0.785]"
 
 
 def test_every_claim_holds_beyond_the_spread_when_it_does():
@@ -219,24 +220,76 @@ def test_claim_evidence_with_pipes_stays_in_its_cell():
     assert len(cells) == 4 and "|SSDC| &lt; 0.1" in cells[3] and cells[3].endswith("inside (-0.1, 0.1)")
 
 
-def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path):
+def _interval(values: list[float]) -> str:
+    """mean ± sample std [95% Student-t interval], as the report writes it (computed here from the formula)."""
+    n, mean = len(values), sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t.ppf(0.975, n - 1) * std / math.sqrt(n)
+    return f"{mean:.3f} ± {std:.3f} [{mean - half:.3f}, {mean + half:.3f}]"
+
+
+def _kept_figure(draw, results: StudyResults, path, monkeypatch: pytest.MonkeyPatch):
+    """``draw(results, path)``'s return value and its figure, kept open (the drawing closes it after saving)."""
+    from timm_posgeom.app.report_figures import _plt
+
+    plt = _plt()
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)
+    returned = draw(results, path)
+    fig = plt.gcf()
+    monkeypatch.undo()
+    return returned, fig
+
+
+def _band_extent(ax) -> tuple[float, float]:
+    """(lowest, highest) y of the filled bands of ``ax``."""
+    from matplotlib.collections import PolyCollection
+
+    ys = np.concatenate([p.vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)
+                         for p in c.get_paths()])
+    return float(ys.min()), float(ys.max())
+
+
+def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkeypatch):
     """With 2 seeds every number is a mean with its spread; figures draw the seed bands."""
+    from PIL import Image
+
     from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth
 
-    results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))
+    results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))  # seed 0 shifted by -0.02, seed 1 by +0.02
     text = "\n".join(_tables(results))
     depth = text.split("## SSDC across depth")[1].split("##")[0]
     rows = [line for line in depth.splitlines() if line.startswith("| ") and not line.startswith("| condition")]
     assert rows and all("±" in r.split("|")[2] and "[" in r.split("|")[4] for r in rows)  # per layer ± std; delta interval
     assert "k = t(0.975, n-1)/√n: 8.98 with 2 seeds" in depth  # 12.706 / sqrt(2)
-    assert text.count("[") >= 5  # 95% intervals in the accuracy table
+    # the accuracy table: each measured cell its mean ± std [interval] over the two seeds, the paper's values beside
+    assert (f"| APE | 2 | {_interval([0.7, 0.7])} | {_interval([0.38, 0.42])} | n/a | 0.641 | 0.435 | 0.184 |"
+            in text.splitlines()), text
+    assert f"| RoPE | 2 | {_interval([0.72, 0.72])} | {_interval([0.28, 0.32])} | n/a |" in text
     for title in ("delta SSDC under RPI", "JPEG q5 FS"):  # both sweep tables: mean ± std [interval] in every cell
         sweep = text.split(f"## Alpha sweep: {title}")[1].split("##")[0]
         cells = [c for line in sweep.splitlines() if line.startswith("| ") and line[2].isdigit()
                  for c in line.split("|")[2:-1]]
         assert cells and all("±" in c and "[" in c for c in cells) and "seed 0" not in sweep
-    assert fig_alpha_sweep(results, tmp_path / "a.png") and (tmp_path / "a.png").stat().st_size > 0
-    fig_ssdc_depth(results, tmp_path / "b.png")
+    assert f"| 1 | {_interval([0.48, 0.52])} |" in text  # APE's delta SSDC at alpha 1 (and FS at alpha 0)
+
+    drawn, fig = _kept_figure(fig_alpha_sweep, results, tmp_path / "a.png", monkeypatch)
+    assert drawn is True and Image.open(tmp_path / "a.png").size == (1200, 480)  # 10 x 4 in at 120 dpi
+    left, right = fig.axes
+    std = float(np.std([0.48, 0.52], ddof=1))
+    line = next(ln for ln in left.get_lines() if ln.get_label().startswith("APE"))
+    assert list(line.get_xdata()) == [0.0, 0.5, 1.0] and np.allclose(line.get_ydata(), [0.0, 0.2, 0.5])
+    assert np.allclose(_band_extent(left), (0.0, 0.5 + std))  # mean ± std over the seeds
+    assert np.allclose(_band_extent(right), (0.3, 0.5 + std))
+
+    drawn, fig = _kept_figure(fig_ssdc_depth, results, tmp_path / "b.png", monkeypatch)
+    assert Image.open(tmp_path / "b.png").size == (1200, 504)  # 10 x 4.2 in at 120 dpi
+    plain, rpi = fig.axes[:2]
+    ape = next(ln for ln in rpi.get_lines() if ln.get_label() == "APE")
+    assert np.allclose(ape.get_ydata(), [0.5, 0.4, 0.3, 0.2])  # the mean over seeds of 0.48 / 0.52, 0.4, ...
+    untrained = [ln for ln in plain.get_lines() if ln.get_linestyle() == ":"]
+    assert len(untrained) == 5 and all(np.allclose(ln.get_ydata(), 0.1) for ln in untrained)
+    assert np.allclose(_band_extent(rpi), (0.02 - std, 0.5 + std))  # from RPT's 0.02 ± 0.028 to APE's 0.5 ± 0.028
+    assert np.allclose(_band_extent(plain), (0.5 - std, 0.6))  # no PE's 0.5 ± 0.028 (std 0 elsewhere)
 
 
 def test_fragility_evidence_names_which_half_of_claim_4_fails():

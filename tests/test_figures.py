@@ -2,6 +2,7 @@
 maps with colour bars, bands and error bars that say what they are, alpha increasing left to right."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("matplotlib")
+
+# pytest-xdist (CI): the whole module on one worker, so that the study figures of its module fixture are made once
+pytestmark = pytest.mark.xdist_group("figures")
 
 LONG = "local-dir:" + "/".join(["experiments", "scaling", "8x8-paper-with-a-long-name", "runs", "ape_s0", "export"] * 2)
 
@@ -396,7 +400,11 @@ def test_study_attention_heads_one_panel_per_condition_heads_as_points(study_fig
         assert {round(float(x)) for x in points[:, 0]} == {0, 3}
     labels = legend_labels(fig)
     assert "without RPI" in labels and "under RPI" in labels and "uniform attention" in labels
-    assert uniform_distance((8, 8)) == pytest.approx(4.1, abs=0.1)  # docs/attention.md: about 4.1 on 8 x 8
+    for grid, documented in (((8, 8), 4.1), ((14, 14), 7.3), ((4, 6), None)):  # docs/attention.md: about 4.1, 7.3
+        cells = [(r, c) for r in range(grid[0]) for c in range(grid[1])]  # every (query, key) pair, itself included
+        mean = sum(math.dist(a, b) for a in cells for b in cells) / len(cells) ** 2
+        assert uniform_distance(grid) == pytest.approx(mean, rel=1e-12), grid
+        assert documented is None or round(mean, 1) == documented
 
 
 def test_study_similarity_maps_masked_with_colour_bars(study_figures: dict[str, Any]) -> None:

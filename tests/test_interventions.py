@@ -279,13 +279,26 @@ def test_pe_scale_errors():
 
 @pytest.mark.parametrize("name", ["posgeom_vit_micro_patch8_64_rope", "eva_rope"])
 def test_pe_scale_inside_inference_mode_leaves_a_trainable_model(name):
+    """After pe_scale inside inference_mode the model trains as one never scaled: same output, same gradients
+    (RoPE caches left as inference tensors fail backward; caches left scaled give other values)."""
+    import copy
+
     model = THIRD_PARTY["eva_rope"]() if name == "eva_rope" else timm.create_model(name, num_classes=3)
-    x = torch.randn(2, 3, 64, 64)
+    model = model.double()
+    never_scaled = copy.deepcopy(model)
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     with torch.inference_mode():
         with pe_scale(model, 0.5):
-            model(x)
-    model.train()
-    model(x).sum().backward()  # would fail on inference tensors left in the RoPE caches
+            scaled = model(x)
+    for m in (model, never_scaled):
+        m.train()
+        m(x).square().sum().backward()
+    assert not torch.allclose(scaled, never_scaled.eval()(x))  # alpha 0.5 did change the output
+    assert torch.equal(model.eval()(x), never_scaled(x))
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    for n, p in never_scaled.named_parameters():
+        assert grads[n] is not None and torch.equal(grads[n], p.grad), n
+    assert any(g.abs().sum() > 0 for g in grads.values())
 
 
 def test_eval_mode_restores_the_mode_even_on_error():
