@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# The user's install: build the sdist and the wheel, install the wheel into a fresh venv (a plain
-# `pip install`, dependencies resolved as for a user) and, from a directory outside the repository,
-# run what a new user runs first. Then run the sdist's own test-suite against that install.
+# What a user gets. Build the sdist and the wheel from it; install the wheel alone into a fresh venv (a plain
+# `pip install`, dependencies resolved as for a user) and, from a directory outside the repository, probe a timm
+# ViT with the core library, none of the application's dependencies installed; then add the [app] extra to the
+# same venv and run what a new user runs first, the main job (`posgeom study` on the embedded demo) included;
+# last, the sdist's smoke tests against that install.
 #
 #   bash .ci/check_install.sh            (needs `build` in the current environment: pip install build)
 #
-# IMAGENETTE (default: ../shared/data/imagenette beside the checkout) is the real-image data set.
+# IMAGENETTE (default: ../shared/data/imagenette beside the checkout) is the real-image data set; SKIP_DEMO=1
+# leaves out the main job (about 4 minutes on 2 cores).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 IMAGENETTE="${IMAGENETTE:-$(cd "$REPO/.." && pwd)/shared/data/imagenette}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+. "$REPO/.ci/torch_cpu.sh"
 step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
-step "build sdist and wheel"
+step "build the sdist, and the wheel from it"
 python -m build --outdir "$WORK/dist" "$REPO" >"$WORK/build.log" 2>&1 || { tail -30 "$WORK/build.log"; exit 1; }
 WHEEL="$(ls "$WORK"/dist/*.whl)"
 SDIST="$(ls "$WORK"/dist/*.tar.gz)"
@@ -26,23 +30,82 @@ need = {"timm_posgeom/hub_cards/model_card.md", "timm_posgeom/recipes/imagenette
 missing = need - wheel
 assert not missing, f"wheel lacks {sorted(missing)}"
 assert not any(n.startswith(("tests/", "recipes/", "hub_cards/")) for n in wheel), "top-level data leaked into the wheel"
+meta = zipfile.ZipFile(sys.argv[1]).read(next(n for n in wheel if n.endswith(".dist-info/METADATA"))).decode()
+core = [l.split(":", 1)[1].strip() for l in meta.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l]
+app = [l for l in meta.splitlines() if l.startswith("Requires-Dist:") and "extra == \"app\"" in l]
+heavy = [d for d in core if d.split(">")[0].split("<")[0].split("=")[0] in
+         ("datasets", "pyarrow", "accelerate", "matplotlib", "jinja2", "markdown", "pyyaml")]
+assert not heavy and len(app) >= 6, (heavy, app)
 sdist = {n.split("/", 1)[1] for n in tarfile.open(sys.argv[2]).getnames() if "/" in n}
 need = {"tests/conftest.py", "tests/test_package.py", "recipes/imagenette_cpu_ape.yaml", "hub_cards/model_card.md",
         "scripts/run_timm_model_tests.py", "docs/method.md", "pyproject.toml"}
 missing = need - sdist
 assert not missing, f"sdist lacks {sorted(missing)}"
-print(f"wheel: {len(wheel)} files; sdist: {len(sdist)} files; recipes, accelerate configs and card template inside")
+print(f"wheel: {len(wheel)} files, {len(core)} core dependencies, {len(app)} more with [app]; sdist: {len(sdist)} files")
 EOF
 
-step "fresh venv + pip install of the wheel"
+step "the core: a fresh venv with the wheel alone"
 python3 -m venv "$WORK/venv"
+torch_cpu "$WORK/venv/bin/pip"
 "$WORK/venv/bin/pip" install -q "$WHEEL" >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }
 export PATH="$WORK/venv/bin:$PATH"
 mkdir "$WORK/user" && cd "$WORK/user"   # outside the repository: nothing of the checkout is importable
-python -c "import timm_posgeom, sys; assert '$REPO' not in timm_posgeom.__file__, timm_posgeom.__file__; print(timm_posgeom.__file__)"
+python - "$REPO" <<'EOF'
+"""A timm ViT probed with the core library alone: SSDC on an ImageFolder tree and on a tensor batch, under RPI
+and PE scaling, and fragility under JPEG; what needs the [app] extra says so in one line."""
+import importlib.util, math, sys
+from pathlib import Path
 
-step "posgeom --version, recipes"
+app = [m for m in ("datasets", "pyarrow", "accelerate", "matplotlib", "jinja2", "markdown") if importlib.util.find_spec(m)]
+assert not app, f"the core install brought {app}"
+import timm
+import torch
+from PIL import Image
+
+import timm_posgeom
+from timm_posgeom.errors import MissingDependencyError
+
+assert sys.argv[1] not in timm_posgeom.__file__, timm_posgeom.__file__
+print(timm_posgeom.__file__)
+root = Path("folder")
+for i in range(8):  # a two-class ImageFolder tree: left-bright and right-bright images
+    folder = root / "val" / ("left" if i % 2 else "right")
+    folder.mkdir(parents=True, exist_ok=True)
+    img = Image.new("RGB", (64, 64), (20, 20, 20))
+    img.paste((200 + i, 180, 160), (0 if i % 2 else 32, 0, 32 if i % 2 else 64, 64))
+    img.save(folder / f"{i}.png")
+torch.manual_seed(0)
+model = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, num_classes=2).eval()
+split = timm_posgeom.load_split(root, "validation")
+loader = timm_posgeom.eval_loader(model, split, batch_size=4)
+plain = timm_posgeom.probe_ssdc(model, loader, progress=False)
+rpi = timm_posgeom.probe_ssdc(model, loader, rpi=True, progress=False)
+with timm_posgeom.pe_scale(model, 0.0):
+    scaled = timm_posgeom.probe_ssdc(model, [(torch.randn(4, 3, 64, 64), torch.zeros(4, dtype=torch.long))],
+                                     progress=False)
+assert len(plain.per_layer) == len(rpi.per_layer) == len(scaled.per_layer) == 12
+assert all(math.isfinite(v) for v in plain.per_layer + rpi.per_layer + scaled.per_layer)
+frag = timm_posgeom.fragility(model, split, shifts=("jpeg:5",), progress=False)
+assert frag.num_images == 8 and "jpeg:5" in frag.fs
+try:
+    plain.plot("ssdc.png")
+    raise SystemExit("plotting ran without matplotlib")
+except MissingDependencyError as e:
+    assert "[app] extra" in str(e) and "\n" not in str(e), e
+print(f"core: SSDC per layer {plain.per_layer[0]:.3f} ... {plain.per_layer[-1]:.3f}, under RPI delta "
+      f"{rpi.delta:.3f}; JPEG q5 FS {frag.fs['jpeg:5']:.3f}; without datasets, accelerate or matplotlib")
+EOF
 posgeom --version
+posgeom models "*micro*" | head -2
+set +e
+posgeom study --dry-run 2>"$WORK/err"
+status=$?
+set -e
+cat "$WORK/err"
+test "$status" = 2 && test "$(wc -l <"$WORK/err")" = 1 && grep -q "needs the \[app\] extra" "$WORK/err"
+
+step "[app]: the extra added to the same venv"
+pip install -q "$WHEEL[app]" >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }
 posgeom recipes | head -3
 
 step "posgeom study --dry-run, every preset"
@@ -61,7 +124,7 @@ posgeom card "$WORK/user/run" --repo-id ORG/NAME --out "$WORK/user/card.md"
 grep -q "posgeom_vit_micro_patch8_64_ape" "$WORK/user/card.md"
 posgeom push "$WORK/user/run" --repo-id ORG/NAME --dry-run
 
-if [ "${CHECK_DEMO:-0}" = 1 ]; then
+if [ "${SKIP_DEMO:-0}" != 1 ]; then
   step "the main job: posgeom study (the embedded demo)"
   posgeom study --out "$WORK/user/study-demo"
   for f in report.md report.html results.json figures/ssdc_depth.png figures/fragility.png; do
@@ -69,11 +132,14 @@ if [ "${CHECK_DEMO:-0}" = 1 ]; then
   done
 fi
 
-step "the sdist's tests, against the installed wheel"
+step "the sdist's smoke tests, against the installed wheel"
 tar xzf "$SDIST" -C "$WORK"
 SRC="$(ls -d "$WORK"/timm_posgeom-*/)"
 rm -rf "$SRC/timm_posgeom"   # the tests must import the installed wheel, not the sdist's sources
-"$WORK/venv/bin/pip" install -q pytest >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }
+pip install -q pytest >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }
 cd "$SRC"
-POSGEOM_IMAGENETTE="$IMAGENETTE" MPLBACKEND=Agg "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider tests
+# the package as a user gets it (version, resources, registration, light import), the core and the extra, the
+# front door (README, docs, citation) and a model exported, loaded offline and measured
+POSGEOM_IMAGENETTE="$IMAGENETTE" MPLBACKEND=Agg python -m pytest -q -p no:cacheprovider tests/test_package.py \
+  tests/test_extras.py tests/test_front_door.py tests/test_hub.py
 step "done"

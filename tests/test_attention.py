@@ -285,6 +285,7 @@ LAUNCHED = textwrap.dedent('''
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_launched_processes_equal_one(tmp_path):
     from conftest import free_port, run_launched
     from test_distributed import _close, _env

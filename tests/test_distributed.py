@@ -311,6 +311,7 @@ def _close(a, b, tol: float, path: str = "") -> None:
         assert a == b and type(a) is type(b), (path, a, b)
 
 
+@pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_a_launch_past_its_timeout_leaves_no_process(tmp_path):
     # a launcher whose worker sits in a session of its own (as torchrun's do) and never ends
     launcher = textwrap.dedent('''
@@ -339,6 +340,7 @@ def test_a_launch_past_its_timeout_leaves_no_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_launched_processes_equal_one(tmp_path):
     script = tmp_path / "measure.py"
     script.write_text(SCRIPT)

@@ -195,6 +195,7 @@ def _folder_with_a_truncated_jpeg(root):
     return bad
 
 
+@pytest.mark.slow
 def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_path, capsys):
     def train_main(argv: list[str]) -> int:  # `posgeom train ARGV`: its exit status
         try:

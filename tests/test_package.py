@@ -130,6 +130,7 @@ def test_help_and_argument_errors_import_neither_torch_nor_timm():
         assert not loaded & {"torch", "timm", "torchvision", "numpy", *HEAVY}, (argv, sorted(loaded & {"torch", "timm"}))
 
 
+@pytest.mark.slow
 def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
     for code in ("import timm_posgeom, timm", "import timm, timm_posgeom", "import timm_posgeom.models, timm"):
         out = subprocess.run([sys.executable, "-c", code + "\nprint(len(timm.list_models('posgeom_*')))"],
@@ -140,6 +141,7 @@ def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
 @pytest.mark.parametrize("first", ["import timm_posgeom; timm_posgeom.check_support",
                                    "from timm_posgeom.interventions import pe_scale",
                                    "import timm_posgeom.support"])
+@pytest.mark.slow
 def test_a_first_import_of_timm_from_inside_the_package_registers_the_models(first):
     """The registration hook fired while pos.rope was half-imported (timm's first import came from it), and
     the first public name reached that way raised ImportError in a fresh interpreter."""

@@ -38,6 +38,7 @@ def _tokens(model: torch.nn.Module, x: torch.Tensor, layer: int) -> torch.Tensor
     return got[0]
 
 
+@pytest.mark.slow
 def test_position_probe_equals_a_direct_least_squares_fit(images):
     train, test = images
     model = _model("sincos")

@@ -24,6 +24,9 @@ from timm_posgeom.app.study import StudyError, dry_run, plan_study, preset_confi
 from timm_posgeom.app.study import runner as study_runner
 from timm_posgeom.cli import main as cli_main
 
+# pytest-xdist (CI): the whole module on one worker, so that the demo study of its module fixture is made once
+pytestmark = pytest.mark.xdist_group("study")
+
 TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
         "rpi_ssdc_images=16"]
 
@@ -48,6 +51,7 @@ def demo_study(tmp_path_factory):
     return out, results
 
 
+@pytest.mark.slow
 def test_demo_study_end_to_end(demo_study):
     out, results = demo_study
     assert results.complete and [r.condition for r in results.runs] == list(study_mod.CONDITIONS)
@@ -119,6 +123,7 @@ def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
     assert _is_png(copy / "figures" / "ssdc_depth.png")
 
 
+@pytest.mark.slow
 def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     config = _tiny(conditions=("nope", "ape"))
     calls = {"n": 0}
@@ -153,6 +158,7 @@ def test_study_resumes_after_an_interrupt(tmp_path, monkeypatch):
     assert f"; accelerate {nope.train.versions['accelerate']} for nope s0, ape s0." in header
 
 
+@pytest.mark.slow
 def test_a_resume_measures_the_trained_runs_first_so_an_interrupt_keeps_them(tmp_path, monkeypatch):
     """results.json is rewritten after every run with the runs the invocation has done: a resume that went in
     the plan's order and stopped in an untrained run (hours of training) held none of the trained runs
@@ -216,6 +222,7 @@ def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path
     assert study_runner._keep_measured(_tiny(conditions=("ape",)), measured, tmp_path).conditions == ("ape",)
 
 
+@pytest.mark.slow
 def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(tmp_path):
     """Issue 14, item 1: --resume with other settings reused every result and recorded the new settings."""
     config = _tiny(conditions=("nope",))
@@ -381,6 +388,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads process states from /proc")
+@pytest.mark.slow
 def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
     """`kill` (SIGTERM, as a scheduler sends) on a study mid-training stops the training subprocess too: left
     running, it would go on writing into a run directory whose study has stopped. The study exits 130 with
@@ -411,6 +419,7 @@ def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
             os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
     """The study names its data by a path, often relative (committed runs move between checkouts): a resume
     whose path now holds other data reused every trained run and number. The validation split's identity
@@ -466,6 +475,7 @@ def test_study_options_that_would_be_silently_replaced_are_refused(tmp_path, cap
         plan_study(config, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_path):
     """eval.json was reused whatever export/ held since; it now records the SHA-1 of the weights it measured."""
     import timm
@@ -486,6 +496,7 @@ def test_a_run_exported_again_is_not_reported_with_its_former_measurements(tmp_p
     assert (export.parent / "eval.json.replaced-1").is_file() and results.runs[0].eval.weights_sha1
 
 
+@pytest.mark.slow
 def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_part(tmp_path, monkeypatch):
     """Issue 32: every model drew RPI with seed 0, so the permutation's own variance was in no spread. The
     study now draws rpi_permutations (seeds 0 .. n-1); a resume that changes it measures the RPI parts again

@@ -115,6 +115,7 @@ def test_loss_falls_on_learnable_subset(tmp_path):
     assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
 
 
+@pytest.mark.slow
 def test_kill_and_resume_is_exact(tmp_path):
     # RPT (token shuffling), drop path, dropout, mixup, EMA, gradient accumulation and a DataLoader worker:
     # every RNG stream and counter in play
@@ -144,6 +145,8 @@ def test_kill_and_resume_is_exact(tmp_path):
     assert steps == sorted(set(steps)), "metrics.jsonl repeats steps after the resume"
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_processes_under_accelerate_launch(tmp_path):
     # accelerate 1.15's `launch --cpu` starts ONE process (its simple launcher spawns several only with an MPI
     # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set. A free port

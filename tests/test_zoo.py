@@ -41,6 +41,9 @@ from timm_posgeom.probes import probe_ssdc
 from timm_posgeom.robustness import alpha_sweep, fragility
 from timm_posgeom.shifts import PAPER_SHIFTS
 
+# pytest-xdist (CI): the whole module on one worker, so that the zoo and export of its module fixtures are made once
+pytestmark = pytest.mark.xdist_group("zoo")
+
 IMG, N, BATCH = 112, 16, 8
 VIT = "vit_tiny_patch16_224"  # a learned absolute table, 12 blocks
 ROPE = "eva02_tiny_patch14_224"  # a learned table and axial RoPE, 12 blocks, no classifier (num_classes 0)
@@ -115,6 +118,7 @@ def _number(text: str) -> float | None:
     return float(text) if text else None
 
 
+@pytest.mark.slow
 def test_csv_has_one_row_per_model_equal_to_direct_measurements(zoo, data_dir, export):
     rows = _rows(zoo)
     assert list(rows) == [VIT, ROPE, export]
@@ -232,6 +236,7 @@ def test_markdown_names_models_measured_with_other_versions(zoo, data_dir, tmp_p
     assert f"(this invocation); timm 0.0.1 for {ROPE}." in (copy / "zoo.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, data_dir, export, capsys):
     out = tmp_path / "zoo"
     code = main(["zoo", "no_such_model_xyz", export, "--data", str(data_dir), "--out", str(out), "--alphas", "1,0",
@@ -267,6 +272,7 @@ def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, dat
     assert _rows(out)[export]["n_images"] == "4"
 
 
+@pytest.mark.slow
 def test_killed_while_measuring_the_second_model_a_rerun_keeps_the_first(tmp_path, data_dir, export, capsys):
     out = tmp_path / "zoo"
     first = out / "models" / f"{safe_name(export)}.json"
@@ -302,6 +308,7 @@ def _table(out: Path) -> dict[str, dict[str, str]]:
     return {name: {k: v for k, v in row.items() if k != "elapsed_s"} for name, row in _rows(out).items()}
 
 
+@pytest.mark.slow
 def test_two_shards_one_after_the_other_give_the_one_process_table(zoo, data_dir, export, tmp_path, capsys):
     out = tmp_path / "sharded"
     models = [VIT, ROPE, export]  # the zoo fixture's models, in its order
@@ -319,6 +326,7 @@ def test_two_shards_one_after_the_other_give_the_one_process_table(zoo, data_dir
     assert _table(out) == _table(zoo)
 
 
+@pytest.mark.slow
 def test_two_shards_at_once_into_one_folder_lose_no_record(zoo, data_dir, export, tmp_path):
     out = tmp_path / "concurrent"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
