@@ -43,6 +43,19 @@ _seconds: dict[str, float] = {}
 _marked_slow: set[str] = set()
 
 
+# Marked here rather than at each test: every user of a module fixture that takes over 5 s to build (whichever of
+# them runs first pays for it), and the slow parameter of a fast test whose cases come from a table.
+SLOW_FIXTURES = {"demo_study", "zoo", "study_figures"}
+SLOW_CASES = {"test_support_row[dla]"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.name in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
     if "slow" in report.keywords:

@@ -326,7 +326,7 @@ def test_eval_mode_restores_the_mode_even_on_error():
 # token layouts of third-party patch embeddings (issue 13, part 1: never silently wrong)
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name,kwargs,size,tokens", [
-    ("swinv2_cr_tiny_224", dict(depths=(1, 1, 1, 1)), 224, 56 * 56),  # NCHW patch embedding
+    pytest.param("swinv2_cr_tiny_224", dict(depths=(1, 1, 1, 1)), 224, 56 * 56, marks=pytest.mark.slow),  # NCHW
     ("pit_ti_224", dict(img_size=96), 96, 11 * 11),  # NCHW conv embedding
     ("mixer_s16_224", {}, 224, 14 * 14),  # `stem`, flattened NLC
     ("vit_tiny_patch16_224", dict(depth=1, dynamic_img_size=True), 96, 6 * 6),  # NHWC with a dynamic size
