@@ -56,7 +56,8 @@ and PE scaling, and fragility under JPEG; what needs the [app] extra says so in 
 import importlib.util, math, sys
 from pathlib import Path
 
-app = [m for m in ("datasets", "pyarrow", "accelerate", "matplotlib", "jinja2", "markdown") if importlib.util.find_spec(m)]
+# (jinja2 and pyyaml are declared by [app] too, but torch and timm bring them to the core install anyway)
+app = [m for m in ("datasets", "pyarrow", "accelerate", "matplotlib", "markdown") if importlib.util.find_spec(m)]
 assert not app, f"the core install brought {app}"
 import timm
 import torch
@@ -102,7 +103,10 @@ posgeom study --dry-run 2>"$WORK/err"
 status=$?
 set -e
 cat "$WORK/err"
-test "$status" = 2 && test "$(wc -l <"$WORK/err")" = 1 && grep -q "needs the \[app\] extra" "$WORK/err"
+if [ "$status" != 2 ] || [ "$(wc -l <"$WORK/err")" != 1 ] || ! grep -q "needs the \[app\] extra" "$WORK/err"; then
+  echo "posgeom study without the [app] extra: expected one line naming the extra and exit 2, got exit $status"
+  exit 1
+fi
 
 step "[app]: the extra added to the same venv"
 pip install -q "$WHEEL[app]" >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }

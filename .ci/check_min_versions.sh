@@ -22,6 +22,7 @@ wrong = {n: (pins[n].strip(), v) for n, v in got.items() if v.split("+")[0] != p
 assert not wrong, f"not the floors: {wrong}"
 print("floors installed:", ", ".join(f"{n} {v}" for n, v in got.items()))
 PY
+echo "== floors installed (${SECONDS}s)"
 export PYTEST_ADDOPTS="-n 2 --dist loadgroup -p no:cacheprovider"
 MPLBACKEND=Agg "$VENV/bin/python" -m pytest -q -m "not slow" tests
 MPLBACKEND=Agg "$VENV/bin/python" -m pytest -q tests/test_train.py::test_kill_and_resume_is_exact
