@@ -30,6 +30,7 @@ Two sources of corrupted images:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import warnings
@@ -494,7 +495,7 @@ def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, r
         for images, labels in tqdm(loader, desc="imagenet-c", disable=not settings.progress, leave=False):
             if handle is not None:  # one permutation per released image, from (seed, its index in the tree)
                 ids = np.arange(start, start + len(images))
-                handle.give(lambda n, ids=ids: image_permutations(n, settings.seed or 0, ids))
+                handle.give(functools.partial(image_permutations, seed=settings.seed or 0, indices=ids))
             logits = model(images.to(dev, non_blocking=True))
             check_labels(labels, logits.shape[-1])
             b = labels.shape[0]
