@@ -1,25 +1,26 @@
 """The paper's five claims, decided on a study's results with the seed spread, or honestly left undecided.
 
-A claim is decided only where the run can decide it:
+A claim is decided only where the run can decide it (docs/method.md#verdicts; the statistics are in
+:mod:`.verdicts`):
 
 * **near chance**: a model whose clean top-1 (mean over seeds) is below ``CHANCE_FACTOR`` x chance
   (1 / classes) has not learned what the claim is about: every claim that involves it is
   ``undecided``, never ``no``;
-* **one rule for every verdict** (docs/method.md#verdicts): each part of a claim is a quantity with a
-  two-sided 95% interval; the part is ``yes`` when the claim holds beyond the interval, ``no`` when its
-  opposite holds beyond the interval, and ``within noise`` otherwise. A claim is held when every part is
-  yes, not held when some part is no, undecided ("within noise") otherwise. Peaks and trends are
-  quantities too: "peaks early" is the maximum over the first half of the layers minus the maximum over
-  the second half, per seed (and permutation); "falls as alpha shrinks" needs every seed's trend to have
-  the claimed sign and the change from the largest to the smallest alpha beyond its interval (and "no"
-  the mirror of both). An interval is over seeds, and over RPI permutations where the study measured
-  several (:func:`spread_sp`). With one seed there is no seed spread: fragility comparisons use the
-  interval of the difference recovered from each run's own bootstrap interval (MOVER, see ``_less``),
-  RPI quantities their interval over permutations, the rest their point values, and the evidence says
-  "1 seed".
+* **one seed never decides**: a claim whose conditions have one seed reads ``undecided`` ("one seed: not
+  decided"), its evidence (intervals over RPI permutations, or from each run's bootstrap interval) still shown;
+* **one rule for every part**: each part of a claim is a quantity with a claimed side of a threshold, decided
+  ``yes`` when its interval lies on the claimed side, ``no`` when on the other, ``within noise`` otherwise,
+  with Holm's step-down procedure over the claim's parts (family-wise 95%: the part with the k-th smallest
+  p-value is tested at level 1 - 0.05 / (m - k + 1)). A claim is held when every part is yes, not held when
+  some part is no, undecided otherwise. Intervals are over seeds, and over seeds x RPI permutations
+  (:func:`~.verdicts.spread_sp`, on seeds - 1 degrees of freedom) for SSDC under RPI.
 
-Thresholds (documented in the report): ``NEAR_ZERO`` (|SSDC| under RPI at every layer: "collapses"),
-``SUBSTANTIAL`` (mean SSDC under RPI across layers: "keeps structure").
+The quantities: claim 1, trained mean SSDC minus the same seed's untrained one > 0 (builds) and |SSDC under RPI|
+< ``NEAR_ZERO`` at every layer (collapses); claim 2, mean SSDC under RPI > ``SUBSTANTIAL`` (keeps), "peaks
+early" (S1 - S0) - (S_last - S1) > 0 (the rise over block 1 against the rise after it), "accumulates" S_last -
+S0 > 0; claim 3, RPT collapses; claim 4, FS differences; claim 5, the change from the largest alpha to the
+smallest with every seed's trend agreeing. ``evaluate_claims(results, rule="2026-11")`` decides under the
+rule before issue 39 (:data:`~.verdicts.RULES`).
 """
 from __future__ import annotations
 
@@ -31,115 +32,35 @@ from dataclasses import dataclass
 import numpy as np
 
 from .records import StudyResults, StudyRun
+from .verdicts import (
+    ALPHA,
+    DEFAULT_RULE,
+    RULES,
+    Decision,
+    Rule,
+    Spread,
+    Test,
+    above,
+    combine,
+    decide,
+    less,
+    level_text,
+    near_zero,
+    shown,
+    spread,
+    spread_sp,
+)
 
-__all__ = ["Spread", "Verdict", "spread", "spread_sp", "rpi_cube", "evaluate_claims", "CLAIMS", "NEAR_ZERO", "SUBSTANTIAL", "CHANCE_FACTOR",
-           "LABELS"]
+__all__ = ["Spread", "Verdict", "spread", "spread_sp", "rpi_cube", "evaluate_claims", "CLAIMS", "NEAR_ZERO",
+           "SUBSTANTIAL", "CHANCE_FACTOR", "LABELS", "RULES", "Rule"]
 
 NEAR_ZERO = 0.1
 SUBSTANTIAL = 0.1
 CHANCE_FACTOR = 1.5
 LABELS = {"nope": "no PE", "ape": "APE", "sincos": "sincos", "rope": "RoPE", "rpt": "RPT"}
 _PE, _NON_PE = ("ape", "sincos", "rope"), ("nope", "rpt")
-
-
-@dataclass(frozen=True)
-class Spread:
-    """Mean over seeds, sample std, and the two-sided 95% Student-t interval of the mean (lo = hi = mean and
-    std NaN with one seed; all NaN with none).
-
-    Over seeds x RPI permutations (:func:`spread_sp`): ``std`` is the std of the per-seed means over
-    permutations, ``perm_std`` the std of the per-permutation means over seeds, ``permutations`` their
-    number; ``var`` is the variance of the mean and ``df`` the degrees of freedom of its t interval."""
-
-    mean: float
-    std: float
-    lo: float
-    hi: float
-    n: int
-    perm_std: float = math.nan
-    permutations: int = 1
-    var: float = math.nan
-    df: float = math.nan
-
-    @property
-    def has_interval(self) -> bool:
-        return self.n >= 1 and math.isfinite(self.var) and math.isfinite(self.df) and self.df >= 1
-
-    def text(self, digits: int = 3) -> str:
-        if self.n == 0:
-            return "n/a"
-        if not self.has_interval:
-            return f"{self.mean:.{digits}f}"
-        seeds = f" ± {self.std:.{digits}f}" if self.n >= 2 else ""
-        perms = f" (permutations ± {self.perm_std:.{digits}f})" if self.permutations >= 2 else ""
-        return f"{self.mean:.{digits}f}{seeds}{perms} [{self.lo:.{digits}f}, {self.hi:.{digits}f}]"
-
-    def bound(self, side: str, digits: int = 3) -> str:
-        """How an end of the interval is computed: ``mean - k x s = lo`` (side '-') or ``mean + k x s = hi``
-        (side '+'), with k = t(0.975, df) / sqrt(n) and s = sqrt(var x n) (the seed std when only seeds
-        vary: k = 8.98 with 2 seeds); the point value alone when there is no interval."""
-        if not self.has_interval:
-            return f"{self.mean:.{digits}f} (no interval)"
-        from scipy.stats import t
-
-        k = float(t.ppf(0.975, self.df)) / math.sqrt(self.n)
-        s = math.sqrt(self.var * self.n)
-        end = self.lo if side == "-" else self.hi
-        return f"{self.mean:.{digits}f} {'-' if side == '-' else '+'} {k:.2f} x {s:.{digits}f} = {end:.{digits}f}"
-
-
-def spread(values: Sequence[float | None]) -> Spread:
-    """The :class:`Spread` of the finite values (None and NaN left out)."""
-    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    n = len(vals)
-    if n == 0:
-        return Spread(math.nan, math.nan, math.nan, math.nan, 0)
-    mean = float(np.mean(vals))
-    if n == 1:
-        return Spread(mean, math.nan, mean, mean, 1)
-    from scipy.stats import t
-
-    std = float(np.std(vals, ddof=1))
-    half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-    return Spread(mean, std, mean - half, mean + half, n, var=std ** 2 / n, df=float(n - 1))
-
-
-def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]]) -> Spread:
-    """The :class:`Spread` of a quantity measured on seeds x RPI permutations (rows: seeds, columns: the
-    permutations, the same permutation seeds in every row; NaN / None left out).
-
-    The permutations are crossed with the seeds (permutation p is drawn with seed p for every model), so the
-    variance of the grand mean is estimated as var(per-seed means) / S + var(per-permutation means) / P: the
-    seed term as over seeds alone, plus the permutation variance, which the per-seed means share and so
-    cannot show (this counts the seed x permutation residual twice: conservative). The interval is Student-t
-    with Welch-Satterthwaite degrees of freedom. One permutation: :func:`spread` over seeds. One seed: the
-    interval over permutations alone (there is no seed spread)."""
-    arr = np.array([[math.nan if v is None else float(v) for v in row] for row in cells], dtype=float)
-    if arr.ndim != 2 or arr.size == 0:
-        return spread([])
-    arr = arr[~np.all(np.isnan(arr), 1)]  # seeds without a value
-    arr = arr[:, ~np.any(np.isnan(arr), 0)] if arr.size else arr  # a permutation missing in some seed
-    if arr.size == 0:
-        return spread([])
-    s_n, p_n = arr.shape
-    if p_n == 1:
-        return spread(arr[:, 0].tolist())
-    from scipy.stats import t
-
-    seed_means, perm_means = arr.mean(1), arr.mean(0)
-    mean = float(arr.mean())
-    v_perm = float(np.var(perm_means, ddof=1)) / p_n
-    if s_n >= 2:
-        std = float(np.std(seed_means, ddof=1))
-        v_seed = std ** 2 / s_n
-        den = v_seed ** 2 / (s_n - 1) + v_perm ** 2 / (p_n - 1)
-        df = (v_seed + v_perm) ** 2 / den if den > 0 else float(s_n - 1)
-    else:
-        std, v_seed, df = math.nan, 0.0, float(p_n - 1)
-    var = v_seed + v_perm
-    half = float(t.ppf(0.975, df)) * math.sqrt(var)
-    return Spread(mean, std, mean - half, mean + half, s_n, perm_std=float(np.std(perm_means, ddof=1)),
-                  permutations=p_n, var=var, df=df)
+_PART_WORDS = {"held": "yes", "not held": "no", "undecided": "within noise"}
+ONE_SEED = "one seed: not decided (a claim is decided over seeds; the evidence shows the one seed's values)"
 
 
 @dataclass(frozen=True)
@@ -156,85 +77,36 @@ class Verdict:
         return {"held": True, "not held": False}.get(self.status)
 
 
-# --------------------------------------------------------------------------------------------
-# decisions beyond the interval: 'yes', 'no' (the opposite holds beyond it) or 'noise', and why
-# --------------------------------------------------------------------------------------------
-def _above(s: Spread, threshold: float) -> tuple[str, str]:
-    """value > threshold: 'yes' (the interval is above), 'no' (below) or 'noise' (it contains the threshold),
-    with the end of the interval that decided it."""
-    if s.lo > threshold:
-        return "yes", f"{s.bound('-')} > {threshold:g}"
-    if s.hi < threshold:
-        return "no", f"{s.bound('+')} < {threshold:g}"
-    return "noise", f"{s.bound('-' if s.mean >= threshold else '+')} crosses {threshold:g}"
+@dataclass(frozen=True)
+class _Study:
+    """What a claim is decided on: the runs by condition, the rule, the fewest seeds of any condition."""
+
+    by: dict[str, list[StudyRun]]
+    rule: Rule
+    seeds: int
 
 
-def _near_zero(s: Spread) -> tuple[str, str]:
-    """|value| < NEAR_ZERO: 'yes' (the interval is inside), 'no' (it is outside), or 'noise'; with the end of
-    the interval that decided it."""
-    if -NEAR_ZERO < s.lo and s.hi < NEAR_ZERO:
-        side = "+" if s.mean >= 0 else "-"
-        return "yes", f"{s.bound(side)} {'<' if side == '+' else '>'} {NEAR_ZERO if side == '+' else -NEAR_ZERO:g}"
-    if s.lo >= NEAR_ZERO:
-        return "no", f"{s.bound('-')} >= {NEAR_ZERO:g}"
-    if s.hi <= -NEAR_ZERO:
-        return "no", f"{s.bound('+')} <= {-NEAR_ZERO:g}"
-    side = "+" if s.mean >= 0 else "-"
-    return "noise", f"{s.bound(side)} crosses {NEAR_ZERO if side == '+' else -NEAR_ZERO:g}"
-
-
-def _worst(parts: list[tuple[str, str]], names: Sequence[str]) -> str:
-    """The part that decided a list of parts (the first 'no', else the first 'noise', else the last 'yes')."""
-    for word in ("no", "noise", "yes"):
-        hits = [(n, why) for n, (d, why) in zip(names, parts) if d == word]
-        if hits:
-            n, why = hits[0] if word != "yes" else hits[-1]
-            return f"{n}: {why}"
-    return ""
-
-
-def _less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> tuple[str, str]:
-    """a < b beyond the noise: 'yes', 'no' or 'noise', and the interval of b - a that decided it.
-
-    With an interval on both sides (2 seeds or more, or several RPI permutations): the Welch 95% interval of
-    b - a (variance a.var + b.var, the smaller of the two degrees of freedom). With one seed each: the 95%
-    interval of b - a recovered from each value's own interval (given as (lo, hi)) by MOVER, the method of
-    variance estimates recovery (Zou & Donner 2008): lower = d - sqrt((b - b_lo)^2 + (a_hi - a)^2), upper =
-    d + sqrt((b_hi - b)^2 + (a - a_lo)^2), d = b - a. It is exact for independent estimates and wider than
-    needed when their errors are positively correlated (two models scored on the same images), so it never
-    decides more than the data allow; asking that the two intervals do not overlap, as before, decided far
-    less (about a 99.4% test for two intervals of equal width). Otherwise (a side without a value, seed
-    counts that differ, a missing interval): 'noise', never the point values, which would decide any
-    difference at all."""
-    if a.n == 0 or b.n == 0:
-        return "noise", "no value"
-    diff = b.mean - a.mean
-    if a.n >= 2 and b.n >= 2 and a.has_interval and b.has_interval:
-        from scipy.stats import t
-
-        half = float(t.ppf(0.975, min(a.df, b.df))) * math.sqrt(a.var + b.var)
-        lower, upper = diff - half, diff + half
-    elif a.n == 1 and b.n == 1 and a_interval and b_interval and None not in (*a_interval, *b_interval):
-        (a_lo, a_hi), (b_lo, b_hi) = a_interval, b_interval
-        lower = diff - math.hypot(max(b.mean - b_lo, 0.0), max(a_hi - a.mean, 0.0))
-        upper = diff + math.hypot(max(b_hi - b.mean, 0.0), max(a.mean - a_lo, 0.0))
-    else:
-        return "noise", f"difference {diff:+.3f} without an interval"
-    word = "yes" if lower > 0 else "no" if upper < 0 else "noise"
-    return word, f"difference {diff:+.3f} [{lower:+.3f}, {upper:+.3f}]"
-
-
-def _combine(parts: list[str]) -> str:
-    return "not held" if "no" in parts else "undecided" if "noise" in parts else "held"
-
-
-def _verdict(parts: list[str], evidence: str, seeds: int) -> Verdict:
-    status = _combine(parts)
-    note = "" if seeds >= 2 else " (1 seed: no seed spread)"
-    inside = ("its 95% interval over seeds (and RPI permutations)" if seeds >= 2 else
-              "its 95% interval over the evaluation images or RPI permutations (1 seed: there is no seed spread)")
-    reason = f"within noise: the difference is inside {inside}" if status == "undecided" else ""
+def _verdict(decisions: list[Decision], evidence: str, study: _Study) -> Verdict:
+    if not decisions:  # no part to decide (no layer measured under RPI): never "held" by default
+        return Verdict("not measured", evidence, "nothing to decide it on (no SSDC under RPI)")
+    status = combine([d.word for d in decisions])
+    note = "" if study.seeds >= 2 else " (1 seed: no seed spread)"
+    reason = ""
+    if status == "undecided" and study.rule.holm:
+        reason = (f"within noise: a part's interval contains its threshold at the level Holm's procedure tested it "
+                  f"({level_text(ALPHA)} family-wise over the claim's {len(decisions)} parts)")
+    elif status == "undecided":
+        inside = ("its 95% interval over seeds (and RPI permutations)" if study.seeds >= 2 else
+                  "its 95% interval over the evaluation images or RPI permutations (1 seed: there is no seed spread)")
+        reason = f"within noise: the difference is inside {inside}"
     return Verdict(status, evidence + note, reason)
+
+
+def _deciding(decisions: list[Decision]) -> str:
+    """The part that decided a list of parts (:func:`~.verdicts.shown`: the first 'no', else the first part
+    within noise, one leaning against the claim first, else the tightest 'yes')."""
+    parts = shown(decisions)
+    return parts[0].text() if parts else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,10 +136,10 @@ def rpi_cube(runs: list[StudyRun]) -> np.ndarray:
                     dtype=float)
 
 
-def _layer_spreads(runs: list[StudyRun], key: str) -> list[Spread]:
+def _layer_spreads(runs: list[StudyRun], key: str, rule: Rule) -> list[Spread]:
     if key == "rpi_per_layer":
         cube = rpi_cube(runs)
-        return [spread_sp(cube[:, :, k]) for k in range(cube.shape[2])]
+        return [spread_sp(cube[:, :, k], df=rule.df) for k in range(cube.shape[2])]
     arr = _per_seed_layers(runs, key)
     return [spread(arr[:, k].tolist()) for k in range(arr.shape[1])]
 
@@ -302,116 +174,138 @@ def _chance_reason(by: dict[str, list[StudyRun]], conditions: Sequence[str], cla
 # --------------------------------------------------------------------------------------------
 # the claims
 # --------------------------------------------------------------------------------------------
-def _collapses(runs: list[StudyRun]) -> tuple[list[str], list[Spread], str]:
-    """|SSDC under RPI| < NEAR_ZERO at every layer: the parts, the layers' spreads and the deciding layer."""
-    rpi = _layer_spreads(runs, "rpi_per_layer")
-    parts = [_near_zero(s) for s in rpi]
-    names = [f"layer {k}" for k in range(len(rpi))]
-    if all(d == "yes" for d, _ in parts):  # every layer holds: show the one nearest the threshold
-        k = int(np.argmax([max(abs(s.lo), abs(s.hi)) for s in rpi]))
-        return ["yes"] * len(parts), rpi, f"{names[k]}: {parts[k][1]}"
-    return [d for d, _ in parts], rpi, _worst(parts, names)
+def _collapse_parts(runs: list[StudyRun], rule: Rule) -> tuple[list[tuple[str, Test]], list[Spread]]:
+    """|SSDC under RPI| < NEAR_ZERO, one part per layer, and the layers' spreads."""
+    rpi = _layer_spreads(runs, "rpi_per_layer", rule)
+    return [(f"layer {k}", near_zero(s, NEAR_ZERO, rule)) for k, s in enumerate(rpi)], rpi
 
 
-def _claim_collapse(by, seeds) -> Verdict:
+def _builds(runs: list[StudyRun], rule: Rule) -> tuple[Test, str]:
+    """Claim 1's "builds structure" and what it compares. Rule 2026-12: per seed, the trained model's mean
+    SSDC over layers minus its untrained start's (the same architecture and seed, ``StudyRun.untrained``),
+    > 0; rule 2026-11: the trained mean SSDC > SUBSTANTIAL."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        trained = [float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer]))
+                   for r in runs if r.eval.ssdc is not None and r.eval.ssdc.per_layer]
+        if rule.builds == "threshold":
+            plain = spread(trained)
+            return above(plain, SUBSTANTIAL, rule), "mean SSDC"
+        pairs = [(float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer])),
+                  float(np.nanmean([math.nan if v is None else v for v in r.untrained.per_layer])))
+                 for r in runs if r.eval.ssdc is not None and r.eval.ssdc.per_layer and r.untrained.per_layer]
+    diff = spread([t - u for t, u in pairs])
+    return above(diff, 0.0, rule), (f"mean SSDC {spread([t for t, _ in pairs]).mean:.3f} trained against "
+                                    f"{spread([u for _, u in pairs]).mean:.3f} untrained (same seeds), trained "
+                                    "- untrained")
+
+
+def _claim_collapse(study: _Study) -> Verdict:
     """(1) no-PE models build content structure that collapses under RPI."""
-    if "nope" not in by:
+    if "nope" not in study.by:
         return Verdict("not measured", "", "no-PE condition not run")
-    plain = spread(np.nanmean(_per_seed_layers(by["nope"], "per_layer"), 1).tolist())
-    builds, why = _above(plain, SUBSTANTIAL)
-    parts, rpi, deciding = _collapses(by["nope"])
-    return _verdict([builds] + parts, f"no PE: mean SSDC {plain.text()} ({why}) -> under RPI {_fmt(rpi)}"
-                    f"{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? {deciding}", seeds)
+    runs = study.by["nope"]
+    builds, what = _builds(runs, study.rule)
+    parts, rpi = _collapse_parts(runs, study.rule)
+    ds = decide([("", builds)] + parts, study.rule)
+    return _verdict(ds, f"no PE: {what} {ds[0].text()} -> under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < "
+                    f"{NEAR_ZERO:g} at every layer? {_deciding(ds[1:])}", study)
 
 
 _SHAPE_WORDS = {"early": {"yes": "peaks early", "no": "peaks late", "noise": "early or late peak within noise"},
                 "accumulates": {"yes": "accumulates", "no": "does not accumulate", "noise": "flat within noise"}}
 
 
-def _claim_anchor(by, seeds) -> Verdict:
+def _shape(condition: str, cube: np.ndarray, rule: Rule) -> tuple[Spread, str, str]:
+    """Claim 2's shape per seed x permutation over (seeds, permutations, layers): RoPE "accumulates", last
+    layer minus first; APE and sincos "peak early": rule 2026-12, the rise over block 1 against the rise after
+    it, (S1 - S0) - (S_last - S1) (the paper's early injection); rule 2026-11, the maximum over the first half
+    of the layers (k < L/2) minus the maximum over the rest. Its spread, kind and what it is."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if condition == "rope":
+            return spread_sp(cube[:, :, -1] - cube[:, :, 0], df=rule.df), "accumulates", "last - first layer"
+        if rule.early == "rise":
+            if cube.shape[2] < 2:
+                return spread([]), "early", "needs 2 layers"
+            q = (cube[:, :, 1] - cube[:, :, 0]) - (cube[:, :, -1] - cube[:, :, 1])
+            mean = np.nanmean(cube, (0, 1))
+            total = mean[-1] - mean[0]
+            share = f", block 1 carries {(mean[1] - mean[0]) / total:.0%} of the mean rise" if total > 0 else ""
+            return spread_sp(q, df=rule.df), "early", f"(S1 - S0) - (S_last - S1){share}"
+        half = (cube.shape[2] + 1) // 2  # layers k < L/2
+        q = np.nanmax(cube[:, :, :half], 2) - np.nanmax(cube[:, :, half:], 2)
+        return spread_sp(q, df=rule.df), "early", "max of the first half - max of the rest"
+
+
+def _claim_anchor(study: _Study) -> Verdict:
     """(2) PE models keep SSDC under RPI; APE/sincos peak early, RoPE accumulates with depth.
 
-    Per seed x RPI permutation: "keeps" is the mean over layers; "peaks early" the maximum over the first
-    half of the layers (k < L/2) minus the maximum over the rest, > 0; "accumulates" the last layer minus
-    the first, > 0. Each is decided beyond its interval (:func:`spread_sp`), never on the argmax of the
-    mean profile."""
-    missing = [LABELS[c] for c in _PE if c not in by]
+    Per seed x RPI permutation: "keeps" is the mean over layers > SUBSTANTIAL, the shape as :func:`_shape`; each
+    decided beyond its interval (:func:`spread_sp`), never on the argmax of the mean profile."""
+    missing = [LABELS[c] for c in _PE if c not in study.by]
     if missing:  # the claim is about all three: some of them cannot hold (or fail) it
         return Verdict("not measured", "", f"needs APE, sincos and RoPE; not run: {', '.join(missing)}")
-    parts, evidence = [], []
+    parts, heads = [], []
     for c in _PE:
-        cube = rpi_cube(by[c])  # (seeds, permutations, layers)
+        cube = rpi_cube(study.by[c])  # (seeds, permutations, layers)
         if cube.size == 0:
             return Verdict("not measured", "", f"{LABELS[c]} has no SSDC under RPI")
-        layers = _layer_spreads(by[c], "rpi_per_layer")
+        layers = _layer_spreads(study.by[c], "rpi_per_layer", study.rule)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            keeps = spread_sp(np.nanmean(cube, 2))
-            if c == "rope":
-                shape_q, kind, what = spread_sp(cube[:, :, -1] - cube[:, :, 0]), "accumulates", "last - first layer"
-            else:
-                half = (cube.shape[2] + 1) // 2  # layers k < L/2
-                shape_q = spread_sp(np.nanmax(cube[:, :, :half], 2) - np.nanmax(cube[:, :, half:], 2))
-                kind, what = "early", "max of the first half - max of the rest"
-        kept, kept_why = _above(keeps, SUBSTANTIAL)
-        shape, shape_why = _above(shape_q, 0.0)
-        parts += [kept, shape]
-        evidence.append(f"{LABELS[c]} under RPI {_fmt(layers)}{_units(layers)} (mean {keeps.text()}: {kept_why}; "
-                        f"{_SHAPE_WORDS[kind][shape]}: {what} {shape_why})")
-    return _verdict(parts, "; ".join(evidence), seeds)
+            keeps = spread_sp(np.nanmean(cube, 2), df=study.rule.df)
+        shape_q, kind, what = _shape(c, cube, study.rule)
+        parts += [("mean", above(keeps, SUBSTANTIAL, study.rule)), (what, above(shape_q, 0.0, study.rule))]
+        heads.append((f"{LABELS[c]} under RPI {_fmt(layers)}{_units(layers)}", kind))
+    ds = decide(parts, study.rule)
+    evidence = [f"{head} ({ds[2 * i].text()}; {_SHAPE_WORDS[kind][ds[2 * i + 1].word]}: {ds[2 * i + 1].text()})"
+                for i, (head, kind) in enumerate(heads)]
+    return _verdict(ds, "; ".join(evidence), study)
 
 
-def _claim_rpt(by, seeds) -> Verdict:
+def _claim_rpt(study: _Study) -> Verdict:
     """(3) RPT behaves like no PE."""
-    if "rpt" not in by:
+    if "rpt" not in study.by:
         return Verdict("not measured", "", "RPT condition not run")
-    parts, rpi, deciding = _collapses(by["rpt"])
-    return _verdict(parts, f"RPT under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? "
-                    f"{deciding}", seeds)
+    parts, rpi = _collapse_parts(study.by["rpt"], study.rule)
+    ds = decide(parts, study.rule)
+    return _verdict(ds, f"RPT under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? "
+                    f"{_deciding(ds)}", study)
 
 
 def _fs_interval(runs: list[StudyRun], shift: str):
     return tuple((runs[0].eval.fs_interval or {}).get(shift) or ()) if len(runs) == 1 else None
 
 
-def _claim_fragility(by, seeds, shift: str = "jpeg:5") -> Verdict:
-    """(4) PE models are less fragile than no-PE / RPT, RoPE least."""
+def _claim_fragility(study: _Study, shift: str = "jpeg:5") -> Verdict:
+    """(4) PE models are less fragile than no-PE / RPT, RoPE least: 10 comparisons, decided together."""
+    by = study.by
     fs = {c: spread([(r.eval.fs or {}).get(shift) for r in runs]) for c, runs in by.items()}
     missing = [LABELS[c] for c in _PE + _NON_PE if c not in fs or fs[c].n == 0]
     if missing:  # the claim compares every PE model with no PE and RPT
         return Verdict("not measured", "", f"needs every condition with fragility results; missing: {', '.join(missing)}")
-    pe, non_pe = [c for c in _PE if c in fs], [c for c in _NON_PE if c in fs]
-
-    def less(a: str, b: str) -> tuple[str, str]:
-        return _less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift))
-
-    below = {(a, b): less(a, b) for a in pe for b in non_pe}  # PE models less fragile than no PE / RPT
-    least = {("rope", c): less("rope", c) for c in fs if c != "rope"}  # RoPE least fragile of all
+    below = [(a, b) for a in _PE for b in _NON_PE]  # PE models less fragile than no PE / RPT
+    least = [("rope", c) for c in fs if c != "rope"]  # RoPE least fragile of all
+    parts = [(f"{LABELS.get(a, a)} < {LABELS.get(b, b)}",
+              less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift))) for a, b in below + least]
+    ds = decide(parts, study.rule)
     order = ", ".join(f"{LABELS.get(c, c)} {s.text()}" for c, s in sorted(fs.items(), key=lambda kv: kv[1].mean))
-    halves = "; ".join(f"{name}: {_PART_WORDS[_combine([d for d, _ in part.values()])]}{_failed(part)}"
-                       for name, part in (("PE below no PE / RPT", below), ("RoPE least", least)))
-    return _verdict([d for d, _ in below.values()] + [d for d, _ in least.values()],
-                    f"JPEG q5 FS (low to high): {order}; {halves}", seeds)
+    halves = "; ".join(f"{name}: {_PART_WORDS[combine([d.word for d in part])]}{_failed(part)}"
+                       for name, part in (("PE below no PE / RPT", ds[:len(below)]), ("RoPE least", ds[len(below):])))
+    return _verdict(ds, f"JPEG q5 FS (low to high): {order}; {halves}", study)
 
 
-_PART_WORDS = {"held": "yes", "not held": "no", "undecided": "within noise"}
-
-
-def _failed(part: dict[tuple[str, str], tuple[str, str]]) -> str:
-    """' (not A < B: difference ... [lo, hi], ...)': the comparisons a < b that fail beyond the noise, else the
-    first one within noise, else the tightest one that holds, with the interval of FS(B) - FS(A) that decided
-    it ('' without comparisons)."""
-    def name(a: str, b: str, why: str) -> str:
-        return f"{LABELS.get(a, a)} < {LABELS.get(b, b)}: {why}"
-
-    bad = [name(a, b, why) for (a, b), (d, why) in part.items() if d == "no"]
-    if bad:
-        return f" (not {', '.join(bad)})"
-    noisy = [name(a, b, why) for (a, b), (d, why) in part.items() if d == "noise"]
-    if noisy:
-        return f" ({noisy[0]})"
-    tight = sorted(part.items(), key=lambda kv: float(kv[1][1].split("[")[1].split(",")[0]) if "[" in kv[1][1] else 0)
-    return f" (tightest: {name(*tight[0][0], tight[0][1][1])})" if tight else ""
+def _failed(part: list[Decision]) -> str:
+    """' (not A < B: difference ... [lo, hi] at L, ...)': the comparisons a < b that fail beyond the noise, else
+    the first one within noise (one whose difference leans the wrong way first), else the tightest one that
+    holds, each with the interval of FS(B) - FS(A) at the level it was tested ('' without comparisons)."""
+    parts = shown(part)
+    if not parts:
+        return ""
+    if parts[0].word == "no":
+        return f" (not {', '.join(d.text() for d in parts)})"
+    return f" ({parts[0].text()})" if parts[0].word == "noise" else f" (tightest: {parts[0].text()})"
 
 
 def _trend(x: np.ndarray, y: np.ndarray) -> float:
@@ -423,16 +317,37 @@ def _trend(x: np.ndarray, y: np.ndarray) -> float:
     return float(spearmanr(x, y)[0])
 
 
-def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
-    """(5) delta SSDC falls and FS rises as alpha shrinks (APE).
+def _alpha_part(alphas: np.ndarray, curves: list, index: int, sign: int, intervals, rule: Rule) -> tuple[Test, str]:
+    """One half of claim 5 (index 0: delta SSDC falls, sign 1; index 1: FS rises, sign -1): its test and the
+    seeds' trends. 'yes' at a level when every seed's Spearman correlation with alpha has the claimed sign and
+    the change from the largest alpha to the smallest is beyond the interval in the claimed direction; 'no' when
+    both hold the other way; else 'noise'. With one seed, the FS change's interval comes from each alpha's
+    bootstrap interval (MOVER, :func:`~.verdicts.less`) where the sweep kept them."""
+    hi, lo = int(np.argmax(alphas)), int(np.argmin(alphas))
+    per_seed = [_trend(alphas, c[index]) for c in curves]
+    if all(math.isfinite(r) and sign * r > 0 for r in per_seed):
+        agree = "yes"
+    elif all(math.isfinite(r) and sign * r < 0 for r in per_seed):
+        agree = "no"
+    else:
+        agree = "noise"
+    if index == 1 and len(curves) == 1 and intervals:
+        fs = curves[0][1]
+        moved = less(spread([fs[hi]]), spread([fs[lo]]), intervals[hi], intervals[lo])
+        what = f"FS at alpha {alphas[lo]:g} minus at {alphas[hi]:g}"
+    else:  # the change as alpha shrinks, signed so that > 0 is the claim: delta(hi) - delta(lo), FS(lo) - FS(hi)
+        moved = above(spread([sign * (c[index][hi] - c[index][lo]) for c in curves]), 0.0, rule)
+        what = f"change from alpha {alphas[hi]:g} to {alphas[lo]:g} (claimed direction > 0)"
 
-    Each half is 'yes' when every seed's curve has the claimed trend (its Spearman correlation with alpha has
-    the claimed sign) and the change from the largest alpha to the smallest is beyond its 95% interval over
-    seeds in the claimed direction; 'no' when every seed trends the other way and the change is beyond the
-    interval the other way; 'within noise' otherwise. With one seed, the FS change's interval is recovered
-    from each alpha's bootstrap interval (MOVER as in :func:`_less`) where the sweep kept them; otherwise
-    the one seed's point values decide."""
-    sweeps = [r.eval.alpha_sweep for r in by.get("ape", []) if r.eval.alpha_sweep]
+    def test(alpha: float) -> tuple[str, str]:
+        word, why = moved(alpha)
+        return (agree if agree == word else "noise"), f"{what}: {why}"
+    return test, ", ".join(f"{r:+.2f}" for r in per_seed)
+
+
+def _claim_alpha(study: _Study, shift: str = "jpeg:5") -> Verdict:
+    """(5) delta SSDC falls and FS rises as alpha shrinks (APE): two parts, :func:`_alpha_part`."""
+    sweeps = [r.eval.alpha_sweep for r in study.by.get("ape", []) if r.eval.alpha_sweep]
     if not sweeps:
         return Verdict("not measured", "", "no APE alpha sweep")
     alphas = np.array(sweeps[0].alphas, dtype=float)
@@ -444,38 +359,16 @@ def _claim_alpha(by, seeds, shift: str = "jpeg:5") -> Verdict:
     with warnings.catch_warnings():  # an alpha where every seed is NaN stays NaN: checked next
         warnings.simplefilter("ignore", RuntimeWarning)
         delta, fsj = np.nanmean([d for d, _ in curves], 0), np.nanmean([f for _, f in curves], 0)
+    head = f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS {np.round(fsj, 3).tolist()}"
     if not (np.isfinite(delta).all() and np.isfinite(fsj).all()):  # a trend of a curve with holes is not one
-        return Verdict("undecided", f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, "
-                       f"JPEG FS {np.round(fsj, 3).tolist()}",
-                       "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one block has no "
-                       "delta SSDC)")
-    hi, lo = int(np.argmax(alphas)), int(np.argmin(alphas))
+        return Verdict("undecided", head, "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one "
+                       "block has no delta SSDC)")
     intervals = sweeps[0].fs_interval and sweeps[0].fs_interval.get(shift)
-    parts, halves = [], []
-    for name, sign, index in (("delta SSDC falls", 1, 0), ("FS rises", -1, 1)):
-        per_seed = [_trend(alphas, c[index]) for c in curves]
-        trends = ", ".join(f"{r:+.2f}" for r in per_seed)
-        if all(math.isfinite(r) and sign * r > 0 for r in per_seed):
-            agree = "yes"
-        elif all(math.isfinite(r) and sign * r < 0 for r in per_seed):
-            agree = "no"
-        else:
-            agree = "noise"
-        # the change as alpha shrinks, signed so that > 0 is the claim: delta(hi) - delta(lo), FS(lo) - FS(hi)
-        change = spread([sign * (c[index][hi] - c[index][lo]) for c in curves])
-        if index == 1 and len(sweeps) == 1 and intervals:
-            moved, why = _less(spread([fsj[hi]]), spread([fsj[lo]]), intervals[hi], intervals[lo])
-            why = (f"FS at alpha {alphas[lo]:g} minus at {alphas[hi]:g}: {why}, "
-                   f"{'beyond' if moved != 'noise' else 'within'} its 95% interval")
-        else:
-            moved, why = _above(change, 0.0)
-            why = f"change from alpha {alphas[hi]:g} to {alphas[lo]:g} (claimed direction > 0): {why}"
-        part = agree if agree == moved else "noise"
-        parts.append(part)
-        halves.append(f"{name}: {_PART_WORDS[_combine([part])]} (Spearman with alpha per seed {trends}; {why})")
-    evidence = (f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS "
-                f"{np.round(fsj, 3).tolist()}; " + "; ".join(halves))
-    return _verdict(parts, evidence, seeds)
+    tests = [_alpha_part(alphas, curves, index, sign, intervals, study.rule) for index, sign in ((0, 1), (1, -1))]
+    ds = decide([(name, test) for name, (test, _) in zip(("delta SSDC falls", "FS rises"), tests)], study.rule)
+    halves = [f"{d.name}: {_PART_WORDS[combine([d.word])]} (Spearman with alpha per seed {trends}; "
+              f"{d.text(named=False)})" for d, (_, trends) in zip(ds, tests)]
+    return _verdict(ds, f"{head}; " + "; ".join(halves), study)
 
 
 CLAIMS: tuple[tuple[str, Callable, tuple[str, ...]], ...] = (
@@ -488,29 +381,54 @@ CLAIMS: tuple[tuple[str, Callable, tuple[str, ...]], ...] = (
 )
 
 
-def evaluate_claims(results: StudyResults) -> list[dict]:
-    """The paper's five claims: ``claim``, ``status`` (held / not held / undecided / not measured), ``held``
-    (True / False / None), ``evidence`` and ``reason`` (why undecided or not measured)."""
+def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
+    """The runs by condition; the same condition and seed twice is refused (it would be a second seed with
+    no spread)."""
     by: dict[str, list[StudyRun]] = {}
     seen: set[tuple[str, int]] = set()
     for run in results.runs:
-        if (run.condition, run.seed) in seen:  # counted twice it would be a second seed with no spread
+        if (run.condition, run.seed) in seen:
             raise ValueError(f"the results hold {run.condition} seed {run.seed} twice")
         seen.add((run.condition, run.seed))
         by.setdefault(run.condition, []).append(run)
-    seeds = min((len(v) for v in by.values()), default=0)
-    counts = {LABELS.get(c, c): len(v) for c, v in by.items()}
+    return by
+
+
+def _qualified(verdict: Verdict, study: _Study, conditions: Sequence[str], classes: int | None) -> Verdict:
+    """A claim's verdict where its runs cannot decide it: near chance; one seed (rule 2026-12); an undecided
+    claim over conditions with different seed counts says so."""
+    if verdict.status not in ("held", "not held", "undecided"):
+        return verdict
+    chance = _chance_reason(study.by, conditions, classes)
+    if chance:
+        return Verdict("undecided", verdict.evidence, chance)
+    counts = {LABELS.get(c, c): len(v) for c, v in study.by.items()}
+    decided = verdict.status != "undecided" or verdict.reason.startswith("within noise")  # not a NaN's
+    if decided and not study.rule.one_seed_decides and min(
+            (len(study.by[c]) for c in conditions if c in study.by), default=0) == 1:
+        return Verdict("undecided", verdict.evidence, ONE_SEED)
+    if verdict.status == "undecided" and len(set(counts.values())) > 1:
+        return Verdict("undecided", verdict.evidence, verdict.reason + "; the conditions have different seed "
+                       f"counts ({', '.join(f'{c} {n}' for c, n in counts.items())}), and a comparison across "
+                       "them is decided only where both sides have a spread")
+    return verdict
+
+
+def evaluate_claims(results: StudyResults, rule: str | Rule = DEFAULT_RULE) -> list[dict]:
+    """The paper's five claims: ``claim``, ``status`` (held / not held / undecided / not measured), ``held``
+    (True / False / None), ``evidence``, ``reason`` (why undecided or not measured) and ``rule`` (the name of
+    the rule that decided: ``"2026-12"``, the default, or ``"2026-11"``, the rule before issue 39; a
+    :class:`~.verdicts.Rule` for any other combination)."""
+    if isinstance(rule, str):
+        if rule not in RULES:
+            raise ValueError(f"unknown verdict rule {rule!r}; the rules are {', '.join(RULES)}")
+        rule = RULES[rule]
+    by = _by_condition(results)
+    study = _Study(by, rule, min((len(v) for v in by.values()), default=0))
     classes = (results.eval_data or {}).get("classes")
     out = []
     for claim, check, conditions in CLAIMS:
-        verdict = check(by, seeds)
-        chance = _chance_reason(by, conditions, classes)
-        if chance and verdict.status in ("held", "not held", "undecided"):
-            verdict = Verdict("undecided", verdict.evidence, chance)
-        elif verdict.status == "undecided" and len(set(counts.values())) > 1:
-            verdict = Verdict("undecided", verdict.evidence, verdict.reason + "; the conditions have different "
-                              f"seed counts ({', '.join(f'{c} {n}' for c, n in counts.items())}), and a comparison "
-                              "across them is decided only where both sides have a spread")
+        verdict = _qualified(check(study), study, conditions, classes)
         out.append(dict(claim=claim, status=verdict.status, held=verdict.held, evidence=verdict.evidence,
-                        reason=verdict.reason))
+                        reason=verdict.reason, rule=rule.name))
     return out

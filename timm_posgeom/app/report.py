@@ -214,18 +214,22 @@ def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
 
 def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
     lines = ["## The paper's five claims in this run", "",
-             f"Thresholds: 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under RPI; 'substantial' = mean "
-             f"SSDC under RPI > {SUBSTANTIAL}; early peak = the maximum over the first half of the layers minus the "
-             "maximum over the rest > 0; accumulates = last layer minus first > 0; a trend with alpha = every seed's "
-             "Spearman correlation with the claimed sign and the change from the largest to the smallest alpha > 0 "
-             "in the claimed direction. One rule decides every part (docs/method.md#verdicts): yes when it holds "
-             "beyond its 95% interval, no when its opposite holds beyond it, within noise otherwise; the interval "
-             "is over seeds, and over seeds x RPI permutations for SSDC under RPI. With one seed a fragility "
-             "comparison (claim 4, and claim 5's FS change from the largest to the smallest alpha) counts only "
-             "beyond the 95% interval of the difference (recovered from each run's bootstrap interval, MOVER); a "
-             "claim that involves a model whose "
-             f"clean top-1 is below {CHANCE_FACTOR:g}x chance is undecided. The evidence shows the interval that "
-             "decided each part (mean ± k x s = its end).", "",
+             f"Thresholds: 'builds structure' = the trained no-PE model's mean SSDC over layers above its untrained "
+             f"start's (the same seed), paired over seeds; 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under "
+             f"RPI; 'substantial' = mean SSDC under RPI > {SUBSTANTIAL}; peaks early = the rise over block 1 minus "
+             "the rise after it, (S1 - S0) - (S_last - S1) > 0; accumulates = last layer minus first > 0; a trend "
+             "with alpha = every seed's Spearman correlation with the claimed sign and the change from the largest "
+             "to the smallest alpha > 0 in the claimed direction. One rule decides every part "
+             "(docs/method.md#verdicts): yes when it holds beyond its interval, no when its opposite holds beyond "
+             "it, within noise otherwise; the interval is over seeds, and over seeds x RPI permutations for SSDC "
+             "under RPI, on seeds - 1 degrees of freedom. Each claim is corrected for its number of parts by "
+             "Holm's step-down procedure (family-wise 95%): the part with the k-th smallest p-value of m is tested "
+             "at level 1 - 0.05 / (m - k + 1), and from the first part not decided on, every remaining one is "
+             "within noise. One seed never decides: such a claim reads 'one seed: not decided', its evidence "
+             "(intervals over RPI permutations, or from each run's bootstrap interval for fragility, MOVER) still "
+             f"shown. A claim that involves a model whose clean top-1 is below {CHANCE_FACTOR:g}x chance is "
+             "undecided. The evidence shows, for each part that decided, its interval at the level it was tested, "
+             "that level, its p-value and the threshold.", "",
              "| # | claim | held here | evidence |", "|---|---|---|---|"]
     for i, c in enumerate(claims, 1):
         held = {"held": "yes", "not held": "**no**"}.get(c["status"], f"{c['status']}: {c['reason']}")
