@@ -160,3 +160,18 @@ def run_launched(cmd: list[str], *, env: dict[str, str], timeout: float, cwd=Non
         pytest.fail(f"{' '.join(map(str, cmd))} ran past {timeout} s; every process it started was killed.\n"
                     f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-8000:]}", pytrace=False)
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# the bad-input suite's counts per class (tests/faultsuite.py)
+# --------------------------------------------------------------------------------------------
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After a run that included cases of ``tests/test_fault_*.py``: their outcomes counted per class."""
+    import sys
+
+    suite = sys.modules.get("faultsuite")
+    lines = suite.table() if suite is not None else []
+    if lines:
+        terminalreporter.write_sep("-", "bad-input suite: outcomes per class (tests/faultsuite.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
