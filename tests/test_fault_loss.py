@@ -31,7 +31,7 @@ def _folder(root, n: int = 3, shift: int = 0):
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
+def zoo_of_two(tmp_path_factory):
     """A zoo of two models on a small folder (module-wide: copied by each test that changes it)."""
     root = tmp_path_factory.mktemp("loss")
     data = _folder(root / "data")
@@ -40,8 +40,8 @@ def zoo(tmp_path_factory):
     return data, root / "zoo"
 
 
-def _copy(zoo, tmp_path):
-    data, out = zoo
+def _copy(zoo_of_two, tmp_path):
+    data, out = zoo_of_two
     shutil.copytree(out, tmp_path / "zoo")
     return data, tmp_path / "zoo"
 
@@ -51,10 +51,10 @@ def _kept(out, before: bytes) -> bool:
     return any(p.read_bytes() == before for p in out.glob("zoo.csv.replaced-*"))
 
 
-def test_a_merge_of_a_partial_copy_keeps_the_former_table(zoo, tmp_path, one_thread):
+def test_a_merge_of_a_partial_copy_keeps_the_former_table(zoo_of_two, tmp_path, one_thread):
     """The issue's example: a merge with some shard records missing rewrote zoo.csv with fewer rows, and the
     others (their only copy) were gone."""
-    data, out = _copy(zoo, tmp_path)
+    data, out = _copy(zoo_of_two, tmp_path)
     before = (out / "zoo.csv").read_bytes()
     next((out / "models").glob(f"{APE}.json")).unlink()  # a partial copy from a cluster
     run = cli(["zoo", "--out", out, "--merge"])
@@ -62,16 +62,16 @@ def test_a_merge_of_a_partial_copy_keeps_the_former_table(zoo, tmp_path, one_thr
     judge("loss", "loss" if run.code == 0 and not ok else right(run, ok), "right", run.out + run.err + run.trace)
 
 
-def test_a_rerun_that_measures_again_keeps_the_former_table(zoo, tmp_path, one_thread):
-    data, out = _copy(zoo, tmp_path)
+def test_a_rerun_that_measures_again_keeps_the_former_table(zoo_of_two, tmp_path, one_thread):
+    data, out = _copy(zoo_of_two, tmp_path)
     before = (out / "zoo.csv").read_bytes()
     run = cli(["zoo", "--data", data, "--out", out, *ZOO, "--seed", "1", "--allow-changes"])
     ok = run.code == 0 and _kept(out, before) and len(list((out / "models").glob("*.json.replaced-*"))) == 2
     judge("loss", "loss" if run.code == 0 and not ok else right(run, ok), "right", run.out + run.err + run.trace)
 
 
-def test_a_merge_that_loses_nothing_sets_nothing_aside(zoo, tmp_path, one_thread):
-    _, out = _copy(zoo, tmp_path)
+def test_a_merge_that_loses_nothing_sets_nothing_aside(zoo_of_two, tmp_path, one_thread):
+    _, out = _copy(zoo_of_two, tmp_path)
     assert cli(["zoo", "--out", out, "--merge"]).code == 0
     assert not list(out.glob("*.replaced-*"))
 
@@ -104,8 +104,8 @@ def _replace_images(data) -> None:
         Image.fromarray(np.full((16, 16, 3), 10 * i, np.uint8)).save(png)
 
 
-def _zoo_refusals(zoo, tmp_path):
-    data, out = _copy(zoo, tmp_path)
+def _zoo_refusals(zoo_of_two, tmp_path):
+    data, out = _copy(zoo_of_two, tmp_path)
     other = _folder(tmp_path / "other", shift=7)
     return tmp_path, [
         ("zoo: other settings", ["zoo", "--data", data, "--out", out, *ZOO, "--seed", "3"], "other settings"),
@@ -151,8 +151,8 @@ CASES = ["zoo: other settings", "zoo: other data",
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_refused_resume_writes_nothing(zoo, trained, trained_on_folder, tmp_path, case, one_thread):
-    root, cases = (_zoo_refusals(zoo, tmp_path) if case.startswith("zoo") else
+def test_a_refused_resume_writes_nothing(zoo_of_two, trained, trained_on_folder, tmp_path, case, one_thread):
+    root, cases = (_zoo_refusals(zoo_of_two, tmp_path) if case.startswith("zoo") else
                    _train_refusals(trained, tmp_path, trained_on_folder))
     argv, phrase = {c[0]: c[1:] for c in cases}[case]
     before = snapshot(root)

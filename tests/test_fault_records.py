@@ -63,7 +63,7 @@ def _record(out):
 
 
 @pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
+def zoo_of_one(tmp_path_factory):
     root = tmp_path_factory.mktemp("records")
     data, model = _folder(root / "data"), _export(root)
     run = cli(["zoo", model, "--data", data, "--out", root / "zoo", *ZOO, "--extras", "none"])
@@ -74,9 +74,9 @@ def zoo(tmp_path_factory):
 # --------------------------------------------------------------------------------------------
 # records reused only for the same inputs
 # --------------------------------------------------------------------------------------------
-def test_a_zoo_rerun_on_images_replaced_under_the_same_path_is_refused(zoo, tmp_path, one_thread):
+def test_a_zoo_rerun_on_images_replaced_under_the_same_path_is_refused(zoo_of_one, tmp_path, one_thread):
     """The issue's example: the rerun kept the old rows ("measured before, kept"), exit 0."""
-    root, data, model = zoo
+    root, data, model = zoo_of_one
     shutil.copytree(root, tmp_path / "r", symlinks=True)
     data, out = tmp_path / "r" / "data", tmp_path / "r" / "zoo"
     for record in (out / "models").glob("*.json"):  # the copy measured the copied folder: the same path as now
@@ -89,8 +89,8 @@ def test_a_zoo_rerun_on_images_replaced_under_the_same_path_is_refused(zoo, tmp_
     judge("records", outcome if snapshot(out) == before else "loss", "refused", run.out + run.err + run.trace)
 
 
-def test_a_zoo_rerun_allowed_to_change_measures_the_new_images(zoo, tmp_path, one_thread):
-    root, data, model = zoo
+def test_a_zoo_rerun_allowed_to_change_measures_the_new_images(zoo_of_one, tmp_path, one_thread):
+    root, data, model = zoo_of_one
     new = _folder(tmp_path / "new", seed=5)
     shutil.copytree(root / "zoo", tmp_path / "zoo")
     run = cli(["zoo", "--data", new, "--out", tmp_path / "zoo", *ZOO, "--extras", "none", "--allow-changes"])
@@ -100,9 +100,9 @@ def test_a_zoo_rerun_allowed_to_change_measures_the_new_images(zoo, tmp_path, on
 
 
 @pytest.mark.parametrize("other", ["data", "seed", "unrecorded"])
-def test_a_merge_refuses_a_record_of_other_data_or_settings(zoo, tmp_path, other, one_thread):
+def test_a_merge_refuses_a_record_of_other_data_or_settings(zoo_of_one, tmp_path, other, one_thread):
     """A merge never compared a record's settings with the zoo's: one table mixed two measurements."""
-    root, data, model = zoo
+    root, data, model = zoo_of_one
     shutil.copytree(root / "zoo", tmp_path / "zoo")
     path = next((tmp_path / "zoo" / "models").glob("*.json"))
     raw = json.loads(path.read_text())
@@ -119,10 +119,10 @@ def test_a_merge_refuses_a_record_of_other_data_or_settings(zoo, tmp_path, other
 
 
 @pytest.mark.parametrize("holder", ["another host", "a dead process here"])
-def test_a_lock_of_a_process_that_is_gone_never_makes_a_model_look_measured(zoo, tmp_path, holder, one_thread):
+def test_a_lock_of_a_process_that_is_gone_never_makes_a_model_look_measured(zoo_of_one, tmp_path, holder, one_thread):
     from timm_posgeom.app.zoo import safe_name
 
-    root, data, model = zoo
+    root, data, model = zoo_of_one
     out = tmp_path / "zoo"
     folder = out / "locks" / safe_name(model)
     folder.mkdir(parents=True)
@@ -172,8 +172,8 @@ ROW = {  # zoo record field -> its numbers
 
 
 @pytest.fixture(scope="module")
-def rows(zoo, tmp_path_factory):
-    root, data, model = zoo
+def rows_by_batch(zoo_of_one, tmp_path_factory):
+    root, data, model = zoo_of_one
     out = tmp_path_factory.mktemp("batches")
     for batch in (1, 3, 6):
         run = cli(["zoo", model, "--data", data, "--out", out / str(batch), *ZOO, "--batch-size", str(batch)])
@@ -188,8 +188,9 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("batch", [3, 6])
 @pytest.mark.parametrize("field", list(ROW))
-def test_a_zoo_row_is_the_same_at_any_batch_size(rows, field, batch):
+def test_a_zoo_row_is_the_same_at_any_batch_size(rows_by_batch, field, batch):
     """The position probe drew a fresh RPI permutation per batch: its numbers changed with the batch size."""
+    rows = rows_by_batch
     ok = _same(ROW[field](rows[batch]), ROW[field](rows[1]))
     judge("records", "right" if ok else "silent_wrong", "right", (ROW[field](rows[batch]), ROW[field](rows[1])))
 
@@ -198,7 +199,7 @@ STUDY = ["ssdc", "attention", "fragility", "sweep"]
 
 
 @pytest.fixture(scope="module")
-def study_numbers(tmp_path_factory):
+def study_numbers_by_batch(tmp_path_factory):
     """The study's measuring functions (app/study/measure.py) on one model at batch 1, 3 and 6."""
     from timm_posgeom.app.records import RunEval
     from timm_posgeom.app.study import measure as M
@@ -229,7 +230,8 @@ def study_numbers(tmp_path_factory):
 
 @pytest.mark.parametrize("batch", [3, 6])
 @pytest.mark.parametrize("part", STUDY)
-def test_the_studys_measurements_are_the_same_at_any_batch_size(study_numbers, part, batch):
+def test_the_studys_measurements_are_the_same_at_any_batch_size(study_numbers_by_batch, part, batch):
+    study_numbers = study_numbers_by_batch
     ok = _same(study_numbers[batch][part], study_numbers[1][part])
     judge("records", "right" if ok else "silent_wrong", "right", (study_numbers[batch][part], study_numbers[1][part]))
 

@@ -59,7 +59,7 @@ def _hf_getter(image_col: str, label_col: str):
 
 def _hf_stored(ds: Any, image_col: str):
     """``index -> bytes``: a row's image as stored (its encoded bytes, or the file its path names), not decoded."""
-    import datasets
+    datasets = require("datasets", "reading a Hub or parquet data set")
 
     raw = ds.cast_column(image_col, datasets.Image(decode=False)) if isinstance(ds.features[image_col], datasets.Image) \
         else ds
