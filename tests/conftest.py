@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -45,7 +46,7 @@ _marked_slow: set[str] = set()
 
 # Marked here rather than at each test: every user of a module fixture that takes over 5 s to build (whichever of
 # them runs first pays for it), and the slow parameter of a fast test whose cases come from a table.
-SLOW_FIXTURES = {"demo_study", "zoo", "study_figures"}
+SLOW_FIXTURES = {"demo_study", "zoo", "study_figures", "zoo_of_two", "rows_by_batch", "study_numbers_by_batch"}
 SLOW_CASES = {"test_support_row[dla]"}
 
 
@@ -63,6 +64,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    _fault_counts(terminalreporter)
     unmarked = sorted(((t, n) for n, t in _seconds.items() if t > SLOW_SECONDS and n not in _marked_slow), reverse=True)
     if unmarked:
         terminalreporter.write_sep("=", f"{len(unmarked)} tests over {SLOW_SECONDS:g} s not marked slow")
@@ -71,6 +73,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
     path = os.environ.get("POSGEOM_DURATIONS")
     if path and _seconds:  # .ci/run: the durations report it commits (.ci/durations.txt)
         write_durations(Path(path), _seconds, _marked_slow, terminalreporter.config)
+
+
+def _fault_counts(terminalreporter) -> None:
+    """After a run that included cases of the bad-input suite (``tests/test_fault_*.py``): their outcomes counted
+    per class (``tests/faultsuite.py``)."""
+    suite = sys.modules.get("faultsuite")
+    lines = suite.table() if suite is not None else []
+    if lines:
+        terminalreporter.write_sep("-", "bad-input suite: outcomes per class (tests/faultsuite.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def write_durations(path: Path, seconds: dict[str, float], slow: set[str], config: Any, over: float = 0.5) -> None:

@@ -7,10 +7,12 @@ error with exit status 2; anything else keeps its traceback.
 """
 from __future__ import annotations
 
+import errno
 import importlib
 from types import ModuleType
 
-__all__ = ["PosgeomError", "MissingDependencyError", "USER_ERRORS", "one_line", "require", "APP_MODULES"]
+__all__ = ["PosgeomError", "MissingDependencyError", "USER_ERRORS", "one_line", "require", "APP_MODULES",
+           "io_error_line", "NonFiniteWarning", "nonfinite_message"]
 
 
 class PosgeomError(Exception):
@@ -49,6 +51,32 @@ USER_ERRORS: tuple[type[BaseException], ...] = (PosgeomError, ValueError, FileNo
                                                 PermissionError)
 
 
+# What a file system answers about a path or a write: the user's disk, folders and paths, never our bug.
+_IO_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "ENOSPC", "EDQUOT", "EFBIG", "EROFS", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "ELOOP", "EACCES", "EPERM",
+    "EEXIST", "ENOENT", "EXDEV", "EMLINK", "ETXTBSY", "EIO") if hasattr(errno, name))
+_IO_HINTS = {getattr(errno, k): v for k, v in (
+    ("ENOSPC", "the disk is full: free some space or write elsewhere"),
+    ("EDQUOT", "the disk quota is used up: free some space or write elsewhere"),
+    ("EFBIG", "the file would exceed the size this process may write (ulimit -f)"),
+    ("EROFS", "the file system is read-only: write elsewhere"),
+    ("ENOTDIR", "a path expected to be a folder is a file"),
+    ("EISDIR", "a path expected to be a file is a folder"),
+    ("ELOOP", "a symbolic link loop")) if hasattr(errno, k)}
+
+
+def io_error_line(error: BaseException) -> str | None:
+    """One line for an OSError a file system raises about the user's paths (a full disk, a read-only folder, a
+    file where a folder is expected, ...), naming the path and what to do; None for any other error (a bug
+    keeps its traceback)."""
+    if not isinstance(error, OSError) or error.errno not in _IO_ERRNOS:
+        return None
+    where = f"{error.filename}" + (f" -> {error.filename2}" if error.filename2 else "") if error.filename else ""
+    text = f"{error.strerror or type(error).__name__}" + (f": {where}" if where else "")
+    hint = _IO_HINTS.get(error.errno)
+    return " ".join(f"{text} ({hint})".split()) if hint else " ".join(text.split())
+
+
 def one_line(error: BaseException, first_line: bool = False) -> str:
     """The error's own message on one line.
 
@@ -63,3 +91,13 @@ def one_line(error: BaseException, first_line: bool = False) -> str:
     if first_line and text:
         text = text.splitlines()[0]
     return " ".join(text.split()) or type(error).__name__
+
+
+class NonFiniteWarning(RuntimeWarning):
+    """A measure met numbers that are not finite (NaN or inf: logits, tokens, attention weights): the values
+    they feed are NaN, never a number made from them (an argmax of NaN logits would be class 0)."""
+
+
+def nonfinite_message(what: str, count: int, total: int, result: str) -> str:
+    """``"<what> are not finite (NaN or inf) in <count> of <total> images: <result>"``, one line."""
+    return f"{what} are not finite (NaN or inf) in {count} of {total} image(s): {result}"

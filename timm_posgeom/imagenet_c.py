@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .errors import NonFiniteWarning, nonfinite_message
 from .eval_data import check_split, eval_loader
 from .imagenet_c_tree import (
     CLEAN_FRAMINGS,
@@ -66,6 +67,7 @@ from .robustness import (
     check_labels,
     fragility,
     fragility_score,
+    score_logits,
     wilson_interval,
 )
 from .shifts import IMAGENET_C_CORRUPTIONS, _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
@@ -243,7 +245,10 @@ class ImageNetCResult:
         """Read a result written by :meth:`to_json` (``imagenet_c.json``)."""
         import json
 
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (ValueError, KeyError, TypeError) as e:  # not JSON, or not an imagenet_c.json
+            raise ValueError(f"{path} is not an ImageNet-C result (imagenet_c.json): {type(e).__name__}: {e}") from None
 
     def to_markdown(self, digits: int = 3, reference: ImageNetCResult | None = None) -> str:
         """A table corruption x severity of FS, with FS_c and the mean top-1 per corruption, a row of means
@@ -288,7 +293,15 @@ class ImageNetCResult:
 
 def _tables(counts: Mapping[str, Any], corruptions: Sequence[str], severities: Sequence[int],
             clean_accuracy: float) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
-    accuracy = {c: {s: counts[c][s]["correct"] / counts[c][s]["total"] for s in severities} for c in corruptions}
+    accuracy = {c: {s: math.nan if counts[c][s].get("nonfinite") else counts[c][s]["correct"] / counts[c][s]["total"]
+                    for s in severities} for c in corruptions}
+    bad = [_spec(c, s) for c in corruptions for s in severities if counts[c][s].get("nonfinite")]
+    if bad:
+        warnings.warn(nonfinite_message("the logits", sum(counts[c][s]["nonfinite"] for c in corruptions
+                                                          for s in severities if counts[c][s].get("nonfinite")),
+                                        sum(counts[c][s]["total"] for c in corruptions for s in severities),
+                                        f"top-1 and FS of {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are NaN"),
+                      NonFiniteWarning, stacklevel=3)
     if clean_accuracy == 0:
         warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=3)
     with warnings.catch_warnings():
@@ -426,13 +439,16 @@ def imagenet_c_released(
     counts: dict[str, Any] = {"clean": dict(clean.counts["clean"])}
     per_folder = correct.reshape(len(order), len(files))
     for j, (c, s) in enumerate(order):
-        counts.setdefault(c, {})[s] = {"correct": int(per_folder[j].sum()), "total": len(files)}
+        counts.setdefault(c, {})[s] = {"correct": int((per_folder[j] == 1).sum()), "total": len(files)}
+        if (per_folder[j] < 0).any():  # logits not finite: no prediction, the accuracy NaN (_tables)
+            counts[c][s]["nonfinite"] = int((per_folder[j] < 0).sum())
     accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
     class_folders = own["class_folders"]
     recorded = {**clean.settings, "root": str(root), "extra_classes": own["extra_classes"],
                 "clean_framing": own["clean_framing"],
                 "class_folders": None if class_folders is None else list(class_folders),
-                "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"]))
+                "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"])
+                                                        if not counts[c][s].get("nonfinite") else (math.nan, math.nan))
                                       for c, s in order},
                 "clean_interval": list(clean.clean_interval)}
     return ImageNetCResult(corruptions=names, severities=levels, num_images=clean.num_images,
@@ -477,12 +493,13 @@ def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names:
 
 def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, rpi: bool,
                        alpha: float | None) -> np.ndarray:
-    """(len(tree),) bool: whether each released image is classified right (every process reads them all)."""
+    """(len(tree),) int8: whether each released image is classified right (1, else 0; -1: its logits are not
+    finite), every process reading them all."""
     dev = _model_device(model, settings.device)
     assert settings.batch_size is not None  # fragility() on the clean images refused None first
     loader = eval_loader(model, tree, batch_size=settings.batch_size, resize=settings.resize,
                          num_workers=settings.num_workers, pin_memory=dev.type == "cuda", img_size=settings.img_size)
-    correct = np.zeros(len(tree), dtype=bool)
+    correct = np.zeros(len(tree), dtype=np.int8)  # 1 right, 0 wrong, -1 logits not finite
     from tqdm.auto import tqdm
 
     with contextlib.ExitStack() as stack:
@@ -499,7 +516,7 @@ def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, r
             logits = model(images.to(dev, non_blocking=True))
             check_labels(labels, logits.shape[-1])
             b = labels.shape[0]
-            correct[start:start + b] = (logits.argmax(dim=-1).cpu() == labels).numpy()
+            correct[start:start + b] = score_logits(logits, labels)
             start += b
     if start != len(tree):
         raise RuntimeError(f"evaluated {start} released images, expected {len(tree)}")

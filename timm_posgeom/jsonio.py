@@ -21,16 +21,19 @@ by ``torch.save``, a Hub export folder by timm).
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_PREFIX", "tagged", "to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none"]
+__all__ = ["SCHEMA_PREFIX", "tagged", "to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none",
+           "write_errors"]
 
 
 def to_jsonable(value: Any) -> Any:
@@ -81,8 +84,32 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
         if tmp.is_dir() and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         _remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a write that failed (a full disk): name the file
+            e.filename = str(path)
+        raise
+
+
+@contextmanager
+def write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Turn what another library raises when a write fails (safetensors' ``SafetensorError: ... (os error 28)``,
+    torch.save's ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos``) into the OSError
+    it is, naming ``path``: a full disk is a user's fault, said in one line (:func:`timm_posgeom.errors.io_error_line`),
+    not a traceback. Any other exception passes unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
+    except Exception as e:
+        text = str(e)
+        code = re.search(r"os error (\d+)", text)
+        if code:
+            raise OSError(int(code[1]), os.strerror(int(code[1])), str(path)) from e
+        if "inline_container" in text or "file write failed" in text or "PytorchStreamWriter" in text:
+            raise OSError(errno.EIO, "the write failed (a full disk or a write limit?)", str(path)) from e
         raise
 
 

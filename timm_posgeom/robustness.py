@@ -220,7 +220,8 @@ def fragility(
     with _dist.fail_together() if plan.own is not None else contextlib.nullcontext(), contextlib.ExitStack() as stack:
         permutation = _intervene(stack, model, plan, rpi, alpha, seed)
         hits = _evaluate(model, loader, plan, cfg, dev, permutation, show, seed=shift_seed)
-    return FragilityResult.from_correct(_gather(plan, hits), settings=recorded, seed=seed)
+    correct, nonfinite = _gather(plan, hits)
+    return FragilityResult.from_correct(correct, settings=recorded, seed=seed, nonfinite=nonfinite)
 
 
 @dataclass
@@ -321,22 +322,32 @@ def _evaluate(model: nn.Module, loader: DataLoader, plan: _Plan, cfg: dict[str, 
         logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
                                     plan.forward_size, permutation, perms)
         check_labels(labels, logits.shape[-1])
-        hits.append((logits.argmax(dim=-1).view(b, v).cpu() == labels.view(b, 1)).numpy())
-    table = np.concatenate(hits) if hits else np.zeros((0, 1 + len(plan.names)), dtype=bool)
+        hits.append(score_logits(logits, labels.repeat_interleave(v)).reshape(b, v))
+    table = np.concatenate(hits) if hits else np.zeros((0, 1 + len(plan.names)), dtype=np.int8)
     expected = plan.n if plan.own is None else sum(len(rows) for rows in plan.own)
     if len(table) != expected:
         raise RuntimeError(f"evaluated {len(table)} images, expected {expected}")
     return table
 
 
-def _gather(plan: _Plan, hits: np.ndarray) -> dict[str, np.ndarray]:
-    """``"clean"`` and each shift -> (n,) bool in data order; with several processes every process's rows
-    put back in data order: exactly the arrays of one process."""
+def score_logits(logits: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    """(B,) int8 of (B, classes) logits: 1 where the arg-max is the label, 0 where it is not, -1 where the
+    logits are not all finite (an arg-max of NaN logits is class 0: never counted as a prediction)."""
+    finite = torch.isfinite(logits).all(dim=-1).cpu()
+    right = (logits.argmax(dim=-1).cpu() == labels.cpu()).to(torch.int8)
+    return torch.where(finite, right, torch.full_like(right, -1)).numpy()
+
+
+def _gather(plan: _Plan, hits: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(``"clean"`` and each shift -> (n,) bool correct, and -> (n,) bool logits not finite), in data order;
+    with several processes every process's rows put back in data order: exactly the arrays of one process."""
     if plan.own is not None:
         rows = np.concatenate([np.arange(r.start, r.stop) for r in plan.own]) if plan.own else \
             np.zeros(0, dtype=np.int64)
         hits = _dist.gather_in_order(hits, rows, plan.n)
-    return {name: hits[:, j].astype(bool) for j, name in enumerate(["clean", *plan.names])}
+    names = ["clean", *plan.names]
+    return ({name: hits[:, j] == 1 for j, name in enumerate(names)},
+            {name: hits[:, j] < 0 for j, name in enumerate(names)})
 
 
 # --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import require
+from .errors import NonFiniteWarning, nonfinite_message, require
 from .jsonio import dump_json, tagged, to_jsonable
 
 __all__ = ["fragility_score", "wilson_interval", "paired_bootstrap_fs", "FragilityResult"]
@@ -121,31 +121,47 @@ class FragilityResult:
 
     @classmethod
     def from_correct(cls, correct: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None,
-                     seed: int = 0) -> FragilityResult:
+                     seed: int = 0, nonfinite: Mapping[str, np.ndarray] | None = None) -> FragilityResult:
         """Build the result from per-image correctness: ``correct["clean"]`` and one (n,) bool array
-        per shift. All numbers are exact functions of these arrays."""
+        per shift. All numbers are exact functions of these arrays.
+
+        ``nonfinite``: the same keys -> (n,) bool, the images whose logits were not finite (NaN or inf). Such an
+        image has no prediction: the accuracy of that copy is NaN, its interval too, and so is the FS of every
+        shift it enters (all of them for a clean image), with a :class:`~timm_posgeom.errors.NonFiniteWarning`;
+        its count is ``counts[key]["nonfinite"]``."""
         if "clean" not in correct:
             raise ValueError("correct must hold a 'clean' entry")
         clean = np.asarray(correct["clean"], dtype=bool)
         n = int(clean.size)
         shifts = [k for k in correct if k != "clean"]
         arrays = {k: np.asarray(v, dtype=bool) for k, v in correct.items()}
-        for k, v in arrays.items():
+        bad = {k: np.asarray(v, dtype=bool) for k, v in (nonfinite or {}).items() if np.asarray(v).any()}
+        for k, v in [*arrays.items(), *bad.items()]:
             if v.shape != (n,):
                 raise ValueError(f"correct[{k!r}] has shape {v.shape}, expected ({n},)")
         counts = {k: {"correct": int(v.sum()), "total": n} for k, v in arrays.items()}
-        clean_acc = counts["clean"]["correct"] / n if n else math.nan
-        accuracy = {s: counts[s]["correct"] / n for s in shifts}
-        if n and clean_acc == 0 and shifts:
+        for k, v in bad.items():
+            counts[k]["nonfinite"] = int(v.sum())
+        undefined = {s for s in shifts if s in bad or "clean" in bad}
+        clean_acc = counts["clean"]["correct"] / n if n and "clean" not in bad else math.nan
+        accuracy = {s: counts[s]["correct"] / n if s not in bad else math.nan for s in shifts}
+        if bad:
+            images = int(np.logical_or.reduce(list(bad.values())).sum())
+            warnings.warn(nonfinite_message("the logits", images, n, f"top-1 of {', '.join(bad)} and the FS of "
+                                            f"{', '.join(sorted(undefined)) or 'no shift'} are NaN"),
+                          NonFiniteWarning, stacklevel=2)
+        elif n and clean_acc == 0 and shifts:
             warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=2)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             fs = {s: fragility_score(accuracy[s], clean_acc) for s in shifts}
+        nan2 = (math.nan, math.nan)
         return cls(
             shifts=shifts, num_images=n, clean_accuracy=clean_acc, accuracy=accuracy, fs=fs, counts=counts,
-            clean_interval=wilson_interval(counts["clean"]["correct"], n),
-            accuracy_interval={s: wilson_interval(counts[s]["correct"], n) for s in shifts},
-            fs_interval={s: paired_bootstrap_fs(clean, arrays[s], seed=seed) for s in shifts},
+            clean_interval=wilson_interval(counts["clean"]["correct"], n) if "clean" not in bad else nan2,
+            accuracy_interval={s: wilson_interval(counts[s]["correct"], n) if s not in bad else nan2 for s in shifts},
+            fs_interval={s: paired_bootstrap_fs(clean, arrays[s], seed=seed) if s not in undefined else nan2
+                         for s in shifts},
             correct=arrays, settings=dict(settings or {}),
         )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError
-from ..jsonio import replacing
+from ..jsonio import replacing, write_errors
 from .records import RunEval, RunSummary
 
 __all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
@@ -84,7 +84,7 @@ def export_for_hub(model, directory: str | os.PathLike, model_args: dict[str, An
     if pretrained_cfg:
         model.pretrained_cfg = dict(getattr(model, "pretrained_cfg", {}) or {}, **pretrained_cfg)
     args = dict(architecture_args(model), **(model_args or {}))
-    with replacing(directory) as tmp:
+    with replacing(directory) as tmp, write_errors(directory):  # a full disk: one line
         save_for_hf(model, str(tmp), model_args=args, safe_serialization=True)
     return directory
 

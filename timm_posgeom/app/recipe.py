@@ -226,7 +226,7 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             return [_coerce(key, v, item) if item is not Any else v for v in value]
         coerce = _COERCERS.get(origin)
         return value if coerce is None else coerce(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, yaml.YAMLError):  # a YAML list or mapping that does not parse, too
         raise RecipeError(f"{key}: cannot use {value!r} as {getattr(base, '__name__', base)}") from None
 
 
@@ -338,7 +338,7 @@ def load_recipe(name_or_path: str | Path | None = None, overrides: list[str] | N
         path = find_recipe(name_or_path)
         try:
             values = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
+        except (yaml.YAMLError, UnicodeDecodeError) as e:  # not YAML, or not text at all
             raise RecipeError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(values, dict):
             raise RecipeError(f"{path}: a recipe is a mapping of keys to values")

@@ -169,8 +169,11 @@ class RunLock:
                     f"{'(unreadable)' if holder is None else 'process ' + str(holder.get('pid'))} is gone")
                 self._remove_stale(text)
                 continue
-            raise RunDirError(f"{self.file.parent} is in use by process {holder.get('pid')} on {holder.get('host')} "
-                              f"(since {holder.get('started')}): wait for it, or choose another --out")
+            elsewhere = holder.get("host") != me["host"]
+            raise RunDirError(f"{self.file.parent} is in use by process {holder.get('pid')} on "
+                              f"{'another host, ' if elsewhere else ''}{holder.get('host')} (since {holder.get('started')}"
+                              f"{'; whether it still runs cannot be told from here' if elsewhere else ''}): wait for it, "
+                              f"or choose another --out; if that process is gone, remove {self.file} and run again")
         raise RunDirError(f"could not lock {self.file.parent}")
 
     def release(self) -> None:

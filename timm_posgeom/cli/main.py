@@ -6,8 +6,9 @@ import importlib
 import os
 import re
 import sys
+import warnings
 
-from ..errors import APP_MODULES, USER_ERRORS, one_line
+from ..errors import APP_MODULES, USER_ERRORS, io_error_line, one_line
 from ..labels import LabelMismatchError
 from ._options import check_counts
 
@@ -44,8 +45,21 @@ def version_line() -> str:
     return f"posgeom {__version__} (timm {installed('timm')}, torch {installed('torch')})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing an explicit empty value (``--data ""``, ``--shard=``, an empty MODEL): an
+    unset shell variable (``--data "$DATA"``) must not read as the flag's default. One line, exit 2; the
+    subcommands' parsers are of this class too (``add_subparsers`` makes them so)."""
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]):
+        if action.nargs != argparse.PARSER and any(s == "" for s in arg_strings):
+            what = "/".join(action.option_strings) or action.metavar or action.dest
+            self.exit(2, f"{self.prog}: error: argument {what}: an empty value was given (an unset variable?); "
+                         "give a value or leave the flag out\n")
+        return super()._get_values(action, arg_strings)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posgeom", description=__doc__)
+    parser = Parser(prog="posgeom", description=__doc__)
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for _, module in _command_modules():
@@ -65,6 +79,15 @@ def _app_extra_line(command: str, missing: list[str]) -> str:
             "pip install 'timm-posgeom[app]'\n")
 
 
+def _one_line_warning(command: str):
+    """A ``warnings.showwarning`` that says a warning on one line of stderr, ``posgeom CMD: warning: ...``
+    (Python's own shows two, the second a line of our source)."""
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split()) or category.__name__
+        print(f"posgeom {command}: warning: {text}", file=file or sys.stderr)
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # parsed before torch or timm is imported: --help and bad flags answer at once
@@ -74,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
         check_counts(args)  # counts no run could use, refused before anything heavy is loaded
-        return int(module.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(args.command)
+            return int(module.run(args) or 0)
     except ModuleNotFoundError as e:  # a module of the [app] extra that the table above did not foresee
         top = (e.name or "").split(".")[0]
         if top not in APP_MODULES:
@@ -88,4 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
+    except OSError as e:  # a full disk, a read-only folder, a path of the wrong kind: one line; else a bug
+        text = io_error_line(e)
+        if text is None:
+            raise
+        parser.exit(2, f"posgeom {args.command}: error: {text}\n")

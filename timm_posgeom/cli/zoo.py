@@ -161,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
         return 1 if summary.failed else 0
     print(f"{len(summary.records)} models ({len(summary.measured)} measured now, {len(summary.skipped)} kept): "
           f"{args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/")
+    if summary.locked:  # never counted as measured: another process holds them (or held them and is gone)
+        print(f"{len(summary.locked)} model(s) not measured here, locked by another process (see above for how to "
+              f"clear a lock whose process is gone): {', '.join(summary.locked[:5])}"
+              f"{' ...' if len(summary.locked) > 5 else ''}", file=sys.stderr)
     if summary.failed:
         print(f"{len(summary.failed)} model(s) failed:", file=sys.stderr)
         for r in summary.failed:

@@ -45,6 +45,7 @@ from .splits import (
     RelabeledSplit,
     SubsetSplit,
     check_images,
+    content_fingerprint,
     data_identity,
     identity_change,
     relabel_by_name,
@@ -54,7 +55,7 @@ from .splits import (
 __all__ = [
     "AUGMENTATIONS",
     "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "DataSourceError", "check_images",
-    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "identity_change", "resolve_source", "find_columns", "split_name",
+    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "content_fingerprint", "identity_change", "resolve_source", "find_columns", "split_name",
     "SPLIT_ALIASES",
     "train_transform", "eval_config", "crop_flip",
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..jsonio import replacing
+from ..jsonio import replacing, write_errors
 from ..synthetic import SyntheticShapes
 from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
 from .splits import ImageSplit
@@ -71,8 +72,14 @@ def cache_uint8(
         key = hashlib.sha1(f"{split.fingerprint}|{img_size}|{interpolation}".encode()).hexdigest()[:20]
         file = Path(cache_dir) / f"uint8-{img_size}px-{key}.pt"
         if file.is_file():
-            blob = torch.load(file, weights_only=True)
-            return CachedSplit(blob["images"], blob["labels"], split.classes)
+            try:
+                blob = torch.load(file, weights_only=True)
+                if len(blob["labels"]) == len(blob["images"]) == len(split):
+                    return CachedSplit(blob["images"], blob["labels"], split.classes)
+                raise ValueError(f"it holds {len(blob['images'])} images, the split {len(split)}")
+            except Exception as e:  # a damaged cache file (cut by a full disk, written by hand): made again
+                warnings.warn(f"the image cache {file} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]}): "
+                              "decoding the images again", RuntimeWarning, stacklevel=2)
     loader = DataLoader(_ResizeItems(split, img_size, interpolation), batch_size=256, num_workers=workers,
                         generator=torch.Generator())
     chunks = loader
@@ -84,7 +91,7 @@ def cache_uint8(
     labels = torch.tensor(split.labels, dtype=torch.int64)
     if file is not None:
         file.parent.mkdir(parents=True, exist_ok=True)
-        with replacing(file) as tmp:
+        with replacing(file) as tmp, write_errors(file):  # a full disk: one line
             torch.save({"images": images, "labels": labels}, tmp)
     return CachedSplit(images, labels, split.classes)
 

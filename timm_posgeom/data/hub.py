@@ -57,6 +57,24 @@ def _hf_getter(image_col: str, label_col: str):
     return get
 
 
+def _hf_stored(ds: Any, image_col: str):
+    """``index -> bytes``: a row's image as stored (its encoded bytes, or the file its path names), not decoded."""
+    datasets = require("datasets", "reading a Hub or parquet data set")
+
+    raw = ds.cast_column(image_col, datasets.Image(decode=False)) if isinstance(ds.features[image_col], datasets.Image) \
+        else ds
+
+    def stored(index: int) -> bytes:
+        value = raw[int(index)][image_col]
+        if isinstance(value, dict):
+            if value.get("bytes") is not None:
+                return bytes(value["bytes"])
+            with open(value["path"], "rb") as f:
+                return f.read()
+        return value if isinstance(value, bytes) else repr(value).encode()
+    return stored
+
+
 def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int | None,
                    hub: HubOptions) -> ImageSplit:
     """The ``split`` of a Hub (``kind="hub"``) or parquet (``"local"``) set at ``where``, its first ``subset``
@@ -87,7 +105,7 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
     else:
         classes = [str(i) for i in range(max(labels, default=-1) + 1)]
     return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
-                      lambda index: f"row {index} of the {split!r} split of {source}")
+                      lambda index: f"row {index} of the {split!r} split of {source}", _hf_stored(ds, image_col))
 
 
 def take_stream(stream: Any, n: int) -> Any:

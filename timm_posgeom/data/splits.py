@@ -4,6 +4,7 @@ another class list, every image decoded once (:func:`check_images`) and what ide
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +17,8 @@ from ..synthetic import SyntheticShapes
 from ..transforms import class_index, to_rgb
 
 __all__ = ["SPLIT_ALIASES", "split_name", "ImageSplit", "BadImageError", "SubsetSplit", "BAD_IMAGE_POLICIES",
-           "check_images", "RelabeledSplit", "relabel_by_name", "data_identity", "identity_change"]
+           "check_images", "RelabeledSplit", "relabel_by_name", "data_identity", "identity_change",
+           "content_fingerprint", "as_image"]
 
 SPLIT_ALIASES = {
     "train": ("train", "training"),
@@ -50,13 +52,22 @@ class ImageSplit(Dataset):
 
     def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
                  getter: Callable[[Any, int], tuple[Image.Image, int]],
-                 where: Callable[[int], str] | None = None):
+                 where: Callable[[int], str] | None = None, stored: Callable[[int], bytes] | None = None):
         self.items = items
         self.classes = list(classes)
         self.labels = [class_index(v) for v in labels]
         self.fingerprint = fingerprint
         self._get = getter
         self.where = where or (lambda index: f"item {index}")
+        self._stored = stored
+
+    def stored(self, index: int) -> bytes:
+        """The bytes item ``index`` is stored as (an image file's, a parquet row's), what
+        :func:`content_fingerprint` hashes; without a known store, its decoded RGB pixels and size."""
+        if self._stored is not None:
+            return self._stored(index)
+        image = self[index][0]
+        return f"{image.size}".encode() + np.asarray(image, dtype=np.uint8).tobytes()
 
     @property
     def num_classes(self) -> int:
@@ -67,12 +78,33 @@ class ImageSplit(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         try:
-            image, label = self._get(self.items, index)
+            image, label = self._get(self.items, index)  # a Hub set's rows decode here
+            image = as_image(image)
             image.load()  # decode now: a damaged file fails here, named, not later inside a transform
             image = to_rgb(image)  # 16-bit, palette, CMYK, alpha: 8-bit RGB, or refused (see to_rgb)
-        except (OSError, SyntaxError, ValueError) as e:  # what PIL raises for truncated or invalid files
-            raise BadImageError(f"cannot decode {self.where(index)}: {e}") from None
+        except Exception as e:  # whatever PIL raises for a truncated, invalid or oversized file (it is many kinds)
+            if isinstance(e, Image.DecompressionBombError):
+                e = f"over PIL's limit of {Image.MAX_IMAGE_PIXELS:,} pixels ({e})"
+            text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its stored bytes", " ".join(str(e).split()))
+            raise BadImageError(f"cannot decode {self.where(index)}: {text}") from None
         return image, label
+
+
+def as_image(value: Any) -> Image.Image:
+    """A stored image as a PIL image (not decoded yet): a PIL image as it is, encoded bytes (a parquet column of
+    raw bytes), a Hugging Face ``{"bytes", "path"}`` record, or a uint8 array; TypeError for anything else."""
+    import io
+
+    if isinstance(value, Image.Image):
+        return value
+    if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
+        value = value.get("bytes") or value["path"]
+        return Image.open(io.BytesIO(value) if isinstance(value, (bytes, bytearray)) else value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return Image.open(io.BytesIO(bytes(value)))
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim in (2, 3):
+        return Image.fromarray(value)
+    raise TypeError(f"not an image but {type(value).__name__}")
 
 
 class BadImageError(PosgeomError, ValueError):
@@ -86,7 +118,8 @@ class SubsetSplit(ImageSplit):
         self.split, self.indices = split, list(indices)
         super().__init__(split.items, split.classes, [split.labels[i] for i in self.indices],
                          f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
-                         split._get, lambda index: split.where(self.indices[index]))
+                         split._get, lambda index: split.where(self.indices[index]),
+                         lambda index: split.stored(self.indices[index]))
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         return self.split[self.indices[index]]
@@ -129,7 +162,7 @@ class RelabeledSplit(ImageSplit):
     def __init__(self, split: ImageSplit, classes: Sequence[str], mapping: Sequence[int]):
         self.split, self.mapping = split, list(mapping)
         super().__init__(split.items, classes, [self.mapping[v] for v in split.labels],
-                         f"{split.fingerprint}-relabeled", split._get, split.where)
+                         f"{split.fingerprint}-relabeled", split._get, split.where, split.stored)
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, label = self.split[index]
@@ -147,23 +180,48 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
     return RelabeledSplit(split, classes, [index[c] for c in split.classes])
 
 
-def data_identity(split: ImageSplit, images: int = 8) -> dict[str, Any]:
+def content_fingerprint(split: ImageSplit, progress: bool = False) -> str:
+    """16 hex digits of SHA-1 over everything a split holds: its classes, its labels and the stored bytes of
+    every image (:meth:`ImageSplit.stored`; read, not decoded), so that images replaced under the same path,
+    even with the same names, sizes and times, give another fingerprint. The synthetic set is rendered from
+    its seed and size: its fingerprint names them."""
+    digest = hashlib.sha1(repr((list(split.classes), list(split.labels))).encode())
+    if isinstance(split.items, SyntheticShapes):
+        digest.update(split.fingerprint.encode())
+        return digest.hexdigest()[:16]
+    from tqdm.auto import tqdm
+
+    for index in tqdm(range(len(split)), desc="fingerprinting the data", unit="img", disable=not progress,
+                      leave=False):
+        blob = split.stored(index)
+        digest.update(len(blob).to_bytes(8, "little"))
+        digest.update(blob)
+    return digest.hexdigest()[:16]
+
+
+def data_identity(split: ImageSplit, images: int = 8, content: bool = False) -> dict[str, Any]:
     """What identifies a split's content, the same in any checkout or folder: its classes, size, a hash of
-    its labels and a hash of the pixels of its first ``images`` items (decoded RGB). The study's data is
-    named by a path that may be relative (committed runs move between checkouts), so the path alone
-    cannot tell that a resume is looking at other data (the study and training compare it on resume)."""
+    its labels and a hash of the pixels of its first ``images`` items (decoded RGB); with ``content``, also
+    :func:`content_fingerprint` (every image's bytes) as ``content``. The study's data is named by a path that
+    may be relative (committed runs move between checkouts), so the path alone cannot tell that a resume is
+    looking at other data (the study and training compare it on resume)."""
     pixels = hashlib.sha1()
     for i in range(min(images, len(split))):
         image = split[i][0]
         pixels.update(np.asarray(to_rgb(image), dtype=np.uint8).tobytes())
     labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
-    return dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
+    identity = dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
+    if content:
+        identity["content"] = content_fingerprint(split)
+    return identity
 
 
 def identity_change(was: dict[str, Any], now: dict[str, Any]) -> str | None:
     """What differs between two :func:`data_identity` records, for a message ("classes", "number of
-    images", "labels or images"), or None when they are the same."""
-    if was == now:
+    images", "labels or images"), or None when they are the same. Only what both record is compared (an
+    identity recorded before ``content`` existed is compared on the rest)."""
+    keys = set(was) & set(now)
+    if all(was[k] == now[k] for k in keys):
         return None
     if was.get("classes") != now.get("classes"):
         return "classes"

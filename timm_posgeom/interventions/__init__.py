@@ -21,8 +21,8 @@ from .permutation import (
     find_embed_module,
     token_permutation,
 )
-from .scaling import PEScaleError, pe_inventory, pe_scale
+from .scaling import AlphaOverflowError, PEScaleError, pe_inventory, pe_scale
 
 __all__ = ["token_permutation", "TokenPermutation", "TokenPermutationError", "TokenPermutationUnsupported",
            "active_permutations", "check_unpermuted", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
-           "pe_inventory", "PEEntry", "draw_permutations", "image_permutations", "permutation_seeds"]
+           "pe_inventory", "PEEntry", "AlphaOverflowError", "draw_permutations", "image_permutations", "permutation_seeds"]

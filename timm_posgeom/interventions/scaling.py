@@ -15,12 +15,17 @@ from ..pos.common import check_alpha
 from .pe_scalers import _run_undo, _Undo
 from .pe_search import _CONV_PES, _LOOKED_FOR, PEEntry, _find_pes
 
-__all__ = ["pe_scale", "pe_inventory", "PEScaleError"]
+__all__ = ["pe_scale", "pe_inventory", "PEScaleError", "AlphaOverflowError"]
 
 
 class PEScaleError(PosgeomError, TypeError):
     """Raised by :func:`pe_scale` when the model has no positional encoding it can scale, or (``strict``, the
     default) when it has one it cannot scale beside ones it can."""
+
+
+class AlphaOverflowError(PosgeomError, ValueError):
+    """Raised by :func:`pe_scale` for an alpha whose scaled PE is not finite in the model's dtype (it overflows):
+    every number measured with it would be NaN made from inf, so it is refused."""
 
 
 def pe_inventory(model: nn.Module, include_prefix: bool = True) -> list[PEEntry]:
@@ -76,12 +81,41 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True, strict
     # Rebuilt caches and saved copies must be ordinary tensors even when the context is entered
     # under torch.inference_mode(), or a later training step could not use them.
     with torch.inference_mode(False), torch.no_grad():
+        before = _nonfinite_tensors(model) if alpha > 1 else set()  # only a factor above 1 can overflow
         restore = _apply_pe_scale(model, alpha, include_prefix, strict)
+        try:
+            if alpha > 1:
+                _check_finite(model, alpha, before)
+        except AlphaOverflowError:
+            restore()
+            raise
     try:
         yield model
     finally:
         with torch.inference_mode(False), torch.no_grad():
             restore()
+
+
+def _nonfinite_tensors(model: nn.Module) -> set[int]:
+    """The ids of the model's floating parameters and buffers that hold a value that is not finite."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return {id(t) for t in tensors if t.is_floating_point() and not bool(torch.isfinite(t).all())}
+
+
+def _check_finite(model: nn.Module, alpha: float, before: set[int]) -> None:
+    """AlphaOverflowError when scaling made a PE tensor of ``model`` non-finite (a table times alpha beyond its
+    dtype's range, RoPE angles whose sine is NaN), or, for our models, whose PE is scaled at each forward,
+    when the scaled table would be."""
+    scaled = _nonfinite_tensors(model) - before
+    if _is_posgeom(model):  # the APE and sincos tables are multiplied by model.alpha in the forward
+        for table in (getattr(model, "pos_embed", None), getattr(model, "sincos_embed", None)):
+            if isinstance(table, torch.Tensor) and not bool(torch.isfinite(table * model.alpha).all()):
+                scaled.add(id(table))
+    if scaled:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        raise AlphaOverflowError(f"alpha={alpha:g} overflows the positional encoding of {type(model).__name__}: the "
+                                 f"scaled PE is not finite in {str(dtype).removeprefix('torch.')} (inf or NaN), so "
+                                 "every number measured with it would be NaN; use a smaller alpha")
 
 
 def _is_posgeom(model: nn.Module) -> bool:

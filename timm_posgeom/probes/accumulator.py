@@ -106,6 +106,7 @@ class _Accumulator:
         self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, R * B, M) this batch's pairs i < j
         self._batch: dict[tuple[int, int], list[int]] = {}  # per grid: the layers whose pairs wait in _pairs
         self.too_small: set[int] = set()  # layers whose grid has fewer than 2 tokens: SSDC undefined
+        self.nonfinite: dict[tuple[int, int], int] = {}  # (layer, replica) -> images whose tokens are not finite
 
     @property
     def slots(self) -> int:
@@ -187,6 +188,10 @@ class _Accumulator:
         if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return
+        bad = ~torch.isfinite(patches).flatten(1).all(dim=1)  # (R * B,) images whose tokens are not all finite
+        if bad.any():  # their SSDC is NaN, never one of NaN maps ranked (probe._finish blanks the layer)
+            for replica, chunk in zip(self._replicas, bad.chunk(len(self._replicas))):
+                self.nonfinite[(layer, replica)] = self.nonfinite.get((layer, replica), 0) + int(chunk.sum())
         z = F.normalize(patches.float(), dim=-1)  # (R * B, N, C) unit tokens
         if self.want_images or self.groups:
             sim = torch.bmm(z, z.transpose(1, 2))  # (R * B, N, N) cosine similarity per image
@@ -280,6 +285,10 @@ class _Accumulator:
         sums = self._sums(layer, pair_sum.numel(), diag_sum.numel(), pair_sum.device)
         sums[0][replica].add_(pair_sum)
         sums[1][replica].add_(diag_sum)
+
+    def nonfinite_layers(self) -> tuple[list[int], int]:
+        """(the layers whose tokens were not finite in some image, the most such images of one replica)."""
+        return sorted({layer for layer, _ in self.nonfinite}), max(self.nonfinite.values(), default=0)
 
     def replica_pairs(self, layer: int) -> torch.Tensor:
         """(K, M) float64: each replica's summed pairs (its groups added up)."""

@@ -15,6 +15,8 @@ summed, until both models have run).
 """
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +49,28 @@ def hsic(K: torch.Tensor, L: torch.Tensor, unbiased: bool = True) -> torch.Tenso
     return (K @ H * (L @ H).T).sum() / (n - 1) ** 2
 
 
-def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbiased: bool = True) -> float:
-    """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring)."""
+def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbiased: bool = True,
+                  constant_a: list[bool] | None = None, constant_b: list[bool] | None = None) -> float:
+    """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring).
+
+    ``constant_a`` / ``constant_b``: per batch, whether that representation is the same for every image of
+    the batch, decided exactly on the features (:class:`_Grams`). Such a batch's Gram matrix is constant, and
+    every HSIC with it is exactly 0: it adds exactly 0 (computed, it would add a rounding error of either
+    sign). A representation with no variance across images in every batch gives 0 / 0: NaN, as does a Gram
+    matrix that is not finite."""
     if len(grams_a) != len(grams_b) or not grams_a:
         raise ValueError(f"the two representations have {len(grams_a)} and {len(grams_b)} batches: they must "
                          "read the same, non-empty, batches")
-    ab = sum(hsic(K, L, unbiased) for K, L in zip(grams_a, grams_b))
-    aa = sum(hsic(K, K, unbiased) for K in grams_a)
-    bb = sum(hsic(L, L, unbiased) for L in grams_b)
+    flat_a = constant_a or [False] * len(grams_a)
+    flat_b = constant_b or [False] * len(grams_b)
+    if not all(bool(torch.isfinite(g).all()) for g in [*grams_a, *grams_b]):
+        return math.nan
+    zero = torch.zeros((), dtype=torch.float64)
+    ab = sum(zero if fa or fb else hsic(K, L, unbiased) for K, L, fa, fb in zip(grams_a, grams_b, flat_a, flat_b))
+    aa = sum(zero if fa else hsic(K, K, unbiased) for K, fa in zip(grams_a, flat_a))
+    bb = sum(zero if fb else hsic(L, L, unbiased) for L, fb in zip(grams_b, flat_b))
+    if all(flat_a) or all(flat_b):  # no variance across images: 0 / 0, decided on the features, not on a sign
+        return math.nan
     return float(ab / torch.sqrt(aa * bb))
 
 
@@ -67,13 +83,25 @@ class _Grams(Measure):
         super().__init__()
         self.source = site
         self.grams: dict[int, list[torch.Tensor]] = {}
+        self.constant: dict[int, list[bool]] = {}  # per block and batch: the same features for every image
 
     def update(self, x: torch.Tensor, view: LayerView) -> None:
-        flat = x[:, view.prefix:].reshape(x.shape[0], -1).to(torch.float64)  # (B, N * C)
+        flat = x[:, view.prefix:].reshape(x.shape[0], -1)  # (B, N * C)
+        self.constant.setdefault(view.layer, []).append(bool((flat == flat[:1]).all()))  # exactly, in its dtype
+        flat = flat.to(torch.float64)
         self.grams.setdefault(view.layer, []).append((flat @ flat.T).cpu())
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
         return {}
+
+
+def _say_constant(ra: Any, rb: Any) -> None:
+    """A warning naming the blocks whose representation is the same for every image (their CKA is NaN)."""
+    flat = [f"{which} block {layer}" for which, r in (("model_a", ra), ("model_b", rb))
+            for layer in r.layers if all(all(g[0].constant[layer]) for g in r.replica_measures)]
+    if flat:
+        warnings.warn(f"CKA is undefined (0 / 0, NaN) where a representation has no variance across the images "
+                      f"(every image's features the same): {', '.join(flat)}", RuntimeWarning, stacklevel=3)
 
 
 @dataclass
@@ -126,8 +154,10 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
     if ra.settings["n_images"] != rb.settings["n_images"]:
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
     matrices = np.stack([  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
-        np.array([[minibatch_cka(ga[0].grams[i], gb[0].grams[j], unbiased) for j in rb.layers] for i in ra.layers])
+        np.array([[minibatch_cka(ga[0].grams[i], gb[0].grams[j], unbiased, ga[0].constant[i], gb[0].constant[j])
+                   for j in rb.layers] for i in ra.layers])
         for ga, gb in zip(ra.replica_measures, rb.replica_measures)])
+    _say_constant(ra, rb)
     described = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
                      rpi=rpi, n_images=ra.settings["n_images"], rpi_permutations=ra.settings["rpi_permutations"],
                      permutation_seeds=ra.settings["permutation_seeds"], interval=ra.settings["interval"])

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
+from ..errors import NonFiniteWarning, nonfinite_message
 from ..intervals import t_interval
 from ..interventions import (
     check_unpermuted,
@@ -167,6 +168,7 @@ class _Router:
         self.current: list[int] = [0]
         self.grid: tuple[int, int] | None = None
         self.heads: dict[int, int] = {}
+        self.nonfinite: dict[tuple[int, int], int] = {}  # (layer, replica) -> images whose input was not finite
 
     def receive(self, source: str, layer: int, x: torch.Tensor) -> None:
         n = self.grid[0] * self.grid[1]
@@ -179,6 +181,9 @@ class _Router:
             self.heads[layer] = int(x.shape[1])
         view = LayerView(layer=layer, grid=self.grid, prefix=prefix)
         for replica, chunk in zip(self.current, x.chunk(len(self.current))):
+            bad = int((~torch.isfinite(chunk).flatten(1).all(dim=1)).sum())
+            if bad:  # that block's fields NaN in this replica (_finish_replicas), never measures of NaN
+                self.nonfinite[(layer, replica)] = self.nonfinite.get((layer, replica), 0) + bad
             for m in self.replicas[replica]:
                 if m.source == source:
                     m.update(chunk, view)
@@ -257,7 +262,8 @@ def run_measures(
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
     if n_images == 0:
         raise ValueError("data yielded no images")
-    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, rpi and rpi_per == "call")
+    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, rpi and rpi_per == "call",
+                                                     router.nonfinite)
     recorded: dict[str, Any] = {
         "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
         "rpi_per": rpi_per if rpi else None, "rpi_permutations": k if rpi and rpi_per == "call" else None,
@@ -266,7 +272,12 @@ def run_measures(
         if rpi and rpi_per == "call" else None,
         "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
         "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
+        "nonfinite_layers": sorted({layer for layer, _ in router.nonfinite}),
     }
+    if router.nonfinite:
+        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
+                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
+                      NonFiniteWarning, stacklevel=2)
     if router.heads:
         heads = sorted(set(router.heads.values()))
         recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
@@ -303,15 +314,20 @@ class _RPIPlan:
 
 
 def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images: int, grid: tuple[int, int],
-                     shared: bool) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]],
-                                        dict[str, np.ndarray]]:
+                     shared: bool, nonfinite: dict[tuple[int, int], int] | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
     """(values, intervals, replicates): each replica's fields; with shared permutations their mean, its
-    interval over them and the (K, ...) stacks; else the one replica's fields alone."""
+    interval over them and the (K, ...) stacks; else the one replica's fields alone. A block whose input was
+    not finite in a replica (``nonfinite``: (layer, replica) -> images) has NaN fields there."""
     per_replica = []
-    for measures in replicas:
+    for r, measures in enumerate(replicas):
         fields: dict[str, np.ndarray] = {}
         for m in measures:
             fields.update(m.finish(layers, n_images, grid))
+        rows = [i for i, layer in enumerate(layers) if (layer, r) in (nonfinite or {})]
+        for name in fields if rows else ():
+            fields[name] = np.array(fields[name], dtype=float)
+            fields[name][rows] = math.nan
         per_replica.append(fields)
     if not shared:
         return per_replica[0], {}, {}
@@ -409,7 +425,7 @@ def _reduce(replicas: list[list[Measure]], router: _Router, n_images: int, image
     without images adds zeros of the shapes the others report)."""
     measures = [m for replica in replicas for m in replica]
     states = _dist.all_gather_objects({"n": n_images, "seen": seen, "image_size": image_size, "grid": grid,
-                                       "heads": dict(router.heads),
+                                       "heads": dict(router.heads), "nonfinite": dict(router.nonfinite),
                                        "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures]})
     total = sum(s["n"] for s in states)
     seens = [s["seen"] for s in states]
@@ -419,8 +435,11 @@ def _reduce(replicas: list[list[Measure]], router: _Router, n_images: int, image
     grids = {tuple(s["grid"]) for s in states if s["grid"] is not None}
     if len(grids) > 1:
         raise ValueError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
+    router.nonfinite = {}
     for s in states:
         router.heads.update(s["heads"])
+        for key, count in s["nonfinite"].items():
+            router.nonfinite[key] = router.nonfinite.get(key, 0) + count
     for k, m in enumerate(measures):
         shapes: dict = {}
         for s in states:

@@ -15,6 +15,7 @@ PE survives in the tokens is read by it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,7 +89,10 @@ def _solve(xtx: torch.Tensor, xty: torch.Tensor, ridge: float) -> torch.Tensor:
     """argmin_W ||X W - Y||^2 + ridge * n_dims_scale * ||W||^2 (the bias row not penalised), float64."""
     penalty = torch.eye(xtx.shape[0], dtype=xtx.dtype) * ridge * xtx.diagonal()[:-1].mean()
     penalty[-1, -1] = 0.0
-    return torch.linalg.solve(xtx + penalty, xty)
+    try:
+        return torch.linalg.solve(xtx + penalty, xty)
+    except RuntimeError:  # singular (ridge 0 on tokens with a constant dimension), or not finite: no map
+        return torch.full_like(xty, math.nan)
 
 
 @dataclass
@@ -146,9 +150,16 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
     scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="image",
                           **options)
     H, W = scored.settings["grid_size"]
+    values = {k: np.array(scored.values[k], dtype=float) for k in _Score.names}
+    # a block whose tokens were not finite (fit or score), or whose map is not: no reading, NaN (an arg-max of
+    # NaN scores would read row 0 and column 0 for every token)
+    blank = [i for i, layer in enumerate(scored.layers) if layer in fitted.settings["nonfinite_layers"]
+             or not bool(torch.isfinite(weights[layer]).all())]
+    for k in values:
+        values[k][blank] = math.nan
     settings = dict(model=scored.settings["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,
                     train_images=fitted.settings["n_images"], test_images=scored.settings["n_images"],
                     grid_size=[H, W])
-    return PositionProbeResult(layers=scored.layers, row_accuracy=scored.values["row_accuracy"],
-                               col_accuracy=scored.values["col_accuracy"], accuracy=scored.values["accuracy"],
+    return PositionProbeResult(layers=scored.layers, row_accuracy=values["row_accuracy"],
+                               col_accuracy=values["col_accuracy"], accuracy=values["accuracy"],
                                chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)}, settings=settings)

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
+from ..errors import NonFiniteWarning, nonfinite_message
 from ..intervals import jackknife_interval, t_interval
 from ..interventions import (
     TokenPermutationError,
@@ -275,7 +276,7 @@ def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple
     """
     states = _dist.all_gather_objects({
         "n": n_images, "seen": seen, "image_size": image_size, "grids": dict(acc.grids),
-        "too_small": sorted(acc.too_small),
+        "too_small": sorted(acc.too_small), "nonfinite": dict(acc.nonfinite),
         "index": {key: m.state() for key, m in acc.index_moments.items()},
         "content": {key: m.state() for key, m in acc.content_moments.items()},
     })
@@ -288,6 +289,10 @@ def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple
     image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
     acc.grids = grids = _merged_grids(states, acc.want_map)
     acc.too_small = set().union(*(s["too_small"] for s in states))
+    acc.nonfinite = {}
+    for s in states:
+        for key, count in s["nonfinite"].items():
+            acc.nonfinite[key] = acc.nonfinite.get(key, 0) + count
     for key, moments in (("index", acc.index_moments), ("content", acc.content_moments)):
         for slot in moments:
             merged = _Moments()
@@ -363,6 +368,11 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
                       "images", ConstantMapWarning, stacklevel=3)
     maps = _MapStats(layers) if not acc.want_map else _map_ssdc(acc, probe, n_images, grids)
     stats = _image_stats(acc, probe) if acc.want_images else None
+    bad, count = acc.nonfinite_layers()
+    if bad:  # non-finite tokens: those layers' numbers NaN, said once
+        _blank_layers(maps, stats, [layers.index(layer) for layer in bad], probe)
+        warnings.warn(nonfinite_message(f"the tokens of layer(s) {', '.join(map(str, bad))}", count, n_images,
+                                        "their SSDC is NaN"), NonFiniteWarning, stacklevel=3)
     if not acc.want_map:  # the per-image reduction alone: its means are the numbers
         maps.index = np.array([[s.mean for s in stats[0]]]) if not probe.rpi else stats[2]
         maps.content = stats[3] if probe.rpi else None
@@ -402,6 +412,23 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
         content_by_permutation=maps.content.tolist() if probe.rpi and maps.content is not None else None,
         permutations=perms.clone() if perms is not None else None, rise_ci=maps.rise_ci, jackknife=maps.jackknife)
     return result
+
+
+def _blank_layers(maps: _MapStats, stats: Any, cols: list[int], probe: _Probe) -> None:
+    """Set the numbers of the layers at ``cols`` (and a rise that uses one) to NaN, with their intervals."""
+    nan2 = (math.nan, math.nan)
+    for values in (maps.index, maps.content, *(stats[2:] if stats else ())):
+        if values is not None:
+            values[:, cols] = math.nan
+    for cis in (maps.index_ci, maps.content_ci):
+        for i in cols if cis is not None else ():
+            cis[i] = nan2
+    rise = _rise_columns(probe)
+    if rise is not None and set(rise) & set(cols):
+        maps.rise_ci = nan2
+    for per in stats[:2] if stats else ():
+        for i in cols if per else ():
+            per[i] = PerImageStats(math.nan, math.nan, math.nan, math.nan, per[i].n, per[i].n_nan, per[i].over)
 
 
 def _mean_rows(values: np.ndarray | None) -> list[float] | None:

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from ...errors import PosgeomError
-from ...jsonio import to_jsonable
+from ...jsonio import to_jsonable, write_errors
 from ..records import AttentionSummary, RunEval, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, SWEPT, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
 from .plan import PlannedRun
 
-__all__ = ["Measuring", "measure_run", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
+__all__ = ["Measuring", "measure_run", "check_evals", "eval_changes", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
            "attention_layers", "attention_summary", "ssdc_summary"]
 
 # Attention per head is measured at this many blocks, spread evenly from the first to the last, on the first
@@ -91,20 +91,50 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
     return evals
 
 
+def eval_changes(run: PlannedRun, m: Measuring) -> tuple[RunEval, str, dict[str, tuple[Any, Any]]]:
+    """(the run's ``eval.json``, or a new record; the SHA-1 of its exported weights; what differs between the
+    record and what is measured now: settings, or weights exported again since). Reads only."""
+    from ..hub import weights_sha1
+
+    eval_path, settings = run.run_dir / "eval.json", m.settings
+    sha1 = weights_sha1(run.run_dir / "export" / "model.safetensors")
+    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
+                                                                         versions=[m.versions])
+    changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
+    if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
+        changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
+    return evals, sha1, changed
+
+
+def check_evals(runs: list[PlannedRun], m: Measuring) -> None:
+    """Before anything of a resumed study is written: StudyError (one line) when a measured run's ``eval.json``
+    was made with other settings or other weights and changes are not allowed (found mid-way, the study
+    would have rewritten its results first)."""
+    from .training import recipe_changes
+
+    if m.allow_changes:
+        return
+    for run in runs:
+        changed = recipe_changes(run)
+        if changed:
+            raise StudyError(f"{run.run_dir} was trained with another recipe ({describe_changes(changed)}); pass "
+                             "--allow-changes to train it again with the new one (the former run is kept), or choose "
+                             "another --out")
+        if (run.run_dir / "eval.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file():
+            _, _, changed = eval_changes(run, m)
+            if changed:
+                raise StudyError(f"{run.run_dir / 'eval.json'} was measured with other settings "
+                                 f"({describe_changes(changed)}); pass --allow-changes to measure again (the former "
+                                 "file is kept)")
+
+
 def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
     """The run's ``eval.json`` (a new record when there is none), checked against the settings and the
     weights measured now: a change is refused unless ``allow_changes``; then a change of settings that each
     touch one part (``PART_SETTINGS``: the RPI permutations of SSDC, of the sweep, of attention) clears
     those parts alone, any other sets the file aside and starts again."""
-    from ..hub import weights_sha1
-
     settings, current = m.settings, m.versions
-    sha1 = weights_sha1(run.run_dir / "export" / "model.safetensors")
-    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
-                                                                         versions=[current])
-    changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
-    if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
-        changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
+    evals, sha1, changed = eval_changes(run, m)
     if changed and not m.allow_changes:
         raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
                          "--allow-changes to measure again (the former file is kept)")
@@ -201,7 +231,8 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
             if rpi and res.permutation is not None:
                 maps["permutation"] = res.permutation.clone()
     if maps_path is not None and maps:
-        torch.save(maps, maps_path)
+        with write_errors(maps_path):  # a full disk: one line
+            torch.save(maps, maps_path)
     normal, rpi = results[False], results[True]
 
     def means(res):

@@ -13,7 +13,7 @@ from ..provenance import package_versions
 from ..records import RunSummary, StudyResults, StudyRun
 from ..rundir import describe_changes
 from .config import CONDITIONS, StudyConfig, StudyError, config_changes
-from .measure import Measuring, eval_settings, measure_run, untrained_ssdc
+from .measure import Measuring, check_evals, eval_settings, measure_run, untrained_ssdc
 from .plan import PlannedRun, StudyPlan, make_plan, write_plan
 from .training import is_trained, train_run, training_history
 
@@ -42,13 +42,15 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     _check_settings(saved, config, out, allow_changes)
     val, identity = _eval_split(plan, saved, out)
+    m = Measuring(config=config, val=val, settings=eval_settings(config, val), versions=package_versions(),
+                  log=lambda s: None, allow_changes=allow_changes)
+    check_evals(list(plan.runs), m)  # a refused resume writes nothing: every run checked before the plan is
     planned = plan.to_json()
     write_plan(config, out, planned, data=identity)  # a plan written before the data was identified gains it here
     started, earlier = time.time(), previous.elapsed_s if previous is not None else 0.0
     order = {(r.condition, r.seed): i for i, r in enumerate(plan.runs)}
     bar = tqdm(_trained_first(plan.runs), desc="study", unit="run", disable=not progress)
-    m = Measuring(config=config, val=val, settings=eval_settings(config, val), versions=package_versions(),
-                  log=bar.write if progress else (lambda s: None), allow_changes=allow_changes)
+    m.log = bar.write if progress else (lambda s: None)
     results = StudyResults(config=asdict(config), plan=planned, versions=m.versions, recipes=plan.recipes(),
                            eval_data=dict(source=plan.first.data or "synthetic", split=plan.first.val_split,
                                           images=len(val), classes=val.num_classes, identity=identity))
@@ -113,7 +115,7 @@ def _eval_split(plan: StudyPlan, saved: dict[str, Any] | None, out: Path) -> tup
     config, first = plan.config, plan.first
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
                      synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None))
-    identity = data_identity(val)
+    identity = data_identity(val, content=True)  # every image's bytes: the same path with other images is refused
     what = identity_change(saved["data"], identity) if saved is not None and saved.get("data") else None
     if what:
         raise StudyError(f"{out} was measured on other data: {first.data or 'synthetic'} ({first.val_split}) now has other "

@@ -6,6 +6,7 @@ import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..records import HistoryPoint
 from ..rundir import describe_changes, set_aside, settings_changes
@@ -44,15 +45,21 @@ def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], 
                          f"{' '.join(cmd)}")
 
 
+def recipe_changes(run: PlannedRun) -> dict[str, Any]:
+    """What differs between the recipe the run's folder was trained (or started) with and the run's own
+    (``{key: (saved, asked)}``; {} without a ``recipe.yaml``). Reads only."""
+    path = run.run_dir / "recipe.yaml"
+    if not path.is_file():
+        return {}
+    import yaml
+
+    return settings_changes("recipe", yaml.safe_load(path.read_text()) or {}, run.recipe.to_dict())
+
+
 def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
     """What exists in the run's folder was trained (or started) with its recipe; set aside when not and
     ``allow_changes``, StudyError when not otherwise."""
-    path = run.run_dir / "recipe.yaml"
-    if not path.is_file():
-        return
-    import yaml
-
-    changes = settings_changes("recipe", yaml.safe_load(path.read_text()) or {}, run.recipe.to_dict())
+    changes = recipe_changes(run)
     if changes and not allow_changes:
         raise StudyError(f"{run.run_dir} was trained with another recipe ({describe_changes(changes)}); pass "
                          "--allow-changes to train it again with the new one (the former run is kept), or choose "

@@ -49,7 +49,7 @@ from ..recipe import Recipe
 from ..records import RunSummary
 from ..rundir import RunDirError, RunLock
 from .checkpoints import TrainState, check_writable, latest_checkpoint
-from .metrics import MetricsLog, check_trackers, read_metrics, tracker_config
+from .metrics import MetricsLog, check_tracker_project, check_trackers, read_metrics, tracker_config
 
 __all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
            "TrainState", "RunDirError"]
@@ -89,6 +89,7 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
     trackers = check_trackers(recipe.log_with)
+    check_tracker_project(recipe.tracker_project)  # a path would write outside out
     accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                               cpu=cpu or None, log_with=trackers or None, project_dir=str(out) if trackers else None)
     check_writable(out)
@@ -96,10 +97,10 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     try:
         if accelerator.is_main_process:
             lock.acquire(say=accelerator.print)
-        if trackers:
+        session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
+        if trackers:  # after every check of the run folder: a refused run leaves no tracker files behind
             accelerator.init_trackers(recipe.tracker_project or out.resolve().name,
                                       config=tracker_config(recipe.to_dict()))
-        session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
         run_epochs(session)
         return finish(session)
     finally:  # let a later train() in this process choose another precision / accumulation

@@ -223,6 +223,10 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     result-changing key (unless ``allow_changes``: then the changes are recorded)."""
     checkpoint = latest_checkpoint(out)
     finished = (out / "summary.json").is_file()
+    exports = [n for n in ("export", "export_ema") if (out / n).exists()]
+    if exports and not finished and checkpoint is None:  # weights from elsewhere (a download, a copy): not ours
+        raise FileExistsError(f"{out} holds {' and '.join(exports)} but no training run (no summary.json or "
+                              "checkpoint): a run would overwrite it; choose another --out")
     if (checkpoint is not None or finished) and not resume:
         what = f"checkpoints ({checkpoint.name})" if checkpoint is not None else "a finished run (summary.json)"
         raise FileExistsError(f"{out} already holds {what}: pass --resume to continue that run, or choose another --out")

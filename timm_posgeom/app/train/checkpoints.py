@@ -7,6 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ...jsonio import write_errors
+
 __all__ = ["TrainState", "list_checkpoints", "latest_checkpoint", "save_checkpoint", "check_writable",
            "CHECKPOINT_NAME"]
 
@@ -65,7 +67,13 @@ def save_checkpoint(accelerator: Any, out: Path, step: int, keep: int) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    try:
+        with write_errors(tmp):  # a full disk: one line, not safetensors' or torch's traceback
+            accelerator.save_state(str(tmp))
+    except BaseException:
+        if accelerator.is_main_process:  # no half-written checkpoint left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if final.exists():

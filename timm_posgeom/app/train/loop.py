@@ -58,18 +58,22 @@ class _Window:
 
 @torch.no_grad()
 def evaluate_top1(model: nn.Module, loader, accelerator) -> dict[str, float]:
-    """Top-1 accuracy and mean loss over a sharded loader, counts reduced across processes."""
-    totals = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # correct, count, loss sum
+    """Top-1 accuracy and mean loss over a sharded loader, counts reduced across processes; NaN where an
+    image's logits are not finite (an arg-max of NaN logits is class 0, never a prediction)."""
+    totals = torch.zeros(4, dtype=torch.float64, device=accelerator.device)  # correct, count, loss sum, not finite
     with eval_mode(model):
         for images, targets in loader:
             images, targets = images.to(accelerator.device), targets.to(accelerator.device)
             logits = model(images).float()
-            totals[0] += (logits.argmax(-1) == targets).sum()
+            finite = torch.isfinite(logits).all(-1)
+            totals[0] += ((logits.argmax(-1) == targets) & finite).sum()
             totals[1] += targets.numel()
             totals[2] += nn.functional.cross_entropy(logits, targets, reduction="sum")
+            totals[3] += (~finite).sum()
     totals = accelerator.reduce(totals, reduction="sum")
     count = max(totals[1].item(), 1.0)
-    return {"top1": totals[0].item() / count, "loss": totals[2].item() / count, "count": int(totals[1].item())}
+    top1 = totals[0].item() / count if totals[3].item() == 0 else math.nan
+    return {"top1": top1, "loss": totals[2].item() / count, "count": int(totals[1].item())}
 
 
 def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...jsonio import dumps
 
-__all__ = ["MetricsLog", "read_metrics", "check_trackers", "tracker_config"]
+__all__ = ["MetricsLog", "read_metrics", "check_trackers", "check_tracker_project", "tracker_config"]
 
 
 def check_trackers(names: list[str]) -> list[str]:
@@ -28,6 +28,17 @@ def check_trackers(names: list[str]) -> list[str]:
             raise ValueError(f"log_with: {name} is not installed here (pip install {name.replace('_', '-')}); "
                              "metrics.jsonl is written without it, or drop it from log_with")
     return list(names)
+
+
+def check_tracker_project(project: str | None) -> None:
+    """ValueError unless ``project`` (a recipe's ``tracker_project``) is a plain name: the trackers write under
+    ``<out>/<project>`` (TensorBoard), so a path (``/tmp/x``, ``../x``, ``a/b``) would write outside the run."""
+    if project is None:
+        return
+    text = str(project)
+    if not text.strip() or "/" in text or "\\" in text or text in (".", "..") or Path(text).is_absolute():
+        raise ValueError(f"tracker_project must be a plain name (the trackers write under <out>/<name>), got "
+                         f"{project!r}: a path would write outside --out")
 
 
 def tracker_config(recipe: dict[str, Any]) -> dict[str, Any]:

@@ -64,6 +64,9 @@ class ZooConfig:
     device: str | None = None
     shared_decode: bool = True  # decode the images once and resize them once per input configuration
     extras: tuple[str, ...] = EXTRAS  # attention (distance, entropy per head), position (the linear probe)
+    # what the data holds (timm_posgeom.data.content_fingerprint: classes, labels, every image's bytes), set by
+    # run_zoo when it loads the data: a record is reused only for the same images, whatever their path
+    data_fingerprint: str | None = None
     images: InitVar[int | None] = None  # the old name of max_images (SSDC and fragility on the first N): one release
 
     def __post_init__(self, images: int | None = None) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...distributed import fail_together
-from ...errors import PosgeomError
+from ...errors import NonFiniteWarning, PosgeomError
 from ...jsonio import to_jsonable
 from ...labels import map_by_name
 from ..records import SweepSummary, ZooModel
@@ -121,11 +121,14 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
             raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
                                    if record.weights == "pretrained" else ""), e) from e
         try:
-            with warnings.catch_warnings():  # recorded as a note instead
+            with warnings.catch_warnings(record=True) as caught:  # recorded as notes instead
+                warnings.simplefilter("always", NonFiniteWarning)
                 warnings.filterwarnings("ignore", "clean accuracy is 0", RuntimeWarning)
                 _measure(model, record, config, data, progress)
         except Exception as e:
             raise _Stage("measure", e) from e
+        finally:
+            _note_warnings(record, caught)
     except _Stage as failure:
         record.status = "error"
         record.error = f"{failure.stage}: {_failure_text(failure.error)}"
@@ -138,6 +141,17 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
             torch.cuda.empty_cache()
     record.elapsed_s = round(time.time() - started, 2)
     return record
+
+
+def _note_warnings(record: ZooModel, caught: list) -> None:
+    """Numbers that were not finite (NaN in the record) become notes, once each; other warnings are shown."""
+    for w in caught:
+        text = " ".join(str(w.message).split())
+        if issubclass(w.category, NonFiniteWarning):
+            if f"not finite: {text}" not in record.notes:
+                record.notes.append(f"not finite: {text}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 class _Stage(Exception):
@@ -295,7 +309,7 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
     """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
     under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
     from ...eval_data import eval_loader
-    from ...interventions import PEScaleError, TokenPermutationError
+    from ...interventions import AlphaOverflowError, PEScaleError, TokenPermutationError
     from ...probes import probe_ssdc
     from ...robustness import alpha_sweep
 
@@ -326,6 +340,6 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
         record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
         return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
                             rpi_per_layer=layers, rpi_permutations=k, delta_ssdc_ci=cis)
-    except (PEScaleError, TokenPermutationError, TypeError) as e:
+    except (PEScaleError, AlphaOverflowError, TokenPermutationError, TypeError) as e:
         record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
         return None

@@ -5,7 +5,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,9 @@ class ZooSummary:
 
     records: list[ZooModel]
     measured: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # measured before with these settings (or by another shard)
     out: Path | None = None
+    locked: list[str] = field(default_factory=list)  # held by another process's lock: not measured here
 
     @property
     def failed(self) -> list[ZooModel]:
@@ -74,17 +75,18 @@ def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
         lock.release()
 
 
-def _model_lock(out: Path, name: str) -> RunLock | None:
-    """The lock of one model's measurement (``locks/<name>/.lock``), taken; None when a live process of
-    another shard holds it (that process measures the model)."""
+def _model_lock(out: Path, name: str) -> tuple[RunLock | None, str]:
+    """(the lock of one model's measurement, ``locks/<name>/.lock``, taken; or None and the refusal, naming its
+    holder and how to clear it, when another process holds it: a live one on this host, or one on another host,
+    which cannot be told from a process that is gone)."""
     folder = out / "locks" / safe_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     lock = RunLock(folder)
     try:
         lock.acquire(say=lambda s: None)
-    except RunDirError:
-        return None
-    return lock
+    except RunDirError as e:
+        return None, str(e)
+    return lock, ""
 
 
 def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
@@ -96,6 +98,11 @@ def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
     record = ZooModel.read(path)
     return not (record.status == "ok" and record.settings == settings
                 and record.weights_key == weights_key(name, record.weights))
+
+
+def _measured_now(zoo: _Zoo, name: str) -> set[str]:
+    """{name} when the model has an ok record with the zoo's settings (another shard measured it), else {}."""
+    return set() if _still_to_measure(zoo.out, name, zoo.settings) else {name}
 
 
 def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[str]]:
@@ -133,10 +140,11 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     if not _dedupe(models) and not (out / "zoo.json").is_file():
         raise ZooError(_NO_MODELS)
     main = is_main_process()
+    data, config = _load_data(config, progress and main)  # identified by content before any record is compared
     zoo = _Zoo(out=out, config=config, settings=config.settings(), main=main, progress=progress, say_now=log or print)
     zoo.names, zoo.records, done = _start(zoo, _dedupe(models), allow_changes)
     mine = zoo.names if shard is None else zoo.names[shard[0]::shard[1]]
-    data = _load_data(config, progress and main, decode=any(name not in done for name in mine))
+    data = _decoded(config, data, progress and main, decode=any(name not in done for name in mine))
     summary = ZooSummary(records=[], out=out)
     bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
                disable=not (progress and main))
@@ -147,9 +155,8 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
         if name in done:
             say(f"{where}: measured before, kept")
             summary.skipped.append(name)
-        elif _measure_one(zoo, name, data, say, where) is None:
-            say(f"{where}: measured by another shard, skipped")
-            summary.skipped.append(name)
+        elif _measure_one(zoo, name, data, say, where) is None:  # locked by another process (said), or done since
+            (summary.skipped if name in _measured_now(zoo, name) else summary.locked).append(name)
         else:
             summary.measured.append(name)
     bar.close()
@@ -187,13 +194,19 @@ def _start(zoo: _Zoo, asked: list[str], allow_changes: bool) -> tuple[list[str],
     return names, records, done
 
 
-def _load_data(config: ZooConfig, progress: bool, decode: bool) -> Any:
-    """The zoo's images; decoded once for every model (``shared_decode``) when a model is to be measured."""
-    from ...data import load_split
-    from ...eval_data import DecodedImages
+def _load_data(config: ZooConfig, progress: bool) -> tuple[Any, ZooConfig]:
+    """(the zoo's split, not decoded; ``config`` with its ``data_fingerprint``: what the split holds)."""
+    from ...data import content_fingerprint, load_split
 
     data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
                       revision=config.revision, streaming=config.streaming)
+    return data, replace(config, data_fingerprint=content_fingerprint(data, progress=progress))
+
+
+def _decoded(config: ZooConfig, data: Any, progress: bool, decode: bool) -> Any:
+    """The zoo's images, decoded once for every model (``shared_decode``) when a model is to be measured."""
+    from ...eval_data import DecodedImages
+
     if config.shared_decode and decode:
         # decoded once here and resized once per input configuration, for every model: the same batches
         # bit for bit as decoding them for each model (tests/test_zoo.py; benchmarks/bench_zoo.py)
@@ -204,12 +217,15 @@ def _load_data(config: ZooConfig, progress: bool, decode: bool) -> Any:
 def _measure_one(zoo: _Zoo, name: str, data: Any, say: Callable[[str], None], where: str) -> ZooModel | None:
     """Measure one model under its lock and write its record and the table so far; None when another shard
     measures it (or has since)."""
-    lock = _model_lock(zoo.out, name) if zoo.main else None
+    lock, held = _model_lock(zoo.out, name) if zoo.main else (None, "")
     # every process of a launch measures the same models: main's lock decides for all
     taken = broadcast_object(lock is not None if zoo.main else None)
+    if not taken and held:
+        say(f"{where}: not measured here: {held}")
     if taken and zoo.main and not _still_to_measure(zoo.out, name, zoo.settings):
         lock.release()
         taken = False
+        say(f"{where}: measured by another shard since the plan, kept")
     taken = broadcast_object(taken)
     if not taken:
         return None
@@ -236,10 +252,29 @@ def _finish(zoo: _Zoo, summary: ZooSummary, say: Callable[[str], None]) -> None:
         return
     with _index_lock(zoo.out, zoo.say_now):
         summary.records, missing = read_records(zoo.out, zoo.names)
+        check_records(zoo.out, summary.records, zoo.settings)
         write_outputs(summary.records, zoo.out, zoo.config)
     if missing:
         say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
             f"{' ...' if len(missing) > 5 else ''}")
+
+
+def check_records(out: Path, records: Sequence[ZooModel], settings: dict[str, Any]) -> None:
+    """ZooError (one line) when a measured record was made with other settings or other data than the zoo's
+    ``settings``: one table would mix two measurements (a shard run on other images, a record copied in)."""
+    other: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for record in records:
+        if record.status == "ok":
+            changes = settings_changes("zoo", settings, record.settings)
+            if changes:
+                other[record.model] = changes
+    if other:
+        first = next(iter(other.values()))
+        raise ZooError(f"{out}: the record(s) of {len(other)} model(s) ({', '.join(list(other)[:5])}"
+                       f"{' ...' if len(other) > 5 else ''}) were measured with other settings or data than the zoo's "
+                       f"(the zoo's -> the record's: {describe_changes(first)}): one table would mix "
+                       "them; measure them again into this zoo (posgeom zoo --data D --out DIR --allow-changes), or "
+                       "keep them in another --out")
 
 
 def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[ZooSummary, list[str]]:
@@ -252,6 +287,7 @@ def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[
     config = config or config_from_settings(index.settings)
     with _index_lock(out, print):
         records, missing = read_records(out, index.models)
+        check_records(out, records, index.settings)
         write_outputs(records, out, config)
     return ZooSummary(records=records, out=out), missing
 
@@ -283,9 +319,12 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
                     stale.add(name)
                     changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
     if changes and not allow_changes:
-        raise ZooError(f"{out} was measured with other settings ({describe_changes(changes)}); pass --allow-changes "
-                       "to measure its models again with these (former records are kept as .replaced-N), or choose "
-                       "another --out")
+        data = changes.pop("data_fingerprint", None)  # said alone when no other setting explains it
+        what = (f"other settings ({describe_changes(changes)})" if changes else
+                f"other data: the images under --data are not the ones it measured (their content fingerprint "
+                f"{data[0] or 'not recorded'} -> {data[1]})")
+        raise ZooError(f"{out} was measured with {what}; pass --allow-changes to measure its models again with these "
+                       "(former records are kept as .replaced-N), or choose another --out")
     # main's view in every process: every process then measures the same models in the same order, even
     # when one read the records while main was writing one
     names, done = broadcast_object((names, {n for n, r in records.items()

@@ -5,12 +5,13 @@ import csv
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...jsonio import write_atomic
 from ..records import ZooModel
+from ..rundir import set_aside
 from .config import SWEEP_SHIFTS, ZooConfig, _num
 
 
@@ -168,8 +169,36 @@ def _ssdc_columns(row: dict[str, str], r: ZooModel) -> None:
     row["delta_ssdc_rpi_ci_low"], row["delta_ssdc_rpi_ci_high"] = _fmt(low), _fmt(high)
 
 
-def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig) -> Path:
-    """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically."""
+def keep_if_shrinking(path: Path, models: Sequence[str], log: Callable[[str], None] | None = print) -> Path | None:
+    """Before ``zoo.csv`` at ``path`` is written again with rows for ``models``: when it has rows of models
+    not among them (their records gone: a partial copy of a zoo, a shard's folder), it is their only copy, so it
+    is kept as ``zoo.csv.replaced-N`` (and ``zoo.md`` beside it likewise), said through ``log``. Returns the
+    path it was kept as, or None when nothing would be lost."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            before = [row.get("model") for row in csv.DictReader(f)]
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, csv.Error):  # unreadable: kept as it is, not overwritten
+        before = [None]
+    lost = [m for m in before if m not in set(models)]
+    if not lost:
+        return None
+    kept = set_aside(path)
+    md = path.with_name("zoo.md")
+    kept_md = set_aside(md) if md.is_file() else None
+    if log is not None:
+        log(f"kept the former {path.name} as {kept.name}{f' (and {md.name} as {kept_md.name})' if kept_md else ''}: it "
+            f"has rows of {len(lost)} model(s) without a record now ({', '.join(str(m) for m in lost[:5])}"
+            f"{' ...' if len(lost) > 5 else ''})")
+    return kept
+
+
+def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig,
+              log: Callable[[str], None] | None = print) -> Path:
+    """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically; a former one with rows of other
+    models is kept beside it first (:func:`keep_if_shrinking`), never lost."""
+    keep_if_shrinking(path, [r.model for r in records], log)
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
     writer.writeheader()
