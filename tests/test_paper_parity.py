@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from timm_posgeom.app.recipe import load_recipe
-from timm_posgeom.app.train.build import _optimisation
+from timm_posgeom.app.train.build import build_optimizer
 
 CONDITIONS = ("ape", "nope", "sincos", "rope", "rpt")
 PAPER_PE = {"ape": True, "rpt": True, "nope": False, "sincos": False, "rope": False}
@@ -251,7 +251,7 @@ def test_timm_layout_is_unchanged_by_default():
 def test_paper_recipes_decay_every_parameter(condition):
     recipe = load_recipe(f"in100_paper_{condition}")
     model = _recipe_model(condition, device="cpu", init="timm")  # the init does not matter here: faster
-    optimizer, *_ = _optimisation(recipe, model, 100, total_steps=10, steps_per_epoch=10)
+    optimizer = build_optimizer(recipe, model)
     assert type(optimizer) is torch.optim.Adam  # coupled L2: weight_decay is added to the gradient
     decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -279,3 +279,23 @@ def test_export_records_the_layout_and_local_dir_rebuilds_it(tmp_path):
     torch.testing.assert_close(loaded.eval()(x), mine.eval()(x))
     card = render_card(tmp_path / "run")
     assert "layout-paper" in card and "no final LayerNorm" in card
+
+
+@pytest.mark.parametrize("variant", ["nope", "ape", "sincos", "rope", "ape_rpt"])
+def test_every_variant_runs_and_probes_in_the_papers_layout(variant):
+    """The paper's layers under every PE (RoPE rotates q and k in timm's AttentionRope), probed under RPI."""
+    from timm_posgeom import probe_ssdc
+
+    torch.manual_seed(0)
+    m = timm.create_model(f"posgeom_vit_micro_patch8_64_{variant}", num_classes=10, img_size=32, embed_dim=32,
+                          depth=2, num_heads=2, layout="paper", init="paper", pos_drop_rate=0.1, mlp_drop_rate=0.1)
+    x = torch.randn(4, 3, 32, 32)
+    m.train()(x).sum().backward()
+    assert all(p.grad is not None for n, p in m.named_parameters() if n != "pos_embed" or m.pe == "ape")
+    res = probe_ssdc(m.eval(), x, rpi=True, seed=0, batch_size=4)
+    assert len(res.per_layer) == 2
+    if variant == "rope":  # a key bias changes the output under RoPE (rotated with the key's position)
+        ref = m(x)
+        with torch.no_grad():
+            m.blocks[0].attn.qkv.bias[32:64] += 1.0
+        assert not torch.allclose(m(x), ref, atol=1e-4)
