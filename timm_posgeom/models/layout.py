@@ -8,7 +8,8 @@ key bias, and drop path rising linearly from 0 to ``drop_path_rate`` over the bl
 ``paper``: the layers of the paper's code (github.com/mahmoud-mannes/vit-encoding-paper,
 ``code/src/main/model.py``):
 
-* the same pre-norm blocks ``x + DropPath(MSA(LN(x)))``, ``x + DropPath(MLP(LN(x)))``;
+* the same pre-norm blocks ``x + DropPath(MSA(LN(x)))``, ``x + DropPath(MLP(LN(x)))``, each LayerNorm with
+  PyTorch's default epsilon 1e-5 (timm's is 1e-6);
 * **no final LayerNorm**: the class token of the last block goes straight to one ``Linear`` head;
 * one fused ``qkv`` Linear **with its whole bias** (key bias included: with RoPE the key bias is rotated
   per position, so a zero key bias is not equivalent there), timm's ``AttentionRope``;
@@ -24,10 +25,11 @@ kwargs cannot express (per-site dropout in the MLP and attention output, the pap
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch.nn as nn
-from timm.layers import DropPath
+from timm.layers import DropPath, LayerNorm
 
 __all__ = ["LAYOUTS", "eva_layout_kwargs", "apply_layout"]
 
@@ -37,7 +39,7 @@ LAYOUTS = ("timm", "paper")
 _PAPER_EVA = dict(attn_type="rope", qkv_fused=True, qkv_bias=True, use_post_transformer_norm=False, use_fc_norm=False,
                   use_pre_transformer_norm=False, use_post_norm=False, init_values=None, scale_attn_inner=False,
                   scale_mlp=False, swiglu_mlp=False, qk_norm=False, class_token=True, no_embed_class=False,
-                  num_reg_tokens=0)
+                  num_reg_tokens=0, norm_layer=partial(LayerNorm, eps=1e-5))
 # dropout sites the paper's model does not have
 _PAPER_NO_DROP = {"proj_drop_rate": "after attn.proj and mlp.fc2", "drop_rate": "on the head"}
 
@@ -53,7 +55,8 @@ def eva_layout_kwargs(layout: str, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     for key, value in _PAPER_EVA.items():
         if key in kwargs and kwargs[key] != value:
-            raise ValueError(f"layout='paper' sets {key}={value!r}; got {kwargs[key]!r}")
+            shown = "LayerNorm(eps=1e-5)" if key == "norm_layer" else repr(value)
+            raise ValueError(f"layout='paper' sets {key}={shown}; got {kwargs[key]!r}")
     for key, where in _PAPER_NO_DROP.items():
         if kwargs.get(key, 0.0):
             raise ValueError(f"layout='paper' has no dropout {where} ({key}={kwargs[key]}): the paper's model "
