@@ -191,12 +191,14 @@ def _specs(args, scratch: Path) -> list[dict]:
     """Every run of the ladder: its recipe (as a dict), scratch folder and record file."""
     widths, lrs, seeds = ((32,), LRS, (0,)) if args.tiny else (WIDTHS, LRS, SEEDS)
     extra = tuple(TINY_RUN) if args.tiny else ()
+    # the runs work in the repository root: the data as a path from there (relative, as the studies record it)
+    data = None if args.tiny else os.path.relpath(Path(args.data).resolve(), ROOT)
     specs = []
     for width in widths:
         for lr in lrs:
             for seed in seeds:
                 name = f"w{width}_lr{lr:g}_s{seed}"
-                recipe = ladder_recipe(width, lr, seed, None if args.tiny else args.data, extra)
+                recipe = ladder_recipe(width, lr, seed, data, extra)
                 specs.append(dict(name=name, width=width, lr=lr, seed=seed, recipe=recipe.to_dict(),
                                   run_dir=str(scratch / "runs" / name), record=str(scratch / "records" / f"{name}.json"),
                                   probe_images=16 if args.tiny else PROBE_IMAGES,
@@ -269,6 +271,17 @@ def _log_tails(scratch: Path, lines: int = 30) -> str:
     return "\n".join(parts)
 
 
+def _free_device_memory() -> None:
+    """Give the throughput model's memory back before the runs start (they share the GPU)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _versions() -> dict:
     import platform
 
@@ -301,6 +314,7 @@ def run(args) -> int:
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     if "throughput" in args.stages:
         result = throughput(args.tiny, seconds=0.0 if args.tiny else args.throughput_s)
+        _free_device_memory()
         (out / "throughput.json").write_text(json.dumps(result, indent=1))
         log(f"throughput: {result['train']['images_per_s']:.0f} training images/s (batch {result['train']['batch']}), "
             f"one paper run {result['paper_run']['gpu_hours']:.2f} GPU-hours")
