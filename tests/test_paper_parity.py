@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 
 from timm_posgeom.app.recipe import load_recipe
-from timm_posgeom.app.train.build import build_optimizer
 
 CONDITIONS = ("ape", "nope", "sincos", "rope", "rpt")
 PAPER_PE = {"ape": True, "rpt": True, "nope": False, "sincos": False, "rope": False}
@@ -252,6 +251,8 @@ def test_timm_layout_is_unchanged_by_default():
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("condition", CONDITIONS)
 def test_paper_recipes_decay_every_parameter(condition):
+    from timm_posgeom.app.train.build import build_optimizer
+
     recipe = load_recipe(f"in100_paper_{condition}")
     model = _recipe_model(condition, device="cpu", init="timm")  # the init does not matter here: faster
     optimizer = build_optimizer(recipe, model)
