@@ -61,6 +61,7 @@ def test_tiny_ladder_trains_and_measures_each_run(tiny):
         assert rpi["per_layer"] == pytest.approx([(a + b) / 2 for a, b in zip(*rpi["per_permutation"])])
         assert rpi["delta"] == pytest.approx(rpi["per_layer"][1] - rpi["per_layer"][0])
         assert rpi["per_permutation"][0] != rpi["per_permutation"][1]  # two permutations, two results
+        assert rpi["seeds"] == [0, 1] and len(rpi["delta_ci"]) == 2 and len(rpi["per_layer_ci"]) == 4
         assert len(r["ssdc"]) == 4 and r["probe_images"] == 12  # the tiny validation split has 12 images
         assert [h["step"] for h in r["history"] if h["kind"] == "eval"] == [3]
     assert "deadline" not in (tiny[0] / "log.txt").read_text()

@@ -13,7 +13,7 @@
    experiments/scaling/make_imagenette64.py makes. All 12 train at once, one process each on the one GPU; each
    then measures itself there: top-1 on the validation split, and SSDC per layer (the paper's site, mean-map
    reduction, the first 1,000 validation images) without and under RPI with 10 permutations (seeds 0-9, the
-   study's), delta SSDC = layer 1 - layer 0.
+   study's protocol), delta SSDC = layer 1 - layer 0 of their mean, with its interval over the permutations.
 
 The weights stay in a scratch folder; ``--out`` receives four small files: ``plan.json`` (settings, versions,
 timings), ``throughput.json``, ``ladder.jsonl`` (one record per run, with its training log) and ``log.txt``. A
@@ -57,18 +57,19 @@ def ladder_recipe(width: int, lr: float, seed: int, data: str | None, extra: tup
     return load_recipe(RECIPES / "imagenette_cpu_ape.yaml", overrides)
 
 
-def rpi_ssdc(model, loader_fn, permutations: int, device) -> dict:
-    """SSDC per layer under RPI for permutation seeds 0 .. permutations - 1 (the study's), their mean and delta
-    SSDC (layer 1 - layer 0) of each and of the mean. One place for the call: ``probe_ssdc`` may take the
-    permutations itself one day."""
+def rpi_ssdc(model, loader, permutations: int, device) -> dict:
+    """SSDC per layer under RPI as the study measures it: ``probe_ssdc`` over ``permutations`` permutations
+    (seeds 0 .. permutations - 1), their mean with its 95% interval, each permutation's values, and delta SSDC
+    (layer 1 - layer 0) with its interval over the permutations."""
     from timm_posgeom import probe_ssdc
 
-    rows = [list(probe_ssdc(model, loader_fn(), rpi=True, seed=s, reduction="mean_map", device=device,
-                            progress=False).per_layer) for s in range(permutations)]
-    mean = [sum(col) / len(col) for col in zip(*rows)]
-    return dict(permutations=permutations, per_permutation=rows, per_layer=mean,
-                delta=mean[1] - mean[0] if len(mean) > 1 else None,
-                delta_per_permutation=[r[1] - r[0] for r in rows] if len(mean) > 1 else None)
+    res = probe_ssdc(model, loader, rpi=True, seed=0, rpi_permutations=permutations, reduction="mean_map",
+                     device=device, progress=False)
+    two = len(res.per_layer) > 1
+    return dict(permutations=permutations, seeds=list(res.settings["permutation_seeds"]),
+                per_permutation=res.by_permutation, per_layer=list(res.per_layer),
+                per_layer_ci=[list(c) for c in res.per_layer_ci] if res.per_layer_ci else None,
+                delta=res.delta if two else None, delta_ci=list(res.delta_ci) if two else None)
 
 
 def top1(model, loader, device) -> tuple[float, int]:
@@ -100,9 +101,9 @@ def measure(run_dir: Path, recipe, probe_images: int, permutations: int) -> dict
         return tp.eval_loader(model, val, max_images=probe_images, batch_size=128, resize="paper", num_workers=0)
 
     acc, n = top1(model, tp.eval_loader(model, val, batch_size=256, resize="paper", num_workers=0), device)
-    plain = tp.probe_ssdc(model, probe_loader(), device=device, progress=False)
+    plain = tp.probe_ssdc(model, probe_loader(), seed=0, device=device, progress=False)
     return dict(top1=acc, val_images=n, ssdc=list(plain.per_layer), probe_images=int(plain.settings["n_images"]),
-                rpi=rpi_ssdc(model, probe_loader, permutations, device))
+                rpi=rpi_ssdc(model, probe_loader(), permutations, device))
 
 
 def child(spec_path: Path) -> None:
