@@ -205,7 +205,7 @@ def width_table(by_ladder: dict[str, dict[int, dict[str, list]]]) -> list[str]:
             ape, nope = by.get("ape", []), by.get("nope", [])
             rows.append(f"| {name or '-'} | {width} | {width // 32} | {_cell([d for d, _ in ape])} "
                         f"| {_cell([d for d, _ in nope])} | {len(ape)} / {len(nope)} |")
-    rows.append(f"| the paper (ViT-S/16, IN-100, 14 x 14) | 384 | 6 (size 64) | {PAPER_APE_DELTA[1.0]} | - | 4 / - |")
+    rows.append(f"| the paper (ViT-S/16, IN-100, 14 x 14) | 384 | 8 (size 48) | {PAPER_APE_DELTA[1.0]} | - | 4 / - |")
     return rows
 
 

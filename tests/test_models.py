@@ -47,13 +47,24 @@ def test_micro_models_are_small_and_only_the_pe_differs():
     assert params["posgeom_vit_micro_patch8_64_ape"]["pos_embed"] == (1, 65, 128)  # class-token row included
 
 
-def test_paper_configuration_through_kwargs():
+def test_timm_layout_dropout_kwargs():
     m = timm.create_model("posgeom_vit_small_patch16_224_ape", num_classes=100, num_heads=8, drop_rate=0.15,
                           proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2)
     assert m.blocks[0].attn.num_heads == 8
     assert m.blocks[0].attn.attn_drop.p == 0.15 and m.blocks[0].attn.proj_drop.p == 0.15
     assert m.pos_drop.p == 0.15 and m.head_drop.p == 0.15
     assert abs(m.blocks[-1].drop_path1.drop_prob - 0.2) < 1e-6
+
+
+def test_paper_configuration_through_kwargs():
+    """The paper's ViT-S as the README writes it (tests/test_paper_parity.py checks it against the paper's)."""
+    m = timm.create_model("posgeom_vit_small_patch16_224_ape", num_classes=100, num_heads=8, layout="paper",
+                          pos_drop_rate=0.15, attn_drop_rate=0.15, mlp_drop_rate=0.15, drop_path_rate=0.2, init="paper")
+    assert m.blocks[0].attn.num_heads == 8 and m.blocks[0].attn.head_dim == 48
+    assert m.blocks[0].attn.attn_drop.p == m.blocks[0].mlp.drop1.p == m.pos_drop.p == 0.15
+    assert m.blocks[0].attn.proj_drop.p == m.blocks[0].mlp.drop2.p == m.head_drop.p == 0.0
+    assert abs(m.blocks[-1].drop_path1.drop_prob - 11 * 0.2 / 12) < 1e-6
+    assert isinstance(m.norm, torch.nn.Identity) and sum(p.numel() for p in m.parameters()) == 21_703_396
 
 
 @pytest.mark.parametrize("pe", ["ape", "sincos", "rope"])

@@ -363,9 +363,10 @@ def test_shipped_recipes(family, variant):
         assert recipe.img_size == 224 and recipe.augment == "none" and recipe.eval_resize == "paper"
         assert recipe.data == "clane9/imagenet-100" and recipe.sched == "none"
         assert model.blocks[0].attn.num_heads == 8 and model.embed_dim == 384 and len(model.blocks) == 12
-        kw = recipe.model_kwargs
-        assert kw["drop_rate"] == kw["proj_drop_rate"] == kw["attn_drop_rate"] == kw["pos_drop_rate"] == 0.15
-        assert kw["drop_path_rate"] == 0.2
+        kw = recipe.model_kwargs  # the paper's layers and sites (tests/test_paper_parity.py checks them all)
+        assert kw["layout"] == "paper" and kw["mlp_drop_rate"] == kw["attn_drop_rate"] == kw["pos_drop_rate"] == 0.15
+        assert kw["drop_path_rate"] == 0.2 and "drop_rate" not in kw and "proj_drop_rate" not in kw
+        assert recipe.interpolation == "bilinear" and not recipe.wd_exclude_1d and not recipe.wd_exclude_model
     if family == "imagenette_cpu":
         assert recipe.img_size == 64 and recipe.cache and recipe.augment == "crop_flip" and recipe.crop_pad == 4
         # relative to the working directory (the repository root for a checkout); users pass --data

@@ -58,6 +58,7 @@ def architecture_args(model) -> dict[str, Any]:
     implies (PE type, alpha, token shuffle, width, depth, heads, patch and image size), so a config
     rebuilds the exact model even if a registered default changes later. ``init`` (``timm`` or
     ``paper``) is recorded too: loaded weights do not depend on it, but a config says how the run began.
+    ``layout`` (``timm`` or ``paper``) must be: the two layouts hold different parameters.
     """
     from ..models import PosGeomViT
 
@@ -70,6 +71,7 @@ def architecture_args(model) -> dict[str, Any]:
         patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
         img_size=int(img[0]) if img[0] == img[1] else list(img),
         num_classes=model.num_classes, global_pool=model.global_pool, init=getattr(model, "init", "timm"),
+        layout=getattr(model, "layout", "timm"),
     )
 
 
@@ -201,7 +203,7 @@ def _recipe_data(path: Path) -> str | None:
 _CARD_ARGS = ("pe", "alpha", "token_shuffle", "embed_dim", "depth", "num_heads", "img_size", "patch_size",
               "num_classes", "init")
 # card args an export may lack: exports made before the argument existed, with its value then
-_CARD_ARG_DEFAULTS = {"init": "timm"}
+_CARD_ARG_DEFAULTS = {"init": "timm", "layout": "timm"}
 
 _INIT_TEXT = {
     "timm": "",
@@ -210,12 +212,20 @@ _INIT_TEXT = {
 }
 
 
+_LAYOUT_TEXT = {
+    "timm": "",
+    "paper": (" Layers as in the paper's code: no final LayerNorm (the class token goes straight to the linear "
+              "head), dropout only on the embedding, inside attention and after the MLP's GELU."),
+}
+
+
 def _card_args(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The architecture arguments a card shows, from config.json's ``model_args`` (written by
     :func:`export_for_hub` for every timm-posgeom model); a clear error for any other export."""
     args = dict(_CARD_ARG_DEFAULTS, **(config.get("model_args") or {}))
     missing = [k for k in _CARD_ARGS if k not in args]
-    if missing or args.get("pe") not in _PE_TEXT or args.get("init") not in _INIT_TEXT:
+    if missing or args.get("pe") not in _PE_TEXT or args.get("init") not in _INIT_TEXT or \
+            args.get("layout") not in _LAYOUT_TEXT:
         raise HubExportError(f"{path}: model_args lacks {', '.join(missing) or 'a known pe or init'}: not an export of a "
                              "timm-posgeom model (posgeom train writes them)")
     return args
@@ -256,8 +266,9 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding", f"pe-{pe}"]
     if token_shuffle == "train":
         tags.append("random-permutation-training")
-    if args["init"] != "timm":
-        tags.append(f"init-{args['init']}")
+    for key in ("init", "layout"):
+        if args[key] != "timm":
+            tags.append(f"{key}-{args[key]}")
     card_data = ModelCardData(
         library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
         # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
@@ -268,7 +279,7 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     if token_shuffle == "train":
         pe_title += ", trained with random token permutation (RPT)"
         pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
-    pe_description += _INIT_TEXT[args["init"]]
+    pe_description += _INIT_TEXT[args["init"]] + _LAYOUT_TEXT[args["layout"]]
     figures = sorted(p.name for p in run.glob("*.png"))
     # the training's own numbers (steps, epochs, time) describe these weights only if the run exported them
     trained = summary if summary is not None and sha1 in (summary.export_sha1, summary.export_ema_sha1) else None

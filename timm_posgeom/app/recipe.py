@@ -75,7 +75,10 @@ class Recipe:
     opt: str = "adamw"  # timm create_optimizer_v2 name
     lr: float = 1e-3
     weight_decay: float = 0.05
-    wd_exclude_1d: bool = True  # no weight decay on biases, norms and position tables (timm default)
+    wd_exclude_1d: bool = True  # no weight decay on biases and norms, 1-d parameters (timm default)
+    # no weight decay on what the model lists in no_weight_decay() (timm's models: class token, position table);
+    # false with wd_exclude_1d false: every parameter decays (the paper: Adam's coupled L2 on all of them)
+    wd_exclude_model: bool = True
     momentum: float = 0.9
     opt_betas: list[float] | None = None
     opt_eps: float | None = None

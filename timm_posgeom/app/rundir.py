@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import PosgeomError
 from ..jsonio import to_jsonable
 
-__all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "settings_changes", "describe_changes", "set_aside"]
+__all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "LEGACY_KEYS", "settings_changes", "describe_changes", "set_aside"]
 
 # For each kind of folder, the settings that change how it is made (logged, saved, loaded, how fast, which
 # runs a study holds), never its weights or its numbers; a change of any other setting is a change of result.
@@ -42,6 +42,14 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
 }
 
 
+# Settings added to a kind of folder since folders of that kind were first made, with the value a folder that
+# did not record them was made with: a recipe.yaml written before ``wd_exclude_model`` existed excluded the
+# model's no_weight_decay() parameters (timm's behaviour), so resuming it is no change.
+LEGACY_KEYS: dict[str, dict[str, Any]] = {
+    "recipe": {"wd_exclude_model": True},
+}
+
+
 class RunDirError(PosgeomError, RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, not a run, or holding another recipe)."""
 
@@ -49,8 +57,11 @@ class RunDirError(PosgeomError, RuntimeError):
 def settings_changes(kind: str, saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, asked)}`` for every key outside ``NEUTRAL_KEYS[kind]`` whose value differs, the
     values compared as JSON (a tuple equals the list it was written as), in key order. KeyError for an
-    unknown ``kind``; TypeError for a value with no JSON form."""
+    unknown ``kind``; TypeError for a value with no JSON form. A key a non-empty side predates
+    (``LEGACY_KEYS``) counts as the value it was made with."""
     neutral = NEUTRAL_KEYS[kind]
+    legacy = LEGACY_KEYS.get(kind, {})
+    saved, asked = ({**legacy, **side} if side else side for side in (saved, asked))
     saved, asked = to_jsonable(saved), to_jsonable(asked)
     keys = (set(saved) | set(asked)) - neutral
     return {k: (saved.get(k), asked.get(k)) for k in sorted(keys) if saved.get(k) != asked.get(k)}

@@ -9,9 +9,10 @@ variable is the positional encoding (PE):
 * ``rope``   - 2-D axial RoPE (base 10000) on the patch tokens' queries and keys; prefix tokens not rotated
 
 plus ``alpha`` (scale of the PE at inference), ``token_shuffle`` (random permutation of the patch
-tokens after the patch embedding and before any PE: ``train`` is the paper's RPT) and ``init`` (``timm``'s
+tokens after the patch embedding and before any PE: ``train`` is the paper's RPT), ``init`` (``timm``'s
 initialisation, or ``paper``: the paper code's PyTorch-default initialisation, see
-:meth:`PosGeomViT.init_weights_paper`).
+:meth:`PosGeomViT.init_weights_paper`) and ``layout`` (``timm``'s layers, or ``paper``: the layers of the
+paper's code, no final norm and dropout only where it drops; see :mod:`timm_posgeom.models.layout`).
 
 Papers:
 * `Positional Encodings Anchor Spatial Structure in Vision Transformers: A Geometric Perspective on
@@ -36,8 +37,9 @@ from timm.models.eva import Eva
 from ..pos.common import PE_TYPES, TOKEN_SHUFFLE_MODES, check_alpha
 from ..pos.rope import ScaledRotaryEmbeddingCat
 from ..pos.sincos import sincos_2d
+from .layout import LAYOUTS, apply_layout, eva_layout_kwargs
 
-__all__ = ["PosGeomViT", "INIT_TYPES"]
+__all__ = ["PosGeomViT", "INIT_TYPES", "LAYOUTS"]
 
 # ``timm``: timm's Eva init (trunc-normal std 0.02 for Linear weights, PE and class token, zero biases, the
 # depth rescale of attn.proj / mlp.fc2, head scaled by 0.001). ``paper``: the paper's code
@@ -62,6 +64,12 @@ class PosGeomViT(Eva):
         init: ``timm`` (timm's Eva initialisation, the default) or ``paper`` (the paper code's
             initialisation, PyTorch's defaults: see :meth:`init_weights_paper`). Applied after timm's
             own init; kept as ``self.init`` and in exported configs. Loading weights overwrites it.
+        layout: ``timm`` (timm's Eva layers, the default) or ``paper`` (the paper code's layers: no final
+            norm, a fused qkv Linear with its whole bias, dropout only on the embedding sum, inside
+            attention and after the MLP's GELU, the paper's drop path rule; :mod:`timm_posgeom.models.layout`).
+            Kept as ``self.layout`` and in exported configs: the two hold different parameters.
+        mlp_drop_rate: dropout after the MLP's activation (``mlp.drop1``; the paper's "Dropout (MLP)").
+            None: ``proj_drop_rate`` under ``layout='timm'`` (timm's), 0 under ``layout='paper'``.
 
     The defaults give a standard ViT: class token, token pooling, no layer scale, qkv bias.
     """
@@ -76,24 +84,15 @@ class PosGeomViT(Eva):
             rope_temperature: float = 10000.0,
             global_pool: str = "token",
             init: str = "timm",
+            layout: str = "timm",
+            mlp_drop_rate: Optional[float] = None,
             **kwargs: Any,
     ):
-        if init not in INIT_TYPES:
-            raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
-        if pe not in PE_TYPES:
-            raise ValueError(f"unknown positional encoding {pe!r}; expected one of {', '.join(PE_TYPES)}")
-        if token_shuffle not in TOKEN_SHUFFLE_MODES:
-            raise ValueError(
-                f"unknown token_shuffle {token_shuffle!r}; expected one of {', '.join(TOKEN_SHUFFLE_MODES)}")
-        for key in ("use_abs_pos_emb", "use_rot_pos_emb", "rope_type"):
-            if key in kwargs:
-                raise ValueError(f"{key} is set by pe={pe!r}; do not pass it to {type(self).__name__}")
-        if kwargs.get("patch_drop_rate", 0.0):
-            raise ValueError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
+        _check_args(type(self).__name__, pe, token_shuffle, init, layout, global_pool, kwargs)
         alpha = check_alpha(alpha)
         if pe == "none" and alpha != 1.0:
             raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
-        _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
+        kwargs = eva_layout_kwargs(layout, kwargs)
         # the paper init draws from the CPU generator as it stood before timm's init (see init_weights_paper)
         cpu_rng = torch.random.get_rng_state() if init == "paper" else None
         super().__init__(
@@ -102,6 +101,8 @@ class PosGeomViT(Eva):
             use_rot_pos_emb=False,
             **kwargs,
         )
+        self.layout = layout
+        apply_layout(self, layout, mlp_drop_rate, kwargs.get("drop_path_rate", 0.0))
         self.pe = pe
         self.alpha = alpha
         self.token_shuffle = token_shuffle
@@ -282,7 +283,25 @@ class PosGeomViT(Eva):
 
     def extra_repr(self) -> str:
         init = "" if self.init == "timm" else f", init={self.init!r}"
-        return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}{init}"
+        layout = "" if self.layout == "timm" else f", layout={self.layout!r}"
+        return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}{init}{layout}"
+
+
+def _check_args(cls: str, pe: str, token_shuffle: str, init: str, layout: str, global_pool: str,
+                kwargs: dict[str, Any]) -> None:
+    """ValueError (one line) for a constructor argument ``PosGeomViT`` cannot take."""
+    for name, value, allowed in (("init", init, INIT_TYPES), ("positional encoding", pe, PE_TYPES),
+                                 ("token_shuffle", token_shuffle, TOKEN_SHUFFLE_MODES), ("layout", layout, LAYOUTS)):
+        if value not in allowed:
+            raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
+    for key in ("use_abs_pos_emb", "use_rot_pos_emb", "rope_type"):
+        if key in kwargs:
+            raise ValueError(f"{key} is set by pe={pe!r}; do not pass it to {cls}")
+    if kwargs.get("patch_drop_rate", 0.0):
+        raise ValueError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
+    if layout == "paper" and global_pool != "token":
+        raise ValueError(f"layout='paper' classifies the class token (global_pool='token'), got {global_pool!r}")
+    _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
 
 
 @torch.no_grad()
@@ -291,8 +310,8 @@ def _init_attention_paper(attn: Any, reset: Callable[[Optional[nn.Module]], None
     v biases cut from one 3*D draw as the paper's fused bias (the key bias stays Eva's zero), or on the q, k,
     v Linears; then on the output projection."""
     if attn.qkv is not None:
-        reset(attn.qkv)
-        if attn.q_bias is not None:
+        reset(attn.qkv)  # timm's AttentionRope (layout='paper'): the whole bias, as the paper's
+        if getattr(attn, "q_bias", None) is not None:  # eva's EvaAttention: q and v biases outside the Linear
             bound = 1.0 / math.sqrt(attn.qkv.in_features)
             bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device,
                                dtype=attn.q_bias.dtype).uniform_(-bound, bound)
@@ -431,8 +450,8 @@ def posgeom_vit_tiny_patch16_224_ape_rpt(pretrained: bool = False, **kwargs) -> 
 
 @register_model
 def posgeom_vit_small_patch16_224_nope(pretrained: bool = False, **kwargs) -> PosGeomViT:
-    """ViT-S/16 without positional encoding. The paper's setup: ``num_heads=8, drop_rate=0.15,
-    proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2``."""
+    """ViT-S/16 without positional encoding. The paper's setup: ``num_heads=8, layout="paper", pos_drop_rate=0.15,
+    attn_drop_rate=0.15, mlp_drop_rate=0.15, drop_path_rate=0.2, init="paper"``."""
     return _build("small", "nope", pretrained, kwargs)
 
 

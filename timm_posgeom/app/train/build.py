@@ -23,7 +23,7 @@ from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
 
-__all__ = ["Session", "build_session", "build_data"]
+__all__ = ["Session", "build_session", "build_data", "build_optimizer"]
 
 
 @dataclass
@@ -165,17 +165,38 @@ def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return tuple(cfg["mean"]), tuple(cfg["std"])
 
 
+def _groups_without_model_list(recipe: Recipe):
+    """A timm ``param_group_fn`` that ignores the model's ``no_weight_decay()`` (which timm's optimizer factory
+    honours whatever ``filter_bias_and_bn`` says): with ``wd_exclude_1d`` false, one group, every trainable
+    parameter at the recipe's weight decay; with it true, biases and norms (1-d) at 0 and the rest decayed."""
+    from timm.optim import param_groups_weight_decay
+
+    def groups(model: nn.Module):
+        return param_groups_weight_decay(model, weight_decay=recipe.weight_decay,
+                                         weight_decay_exclude_1d=recipe.wd_exclude_1d, no_weight_decay_list=())
+    return groups
+
+
+def build_optimizer(recipe: Recipe, model: nn.Module) -> torch.optim.Optimizer:
+    """The recipe's optimizer over ``model``'s parameters (timm's ``create_optimizer_v2``), with the recipe's
+    weight-decay groups (``wd_exclude_1d``, ``wd_exclude_model``)."""
+    from timm.optim import create_optimizer_v2
+
+    opt_kwargs = {k: v for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
+                  if v is not None}
+    return create_optimizer_v2(model, opt=recipe.opt, lr=recipe.lr, weight_decay=recipe.weight_decay,
+                               momentum=recipe.momentum, filter_bias_and_bn=recipe.wd_exclude_1d,
+                               param_group_fn=None if recipe.wd_exclude_model else _groups_without_model_list(recipe),
+                               **opt_kwargs)
+
+
 def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_steps: int, steps_per_epoch: int):
     """(optimizer, scheduler, mixup, loss) from timm's factories; the schedule is stepped per update."""
     from timm.data import Mixup
     from timm.loss import SoftTargetCrossEntropy
-    from timm.optim import create_optimizer_v2
     from timm.scheduler import create_scheduler_v2
 
-    opt_kwargs = {k: v for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
-                  if v is not None}
-    optimizer = create_optimizer_v2(model, opt=recipe.opt, lr=recipe.lr, weight_decay=recipe.weight_decay,
-                                    momentum=recipe.momentum, filter_bias_and_bn=recipe.wd_exclude_1d, **opt_kwargs)
+    optimizer = build_optimizer(recipe, model)
     # one timm scheduler "epoch" = one optimizer update
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=recipe.sched, num_epochs=total_steps, warmup_epochs=round(recipe.warmup_epochs * steps_per_epoch),
