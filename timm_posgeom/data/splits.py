@@ -83,9 +83,10 @@ class ImageSplit(Dataset):
             image.load()  # decode now: a damaged file fails here, named, not later inside a transform
             image = to_rgb(image)  # 16-bit, palette, CMYK, alpha: 8-bit RGB, or refused (see to_rgb)
         except Exception as e:  # whatever PIL raises for a truncated, invalid or oversized file (it is many kinds)
+            reason = str(e)
             if isinstance(e, Image.DecompressionBombError):
-                e = f"over PIL's limit of {Image.MAX_IMAGE_PIXELS:,} pixels ({e})"
-            text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its stored bytes", " ".join(str(e).split()))
+                reason = f"over PIL's limit of {Image.MAX_IMAGE_PIXELS:,} pixels ({e})"
+            text = re.sub(r"<_io\.BytesIO object at 0x[0-9a-f]+>", "its stored bytes", " ".join(reason.split()))
             raise BadImageError(f"cannot decode {self.where(index)}: {text}") from None
         return image, label
 

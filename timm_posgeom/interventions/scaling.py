@@ -108,8 +108,9 @@ def _check_finite(model: nn.Module, alpha: float, before: set[int]) -> None:
     when the scaled table would be."""
     scaled = _nonfinite_tensors(model) - before
     if _is_posgeom(model):  # the APE and sincos tables are multiplied by model.alpha in the forward
+        factor = float(model.alpha)  # type: ignore[arg-type]  # a float attribute of PosGeomViT
         for table in (getattr(model, "pos_embed", None), getattr(model, "sincos_embed", None)):
-            if isinstance(table, torch.Tensor) and not bool(torch.isfinite(table * model.alpha).all()):
+            if isinstance(table, torch.Tensor) and not bool(torch.isfinite(table * factor).all()):
                 scaled.add(id(table))
     if scaled:
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

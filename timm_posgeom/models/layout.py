@@ -71,10 +71,13 @@ def apply_layout(model: nn.Module, layout: str, mlp_drop_rate: float | None, dro
     (``proj_drop_rate``) under ``timm`` and means 0 under ``paper``."""
     if mlp_drop_rate is not None and not 0.0 <= mlp_drop_rate < 1.0:
         raise ValueError(f"mlp_drop_rate must be in [0, 1), got {mlp_drop_rate}")
-    depth = len(model.blocks)
-    for i, blk in enumerate(model.blocks):
+    blocks = model.blocks
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"apply_layout takes a model with a ModuleList of blocks, got {type(blocks).__name__}")
+    depth = len(blocks)
+    for i, blk in enumerate(blocks):
         if mlp_drop_rate is not None or layout == "paper":
-            blk.mlp.drop1 = nn.Dropout(mlp_drop_rate or 0.0)
+            blk.get_submodule("mlp").drop1 = nn.Dropout(mlp_drop_rate or 0.0)
         if layout == "paper":
             rate = i * drop_path_rate / depth
             blk.drop_path1 = DropPath(rate) if rate > 0 else nn.Identity()
