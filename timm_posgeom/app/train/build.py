@@ -18,7 +18,7 @@ import yaml
 
 from ...distributed import broadcast_object
 from ...jsonio import dumps
-from ..recipe import Recipe, RecipeError
+from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
@@ -87,18 +87,20 @@ def per_process_batch(accelerator: Any, recipe: Recipe) -> int:
     return batch
 
 
-def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
-    """(classes, train dataset, val dataset, train sampler, val sampler) of the recipe's data."""
+def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any, Any]:
+    """(train split, validation split) of the recipe's data, each cut to its ``max_*_images`` and checked
+    (``bad_images``); the main process first (a download or cache made once)."""
     from ... import data as D
-    from ...transforms import eval_transform
 
-    world, rank = accelerator.num_processes, accelerator.process_index
+    hub = dict(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
     with accelerator.main_process_first():
-        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.train_subset,
-                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.synthetic_size)
-        val_size = max(1, recipe.synthetic_size // 5) if recipe.synthetic_size else None
-        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.val_subset,
-                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=val_size)
+        # on synthetic data, max_*_images is the number of images generated (else 5000 and 1000)
+        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.max_train_images,
+                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_train_images,
+                                   **hub)
+        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.max_val_images,
+                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_val_images,
+                                 **hub)
         # every validation image decoded before the first epoch (a bad one found at the first evaluation
         # cost an epoch per try): by the uint8 cache, which decodes both splits before training (a cache
         # file exists only for splits that decoded), else here; to skip bad images, both are checked first
@@ -107,23 +109,42 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
             val_split = D.check_images(val_split, recipe.bad_images, progress=show)
         if recipe.bad_images == "skip":
             train_split = D.check_images(train_split, "skip", progress=show)
-        if recipe.cache:
-            cache_dir = D.default_cache_dir() if recipe.disk_cache else None
+    return train_split, val_split
+
+
+def _datasets(recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any, mean, std,
+              progress: bool) -> tuple[Any, Any]:
+    """(train dataset, val dataset): the uint8 cache (``cache``) or timm's transforms."""
+    from ... import data as D
+    from ...transforms import eval_transform
+
+    if recipe.cache:
+        show = progress and accelerator.is_main_process
+        cache_dir = D.default_cache_dir() if recipe.disk_cache else None
+        with accelerator.main_process_first():
             train_cache = D.cache_uint8(train_split, recipe.img_size, recipe.interpolation, recipe.workers,
                                         cache_dir, progress=show)
             val_cache = D.cache_uint8(val_split, recipe.img_size, recipe.interpolation, recipe.workers,
                                       cache_dir, progress=show)
-    if recipe.cache:
-        train_ds = D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
-                                        augment=recipe.augment)
-        val_ds = D.CachedEvalDataset(val_cache, mean, std)
-    else:
-        tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
-                               recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
-                               reprob=recipe.reprob, scale=recipe.scale)
-        train_ds = D.TransformDataset(train_split, tf, seed=recipe.seed)
-        config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
-        val_ds = D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize))
+        return (D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
+                                     augment=recipe.augment),
+                D.CachedEvalDataset(val_cache, mean, std))
+    tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
+                           recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
+                           reprob=recipe.reprob, scale=recipe.scale)
+    config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
+    return (D.TransformDataset(train_split, tf, seed=recipe.seed),
+            D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize)))
+
+
+def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
+    """(classes, train dataset, val dataset, train sampler, val sampler, skipped images, data identity) of the
+    recipe's data."""
+    from ... import data as D
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    train_split, val_split = _load_splits(recipe, accelerator, progress)
+    train_ds, val_ds = _datasets(recipe, accelerator, train_split, val_split, mean, std, progress)
     train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
     val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
                                       shuffle=False, drop_last=False)
@@ -210,14 +231,14 @@ def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_step
 
 
 def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
-    """The validation loader and, with ``rpi_ssdc_images``, the loader of the first validation images
+    """The validation loader and, with ``probe_images``, the loader of the first validation images
     on which SSDC under RPI is logged at each evaluation (main process only)."""
     from ...data import EpochBatchSampler, make_loader
 
     val_loader = make_loader(val_ds, val_sampler, recipe.workers, pin_memory=pin)
     rpi_loader = None
-    if recipe.rpi_ssdc_images:
-        first = EpochBatchSampler(min(recipe.rpi_ssdc_images, len(val_ds)), val_sampler.batch_size,
+    if recipe.probe_images:
+        first = EpochBatchSampler(min(recipe.probe_images, len(val_ds)), val_sampler.batch_size,
                                   shuffle=False, drop_last=False)
         rpi_loader = make_loader(val_ds, first, 0)
     return val_loader, rpi_loader
@@ -257,7 +278,8 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
-        changes = settings_changes("recipe", yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+        saved_values = upgrade_keys(yaml.safe_load(saved.read_text()) or {}, warn=False)  # old key names: new ones
+        changes = settings_changes("recipe", saved_values, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
             raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
