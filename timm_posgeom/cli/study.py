@@ -31,11 +31,7 @@ def add_parser(subparsers) -> None:
                         "CPU, about 90 minutes; imagenette-cpu-14: the same at 112 px (the paper's 14 x 14 tokens), "
                         "width 64, CPU, about 45 minutes a model; in100: the paper's protocol on GPUs")
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
-    add_recipe_data_args(p, max_images_help="use at most the first N images of each split, for all the work: the "
-                                            "training runs' (recipe keys max_train_images and max_val_images) and "
-                                            "every measurement; default: the preset's")
-    p.add_argument("--probe-images", type=int, default=None, metavar="N",
-                   help="images of each SSDC probe (default: the preset's, at most --max-images)")
+    _add_data_args(p)
     p.add_argument("--num-seeds", type=int, default=None, metavar="N",
                    help="training runs per condition, seeds 0 .. N-1 (default 1)")
     add_renamed_arg(p, "--seeds", "--num-seeds", type=int)
@@ -55,6 +51,15 @@ def add_parser(subparsers) -> None:
                    help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
                         "model_kwargs.init of every run, after --set). Default: what each recipe says "
                         "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused")
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    """The data flags: the training runs' (:func:`add_recipe_data_args`) and the SSDC probe's count."""
+    add_recipe_data_args(p, max_images_help="use at most the first N images of each split, for all the work: the "
+                                            "training runs' (recipe keys max_train_images and max_val_images) and "
+                                            "every measurement; default: the preset's")
+    p.add_argument("--probe-images", type=int, default=None, metavar="N",
+                   help="images of each SSDC probe (default: the preset's, at most --max-images)")
 
 
 def _terminated(signum, frame) -> None:

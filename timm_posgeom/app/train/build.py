@@ -333,33 +333,39 @@ def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, cha
     return resumed_from
 
 
-def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
-                  allow_changes: bool = False) -> Session:
-    """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
+def _session_data(accelerator, recipe: Recipe, out: Path, mean, std, batch: int, progress: bool, resuming: bool):
+    """The run's data (:func:`build_data`), checked against what a resumed run trained on; the images left
+    out said."""
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
+        recipe, accelerator, mean, std, batch, progress)
+    _check_data(out, identity, resuming, recipe.data, accelerator.is_main_process)
+    if skipped:
+        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
+                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
+    return classes, train_ds, val_ds, train_sampler, val_sampler, skipped
+
+
+def _steps(recipe: Recipe, train_sampler: Any, train_size: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, total steps of the run)."""
+    steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
+    if steps_per_epoch == 0:
+        raise RecipeError(f"the training split ({train_size} items) is smaller than one global batch "
+                          f"({recipe.batch_size})")
+    total_steps = steps_per_epoch * recipe.epochs
+    return steps_per_epoch, min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
+
+
+def _model_and_state(accelerator, recipe: Recipe, num_classes: int, total_steps: int, steps_per_epoch: int):
+    """(model, raw model, optimizer, scheduler, mixup, loss, EMA or None, TrainState): built from the seed,
+    prepared by accelerate, and the state and EMA registered for checkpointing."""
     import timm
     from accelerate.utils import set_seed
     from timm.utils import ModelEmaV3
 
-    batch = per_process_batch(accelerator, recipe)
-    checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
-    mean, std = _data_stats(recipe)
-    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
-        recipe, accelerator, mean, std, batch, progress)
-    _check_data(out, identity, checkpoint is not None, recipe.data, accelerator.is_main_process)
-    if skipped:
-        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
-                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
-    steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
-    if steps_per_epoch == 0:
-        raise RecipeError(f"the training split ({len(train_ds)} items) is smaller than one global batch "
-                          f"({recipe.batch_size})")
-    total_steps = steps_per_epoch * recipe.epochs
-    total_steps = min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
-
     set_seed(recipe.seed, device_specific=True)
-    model = timm.create_model(recipe.model, pretrained=False, num_classes=len(classes), img_size=recipe.img_size,
+    model = timm.create_model(recipe.model, pretrained=False, num_classes=num_classes, img_size=recipe.img_size,
                               **recipe.model_kwargs)
-    optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, len(classes), total_steps, steps_per_epoch)
+    optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, num_classes, total_steps, steps_per_epoch)
     model, optimizer = accelerator.prepare(model, optimizer)
     raw_model = accelerator.unwrap_model(model)
     ema = ModelEmaV3(raw_model, decay=recipe.ema_decay) if recipe.ema else None
@@ -367,25 +373,45 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
+    return model, raw_model, optimizer, scheduler, mixup, loss_fn, ema, state
+
+
+def _setup_line(s: Session, batch: int) -> str:
+    """What the run is, in one line."""
+    return (f"{s.recipe.model}: {sum(p.numel() for p in s.raw_model.parameters()) / 1e6:.2f}M params, "
+            f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images, {s.world} process(es) x "
+            f"batch {batch} x accum {s.recipe.grad_accum}, {s.steps_per_epoch} steps/epoch, {s.total_steps} steps"
+            + (f", resumed from {s.resumed_from}" if s.resumed_from else ""))
+
+
+def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
+                  allow_changes: bool = False) -> Session:
+    """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
+    batch = per_process_batch(accelerator, recipe)
+    checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
+    mean, std = _data_stats(recipe)
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped = _session_data(
+        accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None)
+    steps_per_epoch, total_steps = _steps(recipe, train_sampler, len(train_ds))
+
+    model, raw_model, optimizer, scheduler, mixup, loss_fn, ema, state = _model_and_state(
+        accelerator, recipe, len(classes), total_steps, steps_per_epoch)
     resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None,
                      tracker=accelerator.log if recipe.log_with else None)
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
-    accelerator.print(
-        f"{recipe.model}: {sum(p.numel() for p in raw_model.parameters()) / 1e6:.2f}M params, {len(classes)} classes, "
-        f"{len(train_ds)} train / {len(val_ds)} val images, {accelerator.num_processes} process(es) x batch {batch} x "
-        f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
-        + (f", resumed from {resumed_from}" if resumed_from else ""))
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
     # resumed right after an evaluation (a kill after the final checkpoint): it is not evaluated and logged
     # again (the main process read the log; the others learn the step from it)
     evaluated = broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
-    return Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
+    session = Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
                    first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
                    steps_per_epoch=steps_per_epoch, total_steps=total_steps, state=state, log=log,
                    resumed_from=resumed_from)
+    accelerator.print(_setup_line(session, batch))
+    return session
