@@ -548,3 +548,24 @@ def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_par
     resumed = run_study(one, tmp_path, resume=True, progress=False, allow_changes=True).runs[0]
     assert resumed.eval.settings["rpi_permutations"] == 1 and resumed.eval.ssdc.rpi_permutations == [0, 1, 2]
     assert resumed.eval.alpha_sweep.rpi_permutations == 1 and resumed.eval.attention.rpi_permutations == 3
+
+
+def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_max_images(tmp_path, capsys):
+    """--data-config, --streaming, --max-images, --train-split / --val-split, --bad-images and --device reach
+    every run's recipe (issue 42); --max-images bounds the study's measurements too."""
+    from timm_posgeom.cli import main
+    from timm_posgeom.cli.main import build_parser
+    from timm_posgeom.cli.study import _config
+
+    flags = ["--data-config", "default", "--streaming", "--max-images", "64", "--train-split", "train",
+             "--val-split", "validation", "--bad-images", "skip", "--device", "cpu"]
+    assert main(["study", "--preset", "demo", "--conditions", "ape", "--dry-run", "--out", str(tmp_path), *flags]) == 0
+    command = capsys.readouterr().out
+    assert "--set data_config=default --set streaming=true --set max_train_images=64" in command
+    assert command.rstrip().endswith("--device cpu")
+    config = _config(build_parser().parse_args(["study", "--preset", "demo", *flags]))
+    assert {"data_config=default", "streaming=true", "max_train_images=64", "max_val_images=64", "bad_images=skip",
+            "train_split=train", "val_split=validation"} <= set(config.train_overrides)
+    assert (config.eval_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
+    with pytest.raises(ValueError, match="--set max_val_images=... and --max-images both set max_val_images"):
+        _config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))
