@@ -170,7 +170,7 @@ def table() -> list[str]:
 
 
 def fake_study(root: Path, data: Path, seeds: int = 2) -> tuple[Path, list[str]]:
-    """A study folder as ``posgeom study --preset demo --data DATA --conditions nope --seeds SEEDS`` leaves it
+    """A study folder as ``posgeom study --preset demo --data DATA --conditions nope --num-seeds SEEDS`` leaves it
     after training (plan.json with the data's identity; each run's recipe.yaml, export, summary.json and an
     eval.json with no part measured yet), made in seconds. Returns (the folder, the argv that resumes it)."""
     import timm
@@ -202,6 +202,6 @@ def fake_study(root: Path, data: Path, seeds: int = 2) -> tuple[Path, list[str]]
         RunSummary(model=run.recipe.model, steps=1, epochs=1.0, train_images=4, val_images=len(val), processes=1,
                    time_s=1.0, export_sha1=sha1).write(run.run_dir / "summary.json")
         RunEval(settings=eval_settings(config, val), weights_sha1=sha1).write(run.run_dir / "eval.json")
-    argv = ["study", "--preset", "demo", "--data", data, "--conditions", "nope", "--seeds", str(seeds), "--out", out,
+    argv = ["study", "--preset", "demo", "--data", data, "--conditions", "nope", "--num-seeds", str(seeds), "--out", out,
             "--resume"]
     return out, argv

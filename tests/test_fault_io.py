@@ -264,7 +264,7 @@ FULL = {
     "probe": lambda d: ["probe", MODEL, "--data", d, *FAST],
     "zoo": lambda d: ["zoo", MODEL, "--data", d, *FAST, "--no-pretrained", "--rpi-permutations", "2", "--extras",
                       "none"],
-    "train": lambda d: ["train", "--set", "max_steps=2", "--set", "synthetic_size=32", "--set", "model_kwargs.depth=1",
+    "train": lambda d: ["train", "--set", "max_steps=2", "--set", "max_train_images=32", "--set", "max_val_images=6", "--set", "model_kwargs.depth=1",
                         "--set", "img_size=32", "--set", "batch_size=16", "--set", "workers=0", "--set",
                         "checkpoint_every=1", "--no-progress"],
 }

@@ -80,7 +80,7 @@ def test_a_merge_that_loses_nothing_sets_nothing_aside(zoo_of_two, tmp_path, one
 # refused resumes write nothing
 # --------------------------------------------------------------------------------------------
 TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=8", "workers=0", "synthetic_size=64", "max_steps=2", "checkpoint_every=1", "eval_every=100"]
+        "batch_size=8", "workers=0", "max_train_images=64", "max_val_images=12", "max_steps=2", "checkpoint_every=1", "eval_every=100"]
 
 
 def _train_argv(out, *extra):

@@ -80,7 +80,7 @@ def test_library_fragility_refuses_labels_beyond_the_model_outputs():
 # run directories (issue 14, item 4)
 # --------------------------------------------------------------------------------------------
 TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=16", "workers=0", "synthetic_size=160", "log_every=1", "max_steps=6", "checkpoint_every=2",
+        "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "log_every=1", "max_steps=6", "checkpoint_every=2",
         "keep_checkpoints=3"]
 
 

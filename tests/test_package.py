@@ -64,7 +64,8 @@ def test_model_names_have_their_own_prefix():
 PER_COMMAND = {
     "--out": "each command writes its own folder",
     "--data": "train and study: overrides the recipe's or preset's data; zoo: required unless --merge",
-    "--pretrained": "zoo: three ways (auto, on, off) across many models",
+    "--pretrained": "zoo: by default weights where a name has them (auto), across many models",
+    "--no-pretrained": "the other half of --pretrained",
     "--shift": "each command's own default shifts",
     "--alphas": "zoo: no sweep unless asked",
     "--allow-changes": "what changed: a recipe, a study's settings, a zoo's settings",
@@ -72,6 +73,11 @@ PER_COMMAND = {
     "--set": "one training run or every run of a study",
     "--dry-run": "study plans, push lists uploads",
     "--repo-id": "card: a placeholder by default; push: required",
+    "--max-images": "train and study: of each split, the recipe's (or preset's) by default",
+    "--probe-images": "train: SSDC at each evaluation; study: the preset's count by default",
+    "--bad-images": "train and study: the recipe's by default",
+    "--labels": "zoo: by-name by default (a model whose classes cannot be matched gets no top-1 and FS)",
+    "--seed": "train: the recipe's by default",
 }
 
 
@@ -100,7 +106,7 @@ def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
     # the image limit: one name in every measuring command, the whole split by default; SSDC's own count
     for command in ("probe", "fragility", "sweep", "zoo"):
         assert table["--max-images"][command][0] is None
-    assert set(table["--probe-images"]) == {"sweep", "zoo"} and table["--probe-images"]["zoo"][0] is None
+    assert set(table["--probe-images"]) == {"sweep", "zoo", "train", "study"} and table["--probe-images"]["zoo"][0] is None
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
     # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name
     assert set(table["--imagenet-c"]) == {"fragility"} and set(table["--imagenet-c-jpeg-blur"]) == {"zoo", "study"}

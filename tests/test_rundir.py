@@ -11,7 +11,7 @@ from timm_posgeom.app.rundir import NEUTRAL_KEYS, RunDirError, RunLock, set_asid
 from timm_posgeom.cli import main
 
 TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=16", "workers=0", "synthetic_size=160", "max_steps=1"]
+        "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "max_steps=1"]
 
 
 def _train_argv(out, *extra: str) -> list[str]:

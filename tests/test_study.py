@@ -27,8 +27,8 @@ from timm_posgeom.cli import main as cli_main
 # pytest-xdist (CI): the whole module on one worker, so that the demo study of its module fixture is made once
 pytestmark = pytest.mark.xdist_group("study")
 
-TINY = ["epochs=1", "synthetic_size=96", "batch_size=32", "checkpoint_every=2", "log_every=1",
-        "rpi_ssdc_images=16"]
+TINY = ["epochs=1", "max_train_images=96", "max_val_images=19", "batch_size=32", "checkpoint_every=2", "log_every=1",
+        "probe_images=16"]
 
 
 def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
@@ -395,7 +395,7 @@ def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
     one line, and the run keeps its lock-free directory for --resume."""
     out = tmp_path / "study"
     cmd = [sys.executable, "-m", "timm_posgeom.cli", "study", "--conditions", "nope", "--out", str(out),
-           "--set", "epochs=200", "--set", "synthetic_size=96", "--set", "batch_size=32", "--set", "log_every=1"]
+           "--set", "epochs=200", "--set", "max_train_images=96", "--set", "max_val_images=19", "--set", "batch_size=32", "--set", "log_every=1"]
     study = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lock, child, deadline = out / "runs" / "nope_s0" / ".lock", None, time.time() + 240
     try:
@@ -458,7 +458,7 @@ def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--conditions", "ape,nope,ape"], "condition(s) given twice: ape"),
-    (["--set", "seed=7"], "--set seed=... would be replaced by the study's own seed: use --seeds"),
+    (["--set", "seed=7"], "--set seed=... would be replaced by the study's own seed: use --num-seeds"),
     (["--set", "data=/elsewhere"], "use --data"),
     (["--set", "model_kwargs.init=timm"], "use --init"),
 ])
@@ -471,7 +471,7 @@ def test_study_options_that_would_be_silently_replaced_are_refused(tmp_path, cap
     assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err
     config = preset_config("demo", conditions=("nope",))
     config.train_overrides = list(config.train_overrides) + ["seed=3"]  # the library refuses it too
-    with pytest.raises(ValueError, match="use --seeds"):
+    with pytest.raises(ValueError, match="use --num-seeds"):
         plan_study(config, tmp_path)
 
 
@@ -548,3 +548,24 @@ def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_par
     resumed = run_study(one, tmp_path, resume=True, progress=False, allow_changes=True).runs[0]
     assert resumed.eval.settings["rpi_permutations"] == 1 and resumed.eval.ssdc.rpi_permutations == [0, 1, 2]
     assert resumed.eval.alpha_sweep.rpi_permutations == 1 and resumed.eval.attention.rpi_permutations == 3
+
+
+def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_max_images(tmp_path, capsys):
+    """--data-config, --streaming, --max-images, --train-split / --val-split, --bad-images and --device reach
+    every run's recipe (issue 42); --max-images bounds the study's measurements too."""
+    from timm_posgeom.cli import main
+    from timm_posgeom.cli.main import build_parser
+    from timm_posgeom.cli.study import _config
+
+    flags = ["--data-config", "default", "--streaming", "--max-images", "64", "--train-split", "train",
+             "--val-split", "validation", "--bad-images", "skip", "--device", "cpu"]
+    assert main(["study", "--preset", "demo", "--conditions", "ape", "--dry-run", "--out", str(tmp_path), *flags]) == 0
+    command = capsys.readouterr().out
+    assert "--set data_config=default --set streaming=true --set max_train_images=64" in command
+    assert command.rstrip().endswith("--device cpu")
+    config = _config(build_parser().parse_args(["study", "--preset", "demo", *flags]))
+    assert {"data_config=default", "streaming=true", "max_train_images=64", "max_val_images=64", "bad_images=skip",
+            "train_split=train", "val_split=validation"} <= set(config.train_overrides)
+    assert (config.eval_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
+    with pytest.raises(ValueError, match="--set max_val_images=... and --max-images both set max_val_images"):
+        _config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+import yaml
 from conftest import IMAGENETTE, free_port, run_launched
 from safetensors.torch import load_file
 from scipy.stats import spearmanr
@@ -27,6 +28,7 @@ from timm_posgeom.app.recipe import (
     find_accelerate_config,
     find_recipe,
     load_recipe,
+    recipe_from_dict,
     shipped_recipes,
 )
 from timm_posgeom.app.records import RunSummary
@@ -39,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 TINY = [
     "model_kwargs.embed_dim=32", "model_kwargs.depth=2", "model_kwargs.num_heads=2",
-    "img_size=32", "batch_size=16", "workers=0", "synthetic_size=160", "log_every=1",
+    "img_size=32", "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "log_every=1",
 ]
 
 
@@ -76,7 +78,7 @@ def _records(out: Path, kind: str) -> list[dict]:
 # runs
 # --------------------------------------------------------------------------------------------
 def test_few_steps_synthetic(tmp_path):
-    summary = train(tiny("max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"), tmp_path, progress=False)
+    summary = train(tiny("max_steps=3", "checkpoint_every=2", "probe_images=8"), tmp_path, progress=False)
     assert summary.steps == 3 and 0.0 <= summary.val_top1 <= 1.0
     steps = [r["step"] for r in _records(tmp_path, "train")]
     assert steps == [1, 2, 3]
@@ -97,7 +99,7 @@ def test_few_steps_synthetic(tmp_path):
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
 @pytest.mark.parametrize("cached", [True, False])
 def test_few_steps_imagenette(tmp_path, cached):
-    recipe = tiny(f"data={IMAGENETTE}", "train_subset=48", "val_subset=32", "max_steps=2",
+    recipe = tiny(f"data={IMAGENETTE}", "max_train_images=48", "max_val_images=32", "max_steps=2",
                   f"cache={cached}", "disk_cache=false", f"workers={0 if cached else 1}")
     summary = train(recipe, tmp_path, progress=False)
     assert summary.steps == 2 and summary.val_images == 32
@@ -107,7 +109,7 @@ def test_few_steps_imagenette(tmp_path, cached):
 
 def test_loss_falls_on_learnable_subset(tmp_path):
     # 32 images seen 40 times each, no augmentation or smoothing: the model must fit them
-    recipe = tiny("synthetic_size=32", "epochs=20", "augment=none", "label_smoothing=0", "lr=3e-3",
+    recipe = tiny("max_train_images=32", "max_val_images=6", "epochs=20", "augment=none", "label_smoothing=0", "lr=3e-3",
                   "weight_decay=0", "cache=true", "disk_cache=false", "warmup_epochs=1", "eval_every=100")
     train(recipe, tmp_path, progress=False)
     losses = [r["loss"] for r in _records(tmp_path, "train")]
@@ -121,7 +123,7 @@ def test_kill_and_resume_is_exact(tmp_path):
     # every RNG stream and counter in play
     overrides = ("model=posgeom_vit_micro_patch8_64_ape_rpt", "model_kwargs.drop_path_rate=0.1",
                  "model_kwargs.proj_drop_rate=0.1", "mixup=0.8", "cutmix=1.0", "ema=true", "ema_decay=0.9",
-                 "epochs=4", "checkpoint_every=3", "workers=1", "rpi_ssdc_images=8", "grad_accum=2")
+                 "epochs=4", "checkpoint_every=3", "workers=1", "probe_images=8", "grad_accum=2")
     full, killed = tmp_path / "full", tmp_path / "killed"
     proc = subprocess.Popen(_cli(killed, *overrides), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -155,8 +157,8 @@ def test_two_processes_under_accelerate_launch(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "timm_posgeom.cli", "train", "--out", str(out), "--no-progress"]
-    # rpi_ssdc_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
-    for item in TINY + ["max_steps=3", "checkpoint_every=2", "rpi_ssdc_images=8"]:
+    # probe_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
+    for item in TINY + ["max_steps=3", "checkpoint_every=2", "probe_images=8"]:
         cmd += ["--set", item]
     result = run_launched(cmd, env=dict(_env(), ACCELERATE_USE_CPU="1"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -378,8 +380,8 @@ def test_shipped_recipes_run_when_shrunk(tmp_path, name):
     # the recipe's own optimiser, schedule, augmentation, mixup, EMA and precision; a tiny model on synthetic data
     recipe = load_recipe(name, ["data=synthetic", "model_kwargs.depth=1", "model_kwargs.embed_dim=32",
                                 "model_kwargs.num_heads=2", "model_kwargs.patch_size=8", "img_size=32",
-                                "batch_size=8", "workers=0", "synthetic_size=40", "max_steps=3",
-                                "rpi_ssdc_images=0", "disk_cache=false"])
+                                "batch_size=8", "workers=0", "max_train_images=40", "max_val_images=8", "max_steps=3",
+                                "probe_images=0", "disk_cache=false"])
     summary = train(recipe, tmp_path, progress=False)
     assert summary.steps == 3
     assert (tmp_path / ("export_ema" if recipe.ema else "export") / "model.safetensors").is_file()
@@ -506,3 +508,70 @@ def test_read_metrics_counts_a_repeated_step_once(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [(r["kind"], r.get("step")) for r in records] == [("train", 5), ("eval", 10), ("final", None)]
     assert records[1]["val_top1"] == 0.7
+
+
+# --------------------------------------------------------------------------------------------
+# training from any data the probes take: split, config, revision and streaming (issue 42, item 5)
+# --------------------------------------------------------------------------------------------
+def test_train_trains_on_a_config_of_a_local_parquet_set(tmp_path, capsys):
+    """`posgeom train --data-config NAME` trains on that configuration's classes; the flags are recorded as the
+    recipe keys of their names; --streaming reads the first --max-images of each split (the same images)."""
+    from test_data import _parquet_set
+
+    root = _parquet_set(tmp_path / "set")  # configurations small (3 classes) and big (4)
+    common = ["--data", str(root), "--max-images", "8", "--no-progress", "--set", "max_steps=1",
+              "--set", "model_kwargs.embed_dim=32", "--set", "model_kwargs.depth=1", "--set", "model_kwargs.num_heads=2",
+              "--set", "img_size=16", "--set", "model_kwargs.patch_size=8", "--set", "batch_size=4", "--set", "workers=0",
+              "--set", "probe_images=0"]
+    assert main([*common, "--data-config", "big", "--out", str(tmp_path / "big")]) == 0
+    assert main([*common, "--data-config", "small", "--streaming", "--out", str(tmp_path / "small")]) == 0
+    for name, classes in (("big", 4), ("small", 3)):
+        saved = yaml.safe_load((tmp_path / name / "recipe.yaml").read_text())
+        assert saved["data_config"] == name and saved["max_train_images"] == saved["max_val_images"] == 8
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["val_images"] == 6  # the validation splits hold 6 (the first 8: all of them)
+        assert len(json.loads((tmp_path / name / "export" / "config.json").read_text())["pretrained_cfg"]
+                   ["label_names"]) == classes
+    assert yaml.safe_load((tmp_path / "small" / "recipe.yaml").read_text())["streaming"] is True
+    # the same images streamed or loaded: the run's data identity is the same
+    assert main([*common, "--data-config", "small", "--out", str(tmp_path / "loaded")]) == 0
+    assert (json.loads((tmp_path / "small" / "data.json").read_text())
+            == json.loads((tmp_path / "loaded" / "data.json").read_text()))
+    # the splits by name, and a count that streaming needs
+    assert main([*common, "--data-config", "big", "--train-split", "validation", "--val-split", "train",
+                 "--out", str(tmp_path / "swapped")]) == 0
+    assert json.loads((tmp_path / "swapped" / "data.json").read_text())["train"] == json.loads(
+        (tmp_path / "big" / "data.json").read_text())["validation"]
+    capsys.readouterr()
+    assert main(["--data", str(root), "--data-config", "big", "--streaming", "--out", str(tmp_path / "x")]) == 2
+    assert "streaming reads the first N images of each split" in capsys.readouterr().err
+    assert main([*common, "--set", "max_train_images=4", "--out", str(tmp_path / "y")]) == 2
+    assert "--set max_train_images=... and --max-images both set max_train_images" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
+def test_train_streams_imagenette_by_its_config(tmp_path):
+    """A tiny run on Imagenette's `default` configuration, streamed: 16 training and 16 validation images."""
+    sets = [x for item in TINY + ["max_steps=2", "probe_images=0"] if not item.startswith("max_images")
+            and not item.startswith(("max_train_images", "max_val_images")) for x in ("--set", item)]
+    argv = ["--data", str(IMAGENETTE), "--data-config", "default", "--streaming", "--max-images", "16",
+            "--no-progress", "--out", str(tmp_path), *sets]
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["val_images"] == 16
+
+
+def test_old_recipe_keys_work_for_one_release_with_a_notice(tmp_path):
+    with pytest.warns(FutureWarning, match="recipe key train_subset is deprecated.*use max_train_images"):
+        recipe = load_recipe(None, ["train_subset=40", "rpi_ssdc_images=8"])
+    assert recipe.max_train_images == 40 and recipe.probe_images == 8
+    with pytest.warns(FutureWarning, match="synthetic_size"):  # N synthetic training images and a fifth for validation
+        recipe = load_recipe(None, ["synthetic_size=160"])
+    assert (recipe.max_train_images, recipe.max_val_images) == (160, 32)
+    path = tmp_path / "old.yaml"
+    path.write_text("val_subset: 12\nsynthetic_size: 100\n")
+    with pytest.warns(FutureWarning):
+        recipe = load_recipe(path)
+    assert (recipe.max_train_images, recipe.max_val_images) == (100, 12)
+    with pytest.raises(RecipeError, match="train_subset is the old name of max_train_images"):
+        recipe_from_dict({"train_subset": 4, "max_train_images": 4})

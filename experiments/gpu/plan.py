@@ -40,8 +40,8 @@ PERMUTATIONS, PROBE_IMAGES = 10, 1000
 PAPER_TRAIN_IMAGES, PAPER_EPOCHS, PAPER_VAL_IMAGES = 126_689, 60, 5_000
 # --tiny: two runs of a few steps of a width-32 model on synthetic images, and a few throughput steps on a tiny
 # ViT, on the CPU; the same code as the GPU plan with smaller numbers
-TINY_RUN = ["data=synthetic", "synthetic_size=64", "batch_size=16", "max_steps=3", "epochs=1", "eval_every=1",
-            "cache=true", "disk_cache=false", "rpi_ssdc_images=0", "checkpoint_every=100", "log_every=1"]
+TINY_RUN = ["data=synthetic", "max_train_images=64", "max_val_images=12", "batch_size=16", "max_steps=3", "epochs=1", "eval_every=1",
+            "cache=true", "disk_cache=false", "probe_images=0", "checkpoint_every=100", "log_every=1"]
 TINY_MODEL = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2",
               "model_kwargs.patch_size=8", "img_size=32"]
 
@@ -93,9 +93,8 @@ def measure(run_dir: Path, recipe, probe_images: int, permutations: int) -> dict
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = tp.create_model(f"local-dir:{run_dir / 'export'}").eval().to(device)
-    val_size = max(1, recipe.synthetic_size // 5) if recipe.synthetic_size else None
     val = tp.load_split(recipe.data, recipe.val_split, img_size=recipe.img_size, seed=recipe.seed,
-                        synthetic_size=val_size)
+                        synthetic_size=recipe.max_val_images)
 
     def probe_loader():
         return tp.eval_loader(model, val, max_images=probe_images, batch_size=128, resize="paper", num_workers=0)

@@ -16,8 +16,8 @@ study() {  # [SEEDS=n] study OUT ARGS...: start OUT, or resume it (2 seeds unles
   [[ -f $out/plan.json ]] && resume=(--resume)
   # ALLOW_CHANGES=1: a default changed since OUT began (e.g. --rpi-permutations 1 -> 3): recompute what it affects
   [[ -f $out/plan.json && -n ${ALLOW_CHANGES:-} ]] && resume+=(--allow-changes)
-  echo "== $(date -u +%FT%TZ) posgeom study $* --seeds ${SEEDS:-2} --out $out ${resume[*]}"
-  posgeom study "$@" --seeds "${SEEDS:-2}" --out "$out" "${resume[@]}"
+  echo "== $(date -u +%FT%TZ) posgeom study $* --num-seeds ${SEEDS:-2} --out $out ${resume[*]}"
+  posgeom study "$@" --num-seeds "${SEEDS:-2}" --out "$out" "${resume[@]}"
 }
 # the width ladder (issue 32): APE and no PE at 8 x 8 with the paper's init, head size 32 at every width
 # (width 64: 2 heads, 128: 4, 192: 6, 256: 8, 384: 12), depth 4 as in the imagenette-cpu preset

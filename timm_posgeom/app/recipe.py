@@ -13,6 +13,7 @@ import math
 import os
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..errors import PosgeomError
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
     from importlib.resources.abc import Traversable
 
-__all__ = ["Recipe", "RecipeError", "load_recipe", "find_recipe", "apply_overrides", "shipped_recipes",
+__all__ = ["Recipe", "RecipeError", "load_recipe", "upgrade_keys", "upgrade_overrides", "RENAMED_KEYS", "find_recipe", "apply_overrides", "shipped_recipes",
            "accelerate_configs", "find_accelerate_config"]
 
 
@@ -46,11 +47,15 @@ class Recipe:
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to timm.create_model
     # data
     data: str | None = None  # Hub id, local folder, or None / "synthetic"
-    train_split: str = "train"
-    val_split: str = "validation"
-    train_subset: int | None = None  # first N training items only
-    val_subset: int | None = None
-    synthetic_size: int | None = None  # images in the synthetic train split (validation: a fifth)
+    train_split: str = "train"  # --train-split
+    val_split: str = "validation"  # --val-split
+    data_config: str | None = None  # the data set's configuration (Hub and parquet sets with several)
+    revision: str | None = None  # a branch, tag or commit of a Hub data set
+    streaming: bool = False  # read the first max_train_images / max_val_images of each split as a stream
+    # --max-images sets both: the first N images of each split (synthetic data: N images generated; default
+    # 5000 and 1000)
+    max_train_images: int | None = None
+    max_val_images: int | None = None
     img_size: int = 64
     cache: bool = False  # pre-resize to img_size once, keep as uint8 in memory (augment none|crop_flip)
     disk_cache: bool = True  # with cache: also keep the uint8 tensor under ~/.cache/timm_posgeom
@@ -101,7 +106,7 @@ class Recipe:
     keep_checkpoints: int = 2
     eval_every: int = 1  # epochs
     log_every: int = 20  # optimizer steps
-    rpi_ssdc_images: int = 0  # at each evaluation: SSDC per layer under RPI on this many val images (0 = off)
+    probe_images: int = 0  # at each evaluation: SSDC per layer under RPI on this many val images (0 = off)
     log_with: list[str] = field(default_factory=list)  # accelerate trackers (tensorboard, wandb, trackio, mlflow...)
     tracker_project: str | None = None  # the trackers' project / run name; default: the run folder's name
     notes: str = ""  # free text: what the recipe is for
@@ -116,51 +121,124 @@ class Recipe:
 
     def validate(self) -> Recipe:
         """Raise RecipeError for values no run could use; return self."""
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise RecipeError(message)
-
-        choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
-                   "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS,
-                   "bad_images": ("error", "skip")}
-        for key, allowed in choices.items():
-            need(getattr(self, key) in allowed,
-                 f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(self, key)!r}")
-        for key in ("img_size", "batch_size", "grad_accum", "epochs", "checkpoint_every", "keep_checkpoints",
-                    "eval_every", "log_every"):
-            need(getattr(self, key) >= 1, f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("max_steps", "train_subset", "val_subset", "synthetic_size", "eval_batch_size"):
-            value = getattr(self, key)
-            need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
-        need(self.workers >= 0, f"workers must be >= 0, got {self.workers}")
-        need(self.rpi_ssdc_images >= 0, f"rpi_ssdc_images must be >= 0, got {self.rpi_ssdc_images}")
-        for f in dataclasses.fields(self):  # inf / nan pass every comparison below: refuse them first
-            values = getattr(self, f.name)
-            for v in values if isinstance(values, list) else [values]:
-                need(not isinstance(v, float) or math.isfinite(v), f"{f.name} must be a finite number, got {values}")
-        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        need(0 <= self.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        need(not (self.cache and self.augment == "timm"),
-             "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm")
-        need(len(self.scale) == 2, f"scale must be [min, max], got {self.scale}")
-        # values that would train something else than asked, without an error of their own (a negative
-        # max gradient norm flips the gradient's sign; an EMA decay outside [0, 1) diverges)
-        need(0 < self.scale[0] <= self.scale[1] <= 1, f"scale must be [min, max] with 0 < min <= max <= 1, got {self.scale}")
-        need(self.clip_grad is None or self.clip_grad > 0, f"clip_grad must be > 0 or none, got {self.clip_grad}")
-        need(0 <= self.ema_decay < 1, f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        for key in ("hflip", "reprob", "mixup_prob", "mixup_switch_prob"):
-            need(0 <= getattr(self, key) <= 1, f"{key} must be in [0, 1], got {getattr(self, key)}")
-        for key in ("weight_decay", "warmup_epochs", "warmup_lr", "min_lr", "momentum", "mixup", "cutmix", "crop_pad"):
-            need(getattr(self, key) >= 0, f"{key} must be >= 0, got {getattr(self, key)}")
-        need(self.color_jitter is None or self.color_jitter >= 0, f"color_jitter must be >= 0, got {self.color_jitter}")
-        need(0 < self.crop_pct <= 1, f"crop_pct must be in (0, 1], got {self.crop_pct}")
-        need(self.opt_eps is None or self.opt_eps > 0, f"opt_eps must be > 0, got {self.opt_eps}")
-        need(self.opt_betas is None or (len(self.opt_betas) == 2 and all(0 <= b < 1 for b in self.opt_betas)),
-             f"opt_betas must be two values in [0, 1), got {self.opt_betas}")
-        for key in ("img_size", "num_classes", "pretrained"):
-            need(key not in self.model_kwargs,
-                 f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)")
+        _check_choices_and_counts(self)
+        _check_numbers(self)
+        _check_combinations(self)
         return self
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise RecipeError(message)
+
+
+def _check_choices_and_counts(r: Recipe) -> None:
+    """The keys with a list of choices, and the counts."""
+    choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
+               "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS,
+               "bad_images": ("error", "skip")}
+    for key, allowed in choices.items():
+        _need(getattr(r, key) in allowed,
+              f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(r, key)!r}")
+    for key in ("img_size", "batch_size", "grad_accum", "epochs", "checkpoint_every", "keep_checkpoints",
+                "eval_every", "log_every"):
+        _need(getattr(r, key) >= 1, f"{key} must be >= 1, got {getattr(r, key)}")
+    for key in ("max_steps", "max_train_images", "max_val_images", "eval_batch_size"):
+        value = getattr(r, key)
+        _need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
+    _need(r.workers >= 0, f"workers must be >= 0, got {r.workers}")
+    _need(r.probe_images >= 0, f"probe_images must be >= 0, got {r.probe_images}")
+
+
+def _check_numbers(r: Recipe) -> None:
+    """The real numbers: finite, and in their ranges."""
+    for f in dataclasses.fields(r):  # inf / nan pass every comparison below: refuse them first
+        values = getattr(r, f.name)
+        for v in values if isinstance(values, list) else [values]:
+            _need(not isinstance(v, float) or math.isfinite(v), f"{f.name} must be a finite number, got {values}")
+    _need(r.lr > 0, f"lr must be > 0, got {r.lr}")
+    _need(0 <= r.label_smoothing < 1, f"label_smoothing must be in [0, 1), got {r.label_smoothing}")
+    _need(len(r.scale) == 2, f"scale must be [min, max], got {r.scale}")
+    # values that would train something else than asked, without an error of their own (a negative
+    # max gradient norm flips the gradient's sign; an EMA decay outside [0, 1) diverges)
+    _need(0 < r.scale[0] <= r.scale[1] <= 1, f"scale must be [min, max] with 0 < min <= max <= 1, got {r.scale}")
+    _need(r.clip_grad is None or r.clip_grad > 0, f"clip_grad must be > 0 or none, got {r.clip_grad}")
+    _need(0 <= r.ema_decay < 1, f"ema_decay must be in [0, 1), got {r.ema_decay}")
+    for key in ("hflip", "reprob", "mixup_prob", "mixup_switch_prob"):
+        _need(0 <= getattr(r, key) <= 1, f"{key} must be in [0, 1], got {getattr(r, key)}")
+    for key in ("weight_decay", "warmup_epochs", "warmup_lr", "min_lr", "momentum", "mixup", "cutmix", "crop_pad"):
+        _need(getattr(r, key) >= 0, f"{key} must be >= 0, got {getattr(r, key)}")
+    _need(r.color_jitter is None or r.color_jitter >= 0, f"color_jitter must be >= 0, got {r.color_jitter}")
+    _need(0 < r.crop_pct <= 1, f"crop_pct must be in (0, 1], got {r.crop_pct}")
+    _need(r.opt_eps is None or r.opt_eps > 0, f"opt_eps must be > 0, got {r.opt_eps}")
+    _need(r.opt_betas is None or (len(r.opt_betas) == 2 and all(0 <= b < 1 for b in r.opt_betas)),
+          f"opt_betas must be two values in [0, 1), got {r.opt_betas}")
+
+
+def _check_combinations(r: Recipe) -> None:
+    """Values that exclude each other, or that the run sets itself."""
+    _need(not (r.cache and r.augment == "timm"),
+          "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm")
+    _need(not r.streaming or (r.max_train_images is not None and r.max_val_images is not None),
+          "streaming reads the first N images of each split: give their number (max_train_images and "
+          "max_val_images, or --max-images)")
+    for key in ("img_size", "num_classes", "pretrained"):
+        _need(key not in r.model_kwargs,
+              f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)")
+
+
+# Recipe keys renamed to the flags' names: accepted for one release, with a one-line notice
+RENAMED_KEYS = {"train_subset": "max_train_images", "val_subset": "max_val_images", "rpi_ssdc_images": "probe_images"}
+# synthetic_size: N synthetic training images and a fifth of N for validation, now max_train_images and
+# max_val_images (on synthetic data, the number of images generated)
+OLD_SYNTHETIC_SIZE = "synthetic_size"
+
+
+def _renamed_notice(old: str, new: str) -> None:
+    warnings.warn(f"recipe key {old} is deprecated and will be removed in the next release: use {new} (the same)",
+                  FutureWarning, stacklevel=4)
+
+
+def upgrade_keys(values: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """``values`` (a recipe's mapping) with the old key names given their new names (:data:`RENAMED_KEYS`;
+    ``synthetic_size: N`` -> ``max_train_images: N``, ``max_val_images: N // 5``): a notice each when ``warn``
+    (a recipe being loaded; not a run's saved recipe being compared)."""
+    out = dict(values)
+    for old, new in RENAMED_KEYS.items():
+        if old in out:
+            if new in out:
+                raise RecipeError(f"{old} is the old name of {new}: give only {new}")
+            if warn:
+                _renamed_notice(old, new)
+            out[new] = out.pop(old)
+    if OLD_SYNTHETIC_SIZE in out:
+        size = out.pop(OLD_SYNTHETIC_SIZE)
+        if warn:
+            _renamed_notice(OLD_SYNTHETIC_SIZE, "max_train_images (and max_val_images, a fifth of it before)")
+        if size is not None and str(size).lower() not in ("none", "null", ""):
+            n = _to_int(size)
+            train = out.get("max_train_images")
+            out["max_train_images"] = n if train in (None, "none", "null") else min(n, _to_int(train))
+            if out.get("max_val_images") in (None, "none", "null"):
+                out["max_val_images"] = max(1, n // 5)
+    return out
+
+
+def upgrade_overrides(overrides: list[str] | tuple[str, ...], warn: bool = True) -> list[str]:
+    """``key=value`` overrides with the old key names renamed (:func:`upgrade_keys`), in place."""
+    out: list[str] = []
+    for item in overrides:
+        key, _, text = item.partition("=")
+        if key.strip() == OLD_SYNTHETIC_SIZE:
+            new = upgrade_keys({OLD_SYNTHETIC_SIZE: _parse_value(text)}, warn)
+            out += [f"{k}={v}" for k, v in new.items()]
+        elif key.strip() in RENAMED_KEYS:
+            if warn:
+                _renamed_notice(key.strip(), RENAMED_KEYS[key.strip()])
+            out.append(f"{RENAMED_KEYS[key.strip()]}={text}")
+        else:
+            out.append(item)
+    return out
 
 
 _FIELD_TYPES = typing.get_type_hints(Recipe)
@@ -248,7 +326,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str] | None) -> Recipe:
     """Return a copy of ``recipe`` with ``key=value`` overrides applied (``model_kwargs.name=value``
     sets one model kwarg; ``model_kwargs={...}`` replaces them all)."""
     values = recipe.to_dict()
-    for item in overrides or []:
+    for item in upgrade_overrides(overrides or []):
         if "=" not in item:
             raise RecipeError(f"override {item!r} is not key=value")
         key, text = item.split("=", 1)
@@ -270,7 +348,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str] | None) -> Recipe:
 def recipe_from_dict(values: dict[str, Any]) -> Recipe:
     """Build and validate a Recipe from a mapping (unknown keys are an error)."""
     out = {}
-    for key, value in values.items():
+    for key, value in upgrade_keys(values).items():
         if key not in _FIELD_TYPES:
             raise _unknown(key)
         out[key] = _coerce(key, value, _FIELD_TYPES[key])

@@ -91,7 +91,7 @@ def _training_table(results: StudyResults) -> list[str]:
     if not rows:
         return []
     return ["", "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)", "",
-            "Logged by the training loop on the first validation images (`rpi_ssdc_images` in the recipe): "
+            "Logged by the training loop on the first validation images (`probe_images` in the recipe): "
             "when the index anchor forms, and whether it is still moving at the end of training.", "",
             _floor_line(results) + " Measured at the end, by the study's probe.", "",
             "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",

@@ -46,7 +46,9 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
 # did not record them was made with: a recipe.yaml written before ``wd_exclude_model`` existed excluded the
 # model's no_weight_decay() parameters (timm's behaviour), so resuming it is no change.
 LEGACY_KEYS: dict[str, dict[str, Any]] = {
-    "recipe": {"wd_exclude_model": True},
+    "recipe": {"wd_exclude_model": True, "data_config": None, "revision": None, "streaming": False},
+    # a zoo measured before --labels and --bad-images matched labels by name and refused bad images
+    "zoo": {"labels": "by-name", "bad_images": "error"},
 }
 
 

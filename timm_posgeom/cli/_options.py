@@ -1,8 +1,23 @@
-"""Command-line options shared by the commands (``probe``, ``fragility``, ``sweep``, ``zoo``): defined once, here.
+"""Command-line options shared by the commands: defined once, here.
 
-One name and one meaning per idea: the same flag has the same default and help in every command that takes
-it (``tests/test_package.py`` compares them across every command's ``--help``). ``--max-images`` bounds all
-the work of a command unless a more specific option (``--probe-images``) says otherwise.
+One name and one meaning per idea, in every command (``tests/test_vocabulary.py`` reads every command's
+parser against the list of ideas; ``tests/test_package.py`` compares defaults and help texts):
+
+* ``--max-images N``: at most the first N images of a split, for all the command's work (train and study:
+  of each split). ``--probe-images N``: the SSDC probe's own count, where a command also measures
+  something else (sweep, zoo, study; train: SSDC under RPI at each evaluation).
+* ``--seed S`` is a seed value; ``--num-seeds N`` (study) is a count of seeds (0 .. N-1).
+* ``--imagenet-c [CORRUPTIONS]`` is ImageNet-C's corruptions (fragility); ``--imagenet-c-jpeg-blur`` is its
+  JPEG and blur only (zoo, study).
+* ``--pretrained`` / ``--no-pretrained``: the timm name's weights or random init, in every command that
+  builds models (default: random init; zoo: weights where a name has them).
+* ``--labels``, ``--bad-images``, ``--device``, ``--split`` (train and study: ``--train-split``,
+  ``--val-split``), ``--data-config``, ``--revision``, ``--streaming``: the same in every command that reads
+  labelled data, images, runs on a device or reads a Hub or parquet set. A recipe's keys have the flags'
+  names (``max_train_images``, ``max_val_images``, ``probe_images``, ``bad_images``, ``data_config``...).
+
+An old name keeps working for one release (:func:`add_renamed_arg`): a one-line notice on stderr, then the
+new name's meaning. Abbreviated flags are not accepted (they would be more names for one idea).
 
 Nothing here imports torch or timm: ``posgeom --help`` and argument errors answer without them; the
 heavy imports happen in the commands' ``run()``.
@@ -23,8 +38,7 @@ from ..protocol import PROBE_IMAGES, RPI_PERMUTATIONS, SPEC_FORMS
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="timm model name, hf-hub:ORG/NAME or local-dir:PATH")
     p.add_argument("--checkpoint", default=None, help="a checkpoint file to load into the model")
-    p.add_argument("--pretrained", action="store_true",
-                   help="load the timm name's pretrained weights (always on for hf-hub: / local-dir:)")
+    add_pretrained_arg(p, default=False, help=PRETRAINED_HELP + "Default: random init")
     p.add_argument("--num-classes", type=int, default=None,
                    help="classifier size (default with --checkpoint: the dataset's number of classes)")
     add_img_size_arg(p)
@@ -36,8 +50,49 @@ def add_img_size_arg(p: argparse.ArgumentParser) -> None:
                         "resized to S x S (dynamic-size ViTs and CNNs run at S; default: the model's own size)")
 
 
-MAX_IMAGES_HELP = ("use at most the first N images of the split, for all the work (SSDC and fragility alike, "
-                   "unless --probe-images says otherwise); default: the whole split")
+MAX_IMAGES_HELP = "use at most the first N images of the split, for all the work; default: the whole split"
+
+PRETRAINED_HELP = ("--pretrained loads a timm name's weights (a name without any fails); --no-pretrained builds it at "
+                   "random init (seeded by --seed); hf-hub: and local-dir: always load theirs. ")
+
+
+def add_pretrained_arg(p: argparse.ArgumentParser, default: bool | None, help: str) -> None:
+    """--pretrained / --no-pretrained: the one switch of a timm name's weights (``default`` None: zoo's auto)."""
+    p.add_argument("--pretrained", default=default, action=argparse.BooleanOptionalAction, help=help)
+
+
+class _Renamed(argparse.Action):
+    """An old flag name: its value is kept aside (``namespace.renamed_flags``) and given to the new name
+    after parsing, by :func:`apply_renamed`, with a one-line notice."""
+
+    def __init__(self, option_strings, dest, new_flag: str = "", new_dest: str = "", **kwargs):
+        self.new_flag, self.new_dest = new_flag, new_dest
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        value = True if self.nargs == 0 else values
+        renamed = dict(getattr(namespace, "renamed_flags", None) or {})
+        renamed[option_string or self.option_strings[0]] = (self.new_flag, self.new_dest, value)
+        namespace.renamed_flags = renamed
+
+
+def add_renamed_arg(p: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
+    """Accept ``old``, the former name of ``new`` (already added to ``p``), for one release: hidden from
+    --help; ``kwargs`` (type, nargs...) as ``new``'s. A flag taking no value: ``nargs=0``."""
+    new_dest = next(a.dest for a in p._actions if new in a.option_strings)
+    p.add_argument(old, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, action=_Renamed, new_flag=new,
+                   new_dest=new_dest, help=argparse.SUPPRESS, **kwargs)
+
+
+def apply_renamed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Give each old flag's value to its new name, with a one-line notice on stderr; ValueError when both
+    names were given."""
+    for old, (new, dest, value) in (getattr(args, "renamed_flags", None) or {}).items():
+        if getattr(args, dest, None) != parser.get_default(dest) and getattr(args, dest, None) != value:
+            raise ValueError(f"{old} is the old name of {new}: give only {new}")
+        print(f"posgeom {args.command}: warning: {old} is deprecated and will be removed in the next release: "
+              f"use {new} (the same)", file=sys.stderr)
+        setattr(args, dest, value)
 
 
 def add_source_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -60,7 +115,8 @@ def add_hub_data_args(p: argparse.ArgumentParser) -> None:
                    help="the data set's configuration (Hub and parquet sets with several)")
     p.add_argument("--revision", default=None, help="a branch, tag or commit of a Hub data set")
     p.add_argument("--streaming", action="store_true",
-                   help="stream the split's first --max-images images instead of downloading the split")
+                   help="stream the first --max-images images of the split instead of downloading it (needs "
+                        "--max-images)")
 
 
 def hub_data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -88,45 +144,63 @@ def add_loader_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
 
 
+BAD_IMAGES = ("error", "skip")
+BAD_IMAGES_HELP = "an image that cannot be decoded: error (named) or skip (checked first, left out, listed)"
+
+
+def add_bad_images_arg(p: argparse.ArgumentParser, default: str | None = "error",
+                       default_help: str = "error") -> None:
+    """--bad-images error|skip (``default`` None: the recipe's, in train and study)."""
+    p.add_argument("--bad-images", default=default, choices=BAD_IMAGES, help=f"{BAD_IMAGES_HELP}; default: {default_help}")
+
+
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """The data flags of a command that measures one model: source, limit, loader, bad images."""
     add_source_args(p)
     add_max_images_arg(p)
     add_loader_args(p)
-    p.add_argument("--bad-images", default="error", choices=("error", "skip"),
-                   help="an image that cannot be decoded: error (default; named) or skip (checked first, left out, "
-                        "listed)")
+    add_bad_images_arg(p)
 
 
-def add_labels_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--labels", default="check", choices=("check", "by-name", "as-is"),
-                   help="how the data's labels meet the model's classes: check (default: refuse a different number "
-                        "of classes or different class names), by-name (map the data's classes onto the model's by "
-                        "its recorded class names, or an ImageNet head's WordNet ids and names), as-is (use the "
-                        "indices unchecked)")
+LABELS_HELP = ("how the data's labels meet the model's classes: check (refuse a different number of classes or "
+               "different class names), by-name (map the data's classes onto the model's by its recorded class "
+               "names, or an ImageNet head's WordNet ids and names), as-is (use the indices unchecked)")
+
+
+def add_labels_arg(p: argparse.ArgumentParser, default: str = "check", default_help: str = "check") -> None:
+    p.add_argument("--labels", default=default, choices=("check", "by-name", "as-is"),
+                   help=f"{LABELS_HELP}; default: {default_help}")
 
 
 SEED_HELP = ("seed of everything random (default 0): torch before a model is built (random init), the RPI "
              "permutation, the bootstrap, random corruptions")
 
 
+class _Refused(argparse.Action):
+    """A flag that means something else in another command: refused here with a pointer (one line, exit 2)."""
+
+    def __init__(self, option_strings, dest, message: str = "", **kwargs):
+        self.message = message
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.exit(2, f"{parser.prog}: error: {self.message}\n")
+
+
 def add_imagenet_c_jpeg_blur_arg(p: argparse.ArgumentParser) -> None:
-    """--imagenet-c-jpeg-blur (zoo, study); its old name --imagenet-c, which meant something else in
-    ``fragility`` (every ImageNet-C corruption), is accepted for one release with a warning
-    (:func:`imagenet_c_jpeg_blur`)."""
+    """--imagenet-c-jpeg-blur (zoo, study). ``--imagenet-c`` is fragility's alone (every ImageNet-C
+    corruption): its former use here for JPEG and blur only is refused with a pointer to the new name."""
     p.add_argument("--imagenet-c-jpeg-blur", action="store_true",
                    help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts; posgeom "
                         "fragility --imagenet-c runs every ImageNet-C corruption)")
-    p.add_argument("--imagenet-c", dest="imagenet_c_old_name", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--imagenet-c", dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs="?", action=_Refused,
+                   help=argparse.SUPPRESS,
+                   message="--imagenet-c is fragility's (every ImageNet-C corruption); ImageNet-C's JPEG and blur "
+                           "here is --imagenet-c-jpeg-blur")
 
 
 def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
-    """Whether --imagenet-c-jpeg-blur was given (or its old name, with a warning on stderr)."""
-    if getattr(args, "imagenet_c_old_name", False):
-        print(f"posgeom {args.command}: warning: --imagenet-c is deprecated here and will be removed in the next "
-              "release: use --imagenet-c-jpeg-blur (the same: ImageNet-C's JPEG and blur, severities 1-5)",
-              file=sys.stderr)
-        return True
+    """Whether --imagenet-c-jpeg-blur was given."""
     return bool(args.imagenet_c_jpeg_blur)
 
 
@@ -162,9 +236,12 @@ def add_seed_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
 
 
-def add_device_args(p: argparse.ArgumentParser) -> None:
+DEVICE_HELP = "cpu, cuda, ... (default: cuda when available)"
+
+
+def add_device_args(p: argparse.ArgumentParser, device_help: str = DEVICE_HELP) -> None:
     """--device and --no-progress."""
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--device", default=None, help=device_help)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -190,9 +267,10 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
 def check_counts(args: argparse.Namespace) -> None:
     """Refuse counts no run could use (one line, before anything is loaded)."""
     for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images", "images",
-                 "rpi_permutations"):
+                 "rpi_permutations", "num_seeds"):
         value = getattr(args, flag, None)
-        low = 0 if flag == "num_workers" else 1
+        # train's --probe-images 0: no SSDC at its evaluations (the recipe's probe_images: 0)
+        low = 0 if flag == "num_workers" or (flag == "probe_images" and getattr(args, "command", "") == "train") else 1
         if value is not None and value < low:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
 

@@ -10,7 +10,7 @@ import warnings
 
 from ..errors import APP_MODULES, USER_ERRORS, io_error_line, one_line
 from ..labels import LabelMismatchError
-from ._options import check_counts
+from ._options import apply_renamed, check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
 COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
@@ -48,7 +48,12 @@ def version_line() -> str:
 class Parser(argparse.ArgumentParser):
     """argparse's parser, refusing an explicit empty value (``--data ""``, ``--shard=``, an empty MODEL): an
     unset shell variable (``--data "$DATA"``) must not read as the flag's default. One line, exit 2; the
-    subcommands' parsers are of this class too (``add_subparsers`` makes them so)."""
+    subcommands' parsers are of this class too (``add_subparsers`` makes them so). Abbreviated flags are
+    refused: each would be one more name for an idea (``--seed`` was taken for a count of seeds in study)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def _get_values(self, action: argparse.Action, arg_strings: list[str]):
         if action.nargs != argparse.PARSER and any(s == "" for s in arg_strings):
@@ -65,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     for _, module in _command_modules():
         module.add_parser(sub)
     return parser
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of one subcommand of :func:`build_parser`'s ``parser``."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
 
 
 def missing_app_modules(command: str) -> list[str]:
@@ -96,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, _app_extra_line(args.command, missing))
     module = importlib.import_module(f"timm_posgeom.cli.{args.command}")
     try:
+        apply_renamed(args, command_parser(parser, args.command))  # old flag names: a notice, then the new
         check_counts(args)  # counts no run could use, refused before anything heavy is loaded
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning(args.command)

@@ -6,8 +6,19 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
-from ._options import add_imagenet_c_jpeg_blur_arg, add_rpi_permutations_arg, imagenet_c_jpeg_blur
+from ._options import (
+    DEVICE_HELP,
+    add_imagenet_c_jpeg_blur_arg,
+    add_renamed_arg,
+    add_rpi_permutations_arg,
+    imagenet_c_jpeg_blur,
+)
+from .train import add_recipe_data_args, recipe_flag_overrides
+
+# the recipe keys the flags of a study set in every training run (--probe-images is the study's own SSDC count)
+RECIPE_FLAGS = ("train_split", "val_split", "data_config", "revision", "streaming", "max_images", "bad_images")
 
 
 def add_parser(subparsers) -> None:
@@ -20,10 +31,14 @@ def add_parser(subparsers) -> None:
                         "CPU, about 90 minutes; imagenette-cpu-14: the same at 112 px (the paper's 14 x 14 tokens), "
                         "width 64, CPU, about 45 minutes a model; in100: the paper's protocol on GPUs")
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
-    p.add_argument("--seeds", type=int, default=None, help="seeds per condition (default 1)")
+    _add_data_args(p)
+    p.add_argument("--num-seeds", type=int, default=None, metavar="N",
+                   help="training runs per condition, seeds 0 .. N-1 (default 1)")
+    add_renamed_arg(p, "--seeds", "--num-seeds", type=int)
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
     add_rpi_permutations_arg(p)
     add_imagenet_c_jpeg_blur_arg(p)
+    p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
     p.add_argument("--allow-changes", action="store_true",
@@ -31,11 +46,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true", help="validate recipes and print the plan; run nothing")
     p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
                    help="recipe override for every training run (repeatable), e.g. --set epochs=10; seed, data and "
-                        "model_kwargs.init are the study's own: --seeds, --data, --init")
+                        "model_kwargs.init are the study's own: --num-seeds, --data, --init")
     p.add_argument("--init", default=None, choices=["timm", "paper"],
                    help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
                         "model_kwargs.init of every run, after --set). Default: what each recipe says "
                         "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused")
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    """The data flags: the training runs' (:func:`add_recipe_data_args`) and the SSDC probe's count."""
+    add_recipe_data_args(p, max_images_help="use at most the first N images of each split, for all the work: the "
+                                            "training runs' (recipe keys max_train_images and max_val_images) and "
+                                            "every measurement; default: the preset's")
+    p.add_argument("--probe-images", type=int, default=None, metavar="N",
+                   help="images of each SSDC probe (default: the preset's, at most --max-images)")
 
 
 def _terminated(signum, frame) -> None:
@@ -43,20 +67,37 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..app.study import dry_run, preset_config, run_study
+def _config(args: argparse.Namespace) -> Any:
+    """The :class:`~timm_posgeom.app.study.StudyConfig` of the preset and the flags."""
+    from ..app.study import PRESETS, preset_config
 
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
-    config = preset_config(args.preset, data=args.data, seeds=args.seeds, conditions=conditions,
+    images: dict[str, Any] = {}
+    if args.max_images is not None:  # all the work: the training runs' splits and every measurement
+        preset = PRESETS.get(args.preset, {})
+        probe = args.probe_images or preset.get("probe_images") or 1000
+        images = dict(eval_images=args.max_images, probe_images=min(probe, args.max_images),
+                      sweep_images=min(preset.get("sweep_images") or args.max_images, args.max_images))
+    elif args.probe_images is not None:
+        images = dict(probe_images=args.probe_images)
+    config = preset_config(args.preset, data=args.data, seeds=args.num_seeds, conditions=conditions,
                            imagenet_c=imagenet_c_jpeg_blur(args) or None, init=args.init,
-                           rpi_permutations=args.rpi_permutations)
-    owned = {"seed": "--seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
+                           rpi_permutations=args.rpi_permutations, device=args.device, **images)
+    owned = {"seed": "--num-seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
     for item in args.overrides or []:
         key = item.split("=", 1)[0].strip()
         if key in owned:
             raise ValueError(f"--set {key}=... would be replaced by the study's own {key}: use {owned[key]}")
-    if args.overrides:
-        config.train_overrides = list(config.train_overrides) + list(args.overrides)
+    flags = recipe_flag_overrides(args, args.overrides, RECIPE_FLAGS)
+    if args.overrides or flags:
+        config.train_overrides = list(config.train_overrides) + list(args.overrides or []) + flags
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..app.study import dry_run, run_study
+
+    config = _config(args)
     out = args.out or Path("runs") / f"study-{args.preset}"
     if args.dry_run:
         plan = dry_run(config, out)

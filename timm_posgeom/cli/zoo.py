@@ -12,11 +12,15 @@ import sys
 from typing import Any
 
 from ._options import (
+    PRETRAINED_HELP,
+    add_bad_images_arg,
     add_device_args,
     add_imagenet_c_jpeg_blur_arg,
     add_img_size_arg,
+    add_labels_arg,
     add_loader_args,
     add_max_images_arg,
+    add_pretrained_arg,
     add_probe_images_arg,
     add_rpi_permutations_arg,
     add_seed_arg,
@@ -33,22 +37,17 @@ def add_parser(subparsers: Any) -> None:
         description="Measure every model the same way and write zoo.csv (one row per model, as timm's "
                     "results/*.csv), zoo.md and figures. Resumable: a rerun into the same --out skips the models "
                     "already measured with the same settings and retries the failed ones.")
-    p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="timm model names (ours included), hf-hub:ORG/NAME or local-dir:PATH")
-    p.add_argument("--models-file", default=None, metavar="FILE",
-                   help="a file with one model per line ('#' starts a comment)")
-    p.add_argument("--filter", default=None, metavar="PATTERN",
-                   help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained")
+    _add_model_list_args(p)
     p.add_argument("--data", default=None,
                    help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic' (required "
                         "unless --merge)")
     add_split_args(p)
     p.add_argument("--out", default="zoo_out", help="output folder (default: zoo_out); a rerun into it resumes")
-    p.add_argument("--pretrained", default=None, action=argparse.BooleanOptionalAction,
-                   help="timm names: --pretrained loads timm's weights (a name without any fails); --no-pretrained "
-                        "builds every timm name at random init (seeded by --seed). Default: weights for every timm "
-                        "name that has them, random init (marked in the weights column) for those that have none. "
-                        "hf-hub: and local-dir: always load theirs")
+    add_pretrained_arg(p, default=None, help=PRETRAINED_HELP + "Default: weights for every timm name that has them, "
+                                              "random init (marked in the weights column) for those that have none")
+    add_labels_arg(p, default="by-name", default_help="by-name (a model whose classes cannot be matched gets no "
+                                                      "top-1 and FS, with the reason, rather than an error)")
+    add_bad_images_arg(p)
     add_max_images_arg(p)
     add_probe_images_arg(p)
     # renamed: --images N (SSDC and fragility on the first N) is --max-images N; accepted for one release
@@ -61,6 +60,22 @@ def add_parser(subparsers: Any) -> None:
     add_loader_args(p)
     add_seed_arg(p)
     add_rpi_permutations_arg(p)
+    _add_run_args(p)
+    add_device_args(p)
+
+
+def _add_model_list_args(p: argparse.ArgumentParser) -> None:
+    """The models: names, --models-file, --filter."""
+    p.add_argument("models", nargs="*", metavar="MODEL",
+                   help="timm model names (ours included), hf-hub:ORG/NAME or local-dir:PATH")
+    p.add_argument("--models-file", default=None, metavar="FILE",
+                   help="a file with one model per line ('#' starts a comment)")
+    p.add_argument("--filter", default=None, metavar="PATTERN",
+                   help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained")
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    """How the zoo runs: --allow-changes, --shard, --extras, --decode-per-model, --merge."""
     p.add_argument("--allow-changes", action="store_true",
                    help="accept settings that differ from those DIR was measured with: its models are measured "
                         "again (former records kept as .replaced-N)")
@@ -78,7 +93,6 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--merge", action="store_true",
                    help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
                         "its shards wrote, and name the models not measured yet")
-    add_device_args(p)
 
 
 def _merge(args: argparse.Namespace) -> int:
@@ -133,7 +147,7 @@ def _config(args: argparse.Namespace, pretrained: str) -> Any:
                      **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
                      batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
                      shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
-                     streaming=args.streaming,
+                     streaming=args.streaming, labels=args.labels, bad_images=args.bad_images,
                      extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
 
 

@@ -58,10 +58,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "demo": dict(
         recipe_prefix="imagenette_cpu", data=None, eval_images=3200, probe_images=320, sweep_images=320,
         alphas=(1.0, 0.5, 0.0), batch_size=64, synthetic_size=1600, synthetic_val_size=3200, init="paper",
-        train_overrides=["data=synthetic", "synthetic_size=1600", "epochs=12", "batch_size=64", "lr=2e-3",
+        train_overrides=["data=synthetic", "max_train_images=1600", "max_val_images=320", "epochs=12", "batch_size=64", "lr=2e-3",
                          "warmup_epochs=2", "model_kwargs.embed_dim=64", "model_kwargs.num_heads=2",
                          "cache=true", "disk_cache=false", "eval_every=4", "checkpoint_every=100",
-                         "log_every=10", "rpi_ssdc_images=0"],
+                         "log_every=10", "probe_images=0"],
     ),
     # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
     "imagenette-cpu": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette"),
@@ -93,7 +93,7 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
         raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
     twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
     if twice:  # the same run twice would count as a second seed with no spread
-        raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --seeds for more runs of one")
+        raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --num-seeds for more runs of one")
     if config.seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {config.seeds}")
     if config.rpi_permutations < 1:
@@ -146,4 +146,8 @@ def _with_legacy(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]
 def config_changes(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """``{key: (saved, asked)}`` for the result-changing StudyConfig fields that differ (JSON-compared); a
     setting ``saved`` predates counts as its legacy value (``LEGACY_SETTINGS``)."""
+    if saved.get("train_overrides"):  # a study started before the recipe keys took the flags' names
+        from ..recipe import upgrade_overrides
+
+        saved = {**saved, "train_overrides": upgrade_overrides(saved["train_overrides"], warn=False)}
     return settings_changes("study", _with_legacy(saved, asked), asked)

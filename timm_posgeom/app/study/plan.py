@@ -43,6 +43,8 @@ class PlannedRun:
             args += ["--set", s]
         if resume:
             args.append("--resume")
+        if config.device is not None:
+            args += ["--device", config.device]
         if config.accelerate_config:
             return ["accelerate", "launch", "--config_file", accelerate_config(config), *args]
         return [sys.executable, *args]
@@ -83,7 +85,7 @@ def _run_overrides(config: StudyConfig, seed: int) -> tuple[str, ...]:
     check_init(config.init)
     overrides = list(config.train_overrides)
     if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):  # the study's seeds would replace it
-        raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --seeds, not --set seed=...")
+        raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
     if config.init is not None:
         overrides.append(f"model_kwargs.init={config.init}")
     overrides.append(f"seed={seed}")

@@ -110,11 +110,16 @@ def _eval_split(plan: StudyPlan, saved: dict[str, Any] | None, out: Path) -> tup
     """The validation split every run is measured on (the first recipe's) and its identity; StudyError when
     the study was measured on other data under the same name, even with allow_changes (runs trained on the
     former data would be reused under the same recipe)."""
-    from ...data import data_identity, identity_change, load_split
+    from ...data import check_images, data_identity, identity_change, load_split
 
     config, first = plan.config, plan.first
+    # streamed (the recipes' streaming): the first max_val_images, the training runs' own validation images
     val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
-                     synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None))
+                     synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None),
+                     subset=first.max_val_images if first.streaming else None, config=first.data_config,
+                     revision=first.revision, streaming=first.streaming)
+    if first.bad_images == "skip":  # as the training runs: left out, listed
+        val = check_images(val, "skip", progress=False)
     identity = data_identity(val, content=True)  # every image's bytes: the same path with other images is refused
     what = identity_change(saved["data"], identity) if saved is not None and saved.get("data") else None
     if what:
@@ -126,7 +131,7 @@ def _eval_split(plan: StudyPlan, saved: dict[str, Any] | None, out: Path) -> tup
 def _keep_measured(config: StudyConfig, runs: list[StudyRun], out: Path) -> StudyConfig:
     """``config`` widened to every condition and seed of ``runs``, the measured runs of the study in ``out``.
 
-    ``--conditions`` and ``--seeds`` choose which runs a study holds; a resume that names fewer than were
+    ``--conditions`` and ``--num-seeds`` choose which runs a study holds; a resume that names fewer than were
     measured would rewrite results.json and the report without them (a claim the study had decided would
     read "not measured"). The measured runs stay; a condition or seed planned but never measured may be
     dropped."""

@@ -53,7 +53,10 @@ def recipe_changes(run: PlannedRun) -> dict[str, Any]:
         return {}
     import yaml
 
-    return settings_changes("recipe", yaml.safe_load(path.read_text()) or {}, run.recipe.to_dict())
+    from ..recipe import upgrade_keys
+
+    saved = upgrade_keys(yaml.safe_load(path.read_text()) or {}, warn=False)  # old key names: their new ones
+    return settings_changes("recipe", saved, run.recipe.to_dict())
 
 
 def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
@@ -83,7 +86,7 @@ def training_history(run_dir: Path) -> list[HistoryPoint]:
     """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in order.
 
     Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
-    ``rpi_ssdc_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
+    ``probe_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
     A resumed run has already dropped the records logged after its checkpoint (``MetricsLog``).
     """
     from ..train import read_metrics

@@ -56,7 +56,7 @@ __all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
 
 
 def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress: bool = True,
-          allow_changes: bool = False) -> RunSummary:
+          allow_changes: bool = False, device: str | None = None) -> RunSummary:
     """Run ``recipe`` into ``out`` (see the package docstring); returns the run summary.
 
     Raises RecipeError / ValueError, FileNotFoundError or PermissionError before any training
@@ -64,6 +64,10 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     FileExistsError / RunDirError for a run directory in use, finished, started with another
     recipe (``allow_changes`` continues it with the new values, recorded in ``recipe_changes.jsonl``),
     or, with ``resume``, holding no run (nothing is created then).
+
+    ``device``: ``"cpu"`` trains on the CPU though a GPU is there; ``"cuda"`` (or ``"mps"``) requires it;
+    None: accelerate's choice (the GPU of each process when there is one). Which GPU is accelerate's
+    (``CUDA_VISIBLE_DEVICES``, ``accelerate launch --gpu_ids``).
     """
     import timm
     import torch
@@ -88,6 +92,7 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
     cpu = launched > 1 and not torch.cuda.is_available() and not torch.backends.mps.is_available()
+    cpu = cpu or _wants_cpu(device)
     trackers = check_trackers(recipe.log_with)
     check_tracker_project(recipe.tracker_project)  # a path would write outside out
     accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
@@ -106,6 +111,23 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     finally:  # let a later train() in this process choose another precision / accumulation
         lock.release()
         _reset_accelerate_state()
+
+
+def _wants_cpu(device: str | None) -> bool:
+    """Whether ``device`` (--device) asks for the CPU; ValueError for one that accelerate cannot give."""
+    import torch
+
+    if device is None:
+        return False
+    if device == "cpu":
+        return True
+    available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if device not in available:
+        raise ValueError(f"a training run takes --device cpu, cuda or mps, got {device!r} (choose the GPU with "
+                         "CUDA_VISIBLE_DEVICES or accelerate launch --gpu_ids)")
+    if not available[device]:
+        raise ValueError(f"--device {device}: no {device} device here")
+    return False
 
 
 def _reset_accelerate_state() -> None:

@@ -18,7 +18,7 @@ import yaml
 
 from ...distributed import broadcast_object
 from ...jsonio import dumps
-from ..recipe import Recipe, RecipeError
+from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
@@ -87,18 +87,20 @@ def per_process_batch(accelerator: Any, recipe: Recipe) -> int:
     return batch
 
 
-def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
-    """(classes, train dataset, val dataset, train sampler, val sampler) of the recipe's data."""
+def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any, Any]:
+    """(train split, validation split) of the recipe's data, each cut to its ``max_*_images`` and checked
+    (``bad_images``); the main process first (a download or cache made once)."""
     from ... import data as D
-    from ...transforms import eval_transform
 
-    world, rank = accelerator.num_processes, accelerator.process_index
+    hub = dict(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
     with accelerator.main_process_first():
-        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.train_subset,
-                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.synthetic_size)
-        val_size = max(1, recipe.synthetic_size // 5) if recipe.synthetic_size else None
-        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.val_subset,
-                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=val_size)
+        # on synthetic data, max_*_images is the number of images generated (else 5000 and 1000)
+        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.max_train_images,
+                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_train_images,
+                                   **hub)
+        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.max_val_images,
+                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_val_images,
+                                 **hub)
         # every validation image decoded before the first epoch (a bad one found at the first evaluation
         # cost an epoch per try): by the uint8 cache, which decodes both splits before training (a cache
         # file exists only for splits that decoded), else here; to skip bad images, both are checked first
@@ -107,23 +109,42 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
             val_split = D.check_images(val_split, recipe.bad_images, progress=show)
         if recipe.bad_images == "skip":
             train_split = D.check_images(train_split, "skip", progress=show)
-        if recipe.cache:
-            cache_dir = D.default_cache_dir() if recipe.disk_cache else None
+    return train_split, val_split
+
+
+def _datasets(recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any, mean, std,
+              progress: bool) -> tuple[Any, Any]:
+    """(train dataset, val dataset): the uint8 cache (``cache``) or timm's transforms."""
+    from ... import data as D
+    from ...transforms import eval_transform
+
+    if recipe.cache:
+        show = progress and accelerator.is_main_process
+        cache_dir = D.default_cache_dir() if recipe.disk_cache else None
+        with accelerator.main_process_first():
             train_cache = D.cache_uint8(train_split, recipe.img_size, recipe.interpolation, recipe.workers,
                                         cache_dir, progress=show)
             val_cache = D.cache_uint8(val_split, recipe.img_size, recipe.interpolation, recipe.workers,
                                       cache_dir, progress=show)
-    if recipe.cache:
-        train_ds = D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
-                                        augment=recipe.augment)
-        val_ds = D.CachedEvalDataset(val_cache, mean, std)
-    else:
-        tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
-                               recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
-                               reprob=recipe.reprob, scale=recipe.scale)
-        train_ds = D.TransformDataset(train_split, tf, seed=recipe.seed)
-        config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
-        val_ds = D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize))
+        return (D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
+                                     augment=recipe.augment),
+                D.CachedEvalDataset(val_cache, mean, std))
+    tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
+                           recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
+                           reprob=recipe.reprob, scale=recipe.scale)
+    config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
+    return (D.TransformDataset(train_split, tf, seed=recipe.seed),
+            D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize)))
+
+
+def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
+    """(classes, train dataset, val dataset, train sampler, val sampler, skipped images, data identity) of the
+    recipe's data."""
+    from ... import data as D
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    train_split, val_split = _load_splits(recipe, accelerator, progress)
+    train_ds, val_ds = _datasets(recipe, accelerator, train_split, val_split, mean, std, progress)
     train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
     val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
                                       shuffle=False, drop_last=False)
@@ -210,14 +231,14 @@ def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_step
 
 
 def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
-    """The validation loader and, with ``rpi_ssdc_images``, the loader of the first validation images
+    """The validation loader and, with ``probe_images``, the loader of the first validation images
     on which SSDC under RPI is logged at each evaluation (main process only)."""
     from ...data import EpochBatchSampler, make_loader
 
     val_loader = make_loader(val_ds, val_sampler, recipe.workers, pin_memory=pin)
     rpi_loader = None
-    if recipe.rpi_ssdc_images:
-        first = EpochBatchSampler(min(recipe.rpi_ssdc_images, len(val_ds)), val_sampler.batch_size,
+    if recipe.probe_images:
+        first = EpochBatchSampler(min(recipe.probe_images, len(val_ds)), val_sampler.batch_size,
                                   shuffle=False, drop_last=False)
         rpi_loader = make_loader(val_ds, first, 0)
     return val_loader, rpi_loader
@@ -257,7 +278,8 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
-        changes = settings_changes("recipe", yaml.safe_load(saved.read_text()) or {}, recipe.to_dict())
+        saved_values = upgrade_keys(yaml.safe_load(saved.read_text()) or {}, warn=False)  # old key names: new ones
+        changes = settings_changes("recipe", saved_values, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
             raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
@@ -311,33 +333,39 @@ def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, cha
     return resumed_from
 
 
-def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
-                  allow_changes: bool = False) -> Session:
-    """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
+def _session_data(accelerator, recipe: Recipe, out: Path, mean, std, batch: int, progress: bool, resuming: bool):
+    """The run's data (:func:`build_data`), checked against what a resumed run trained on; the images left
+    out said."""
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
+        recipe, accelerator, mean, std, batch, progress)
+    _check_data(out, identity, resuming, recipe.data, accelerator.is_main_process)
+    if skipped:
+        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
+                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
+    return classes, train_ds, val_ds, train_sampler, val_sampler, skipped
+
+
+def _steps(recipe: Recipe, train_sampler: Any, train_size: int) -> tuple[int, int]:
+    """(optimizer steps per epoch, total steps of the run)."""
+    steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
+    if steps_per_epoch == 0:
+        raise RecipeError(f"the training split ({train_size} items) is smaller than one global batch "
+                          f"({recipe.batch_size})")
+    total_steps = steps_per_epoch * recipe.epochs
+    return steps_per_epoch, min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
+
+
+def _model_and_state(accelerator, recipe: Recipe, num_classes: int, total_steps: int, steps_per_epoch: int):
+    """(model, raw model, optimizer, scheduler, mixup, loss, EMA or None, TrainState): built from the seed,
+    prepared by accelerate, and the state and EMA registered for checkpointing."""
     import timm
     from accelerate.utils import set_seed
     from timm.utils import ModelEmaV3
 
-    batch = per_process_batch(accelerator, recipe)
-    checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
-    mean, std = _data_stats(recipe)
-    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
-        recipe, accelerator, mean, std, batch, progress)
-    _check_data(out, identity, checkpoint is not None, recipe.data, accelerator.is_main_process)
-    if skipped:
-        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
-                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
-    steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
-    if steps_per_epoch == 0:
-        raise RecipeError(f"the training split ({len(train_ds)} items) is smaller than one global batch "
-                          f"({recipe.batch_size})")
-    total_steps = steps_per_epoch * recipe.epochs
-    total_steps = min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
-
     set_seed(recipe.seed, device_specific=True)
-    model = timm.create_model(recipe.model, pretrained=False, num_classes=len(classes), img_size=recipe.img_size,
+    model = timm.create_model(recipe.model, pretrained=False, num_classes=num_classes, img_size=recipe.img_size,
                               **recipe.model_kwargs)
-    optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, len(classes), total_steps, steps_per_epoch)
+    optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, num_classes, total_steps, steps_per_epoch)
     model, optimizer = accelerator.prepare(model, optimizer)
     raw_model = accelerator.unwrap_model(model)
     ema = ModelEmaV3(raw_model, decay=recipe.ema_decay) if recipe.ema else None
@@ -345,25 +373,45 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     accelerator.register_for_checkpointing(state)
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
+    return model, raw_model, optimizer, scheduler, mixup, loss_fn, ema, state
+
+
+def _setup_line(s: Session, batch: int) -> str:
+    """What the run is, in one line."""
+    return (f"{s.recipe.model}: {sum(p.numel() for p in s.raw_model.parameters()) / 1e6:.2f}M params, "
+            f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images, {s.world} process(es) x "
+            f"batch {batch} x accum {s.recipe.grad_accum}, {s.steps_per_epoch} steps/epoch, {s.total_steps} steps"
+            + (f", resumed from {s.resumed_from}" if s.resumed_from else ""))
+
+
+def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
+                  allow_changes: bool = False) -> Session:
+    """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
+    batch = per_process_batch(accelerator, recipe)
+    checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
+    mean, std = _data_stats(recipe)
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped = _session_data(
+        accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None)
+    steps_per_epoch, total_steps = _steps(recipe, train_sampler, len(train_ds))
+
+    model, raw_model, optimizer, scheduler, mixup, loss_fn, ema, state = _model_and_state(
+        accelerator, recipe, len(classes), total_steps, steps_per_epoch)
     resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None,
                      tracker=accelerator.log if recipe.log_with else None)
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
-    accelerator.print(
-        f"{recipe.model}: {sum(p.numel() for p in raw_model.parameters()) / 1e6:.2f}M params, {len(classes)} classes, "
-        f"{len(train_ds)} train / {len(val_ds)} val images, {accelerator.num_processes} process(es) x batch {batch} x "
-        f"accum {recipe.grad_accum}, {steps_per_epoch} steps/epoch, {total_steps} steps"
-        + (f", resumed from {resumed_from}" if resumed_from else ""))
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
     # resumed right after an evaluation (a kill after the final checkpoint): it is not evaluated and logged
     # again (the main process read the log; the others learn the step from it)
     evaluated = broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
-    return Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
+    session = Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
                    first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
                    steps_per_epoch=steps_per_epoch, total_steps=total_steps, state=state, log=log,
                    resumed_from=resumed_from)
+    accelerator.print(_setup_line(session, batch))
+    return session

@@ -100,7 +100,7 @@ def evaluate_now(s: Session) -> dict[str, Any]:
     result.update(kind="eval", step=s.state.step, epoch=s.state.step / s.steps_per_epoch,
                   pe_ssdc=pe_table_ssdc(s.raw_model))
     if s.rpi_loader is not None and s.accelerator.is_main_process:
-        result.update(_rpi_ssdc(s.raw_model, s.rpi_loader, s.recipe.rpi_ssdc_images))
+        result.update(_rpi_ssdc(s.raw_model, s.rpi_loader, s.recipe.probe_images))
     result["time_s"] = round(s.elapsed(), 1)
     s.log.log(result)
     s.accelerator.print(f"step {s.state.step}: val top-1 {result['val_top1']:.4f}"

@@ -16,6 +16,7 @@ import torch
 from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
+from ...labels import LABEL_POLICIES
 from ...protocol import RPI_PERMUTATIONS, probe_count, rpi_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
@@ -55,6 +56,10 @@ class ZooConfig:
     resize: str = "paper"
     img_size: int | None = None  # None: each model's own input size
     pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
+    # how the data's labels meet each model's classes (timm_posgeom.labels.match_labels); a model they cannot
+    # meet gets no top-1 and FS (the reason noted), never an error
+    labels: str = "by-name"
+    bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
     shifts: tuple[str, ...] = PAPER_SHIFTS
     alphas: tuple[float, ...] | None = None  # None: no alpha sweep
     seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutations, bootstrap
@@ -77,6 +82,10 @@ class ZooConfig:
                 self.max_images = images
             if self.probe_images is None:
                 self.probe_images = images
+        if self.labels not in LABEL_POLICIES:
+            raise ValueError(f"labels must be one of {', '.join(LABEL_POLICIES)}, got {self.labels!r}")
+        if self.bad_images not in ("error", "skip"):
+            raise ValueError(f"bad_images must be error or skip, got {self.bad_images!r}")
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         self.probe_count()  # max_images, probe_images >= 1

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 
 from ...distributed import fail_together
-from ...errors import NonFiniteWarning, PosgeomError
+from ...errors import NonFiniteWarning, PosgeomError, one_line
 from ...jsonio import to_jsonable
-from ...labels import map_by_name
+from ...labels import LabelMismatchError, map_by_name
+from ...labels import match_labels as labels_matched
 from ..records import SweepSummary, ZooModel
 from .config import SWEEP_SHIFTS, ZooConfig, _default_device, _failure_text, _floats, _num, versions
 
@@ -174,7 +175,7 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
                            num_workers=config.num_workers, img_size=config.img_size)
 
     _ssdc(model, record, config, loader, common)
-    matched, how = map_by_name(model, data)
+    matched, how = _match(model, data, config.labels)
     if matched is None:
         record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
                             f"outputs ({how})")
@@ -187,6 +188,16 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
         _extras(model, record, config, data, loader, common)
     elif config.extras:
         record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
+
+
+def _match(model: torch.nn.Module, data: Any, labels: str) -> tuple[Any | None, str]:
+    """(the data whose labels index the model's classes, how) under ``labels`` (--labels), or (None, why not)."""
+    if labels == "by-name":
+        return map_by_name(model, data)
+    try:
+        return labels_matched(model, data, labels), labels
+    except LabelMismatchError as e:
+        return None, one_line(e)
 
 
 def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -196,10 +197,15 @@ def _start(zoo: _Zoo, asked: list[str], allow_changes: bool) -> tuple[list[str],
 
 def _load_data(config: ZooConfig, progress: bool) -> tuple[Any, ZooConfig]:
     """(the zoo's split, not decoded; ``config`` with its ``data_fingerprint``: what the split holds)."""
-    from ...data import content_fingerprint, load_split
+    from ...data import check_images, content_fingerprint, load_split
 
     data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
                       revision=config.revision, streaming=config.streaming)
+    if config.bad_images == "skip":  # checked first: left out, listed
+        data = check_images(data, "skip", progress=progress)
+        if data.skipped:
+            print(f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
+                  f"{' ...' if len(data.skipped) > 5 else ''}", file=sys.stderr)
     return data, replace(config, data_fingerprint=content_fingerprint(data, progress=progress))
 
 
