@@ -249,7 +249,7 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
 
     Raises :class:`HubExportError` when the run has no exported weights.
     """
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     run = Path(run_dir)
     wdir = _weights_dir(run, weights)
@@ -263,23 +263,8 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     args = _card_args(wdir / "config.json", config)
     pe, token_shuffle = args["pe"], args["token_shuffle"]
     dataset = _recipe_data(run / "recipe.yaml")
-    tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding", f"pe-{pe}"]
-    if token_shuffle == "train":
-        tags.append("random-permutation-training")
-    for key in ("init", "layout"):
-        if args[key] != "timm":
-            tags.append(f"{key}-{args[key]}")
-    card_data = ModelCardData(
-        library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
-        # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
-        datasets=[dataset] if dataset and "/" in dataset and not dataset.startswith((".", "/", "~")) else None,
-        metrics=["accuracy"],
-    )
-    pe_title, pe_description = _PE_TEXT[pe]
-    if token_shuffle == "train":
-        pe_title += ", trained with random token permutation (RPT)"
-        pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
-    pe_description += _INIT_TEXT[args["init"]] + _LAYOUT_TEXT[args["layout"]]
+    card_data = _card_data(args, dataset)
+    pe_title, pe_description = _pe_text(args)
     figures = sorted(p.name for p in run.glob("*.png"))
     # the training's own numbers (steps, epochs, time) describe these weights only if the run exported them
     trained = summary if summary is not None and sha1 in (summary.export_sha1, summary.export_ema_sha1) else None
@@ -295,6 +280,36 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         recipe_yaml=recipe_text, figures=figures, results=_results_rows(summary, evals, sha1),
     )
     return str(card)
+
+
+def _card_data(args: dict[str, Any], dataset: str | None) -> Any:
+    """The card's metadata (``huggingface_hub.ModelCardData``): library, license, tags (the PE, RPT, a
+    non-timm init or layout) and the dataset when it is a Hub id."""
+    from huggingface_hub import ModelCardData
+
+    tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding",
+            f"pe-{args['pe']}"]
+    if args["token_shuffle"] == "train":
+        tags.append("random-permutation-training")
+    for key in ("init", "layout"):
+        if args[key] != "timm":
+            tags.append(f"{key}-{args[key]}")
+    return ModelCardData(
+        library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
+        # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
+        datasets=[dataset] if dataset and "/" in dataset and not dataset.startswith((".", "/", "~")) else None,
+        metrics=["accuracy"],
+    )
+
+
+def _pe_text(args: dict[str, Any]) -> tuple[str, str]:
+    """The card's PE title and description: the PE, RPT when trained with it, then the init and layout."""
+    pe_title, pe_description = _PE_TEXT[args["pe"]]
+    if args["token_shuffle"] == "train":
+        pe_title += ", trained with random token permutation (RPT)"
+        pe_description += " During training the patch tokens were randomly permuted before the PE at every step."
+    pe_description += _INIT_TEXT[args["init"]] + _LAYOUT_TEXT[args["layout"]]
+    return pe_title, pe_description
 
 
 def upload_plan(run_dir: str | os.PathLike, weights: str = "export") -> list[str]:

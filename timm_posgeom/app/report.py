@@ -23,7 +23,6 @@ from .claims import (
     spread,
     spread_sp,
 )
-from .provenance import describe_versions
 from .records import StudyResults, StudyRun
 from .report_figures import (
     _by_condition,
@@ -40,6 +39,7 @@ from .report_figures import (
     fig_training,
     no_pe_floor,
 )
+from .report_header import report_header, report_intro, versions_text
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -130,7 +130,13 @@ def _head_range(rows: list[list[float | None]]) -> str:
 
 
 def _tables(results: StudyResults) -> list[str]:
+    """The study's tables: accuracy and fragility, SSDC across depth, and the alpha sweep when measured."""
     by = _by_condition(results)
+    return _accuracy_table(results, by) + _ssdc_table(results, by) + _alpha_sweep_tables(results, by)
+
+
+def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[str]:
+    """Clean top-1 and FS under the paper's shifts against the paper's numbers; FS under any other shift."""
     lines = ["## Accuracy and fragility (mean ± std [95% interval] over seeds)", "",
              "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
              "|---|---|---|---|---|---|---|---|"]
@@ -148,7 +154,12 @@ def _tables(results: StudyResults) -> list[str]:
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
                 spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
-    lines += ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", ""]
+    return lines
+
+
+def _ssdc_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[str]:
+    """SSDC per layer (without and under RPI, untrained), its mean and delta under RPI, with the no-PE floor."""
+    lines = ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", ""]
     ns = sorted({len(runs) for runs in by.values() if len(runs) > 1})
     if ns:  # the per-layer lists keep to mean ± std; their 95% intervals follow from it
         from scipy.stats import t
@@ -169,6 +180,12 @@ def _tables(results: StudyResults) -> list[str]:
         d = spread_sp(cube[:, :, 1] - cube[:, :, 0]).text() if cube.size and cube.shape[2] >= 2 else "n/a"
         lines.append(f"| {LABELS.get(c, c)} | {_layer_text(runs, 'per_layer')} | {_layer_text(runs, 'rpi_per_layer')} | "
                      f"{mean} | {d} | {_layer_text(runs, 'per_layer', 'untrained')} |")
+    return lines
+
+
+def _alpha_sweep_tables(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[str]:
+    """Delta SSDC under RPI and JPEG q5 FS at each alpha, alpha upwards; [] when no run swept alpha."""
+    lines: list[str] = []
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if swept:
@@ -243,104 +260,6 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split("\n")).replace("|", "\\|")
 
 
-def _versions_text(results: StudyResults) -> str:
-    """The versions every run was trained and measured with (summary.json, eval.json), against this
-    results.json's invocation; runs recorded before per-run versions were kept are named as such."""
-    return describe_versions(results.versions, [(f"{r.condition} s{r.seed}", [r.train.versions, *(r.eval.versions or [None])])
-                                                for r in results.runs], label="the study's last invocation")
-
-
-def _architecture(recipe: dict[str, Any]) -> dict[str, Any]:
-    """Width, depth, heads, patch and grid of a recipe's model, read off the model built on the meta device
-    (no weights, no memory); what the recipe itself says when the model cannot be built that way."""
-    kwargs = dict(recipe.get("model_kwargs") or {})
-    if recipe.get("img_size"):
-        kwargs["img_size"] = recipe["img_size"]
-    out: dict[str, Any] = {"width": kwargs.get("embed_dim"), "depth": kwargs.get("depth"),
-                           "heads": kwargs.get("num_heads"), "img_size": recipe.get("img_size")}
-    try:
-        import timm
-        import torch
-
-        from .. import models  # noqa: F401  (registers the package's models with timm)
-
-        with torch.device("meta"):
-            model = timm.create_model(recipe["model"], **kwargs)
-        grid = tuple(model.patch_embed.grid_size)
-        out.update(width=model.embed_dim, depth=len(model.blocks), heads=model.blocks[0].attn.num_heads,
-                   patch=tuple(model.patch_embed.patch_size), grid=grid)
-    except (AttributeError, KeyError, RuntimeError, TypeError, ValueError, NotImplementedError):
-        pass  # not a ViT timm can build here: the recipe's values (or "not recorded") stand
-    return out
-
-
-def _one_or_each(values: dict[str, Any], fmt=str) -> str:
-    """One value when every condition shares it, else each condition's."""
-    distinct = {fmt(v) for v in values.values()}
-    if len(distinct) == 1:
-        return distinct.pop()
-    return "; ".join(f"{LABELS.get(c, c)} {fmt(v)}" for c, v in values.items())
-
-
-def _grid_text(arch: dict[str, Any]) -> str:
-    grid = arch.get("grid")
-    if not grid:
-        return "not recorded"
-    size = f"{arch['img_size']} px, " if arch.get("img_size") else ""
-    patch = f"patch {arch['patch'][0]}" if arch.get("patch") else ""
-    return f"{grid[0]} x {grid[1]} ({size}{patch})"
-
-
-def _header(results: StudyResults) -> tuple[str, list[str]]:
-    """The report's title (what the study varied: grid, width, depth, init) and the table under it: preset,
-    init, model, width, depth, grid, overrides, seeds, training, data identity, what was measured."""
-    cfg = results.config
-    by = _by_condition(results)
-    recipes = {c: results.recipes.get(c) or {} for c in cfg.get("conditions", by)}
-    archs = {c: _architecture(r) for c, r in recipes.items() if r}
-    inits = {c: (r.get("model_kwargs") or {}).get("init", "timm") for c, r in recipes.items() if r}
-    init = cfg.get("init") or _one_or_each(inits) if inits else cfg.get("init") or "not recorded"
-    na = "not recorded"
-    width = _one_or_each({c: a.get("width") or na for c, a in archs.items()}) if archs else na
-    depth = _one_or_each({c: a.get("depth") or na for c, a in archs.items()}) if archs else na
-    heads = _one_or_each({c: a.get("heads") or na for c, a in archs.items()}) if archs else na
-    grid = _one_or_each({c: _grid_text(a) for c, a in archs.items()}) if archs else na
-    short_grid = _one_or_each({c: "x".join(map(str, a["grid"])) if a.get("grid") else na for c, a in archs.items()}) \
-        if archs else na
-    known = [part for part, value in ((f"{short_grid} grid", short_grid), (f"width {width}", width),
-                                      (f"depth {depth}", depth), (f"{init} init", init)) if value != na]
-    title = f"PE geometry study: {', '.join(known)} (preset `{cfg['preset']}`)" if known else \
-        f"PE geometry study: preset `{cfg['preset']}`"
-    overrides = cfg.get("train_overrides") or []
-    seeds_run = "; ".join(f"{LABELS.get(c, c)} {', '.join(str(r.seed) for r in runs)}" for c, runs in by.items())
-    epochs = _one_or_each({c: r.get("epochs", na) for c, r in recipes.items() if r}) if archs else na
-    batch = _one_or_each({c: r.get("batch_size", na) for c, r in recipes.items() if r}) if archs else na
-    models = _one_or_each({c: f"`{r.get('model', na)}`" for c, r in recipes.items() if r}) if archs else na
-    data = results.eval_data or {}
-    identity = data.get("identity") or {}
-    ident = ", ".join(f"{k} `{identity[k]}`" for k in ("labels", "pixels") if identity.get(k))
-    alphas = cfg.get("alphas")
-    rows = [
-        ("preset", f"`{cfg['preset']}`" + (f" (recipes `{cfg['recipe_prefix']}_<condition>`)"
-                                            if cfg.get("recipe_prefix") else "")),
-        ("conditions", ", ".join(LABELS.get(c, c) for c in cfg.get("conditions", by))),
-        ("model", models),
-        ("initialisation", f"{init}" + (" (`--init`, every run)" if cfg.get("init") else " (each recipe's own)")),
-        ("width / depth / heads", f"{width} / {depth} / {heads}"),
-        ("grid", grid),
-        ("overrides", ", ".join(f"`{o}`" for o in overrides) if overrides else "none (the preset's recipes)"),
-        ("seeds", f"{cfg.get('seeds', na)} per condition; measured: {seeds_run}"),
-        ("training", f"{epochs} epochs, batch {batch}"),
-        ("data", f"`{data.get('source', na)}`, {data.get('split', na)} split, {data.get('images', na)} images, "
-                 f"{data.get('classes', na)} classes" + (f"; identity: {ident}" if ident else "")),
-        ("measured", f"fragility under {', '.join(cfg.get('shifts') or []) or 'no shift'}; SSDC on "
-                     f"{cfg.get('probe_images')} images (normal and under RPI)"
-                     + (f"; alpha sweep at {', '.join(f'{a:g}' for a in sorted(alphas))}" if alphas else "")),
-    ]
-    table = ["## What this study varied", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
-    return title, table
-
-
 def _slug(heading: str) -> str:
     """A heading's anchor as GitHub writes it (lower case, punctuation dropped, spaces to hyphens); the
     HTML page uses the same (:func:`render_html`), so the contents' links work in both."""
@@ -387,12 +306,12 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None) ->
     if not results.runs:
         raise ValueError(f"{out / 'results.json'} has no finished runs yet")
     drawn = _draw_figures(out, results)
-    title, varied = _header(results)
+    title, varied = report_header(results)
     body = _with_figures(_claims_table(evaluate_claims(results)) + _tables(results) + _training_table(results)
                          + _attention_table(results), drawn)
-    tail = ["", "## Provenance", "", f"Versions: {_versions_text(results)}.", "",
+    tail = ["", "## Provenance", "", f"Versions: {versions_text(results)}.", "",
             "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
-    lines = _intro(results, title) + varied + [""] + _contents(varied + body + tail) + body + tail
+    lines = report_intro(results, title) + varied + [""] + _contents(varied + body + tail) + body + tail
     md = "\n".join(lines) + "\n"
     (out / "report.md").write_text(md)
     _write_html(out, md)
@@ -413,21 +332,6 @@ def _draw_figures(out: Path, results: StudyResults) -> set[str]:
     if fig_similarity_maps(out, results, figs / "similarity_maps.png"):
         drawn.add("similarity_maps")
     return drawn
-
-
-def _intro(results: StudyResults, title: str) -> list[str]:
-    """The title and the paragraph under it: data, conditions, seeds, images probed, state, time, versions."""
-    cfg = results.config
-    probed = sorted({r.eval.ssdc.n_images for r in results.runs if r.eval.ssdc is not None})
-    probed_text = "no" if not probed else f"{probed[0]}" if len(probed) == 1 else f"{probed[0]}-{probed[-1]}"
-    return [f"# {title}", "",
-            f"Data: `{results.eval_data['source']}` ({results.eval_data['split']}, "
-            f"{results.eval_data['images']} images); conditions {', '.join(cfg['conditions'])}; "
-            f"{cfg['seeds']} seed(s); SSDC on {probed_text} images; "
-            f"{'complete' if results.complete else 'INCOMPLETE (resume with --resume)'}; "
-            f"{results.elapsed_s:.0f} s (all invocations). Versions: {_versions_text(results)}.", "",
-            "The paper's numbers are ViT-S/16 on ImageNet-100 at 224 px (docs/method.md in the timm-posgeom repository); this run's scale "
-            "may differ, so compare orderings and shapes rather than values.", ""]
 
 
 _SEEDS = "mean ± std over seeds (zero width with one seed)"

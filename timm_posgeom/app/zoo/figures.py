@@ -84,6 +84,29 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
     fig = Figure(figsize=(6.4, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.subplots()
+    points, left_out = _fs_delta_points(ax, records, shift)
+    if not points:
+        _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
+    ax.axhline(0, color="0.6", lw=0.5)
+    ax.axvline(0, color="0.6", lw=0.5)
+    ax.margins(0.12)
+    if points:
+        _label_fs_delta_points(ax, points)
+    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
+    ax.set_ylabel(f"fragility score FS, {shift}")
+    ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
+    fit_titles(fig)
+    _save(fig, path)
+    return left_out
+
+
+_Point = tuple[float, float, str, int]  # a model's point in fig_fragility_delta: delta SSDC, FS, name, index
+
+
+def _fs_delta_points(ax: Any, records: Sequence[ZooModel], shift: str) -> tuple[list[_Point], list[str]]:
+    """Draw each model that has ``shift``'s FS and delta SSDC under RPI as a point with its two 95% intervals
+    as error bars (colour ``C{i}``, ``i`` its index in ``records``); the points (delta SSDC, FS, model, i)
+    and the models left out."""
     left_out = []
     points = []
     for i, r in enumerate(records):
@@ -98,31 +121,25 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
         xerr = None if dlo is None or dhi is None else [[max(d - dlo, 0.0)], [max(dhi - d, 0.0)]]
         ax.errorbar([d], [fs], yerr=err, xerr=xerr, fmt="o", color=f"C{i % 10}", ms=5, capsize=3, zorder=3)
         points.append((r.rpi_delta_ssdc, fs, r.model, i))
-    if not points:
-        _empty(ax, f"no model has both FS {shift} and delta SSDC under RPI")
-    ax.axhline(0, color="0.6", lw=0.5)
-    ax.axvline(0, color="0.6", lw=0.5)
-    ax.margins(0.12)
-    if points:
-        from matplotlib.lines import Line2D
+    return points, left_out
 
-        bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
-        hbar = Line2D([], [], color="0.3", marker="_", ms=10, ls="none",
-                      label="delta SSDC: 95% interval over the RPI permutations")
-        ax.legend(handles=[bar, hbar], fontsize=7, loc="best")
-        mid = sum(ax.get_xlim()) / 2
-        top = sum(ax.get_ylim()) / 2
-        for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
-            right, above = x <= mid, y <= top
-            ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
-                        textcoords="offset points", fontsize=7, ha="left" if right else "right",
-                        va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
-    ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
-    ax.set_ylabel(f"fragility score FS, {shift}")
-    ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
-    fit_titles(fig)
-    _save(fig, path)
-    return left_out
+
+def _label_fs_delta_points(ax: Any, points: list[_Point]) -> None:
+    """The legend of the two error bars, and each point's model name, pointing away from the nearer edge of the
+    axes (whose limits are set by then) so that it stays inside."""
+    from matplotlib.lines import Line2D
+
+    bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
+    hbar = Line2D([], [], color="0.3", marker="_", ms=10, ls="none",
+                  label="delta SSDC: 95% interval over the RPI permutations")
+    ax.legend(handles=[bar, hbar], fontsize=7, loc="best")
+    mid = sum(ax.get_xlim()) / 2
+    top = sum(ax.get_ylim()) / 2
+    for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
+        right, above = x <= mid, y <= top
+        ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
+                    textcoords="offset points", fontsize=7, ha="left" if right else "right",
+                    va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
 
 
 def _f3(value: Any) -> str:

@@ -319,38 +319,53 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
            common: dict[str, Any]) -> SweepSummary | None:
     """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
     under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
-    from ...eval_data import eval_loader
     from ...interventions import AlphaOverflowError, PEScaleError, TokenPermutationError
-    from ...probes import probe_ssdc
-    from ...robustness import alpha_sweep
 
     alphas = [float(a) for a in config.alphas or ()]
     try:
         if matched is not None:
-            sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.probe_count(), site=config.site,
-                                resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
-                                max_images=config.max_images, img_size=config.img_size, **common)
-            return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
-                                fs={k: _floats(v) for k, v in sweep.fs.items()},
-                                clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
-                                rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
-                                fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows]
-                                             for k in sweep.shifts},
-                                rpi_permutations=config.rpi_permutations,
-                                delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows])
-        deltas, cis, layers = [], [], []
-        k = config.rpi_permutations
-        for j, alpha in enumerate(alphas):  # the sweep's protocol: fresh permutations per alpha (seed + jK + ...)
-            loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
-                                 resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
-            res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"] + j * k, alpha=alpha,
-                             rpi_permutations=k, device=common["device"], progress=False)
-            deltas.append(res.rise)
-            cis.append(_floats(res.delta_ci))
-            layers.append(_floats(res.per_layer))
-        record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
-        return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
-                            rpi_per_layer=layers, rpi_permutations=k, delta_ssdc_ci=cis)
+            return _full_sweep(model, config, matched, alphas, common)
+        return _delta_sweep(model, record, config, data, alphas, common)
     except (PEScaleError, AlphaOverflowError, TokenPermutationError, TypeError) as e:
         record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
         return None
+
+
+def _full_sweep(model: torch.nn.Module, config: ZooConfig, matched: Any, alphas: list[float],
+                common: dict[str, Any]) -> SweepSummary:
+    """:func:`~timm_posgeom.robustness.alpha_sweep` on the label-matched data: delta SSDC and FS per alpha."""
+    from ...robustness import alpha_sweep
+
+    sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.probe_count(), site=config.site,
+                        resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
+                        max_images=config.max_images, img_size=config.img_size, **common)
+    return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
+                        fs={k: _floats(v) for k, v in sweep.fs.items()},
+                        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
+                        rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
+                        fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows]
+                                     for k in sweep.shifts},
+                        rpi_permutations=config.rpi_permutations,
+                        delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows])
+
+
+def _delta_sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, alphas: list[float],
+                 common: dict[str, Any]) -> SweepSummary:
+    """Delta SSDC under RPI at each alpha alone (``probe_ssdc`` with ``alpha``), FS and accuracy left empty; the
+    record's notes say so."""
+    from ...eval_data import eval_loader
+    from ...probes import probe_ssdc
+
+    deltas, cis, layers = [], [], []
+    k = config.rpi_permutations
+    for j, alpha in enumerate(alphas):  # the sweep's protocol: fresh permutations per alpha (seed + jK + ...)
+        loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
+                             resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
+        res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"] + j * k, alpha=alpha,
+                         rpi_permutations=k, device=common["device"], progress=False)
+        deltas.append(res.rise)
+        cis.append(_floats(res.delta_ci))
+        layers.append(_floats(res.per_layer))
+    record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
+    return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
+                        rpi_per_layer=layers, rpi_permutations=k, delta_ssdc_ci=cis)

@@ -134,26 +134,31 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 row[f"fs_{s}"] = _fmt((r.fs or {}).get(s))
                 low, high = ((r.fs_interval or {}).get(s) or [None, None])[:2]
                 row[f"fs_{s}_ci_low"], row[f"fs_{s}_ci_high"] = _fmt(low), _fmt(high)
-            if "attention" in config.extras:
-                row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
-                           attn_distance_per_layer=_series(r.attention_distance),
-                           attn_entropy_per_layer=_series(r.attention_entropy))
-            if "position" in config.extras:
-                row.update(position_chance=_fmt(r.position_chance),
-                           position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
-                           position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
-                           position_acc_per_layer=_series(r.position_accuracy),
-                           position_acc_rpi_per_layer=_series(r.position_accuracy_rpi))
-            if config.alphas is not None and r.alpha_sweep is not None:
-                sw = r.alpha_sweep
-                row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
-                row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
-                row["sweep_delta_ssdc_rpi_ci_low"] = _ci_series(sw.delta_ssdc_ci, 0)
-                row["sweep_delta_ssdc_rpi_ci_high"] = _ci_series(sw.delta_ssdc_ci, 1)
-                for s in SWEEP_SHIFTS:
-                    row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
+            _extra_columns(row, r, config)
         rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
     return rows
+
+
+def _extra_columns(row: dict[str, str], r: ZooModel, config: ZooConfig) -> None:
+    """The columns of the extras the zoo measured (attention, position) and of the alpha sweep, into ``row``."""
+    if "attention" in config.extras:
+        row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
+                   attn_distance_per_layer=_series(r.attention_distance),
+                   attn_entropy_per_layer=_series(r.attention_entropy))
+    if "position" in config.extras:
+        row.update(position_chance=_fmt(r.position_chance),
+                   position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
+                   position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
+                   position_acc_per_layer=_series(r.position_accuracy),
+                   position_acc_rpi_per_layer=_series(r.position_accuracy_rpi))
+    if config.alphas is not None and r.alpha_sweep is not None:
+        sw = r.alpha_sweep
+        row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
+        row["sweep_delta_ssdc_rpi"] = _series(sw.delta_ssdc)
+        row["sweep_delta_ssdc_rpi_ci_low"] = _ci_series(sw.delta_ssdc_ci, 0)
+        row["sweep_delta_ssdc_rpi_ci_high"] = _ci_series(sw.delta_ssdc_ci, 1)
+        for s in SWEEP_SHIFTS:
+            row[f"sweep_fs_{s}"] = _series(sw.fs.get(s))
 
 
 def _ssdc_columns(row: dict[str, str], r: ZooModel) -> None:
