@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +103,39 @@ def test_pretrained_true_loads_a_local_file_with_the_recorded_sha1(tmp_path):
     assert _reexported_sha1(model, tmp_path / "loaded") == recorded
     assert model.num_classes == 10 and model.pretrained_cfg["hf_hub_id"] == hub_repo("8x8-paper", "sincos", 1)
     assert tuple(model.pretrained_cfg["label_names"]) == IMAGENETTE_CLASSES
+
+
+def hub_cache(root: Path, repo_id: str, weights: Path) -> Path:
+    """A Hugging Face Hub cache under ``root`` that holds ``weights`` as ``repo_id``'s ``model.safetensors``, as a
+    download leaves it (``refs/main`` naming a snapshot): with ``HF_HUB_OFFLINE=1`` a download reads it."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    revision = "0" * 40
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    (repo / "snapshots" / revision).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(weights, repo / "snapshots" / revision / "model.safetensors")
+    return root
+
+
+@pytest.mark.slow
+def test_pretrained_true_downloads_from_the_hub_id_in_its_config(tmp_path):
+    """The whole path without an overlay: timm resolves the name's ``hf_hub_id`` and reads the Hub (here a Hub
+    cache, offline, holding an export made here under that repository's name)."""
+    name = pretrained_name("8x8-timm", "rope", 0)
+    torch.manual_seed(3)
+    export_for_hub(timm.create_model(name.split(".")[0], num_classes=10), tmp_path / "export")
+    recorded = weights_sha1(tmp_path / "export" / "model.safetensors")
+    cache = hub_cache(tmp_path / "hub", hub_repo("8x8-timm", "rope", 0), tmp_path / "export" / "model.safetensors")
+    script = ("import sys, timm, timm_posgeom\n"
+              "from timm_posgeom.app.hub import export_for_hub, weights_sha1\n"
+              f"model = timm.create_model({name!r}, pretrained=True)\n"
+              "export_for_hub(model, sys.argv[1])\n"
+              "print(weights_sha1(sys.argv[1] + '/model.safetensors'))\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == recorded
 
 
 def _committed_weights() -> list[tuple[tuple[str, str, int], Path]]:
