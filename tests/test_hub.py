@@ -196,17 +196,3 @@ def test_without_the_plugin_timm_names_the_unknown_architecture(tmp_path):
     script = f"import timm; timm.create_model('local-dir:{tmp_path / 'export'}', pretrained=True)"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode != 0 and "Unknown model (posgeom_vit_micro_patch8_64_ape)" in out.stderr
-
-
-def test_pretrained_tags_only_for_published_weights():
-    from timm.models import generate_default_cfgs
-
-    from timm_posgeom.models.vision_transformer_pe import PRETRAINED, build_default_cfgs
-
-    assert not timm.list_pretrained("posgeom_vit_micro_patch8_64_*") and not PRETRAINED  # nothing published yet
-    cfgs = generate_default_cfgs(build_default_cfgs({"posgeom_vit_small_patch16_224_ape.in100_paper_s0": "org/vit-s-ape"}))
-    tagged = cfgs["posgeom_vit_small_patch16_224_ape"].cfgs["in100_paper_s0"]
-    assert tagged.hf_hub_id == "org/vit-s-ape" and tagged.input_size == (3, 224, 224)
-    assert cfgs["posgeom_vit_small_patch16_224_ape"].tags[0] == "in100_paper_s0"  # a tag with weights is the default
-    with pytest.raises(ValueError, match="registered model"):
-        build_default_cfgs({"vit_huge_patch14_224_ape.x": "org/x"})

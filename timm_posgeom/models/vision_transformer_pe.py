@@ -37,7 +37,9 @@ from timm.models.eva import Eva
 from ..pos.common import PE_TYPES, TOKEN_SHUFFLE_MODES, check_alpha
 from ..pos.rope import ScaledRotaryEmbeddingCat
 from ..pos.sincos import sincos_2d
+from .checkpoint import adapt_state_dict
 from .layout import LAYOUTS, apply_layout, eva_layout_kwargs
+from .pretrained import micro_pretrained_cfgs
 
 __all__ = ["PosGeomViT", "INIT_TYPES", "LAYOUTS"]
 
@@ -335,14 +337,10 @@ def _check_img_size(img_size, patch_size, dynamic_img_pad: bool) -> None:
 
 
 def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: PosGeomViT) -> dict[str, torch.Tensor]:
-    """Adapt a checkpoint of this family to ``model``: resample a learned table to a new grid."""
-    out = {}
-    for k, v in state_dict.items():
-        if k == "pos_embed" and model.pos_embed is not None and v.shape != model.pos_embed.shape:
-            num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
-            v = resample_abs_pos_embed(v, new_size=model.patch_embed.grid_size, num_prefix_tokens=num_prefix)
-        out[k] = v
-    return out
+    """Adapt a checkpoint to ``model``: this family's (a learned table resampled to a new grid) or timm's
+    ``VisionTransformer`` (``vit_*_patch16_224``: its fused qkv bias split, layer-scale names); see
+    :mod:`timm_posgeom.models.checkpoint`."""
+    return adapt_state_dict(state_dict, model)
 
 
 def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> PosGeomViT:
@@ -389,24 +387,31 @@ def _name(size: str, variant: str) -> str:
     return f"{stem}_{variant}"
 
 
-# Published weights, "<model>.<tag>": "<hf hub id>", e.g. "posgeom_vit_small_patch16_224_ape.in100_paper_s0".
-# Only weights that exist on the Hub go here: no placeholders (timm would list them as pretrained).
-PRETRAINED: dict[str, str] = {}
+# Trained weights, "<model>.<tag>": cfg with its "hf_hub_id" (and what else differs from the model's base cfg):
+# the trained micro models (timm_posgeom/models/pretrained.py), under the Hub names they are pushed to.
+PRETRAINED: dict[str, Any] = micro_pretrained_cfgs()
 
 
 def _base_cfg(name: str) -> dict[str, Any]:
     return _cfg(input_size=(3, 64, 64), crop_pct=1.0) if name.startswith("posgeom_vit_micro") else _cfg()
 
 
-def build_default_cfgs(pretrained: dict[str, str]) -> dict[str, Any]:
-    """Untagged cfgs for every model, plus one tagged cfg (with its ``hf_hub_id``) per published weight."""
-    cfgs: dict[str, Any] = {_name(size, variant): _base_cfg(_name(size, variant))
-                            for size in _SIZES for variant in _VARIANTS}
-    for tagged, hub_id in pretrained.items():
+def build_default_cfgs(pretrained: dict[str, Any]) -> dict[str, Any]:
+    """One tagged cfg per trained weight (``"<model>.<tag>"``: a Hub id, or a dict of cfg entries with its
+    ``hf_hub_id``), then every model's untagged cfg, marked the default (timm's ``.*``): a bare name stays what it
+    was (no weights, 1000 classes) and ``pretrained=True`` loads weights only for a name with a tag."""
+    names = [_name(size, variant) for size in _SIZES for variant in _VARIANTS]
+    cfgs: dict[str, Any] = {}
+    for tagged, entry in pretrained.items():
         name, _, tag = tagged.partition(".")
-        if name not in cfgs or not tag:
+        if name not in names or not tag or tag.endswith("*"):
             raise ValueError(f"pretrained entry {tagged!r} must be '<registered model>.<tag>'")
-        cfgs[tagged] = dict(_base_cfg(name), hf_hub_id=hub_id)
+        extra = dict(hf_hub_id=entry) if isinstance(entry, str) else dict(entry)
+        if not extra.get("hf_hub_id"):
+            raise ValueError(f"pretrained entry {tagged!r} has no hf_hub_id")
+        cfgs[tagged] = dict(_base_cfg(name), **extra)
+    # after the tagged ones: timm makes the first tag with weights the default unless a later '.*' takes it back
+    cfgs.update({f"{name}.*": _base_cfg(name) for name in names})
     return cfgs
 
 
