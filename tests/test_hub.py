@@ -109,6 +109,23 @@ def test_card_for_other_weights_does_not_show_the_eval_of_these(tmp_path):
     assert "0.3125" not in ModelCard(render_card(run)).text
 
 
+def test_card_names_the_release_that_trained_the_weights(tmp_path):
+    """The card names the timm-posgeom release: the training's (its summary.json's versions), and this one's where
+    it differs or was not recorded."""
+    from timm_posgeom import __version__
+
+    run = _run_dir(tmp_path)
+    assert f"| timm-posgeom | {__version__} (this card; the training's version was not recorded) |" in \
+        ModelCard(render_card(run)).text
+    summary = RunSummary.read(run / "summary.json")
+    summary.versions = {"timm_posgeom": __version__, "timm": timm.__version__}
+    summary.write(run / "summary.json")
+    assert f"| timm-posgeom | {__version__} |" in ModelCard(render_card(run)).text
+    summary.versions["timm_posgeom"] = "0.0.9"
+    summary.write(run / "summary.json")
+    assert f"| timm-posgeom | 0.0.9 (training); {__version__} (this card) |" in ModelCard(render_card(run)).text
+
+
 def test_push_dry_run_lists_the_exact_files_and_sends_nothing(tmp_path, capsys, monkeypatch):
     run = _run_dir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

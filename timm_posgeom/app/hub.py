@@ -244,6 +244,17 @@ def _num_params(path: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
+def _made_with(trained: RunSummary | None) -> str:
+    """The card's "timm-posgeom" row: the release that trained the weights (the run's recorded versions), and
+    the one rendering the card where it differs or the training's was not recorded."""
+    from ..version import __version__
+
+    ran = (trained.versions or {}).get("timm_posgeom") if trained is not None else None
+    if ran is None:
+        return f"{__version__} (this card; the training's version was not recorded)"
+    return ran if ran == __version__ else f"{ran} (training); {__version__} (this card)"
+
+
 def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: str = "export") -> str:
     """Render the model card (README.md text) of a run from its recorded files.
 
@@ -278,6 +289,7 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
         dataset=dataset, steps=trained.steps if trained else "?", epochs=_fmt(trained.epochs) if trained else "?",
         time_s=trained.time_s if trained else "?", processes=trained.processes if trained else "?",
         recipe_yaml=recipe_text, figures=figures, results=_results_rows(summary, evals, sha1),
+        posgeom_version=_made_with(trained),
     )
     return str(card)
 
