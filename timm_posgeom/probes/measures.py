@@ -247,9 +247,8 @@ def run_measures(
     if "attention" in sources:
         attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
     k = rpi_count(settings.rpi_permutations) if rpi and rpi_per == "call" else 1
-    stream = open_stream(model, data, settings, rpi, (rpi, rpi_per, k, alpha, layer_ids,
-                                                      [(type(m).__name__, m.metadata()) for m in measures]),
-                         "run_measures")
+    agreed = (rpi, rpi_per, k, alpha, layer_ids, [(type(m).__name__, m.metadata()) for m in measures])
+    stream = open_stream(model, data, settings, rpi, agreed, "run_measures")  # several processes: the same call
     seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2 ** 31, ()).item())
     replicas = [measures] + [copy.deepcopy(measures) for _ in range(k - 1)]
     router = _Router(replicas, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
@@ -262,31 +261,46 @@ def run_measures(
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
     if n_images == 0:
         raise ValueError("data yielded no images")
-    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, rpi and rpi_per == "call",
+    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, plan.per == "call",
                                                      router.nonfinite)
     recorded: dict[str, Any] = {
-        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
-        "rpi_per": rpi_per if rpi else None, "rpi_permutations": k if rpi and rpi_per == "call" else None,
-        "permutation_seeds": plan.seeds if rpi and rpi_per == "call" else None,
-        "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
-        if rpi and rpi_per == "call" else None,
+        "model": _model_name(model), "family": sites.family, **_rpi_settings(plan, seed),
         "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
         "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
-        "nonfinite_layers": sorted({layer for layer, _ in router.nonfinite}),
+        **_router_settings(router, n_images),
     }
-    if router.nonfinite:
-        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
-                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
-                      NonFiniteWarning, stacklevel=2)
-    if router.heads:
-        heads = sorted(set(router.heads.values()))
-        recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
     for m in measures:
         recorded.update(m.metadata())
     result = MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded,
                            intervals=intervals, replicates=replicates)
     result.replica_measures = replicas  # each permutation's measures (not written): cka reads their Grams
     return result
+
+
+def _rpi_settings(plan: _RPIPlan, seed: int | None) -> dict[str, Any]:
+    """The result's record of how the call permuted: rpi, seed, rpi_per, and with shared permutations their
+    count, seeds and the interval over them (None where they do not apply)."""
+    rpi, shared, k = plan.per is not None, plan.per == "call", len(plan.seeds)
+    return {
+        "rpi": rpi, "seed": seed if rpi else None, "rpi_per": plan.per,
+        "rpi_permutations": k if shared else None, "permutation_seeds": plan.seeds if shared else None,
+        "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
+        if shared else None,
+    }
+
+
+def _router_settings(router: _Router, n_images: int) -> dict[str, Any]:
+    """The result's record of what the blocks gave: the blocks whose input was not finite (said in a
+    NonFiniteWarning: their measures are NaN) and, when attention was read, the heads per block."""
+    recorded: dict[str, Any] = {"nonfinite_layers": sorted({layer for layer, _ in router.nonfinite})}
+    if router.nonfinite:
+        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
+                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
+                      NonFiniteWarning, stacklevel=3)
+    if router.heads:
+        heads = sorted(set(router.heads.values()))
+        recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
+    return recorded
 
 
 @dataclass
