@@ -14,6 +14,7 @@ import contextlib
 import copy
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,8 @@ class MeasureResult(SettingsRecord):
             otherwise (the values have no interval).
         replicates: under RPI with shared permutations, field name -> (K, L, ...) the field under each
             permutation (``values`` is their mean).
+        replica_measures: the measures of each replica (permutation) that ran (not written; :func:`run_measures`
+            sets it): a measure that keeps more than its fields (cka's Gram matrices) is read there.
     """
 
     layers: list[int]
@@ -130,6 +133,7 @@ class MeasureResult(SettingsRecord):
     metadata: InitVar[dict[str, Any] | None] = None
     intervals: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     replicates: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    replica_measures: list[list[Measure]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self, metadata: dict[str, Any] | None) -> None:
         self._take_metadata(metadata)
@@ -156,7 +160,8 @@ class MeasureResult(SettingsRecord):
         return dump_json(tagged("measure-result", self.to_dict()), path, indent)
 
 
-MeasureResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
+# after the dataclass: the constructor keeps its keyword (an InitVar, which mypy does not take for an attribute)
+MeasureResult.metadata = METADATA_ALIAS  # type: ignore[attr-defined]
 
 
 class _Router:
@@ -171,6 +176,8 @@ class _Router:
         self.nonfinite: dict[tuple[int, int], int] = {}  # (layer, replica) -> images whose input was not finite
 
     def receive(self, source: str, layer: int, x: torch.Tensor) -> None:
+        if self.grid is None:
+            raise RuntimeError(f"block {layer}'s {source} arrived before the batch's patch grid was set")
         n = self.grid[0] * self.grid[1]
         tokens = x.shape[-1] if source == "attention" else x.shape[1]
         prefix = tokens - n
@@ -200,7 +207,7 @@ RPI_PER = ("call", "image")
 def run_measures(
         model: nn.Module,
         data: Any,
-        measures: list[Measure],
+        measures: Sequence[Measure],
         *,
         rpi: bool = False,
         alpha: float | None = None,
@@ -252,14 +259,15 @@ def run_measures(
     seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2 ** 31, ()).item())
     replicas = [measures] + [copy.deepcopy(measures) for _ in range(k - 1)]
     router = _Router(replicas, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
-    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi else [], own["forward_size"])
+    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi and seed is not None else [],
+                    own["forward_size"])
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with stream.together(), scale:
         grid, perm = _stream(model, sites, layer_ids, sources, router, plan, stream)
     n_images, image_size = stream.n_images, stream.image_size
     if stream.shard is not None:
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
-    if n_images == 0:
+    if n_images == 0 or image_size is None or grid is None:
         raise ValueError("data yielded no images")
     values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, plan.per == "call",
                                                      router.nonfinite)
@@ -353,7 +361,7 @@ def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images:
     return values, intervals, replicates
 
 
-def _check_measures(measures: list[Measure], rpi_per: str,
+def _check_measures(measures: Sequence[Measure], rpi_per: str,
                     alpha: float | None) -> tuple[list[Measure], list[str], str]:
     """The call's own settings checked; (the measures, their sources in the order they happen in a block,
     rpi_per with its old name ``batch`` read as ``image``)."""

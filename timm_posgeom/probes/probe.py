@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils.hooks import RemovableHandle
 
 from .. import distributed as _dist
 from ..interventions import (
@@ -38,7 +39,7 @@ from ..measuring import DISTRIBUTED_MODES, MeasureSettings
 from ..protocol import JACKKNIFE_GROUPS, rpi_count
 from .accumulator import MAX_GRID_TOKENS, _Accumulator, _Moments
 from .result import SSDCResult
-from .sites import StageSites, find_sites, find_stages, resolve_site
+from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
 from .spearman import DISTANCES
 from .ssdc_stats import _finish, _Probe
 from .streaming import (  # noqa: F401  (_batches, _Shard and the others: their old home, still importable)
@@ -161,7 +162,7 @@ def probe_ssdc(
     n_images, image_size = stream.n_images, stream.image_size
     if stream.shard is not None:
         n_images, image_size = _reduce_across_processes(acc, n_images, image_size, stream.shard.seen)
-    if n_images == 0:
+    if n_images == 0 or image_size is None:
         raise ValueError("data yielded no images")
     result = _finish(acc, probe, seed, n_images, image_size, model)
     result.settings["alpha"] = alpha
@@ -190,7 +191,7 @@ def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distanc
     else:
         check_unpermuted(model, "probe_ssdc(rpi=False)")
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
-    depth = len(sites.names) if site == "stage_output" else len(sites.blocks)
+    depth = len(sites.names) if isinstance(sites, StageSites) else len(sites.blocks)
     return _Probe(site, sites, _resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1,
                   forward_size)
 
@@ -198,7 +199,7 @@ def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distanc
 def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
     """The running sums of the call: under RPI one replica per permutation (seeds ``seed`` .. ``seed + K - 1``),
     else one replica with the jackknife's groups of images (from ``seed``)."""
-    prefix = 0 if probe.staged else probe.sites.num_prefix_tokens
+    prefix = probe.num_prefix_tokens
     seeds = permutation_seeds(seed, probe.permutations) if probe.rpi else None
     return _Accumulator(probe.layers, probe.reduction, probe.distance, prefix, permutation_seeds=seeds,
                         groups=0 if probe.rpi else JACKKNIFE_GROUPS, group_seed=seed)
@@ -213,23 +214,24 @@ def _per_forward(probe: _Probe, batch: int) -> int:
 def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) -> None:
     """This process's part of :func:`probe_ssdc`: the stream's batches through the model, under each
     permutation under RPI, into ``acc`` (the stream counts the images and keeps the first batch's size)."""
-    hooks = []
+    sites = probe.sites
+    hooks: list[RemovableHandle] = []
     try:
         rpi_ctx = token_permutation(model, per="given") if probe.rpi else contextlib.nullcontext()
         with stream.placed(model), torch.no_grad(), eval_mode(model), rpi_ctx as handle:
-            if not probe.staged:
-                hooks = probe.sites.register(probe.site, probe.layers, acc)
+            if isinstance(sites, ProbeSites):
+                hooks = sites.register(probe.site, probe.layers, acc)
             for images, hw, offset in stream.images():
                 step = _per_forward(probe, len(images))
                 for first in range(0, acc.num_replicas, step):
                     replicas = list(range(first, min(first + step, acc.num_replicas)))
                     x = images if len(replicas) == 1 else images.repeat(len(replicas), 1, 1, 1)
                     if handle is not None:  # chunk r of the forward under permutation replicas[r]
-                        handle.give(lambda n, ks=replicas: acc.permutations_for(n)[ks])
-                    acc.start_batch(None if probe.staged else probe.sites.grid_size(hw), replicas, offset,
+                        handle.give(_chunk_permutations(acc, replicas))
+                    acc.start_batch(sites.grid_size(hw) if isinstance(sites, ProbeSites) else None, replicas, offset,
                                     len(images))
-                    if probe.staged:
-                        _forward_stages(probe.sites, acc, x, probe.layers, handle)
+                    if isinstance(sites, StageSites):
+                        _forward_stages(sites, acc, x, probe.layers, handle)
                     else:
                         try:
                             model(x)
@@ -239,6 +241,12 @@ def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) 
     finally:
         for h in hooks:
             h.remove()
+
+
+def _chunk_permutations(acc: _Accumulator, replicas: list[int]) -> Callable[[int], torch.Tensor]:
+    """For a forward pass whose chunk r runs under permutation ``replicas[r]``: its (R, n) permutations of the n
+    tokens the patch embedding emits."""
+    return lambda n: acc.permutations_for(n)[replicas]
 
 
 def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,11 +45,20 @@ class _Probe:
     def staged(self) -> bool:
         return self.site == "stage_output"
 
+    @property
+    def num_prefix_tokens(self) -> int:
+        """The tokens before the patch tokens of a block (a stage's feature map has none)."""
+        return self.sites.num_prefix_tokens if isinstance(self.sites, ProbeSites) else 0
+
 
 
 # The similarities are float32 dot products of unit vectors (relative error ~1e-6 and below); a map whose
 # pairs spread less than this, relative to their size, holds no ranking but rounding noise.
 _CONSTANT_RTOL = 1e-5
+
+# Per layer, the per-image statistics against the index grid and (RPI; else empty) the content grid; under RPI
+# also the (K, L) arrays of each permutation's image means (index grid, content grid), else None.
+_ImageStats = tuple[list[PerImageStats], list[PerImageStats], np.ndarray | None, np.ndarray | None]
 
 
 def _near_constant(pairs: torch.Tensor) -> bool:
@@ -70,21 +79,22 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
         names = ", ".join(f"{layer} ({'x'.join(map(str, acc.grids[layer]))})" for layer in sorted(acc.too_small))
         warnings.warn(f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger "
                       "images", ConstantMapWarning, stacklevel=3)
-    maps = _MapStats(layers) if not acc.want_map else _map_ssdc(acc, probe, n_images, grids)
+    maps = (_map_ssdc(acc, probe, n_images, grids) if acc.want_map
+            else _MapStats(layers, np.full((1, len(layers)), np.nan)))  # filled by the per-image reduction
     stats = _image_stats(acc, probe) if acc.want_images else None
     bad, count = acc.nonfinite_layers()
     if bad:  # non-finite tokens: those layers' numbers NaN, said once
         _blank_layers(maps, stats, [layers.index(layer) for layer in bad], probe)
         warnings.warn(nonfinite_message(f"the tokens of layer(s) {', '.join(map(str, bad))}", count, n_images,
                                         "their SSDC is NaN"), NonFiniteWarning, stacklevel=3)
-    if not acc.want_map:  # the per-image reduction alone: its means are the numbers
+    if not acc.want_map and stats is not None:  # the per-image reduction alone: its means are the numbers
         _per_image_numbers(maps, stats, probe)
     n_tokens = grids[0][0] * grids[0][1] if grids else 0
     perms = acc.permutations.get(n_tokens) if probe.rpi else None
     return SSDCResult(
         per_layer=_mean_rows(maps.index), layers=list(layers),
         per_image=stats[0] if stats else None,
-        content_per_layer=_mean_rows(maps.content) if probe.rpi else None,
+        content_per_layer=_mean_rows(maps.content) if maps.content is not None else None,  # under RPI
         content_per_image=stats[1] if stats and probe.rpi else None,
         mean_maps=maps.mean_maps, permutation=perms[0].clone() if perms is not None else None,
         settings=_recorded(acc, probe, maps, seed, n_images, image_size, model),
@@ -94,10 +104,11 @@ def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_si
         permutations=perms.clone() if perms is not None else None, rise_ci=maps.rise_ci, jackknife=maps.jackknife)
 
 
-def _per_image_numbers(maps: _MapStats, stats: Any, probe: _Probe) -> None:
+def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> None:
     """The per-image reduction alone: its means (and intervals) become the layers' numbers in ``maps``."""
-    maps.index = np.array([[s.mean for s in stats[0]]]) if not probe.rpi else stats[2]
-    maps.content = stats[3] if probe.rpi else None
+    per_index, _, index_means, content_means = stats
+    maps.index = index_means if index_means is not None else np.array([[s.mean for s in per_index]])
+    maps.content = content_means  # None without RPI
     maps.index_ci = [(s.ci_low, s.ci_high) for s in stats[0]]
     maps.content_ci = [(s.ci_low, s.ci_high) for s in stats[1]] if probe.rpi else None
     maps.interval = stats[0][0].over if stats[0] else "none"
@@ -115,29 +126,30 @@ def _recorded(acc: _Accumulator, probe: _Probe, maps: _MapStats, seed: int, n_im
     settings = {
         "model": _model_name(model), "site": probe.site, "reduction": probe.reduction, "rpi": probe.rpi,
         "seed": seed, "rpi_permutations": acc.num_replicas if probe.rpi else None,
-        "permutation_seeds": list(acc.permutation_seeds) if probe.rpi else None,
+        "permutation_seeds": list(acc.permutation_seeds) if acc.permutation_seeds is not None else None,
         "jackknife_groups": acc.groups or None, "interval": maps.interval,
         "distance": probe.distance, "n_images": n_images,
         "image_size": list(image_size), "grid_size": list(grids[0]), "grid_sizes": [list(g) for g in grids],
-        "num_prefix_tokens": 0 if staged else probe.sites.num_prefix_tokens, "family": probe.sites.family,
+        "num_prefix_tokens": probe.num_prefix_tokens, "family": probe.sites.family,
         "granularity": "stage" if staged else "block",
         # layers whose mean map is constant up to float rounding (their SSDC NaN, with a ConstantMapWarning)
         "constant_layers": maps.flat,
     }
-    if staged:
+    if isinstance(probe.sites, StageSites):
         settings["modules"] = [probe.sites.names[layer] for layer in probe.layers]
     return settings
 
 
-def _blank_layers(maps: _MapStats, stats: Any, cols: list[int], probe: _Probe) -> None:
+def _blank_layers(maps: _MapStats, stats: _ImageStats | None, cols: list[int], probe: _Probe) -> None:
     """Set the numbers of the layers at ``cols`` (and a rise that uses one) to NaN, with their intervals."""
     nan2 = (math.nan, math.nan)
     for values in (maps.index, maps.content, *(stats[2:] if stats else ())):
         if values is not None:
             values[:, cols] = math.nan
     for cis in (maps.index_ci, maps.content_ci):
-        for i in cols if cis is not None else ():
-            cis[i] = nan2
+        if cis is not None:
+            for i in cols:
+                cis[i] = nan2
     rise = _rise_columns(probe)
     if rise is not None and set(rise) & set(cols):
         maps.rise_ci = nan2
@@ -146,10 +158,8 @@ def _blank_layers(maps: _MapStats, stats: Any, cols: list[int], probe: _Probe) -
             per[i] = PerImageStats(math.nan, math.nan, math.nan, math.nan, per[i].n, per[i].n_nan, per[i].over)
 
 
-def _mean_rows(values: np.ndarray | None) -> list[float] | None:
+def _mean_rows(values: np.ndarray) -> list[float]:
     """The mean over replicates (rows) of each column, NaN left out (NaN where a column has none)."""
-    if values is None:
-        return None
     return [float(v) for v in t_interval(values, axis=0)[0]]
 
 
@@ -158,7 +168,7 @@ class _MapStats:
     """The mean-map numbers of a call: per replicate (permutation) and layer, with their intervals."""
 
     layers: list[int]
-    index: np.ndarray = None  # (K, L) SSDC against the index grid per permutation (K = 1 without RPI)
+    index: np.ndarray  # (K, L) SSDC against the index grid per permutation (K = 1 without RPI)
     content: np.ndarray | None = None  # (K, L) against the content grid (RPI)
     index_ci: list[tuple[float, float]] | None = None
     content_ci: list[tuple[float, float]] | None = None
@@ -166,12 +176,7 @@ class _MapStats:
     jackknife: dict[str, Any] | None = None
     interval: str = "none"
     mean_maps: Any = None
-    flat: list[int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.index is None:
-            self.index = np.full((1, len(self.layers)), np.nan)
-        self.flat = self.flat or []
+    flat: list[int] = field(default_factory=list)
 
 
 def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple[int, int]]) -> _MapStats:
@@ -201,12 +206,12 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
     for grid, items in rows.items():
         device = items[0][1].device
         (rho,) = ssdc_pairs(torch.cat([m for _, m in items]), acc.distance_targets(grid, 0, device)[:1])
-        rho = rho.cpu().numpy().reshape(len(items), -1)  # (layers of this grid, K + G)
-        for (i, _), values in zip(items, rho):
+        by_layer = rho.cpu().numpy().reshape(len(items), -1)  # (layers of this grid, K + G)
+        for (i, _), values in zip(items, by_layer):
             stats.index[:, i] = values[:k]
             if deleted is not None:
                 deleted[:, i] = values[k:]
-        if probe.rpi and acc.content_defined(grid):
+        if stats.content is not None and acc.content_defined(grid):  # under RPI
             for r in range(k):  # against where each token's content came from: permutation r's own grid
                 (rho,) = ssdc_pairs(torch.stack([m[r] for _, m in items]), acc.distance_targets(grid, r, device)[1:])
                 stats.content[r, [i for i, _ in items]] = rho.cpu().numpy()
@@ -227,8 +232,9 @@ def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.n
     if probe.rpi:
         _, lo, hi = t_interval(stats.index, axis=0)
         stats.index_ci = list(zip(lo.tolist(), hi.tolist()))
-        _, lo, hi = t_interval(stats.content, axis=0)
-        stats.content_ci = list(zip(lo.tolist(), hi.tolist()))
+        if stats.content is not None:
+            _, lo, hi = t_interval(stats.content, axis=0)
+            stats.content_ci = list(zip(lo.tolist(), hi.tolist()))
         if rise_col is not None:
             _, lo, hi = t_interval(stats.index[:, rise_col[1]] - stats.index[:, rise_col[0]])
             stats.rise_ci = (float(lo), float(hi))
@@ -255,7 +261,7 @@ def _rise_columns(probe: _Probe) -> tuple[int, int] | None:
     return probe.layers.index(0), probe.layers.index(1)
 
 
-def _image_stats(acc: _Accumulator, probe: _Probe) -> tuple[list[PerImageStats], list[PerImageStats], Any, Any]:
+def _image_stats(acc: _Accumulator, probe: _Probe) -> _ImageStats:
     """Per layer, the per-image SSDC's statistics (index grid, content grid): without RPI over the images;
     under RPI the mean over permutations of each permutation's image mean, its interval over permutations,
     and the std over every (image, permutation). Also (K, L) arrays of the per-permutation image means."""

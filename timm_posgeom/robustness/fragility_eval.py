@@ -158,11 +158,11 @@ def fragility(
         A :class:`FragilityResult`.
     """
     settings, own = MeasureSettings.resolve("fragility", settings, options, {"forward_size": None})
-    shift_list, names = _check_fragility(shifts, settings, own["forward_size"])
+    shift_list, names, batch_size = _check_fragility(shifts, settings, own["forward_size"])
     data = match_labels(model, first_items(data, settings.max_images), labels)
     n = check_split(data, settings.max_images)
     plan = _Plan(names, shift_list, [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list], n,
-                 settings.batch_size, own["forward_size"])
+                 batch_size, own["forward_size"])
     seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device))
     dev = _model_device(model, settings.device)
     cfg = resolve_config(model, settings.img_size)
@@ -199,8 +199,9 @@ class _Plan:
 
 
 def _check_fragility(shifts: Sequence[str | Shift] | str | Shift, settings: MeasureSettings,
-                     forward_size: int | None) -> tuple[list[Shift], list[str]]:
-    """The shifts parsed (and their names, distinct), and what fragility adds to the settings' checks."""
+                     forward_size: int | None) -> tuple[list[Shift], list[str], int]:
+    """The shifts parsed (and their names, distinct), and what fragility adds to the settings' checks; returns
+    (the shifts, their names, the batch size: images per step)."""
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
     shift_list = [parse_shift(s) for s in shifts]
@@ -213,7 +214,7 @@ def _check_fragility(shifts: Sequence[str | Shift] | str | Shift, settings: Meas
         raise ValueError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
     if forward_size is not None and forward_size < 1:
         raise ValueError(f"forward_size must be >= 1, got {forward_size}")
-    return shift_list, names
+    return shift_list, names, settings.batch_size
 
 
 def _share(plan: _Plan, settings: MeasureSettings, agreed: tuple) -> int | None:

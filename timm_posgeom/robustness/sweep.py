@@ -274,6 +274,8 @@ def sweep_ssdc(model: nn.Module, loader: Any, alphas: Sequence[float], *, site: 
 def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,
                 settings: MeasureSettings) -> tuple[int, Any, Any]:
     """(the probe's image count, its loader, the data with its labels checked or mapped)."""
+    if settings.batch_size is None:  # fragility's steps need one: refused before the probe, not after it
+        raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
     probe_images = probe_count(own["probe_images"], settings.max_images)
     # a stream is read once, as far as the fragility part (max_images) or the probe (probe_images) goes
     bound = None if settings.max_images is None else max(settings.max_images, probe_images)
