@@ -54,7 +54,7 @@ def t_interval(replicates: np.ndarray | Sequence, axis: int = 0) -> tuple[np.nda
     return mean, mean - half, mean + half
 
 
-def jackknife_interval(full: np.ndarray | float, deleted: np.ndarray | Sequence, sizes: Sequence[int]
+def jackknife_interval(full: np.ndarray | float, deleted: np.ndarray | Sequence, sizes: np.ndarray | Sequence[int]
                        ) -> tuple[np.ndarray, np.ndarray]:
     """(low, high): the delete-a-group jackknife 95% interval of a statistic.
 

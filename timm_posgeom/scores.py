@@ -56,12 +56,13 @@ def wilson_interval(correct: int, total: int, z: float = _Z95) -> tuple[float, f
 
 def paired_bootstrap_fs(
         clean_correct: np.ndarray, shift_correct: np.ndarray, *, num_resamples: int = 2000,
-        confidence: float = 0.95, seed: int = 0,
+        confidence: float = 0.95, seed: int | None = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of FS over images, pairs (clean, shifted) resampled together.
 
     Args:
         clean_correct, shift_correct: (N,) bool, whether image i is classified correctly.
+        seed: of the resamples (None: fresh entropy, as ``numpy.random.default_rng(None)``).
 
     Only the 2x2 table of pair types changes between resamples, so each resample's table is drawn
     from ``Multinomial(N, observed pair frequencies)``, which is exactly the distribution of the
@@ -121,11 +122,11 @@ class FragilityResult:
 
     @classmethod
     def from_correct(cls, correct: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None,
-                     seed: int = 0, nonfinite: Mapping[str, np.ndarray] | None = None) -> FragilityResult:
+                     seed: int | None = 0, nonfinite: Mapping[str, np.ndarray] | None = None) -> FragilityResult:
         """Build the result from per-image correctness: ``correct["clean"]`` and one (n,) bool array
         per shift. All numbers are exact functions of these arrays.
 
-        ``nonfinite``: the same keys -> (n,) bool, the images whose logits were not finite (NaN or inf). Such an
+        ``seed``: of the paired bootstrap (None: fresh entropy). ``nonfinite``: the same keys -> (n,) bool, the images whose logits were not finite (NaN or inf). Such an
         image has no prediction: the accuracy of that copy is NaN, its interval too, and so is the FS of every
         shift it enters (all of them for a clean image), with a :class:`~timm_posgeom.errors.NonFiniteWarning`;
         its count is ``counts[key]["nonfinite"]``."""

@@ -129,6 +129,8 @@ class _Accumulator:
 
     def permutations_for(self, n: int) -> torch.Tensor:
         """(K, n): the K permutations of ``n`` tokens (drawn from the seeds the first time, then kept)."""
+        if self.permutation_seeds is None:
+            raise RuntimeError("permutations asked of an accumulator without RPI (no permutation seeds)")
         if n not in self.permutations:
             self.permutations[n] = draw_permutations(n, self.permutation_seeds)
         return self.permutations[n]
@@ -148,7 +150,7 @@ class _Accumulator:
 
     def patch_tokens(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
         """(B, T, C) or (B, H, W, C) -> the (B, N, C) patch tokens of the batch's grid, prefix tokens dropped."""
-        H, W = self.grid
+        H, W = self._batch_grid()
         n = H * W
         if tokens.ndim == 4:
             tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1])
@@ -164,9 +166,15 @@ class _Accumulator:
 
     def __call__(self, layer: int, tokens: torch.Tensor) -> None:
         """Hook callback of a flat ViT: ``tokens`` (R * B, T, C) on the batch's patch grid."""
-        self.add(layer, self.patch_tokens(layer, tokens), self.grid)
+        self.add(layer, self.patch_tokens(layer, tokens), self._batch_grid())
         if layer == self.last_layer:
             raise _StopForward
+
+    def _batch_grid(self) -> tuple[int, int]:
+        """The batch's patch grid (flat ViTs), as :meth:`start_batch` was given it."""
+        if self.grid is None:
+            raise RuntimeError("tokens of a flat ViT's block before start_batch gave the batch's patch grid")
+        return self.grid
 
     def add_feature_map(self, layer: int, fmap: torch.Tensor) -> None:
         """A stage's (R * B, C, H, W) feature map: its H x W positions are the tokens, on their own grid."""

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -52,7 +53,7 @@ def attention_modules(sites: ProbeSites, layers: list[int]) -> list[nn.Module]:
     for layer in layers:
         block = sites.blocks[layer]
         attn = getattr(block, "attn", None)
-        if type(attn) not in supported:
+        if not isinstance(attn, nn.Module) or type(attn) not in supported:
             what = type(attn).__name__ if attn is not None else "no `attn` module"
             raise UnsupportedModelError(
                 f"cannot capture the attention of {type(sites.model).__name__} block {layer} ({what}): attention "
@@ -82,7 +83,8 @@ def attention_weights(attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
     groups = int(getattr(attn, "num_kv_groups", 1) or 1)
     if groups > 1:
         k = k.repeat_interleave(groups, dim=1)
-    logits = (q.float() * attn.scale) @ k.float().transpose(-2, -1)
+    scale = cast(float, attn.scale)  # a float attribute of each supported class (a Module's stubs: Tensor | Module)
+    logits = (q.float() * scale) @ k.float().transpose(-2, -1)
     return logits.softmax(dim=-1)
 
 
@@ -97,8 +99,8 @@ class _Capture:
 
     def register(self) -> list:
         return [self.attn.register_forward_pre_hook(self.before, with_kwargs=True),
-                self.attn.q_norm.register_forward_hook(self.take_q),
-                self.attn.k_norm.register_forward_hook(self.take_k),
+                cast(nn.Module, self.attn.q_norm).register_forward_hook(self.take_q),
+                cast(nn.Module, self.attn.k_norm).register_forward_hook(self.take_k),
                 self.attn.register_forward_hook(self.after)]
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -125,13 +127,13 @@ class _Capture:
 
 
 @functools.cache
-def _forward_params(cls: type) -> tuple[str, ...]:
-    return tuple(inspect.signature(cls.forward).parameters)[1:]  # without self
+def _forward_params(forward: Callable[..., Any]) -> tuple[str, ...]:
+    return tuple(inspect.signature(forward).parameters)[1:]  # without self
 
 
 def _params(module: nn.Module) -> tuple[str, ...]:
     """The names of ``module.forward``'s parameters, in order (cached per class)."""
-    return _forward_params(type(module))
+    return _forward_params(type(module).forward)
 
 
 @contextlib.contextmanager

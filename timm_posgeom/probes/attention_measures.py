@@ -193,8 +193,8 @@ class AttentionResult(MeasureResult):
                 finite = np.isfinite(v).any()
                 row.append(f"{np.nanmean(v):.3f}" if finite else "nan")
                 if shared:
-                    low, high = self.head_mean_interval(c)
-                    row.append(f"[{low[k]:.3f}, {high[k]:.3f}]")
+                    interval = self.head_mean_interval(c)
+                    row.append(f"[{interval[0][k]:.3f}, {interval[1][k]:.3f}]" if interval is not None else "[nan, nan]")
                 row.append(f"[{np.nanmin(v):.3f}, {np.nanmax(v):.3f}]" if finite else "[nan, nan]")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

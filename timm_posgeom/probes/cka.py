@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from ..intervals import t_interval
 from ..measuring import MeasureSettings
-from .measures import LayerView, Measure, run_measures
+from .measures import LayerView, Measure, MeasureResult, run_measures
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
 
@@ -71,7 +71,7 @@ def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbi
     bb = sum(zero if fb else hsic(L, L, unbiased) for L, fb in zip(grams_b, flat_b))
     if all(flat_a) or all(flat_b):  # no variance across images: 0 / 0, decided on the features, not on a sign
         return math.nan
-    return float(ab / torch.sqrt(aa * bb))
+    return float(ab / torch.sqrt(cast(torch.Tensor, aa * bb)))  # sums of (non-empty) tensors: tensors, not 0
 
 
 class _Grams(Measure):
@@ -93,6 +93,11 @@ class _Grams(Measure):
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
         return {}
+
+
+def _grams_of(result: MeasureResult) -> list[_Grams]:
+    """The :class:`_Grams` measure of each replica (permutation) of a :func:`run_measures` call, in order."""
+    return [m for replica in result.replica_measures for m in replica if isinstance(m, _Grams)]
 
 
 def _say_constant(ra: Any, rb: Any) -> None:
@@ -154,9 +159,9 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
     if ra.settings["n_images"] != rb.settings["n_images"]:
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
     matrices = np.stack([  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
-        np.array([[minibatch_cka(ga[0].grams[i], gb[0].grams[j], unbiased, ga[0].constant[i], gb[0].constant[j])
+        np.array([[minibatch_cka(ga.grams[i], gb.grams[j], unbiased, ga.constant[i], gb.constant[j])
                    for j in rb.layers] for i in ra.layers])
-        for ga, gb in zip(ra.replica_measures, rb.replica_measures)])
+        for ga, gb in zip(_grams_of(ra), _grams_of(rb))])
     _say_constant(ra, rb)
     described = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
                      rpi=rpi, n_images=ra.settings["n_images"], rpi_permutations=ra.settings["rpi_permutations"],

@@ -14,6 +14,7 @@ import contextlib
 import copy
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,8 @@ class MeasureResult(SettingsRecord):
             otherwise (the values have no interval).
         replicates: under RPI with shared permutations, field name -> (K, L, ...) the field under each
             permutation (``values`` is their mean).
+        replica_measures: the measures of each replica (permutation) that ran (not written; :func:`run_measures`
+            sets it): a measure that keeps more than its fields (cka's Gram matrices) is read there.
     """
 
     layers: list[int]
@@ -130,6 +133,7 @@ class MeasureResult(SettingsRecord):
     metadata: InitVar[dict[str, Any] | None] = None
     intervals: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     replicates: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    replica_measures: list[list[Measure]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self, metadata: dict[str, Any] | None) -> None:
         self._take_metadata(metadata)
@@ -156,7 +160,8 @@ class MeasureResult(SettingsRecord):
         return dump_json(tagged("measure-result", self.to_dict()), path, indent)
 
 
-MeasureResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
+# after the dataclass: the constructor keeps its keyword (an InitVar, which mypy does not take for an attribute)
+MeasureResult.metadata = METADATA_ALIAS  # type: ignore[attr-defined]
 
 
 class _Router:
@@ -171,6 +176,8 @@ class _Router:
         self.nonfinite: dict[tuple[int, int], int] = {}  # (layer, replica) -> images whose input was not finite
 
     def receive(self, source: str, layer: int, x: torch.Tensor) -> None:
+        if self.grid is None:
+            raise RuntimeError(f"block {layer}'s {source} arrived before the batch's patch grid was set")
         n = self.grid[0] * self.grid[1]
         tokens = x.shape[-1] if source == "attention" else x.shape[1]
         prefix = tokens - n
@@ -200,7 +207,7 @@ RPI_PER = ("call", "image")
 def run_measures(
         model: nn.Module,
         data: Any,
-        measures: list[Measure],
+        measures: Sequence[Measure],
         *,
         rpi: bool = False,
         alpha: float | None = None,
@@ -247,46 +254,61 @@ def run_measures(
     if "attention" in sources:
         attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
     k = rpi_count(settings.rpi_permutations) if rpi and rpi_per == "call" else 1
-    stream = open_stream(model, data, settings, rpi, (rpi, rpi_per, k, alpha, layer_ids,
-                                                      [(type(m).__name__, m.metadata()) for m in measures]),
-                         "run_measures")
+    agreed = (rpi, rpi_per, k, alpha, layer_ids, [(type(m).__name__, m.metadata()) for m in measures])
+    stream = open_stream(model, data, settings, rpi, agreed, "run_measures")  # several processes: the same call
     seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2 ** 31, ()).item())
     replicas = [measures] + [copy.deepcopy(measures) for _ in range(k - 1)]
     router = _Router(replicas, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
-    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi else [], own["forward_size"])
+    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi and seed is not None else [],
+                    own["forward_size"])
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with stream.together(), scale:
         grid, perm = _stream(model, sites, layer_ids, sources, router, plan, stream)
     n_images, image_size = stream.n_images, stream.image_size
     if stream.shard is not None:
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
-    if n_images == 0:
+    if n_images == 0 or image_size is None or grid is None:
         raise ValueError("data yielded no images")
-    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, rpi and rpi_per == "call",
+    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, plan.per == "call",
                                                      router.nonfinite)
     recorded: dict[str, Any] = {
-        "model": _model_name(model), "family": sites.family, "rpi": rpi, "seed": seed if rpi else None,
-        "rpi_per": rpi_per if rpi else None, "rpi_permutations": k if rpi and rpi_per == "call" else None,
-        "permutation_seeds": plan.seeds if rpi and rpi_per == "call" else None,
-        "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
-        if rpi and rpi_per == "call" else None,
+        "model": _model_name(model), "family": sites.family, **_rpi_settings(plan, seed),
         "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
         "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
-        "nonfinite_layers": sorted({layer for layer, _ in router.nonfinite}),
+        **_router_settings(router, n_images),
     }
-    if router.nonfinite:
-        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
-                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
-                      NonFiniteWarning, stacklevel=2)
-    if router.heads:
-        heads = sorted(set(router.heads.values()))
-        recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
     for m in measures:
         recorded.update(m.metadata())
     result = MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded,
                            intervals=intervals, replicates=replicates)
     result.replica_measures = replicas  # each permutation's measures (not written): cka reads their Grams
     return result
+
+
+def _rpi_settings(plan: _RPIPlan, seed: int | None) -> dict[str, Any]:
+    """The result's record of how the call permuted: rpi, seed, rpi_per, and with shared permutations their
+    count, seeds and the interval over them (None where they do not apply)."""
+    rpi, shared, k = plan.per is not None, plan.per == "call", len(plan.seeds)
+    return {
+        "rpi": rpi, "seed": seed if rpi else None, "rpi_per": plan.per,
+        "rpi_permutations": k if shared else None, "permutation_seeds": plan.seeds if shared else None,
+        "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
+        if shared else None,
+    }
+
+
+def _router_settings(router: _Router, n_images: int) -> dict[str, Any]:
+    """The result's record of what the blocks gave: the blocks whose input was not finite (said in a
+    NonFiniteWarning: their measures are NaN) and, when attention was read, the heads per block."""
+    recorded: dict[str, Any] = {"nonfinite_layers": sorted({layer for layer, _ in router.nonfinite})}
+    if router.nonfinite:
+        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
+                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
+                      NonFiniteWarning, stacklevel=3)
+    if router.heads:
+        heads = sorted(set(router.heads.values()))
+        recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
+    return recorded
 
 
 @dataclass
@@ -339,7 +361,7 @@ def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images:
     return values, intervals, replicates
 
 
-def _check_measures(measures: list[Measure], rpi_per: str,
+def _check_measures(measures: Sequence[Measure], rpi_per: str,
                     alpha: float | None) -> tuple[list[Measure], list[str], str]:
     """The call's own settings checked; (the measures, their sources in the order they happen in a block,
     rpi_per with its old name ``batch`` read as ``image``)."""

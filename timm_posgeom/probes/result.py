@@ -190,7 +190,8 @@ class SSDCResult(SettingsRecord):
         permutation)."""
         if not self.rpi or self.rise_ci is None:
             return (math.nan, math.nan)
-        return tuple(self.rise_ci)
+        low, high = self.rise_ci
+        return (low, high)
 
     def to_dict(self, include_maps: bool = False) -> dict[str, Any]:
         """A JSON-ready dict (NaN kept as float NaN); the mean maps only when ``include_maps``. Every number a
@@ -234,8 +235,8 @@ class SSDCResult(SettingsRecord):
         kept) and ``ssdc_ci95``; ``img_mean`` and ``img_mean_ci95``; ``content`` and ``content_ci95``. The last
         lines give delta SSDC (under RPI) or the rise from layer 0 to layer 1 (without), with its interval, and
         what the intervals are over."""
-        grids = self.settings.get("grid_sizes")
-        show_grid = bool(grids) and len({tuple(g) for g in grids}) > 1
+        grids = self.settings.get("grid_sizes") or []
+        show_grid = len({tuple(g) for g in grids}) > 1
         head = [self._unit(), "ssdc", "ssdc_ci95"] + (["grid"] if show_grid else [])
         if self.per_image is not None:
             head += ["img_mean", "img_mean_ci95", "img_std"]
@@ -282,8 +283,8 @@ class SSDCResult(SettingsRecord):
 
         from ..plotting import fit_titles, save_figure, show_map
 
-        show_maps = maps and self.mean_maps is not None
-        idx = _spread(len(self.layers), max_maps) if show_maps else []
+        mean_maps = self.mean_maps if maps else None
+        idx = _spread(len(self.layers), max_maps) if mean_maps is not None else []
         fig = Figure(figsize=(4.8 + 2.9 * len(idx), 4.6), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, 1 + len(idx), squeeze=False)[0]
@@ -311,15 +312,17 @@ class SSDCResult(SettingsRecord):
                      fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # under the panel, off the lines
         for a, k in zip(axes[1:], idx):
-            show_map(a, self.mean_maps[k])
-            a.set_title(f"{self._unit()} {self.layers[k]} mean map", fontsize=8)
+            if mean_maps is not None:  # idx is empty without them
+                show_map(a, mean_maps[k])
+                a.set_title(f"{self._unit()} {self.layers[k]} mean map", fontsize=8)
         fit_titles(fig)
         if path is not None:
             save_figure(fig, path, dpi=120)
         return fig
 
 
-SSDCResult.metadata = METADATA_ALIAS  # after the dataclass: the constructor keeps its keyword
+# after the dataclass: the constructor keeps its keyword (an InitVar, which mypy does not take for an attribute)
+SSDCResult.metadata = METADATA_ALIAS  # type: ignore[attr-defined]
 
 
 def md_reduction(result: SSDCResult) -> str:

@@ -24,8 +24,9 @@ Sites:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -79,11 +80,11 @@ class ProbeSites:
             raise ValueError(
                 f"{type(self.model).__name__} expects {tuple(fixed)[0]}x{tuple(fixed)[1]} images, got {h}x{w}: "
                 "resize the data, or create the model with img_size=... (or dynamic_img_size=True)")
-        if hasattr(embed, "dynamic_feat_size"):
-            grid = embed.dynamic_feat_size((h, w))
-        else:
-            grid = tuple(embed.grid_size)
-        grid = (int(grid[0]), int(grid[1]))
+        if not isinstance(embed, nn.Module):
+            raise _unsupported(self.model, "it has no patch embedding module to give its token grid")
+        feat_size = getattr(embed, "dynamic_feat_size", None)  # the grid of any input size, where timm has it
+        size = feat_size((h, w)) if feat_size is not None else tuple(cast(Sequence[int], embed.grid_size))
+        grid = (int(size[0]), int(size[1]))
         if grid[0] < 1 or grid[1] < 1:
             raise ValueError(f"an image of {h}x{w} gives an empty token grid {grid}")
         return grid
@@ -177,8 +178,8 @@ class StageSites:
 
     def forward(self, images: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
         """The (B, C, H, W) feature maps of outputs ``layers`` for ``images``, in that order."""
-        out = self.model.forward_intermediates(images, indices=list(layers), intermediates_only=True,
-                                               stop_early=True, output_fmt="NCHW")
+        forward = cast(Callable[..., list[torch.Tensor]], self.model.forward_intermediates)  # timm's method
+        out = forward(images, indices=list(layers), intermediates_only=True, stop_early=True, output_fmt="NCHW")
         if len(out) != len(layers):
             raise RuntimeError(f"{type(self.model).__name__}.forward_intermediates returned {len(out)} feature maps "
                                f"for {len(layers)} indices")

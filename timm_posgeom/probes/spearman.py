@@ -24,6 +24,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch
@@ -262,11 +263,11 @@ def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, f
         if vals.ndim == 3:
             pair_index = _upper_pairs(vals.shape[-1], "cpu").numpy()
             vals = vals.reshape(B, -1)
-        vals = vals.contiguous().numpy()
+        vals_np = vals.contiguous().numpy()
         d_np = [d.cpu().numpy() for d, _ in targets]
-        payload = _rank_payload(d_np[0]) if len(d_np) == 1 and vals.dtype == np.float32 else None
+        payload = _rank_payload(d_np[0]) if len(d_np) == 1 and vals_np.dtype == np.float32 else None
         rows = _rows_per_chunk(d_np[0].shape[0])
-        chunks = [vals[i:i + rows] for i in range(0, B, rows)]
+        chunks = [vals_np[i:i + rows] for i in range(0, B, rows)]
         if len(chunks) > 1 and torch.get_num_threads() > 1:
             parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index, payload), chunks))
         else:
@@ -331,13 +332,14 @@ def _distance_ranks_cached(key: tuple, distance: str, device: str) -> tuple[torc
         return centred.to(device), float(centred.square().sum().sqrt())
 
 
-def _distance_ranks(grid_size: tuple[int, int], distance: str, positions: torch.Tensor | None,
+def _distance_ranks(grid_size: Sequence[int], distance: str, positions: torch.Tensor | None,
                     device: torch.device) -> tuple[torch.Tensor, float]:
     """Centred tie-averaged ranks of {-D_ij} (M,) float64 on ``device`` and their norm (cached)."""
+    key: tuple[str, tuple[Any, ...]]
     if positions is None:
         key = ("grid", tuple(int(s) for s in grid_size))
     else:
-        key = ("positions", tuple(map(tuple, positions.detach().to("cpu", torch.float64).tolist())))
+        key = ("positions", tuple(tuple(p) for p in positions.detach().to("cpu", torch.float64).tolist()))
     return _distance_ranks_cached(key, distance, str(device))
 
 

@@ -5,8 +5,8 @@ and the one setup of a stream (:func:`open_stream`) that :func:`~timm_posgeom.pr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -82,7 +82,8 @@ class _Shard:
         sharded = _dist.shard_dataloader(data, limit, world, rank)
         if sharded is not None:  # each process loads only its own batches
             loader, self.seen = sharded
-            starts = [rows[0] for rows in loader.batch_sampler.batches if len(rows)]
+            sampler = cast(_dist.IndexBatches, loader.batch_sampler)  # shard_dataloader's own
+            starts = [rows[0] for rows in sampler.batches if len(rows)]
             yield from zip(starts, _batches(loader, None))
             return
         self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
@@ -112,7 +113,7 @@ def _data_signature(data: Any) -> Any:
         return ("tensor", tuple(data.shape))
     if isinstance(data, DataLoader):
         try:
-            size = len(data.dataset)
+            size = len(data.dataset) if isinstance(data.dataset, Sized) else None
         except TypeError:
             size = None
         return ("DataLoader", size, data.batch_size)
