@@ -1,6 +1,6 @@
 """A held-out part of a training split: a seeded, class-stratified fraction of its images, set apart for
 monitoring training, so that the validation split is read only for the final numbers
-(docs/method.md#differences-from-the-papers-protocol).
+(docs/method.md#how-this-implementation-differs-from-the-papers-code).
 
     train, heldout, record = carve_heldout(split, fraction=0.1, seed=0)
 

@@ -1,6 +1,6 @@
 """What a training run is monitored on: the validation split (``heldout_fraction: 0``, the default) or a
 seeded, class-stratified part of the training split held out from training
-(:func:`timm_posgeom.data.carve_heldout`; docs/method.md#differences-from-the-papers-protocol).
+(:func:`timm_posgeom.data.carve_heldout`; docs/method.md#how-this-implementation-differs-from-the-papers-code).
 
 The per-epoch evaluations (top-1, loss, EMA top-1, SSDC under RPI) read the monitor split; with a held-out
 monitor, the run's final numbers (``summary.json``'s ``val_top1``) are measured on the validation split once,
