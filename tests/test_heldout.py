@@ -114,3 +114,13 @@ def test_train_flag_sets_the_recipe_key(tmp_path, monkeypatch):
     assert main(["train", "--out", str(tmp_path / "r"), "--heldout", "0.25"]) == 0
     assert seen["r"].heldout_fraction == 0.25
 
+
+
+def test_a_recipe_from_before_the_heldout_keys_is_no_change():
+    from timm_posgeom.app.recipe import Recipe
+    from timm_posgeom.app.rundir import settings_changes
+
+    asked = Recipe().to_dict()
+    saved = {k: v for k, v in asked.items() if k not in ("heldout_fraction", "heldout_seed")}
+    assert settings_changes("recipe", saved, asked) == {}
+    assert settings_changes("recipe", saved, dict(asked, heldout_fraction=0.1)) == {"heldout_fraction": (0.0, 0.1)}
