@@ -68,7 +68,8 @@ def test_demo_study_end_to_end(demo_study):
         # the demo monitors on a held-out tenth of its training split; its final numbers are on validation
         assert run.history[-1].monitor == run.train.monitor == "heldout" and run.history[-1].val_top1 is None
         assert run.history[-1].monitor_top1 == pytest.approx(run.train.monitor_top1)
-        assert run.train.val_top1 is not None and run.train.val_images == 24  # 120 // 5 validation images
+        assert run.train.val_top1 is not None and run.train.val_images == 96 // 5  # the whole validation split
+        assert run.train.train_images + run.train.monitor_images == 96 and run.train.monitor_images == 10
     assert results.versions["timm"] and results.config["preset"] == "demo"
     for run in results.runs:  # each run records what trained it and what measured it
         assert run.train.versions == results.versions and run.eval.versions == [results.versions]
