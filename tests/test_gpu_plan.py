@@ -69,15 +69,16 @@ def test_tiny_ladder_trains_and_measures_each_run(tiny):
 
 def test_the_gpu_runs_are_the_studys_runs(plan, tmp_path):
     """Each planned run's recipe is the one ``posgeom study --preset imagenette-cpu --init paper --conditions ape
-    --set model_kwargs.embed_dim=W --set model_kwargs.num_heads=W/32 --set lr=LR`` trains."""
+    --set model_kwargs.embed_dim=W --set model_kwargs.num_heads=W/32 --set lr=LR --heldout 0`` trains."""
     data = SCRIPT.parents[2] / "data" / "imagenette64"  # recorded relative to the repository root, as the studies do
     specs = plan._specs(argparse.Namespace(tiny=False, data=str(data)), tmp_path)
     assert sorted((s["width"], s["lr"], s["seed"]) for s in specs) == sorted(
         (w, lr, s) for w in (192, 384) for lr in (1e-3, 3.3e-4) for s in (0, 1, 2))
     assert {s["permutations"] for s in specs} == {10} and {s["probe_images"] for s in specs} == {1000}
     for spec in specs:
+        # --heldout 0: the committed studies the ladder is compared with trained on the whole training split
         config = preset_config("imagenette-cpu", data="data/imagenette64", init="paper", conditions=("ape",),
-                               seeds=spec["seed"] + 1,
+                               seeds=spec["seed"] + 1, heldout_fraction=0.0,
                                train_overrides=[f"model_kwargs.embed_dim={spec['width']}",
                                                 f"model_kwargs.num_heads={spec['width'] // 32}", f"lr={spec['lr']}"])
         study = make_plan(config, tmp_path / "study").runs[spec["seed"]].recipe

@@ -65,7 +65,11 @@ def test_demo_study_end_to_end(demo_study):
             for fs, (lo, hi) in zip(ev.alpha_sweep.fs["jpeg:5"], ev.alpha_sweep.fs_interval["jpeg:5"]):
                 assert lo <= fs <= hi or math.isnan(fs)
         assert run.history and len(run.history[-1].rpi_ssdc) == 4  # from the training log
-        assert run.history[-1].val_top1 == pytest.approx(run.train.val_top1)
+        # the demo monitors on a held-out tenth of its training split; its final numbers are on validation
+        assert run.history[-1].monitor == run.train.monitor == "heldout" and run.history[-1].val_top1 is None
+        assert run.history[-1].monitor_top1 == pytest.approx(run.train.monitor_top1)
+        assert run.train.val_top1 is not None and run.train.val_images == 96 // 5  # the whole validation split
+        assert run.train.train_images + run.train.monitor_images == 96 and run.train.monitor_images == 10
     assert results.versions["timm"] and results.config["preset"] == "demo"
     for run in results.runs:  # each run records what trained it and what measured it
         assert run.train.versions == results.versions and run.eval.versions == [results.versions]

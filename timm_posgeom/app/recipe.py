@@ -71,6 +71,10 @@ class Recipe:
     crop_pct: float = 0.875
     workers: int = 2  # DataLoader workers per process
     bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
+    # monitor training (per-epoch top-1, loss, SSDC under RPI) on this class-stratified fraction of the training
+    # split, held out (never trained on) by heldout_seed; 0: monitor on val_split (data.heldout, docs/method.md)
+    heldout_fraction: float = 0.0
+    heldout_seed: int = 0
     # optimisation
     batch_size: int = 128  # global: per-process batch x processes x grad_accum
     eval_batch_size: int | None = None  # per process; default: the per-process training batch
@@ -147,6 +151,7 @@ def _check_choices_and_counts(r: Recipe) -> None:
         value = getattr(r, key)
         _need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
     _need(r.workers >= 0, f"workers must be >= 0, got {r.workers}")
+    _need(0 <= r.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {r.heldout_fraction}")
     _need(r.probe_images >= 0, f"probe_images must be >= 0, got {r.probe_images}")
 
 

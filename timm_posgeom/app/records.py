@@ -34,6 +34,10 @@ reads; files are written with ``SCHEMA_VERSION``):
   over the permutations (the first permutation's before). :class:`SweepSummary` gains ``rpi_permutations``
   (K, drawn afresh for every alpha; None: one, seed 0 at every alpha) and ``delta_ssdc_ci``.
   :class:`AttentionSummary` gains ``rpi_permutations`` (its RPI fields are means over them; None: one, seed 0).
+* 6: the held-out monitor and the shift at a fixed size. :class:`RunSummary` gains ``monitor`` (the split the
+  per-epoch evaluations read: ``validation`` or ``heldout``), ``monitor_images`` and ``monitor_top1``;
+  :class:`HistoryPoint` gains ``monitor`` and ``heldout_top1``; :class:`RunEval` gains ``fragility_at_size``
+  (:class:`FragilityAtSize`). Older records have None: monitored on the validation split, not measured.
 
 Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
@@ -56,11 +60,12 @@ from ..jsonio import tagged as with_schema_tags
 from ..jsonio import to_jsonable, write_json
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "AttentionSummary",
+           "FragilityAtSize",
            "RunEval",
            "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
 
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)  # older versions whose records this one reads (new keys take their defaults)
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -167,6 +172,11 @@ class RunSummary(Record):
     export_ema_sha1: str | None = None
     skipped_images: list[str] | None = None  # images left out because they cannot be decoded (bad_images=skip)
     versions: dict[str, str] | None = None  # of the process that finished the training (None: not recorded)
+    # schema 6: the split the per-epoch evaluations read (validation | heldout; None: validation, not recorded),
+    # its size and the last top-1 on it; val_top1 is on the validation split either way
+    monitor: str | None = None
+    monitor_images: int | None = None
+    monitor_top1: Num = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,6 +267,21 @@ class AttentionSummary(Record):
 
 
 @dataclass
+class FragilityAtSize(Record):
+    """Fragility with each shift applied at ``shift_size`` px, before the resize to the model's input
+    (robustness.fragility's ``shift_size``; docs/method.md#fragility-score-and-shifts): clean top-1, top-1 and FS
+    per shift, FS's paired-bootstrap 95% interval, on ``num_images`` images (schema 6)."""
+
+    KIND: ClassVar[str] = "fragility-at-size"
+    shift_size: int
+    clean_accuracy: Num
+    accuracy: dict[str, Num]
+    fs: dict[str, Num]
+    fs_interval: dict[str, list[Num]]
+    num_images: int
+
+
+@dataclass
 class RunEval(Record):
     """``eval.json``: a trained run measured by the study; each part is written as soon as it exists."""
 
@@ -272,6 +297,9 @@ class RunEval(Record):
     alpha_sweep: SweepSummary | None = None
     versions: list[dict[str, str]] | None = None  # every version set that measured a part (None: not recorded)
     attention: AttentionSummary | None = None  # per head at a few layers (schema version 4; None: not measured)
+    # schema 6: fragility with the shifts at the study's shift_size, beside the model-input numbers above (which
+    # stay: clean_accuracy, accuracy, fs); None: not measured (no shift_size)
+    fragility_at_size: FragilityAtSize | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -287,6 +315,13 @@ class HistoryPoint(Record):
     val_top1: Num = None
     rpi_ssdc: list[Num] | None = None
     pe_ssdc: Num = None
+    monitor: str | None = None  # schema 6: the split evaluated (validation | heldout; None: validation)
+    heldout_top1: Num = None  # schema 6: top-1 on the held-out monitor split
+
+    @property
+    def monitor_top1(self) -> float | None:
+        """Top-1 on the split that monitored training (validation or held-out)."""
+        return self.heldout_top1 if self.monitor == "heldout" else self.val_top1
 
 
 @dataclass

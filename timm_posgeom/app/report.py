@@ -40,6 +40,7 @@ from .report_figures import (
     no_pe_floor,
 )
 from .report_header import report_header, report_intro, versions_text
+from .report_shift_size import fragility_at_size_lines
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -73,6 +74,14 @@ def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
     return None
 
 
+def _monitor_split(results: StudyResults) -> str:
+    """What monitored the runs' training, in words: the held-out part of the training split, or validation."""
+    monitors = {h.monitor or "validation" for r in results.runs for h in r.history or []}
+    if monitors == {"heldout"}:
+        return "the part of the training split held out from training (`heldout_fraction`)"
+    return "the validation split" if monitors <= {"validation"} else "the validation split or a held-out part of training"
+
+
 def _training_table(results: StudyResults) -> list[str]:
     rows = []
     for c, runs in _by_condition(results).items():
@@ -87,12 +96,13 @@ def _training_table(results: StudyResults) -> list[str]:
         at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
         rows.append(f"| {LABELS.get(c, c)} | " + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
                     + f" | {'never' if formed is None else f'{formed:g}'} | "
-                    + _short(spread(_floats(r.val_top1 for r in records[-1]))) + " |")
+                    + _short(spread(_floats(r.monitor_top1 for r in records[-1]))) + " |")
     if not rows:
         return []
     return ["", "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)", "",
-            "Logged by the training loop on the first validation images (`probe_images` in the recipe): "
-            "when the index anchor forms, and whether it is still moving at the end of training.", "",
+            f"Logged by the training loop on the first images of {_monitor_split(results)} (`probe_images` in the "
+            "recipe), as is top-1 at end: when the index anchor forms, and whether it is still moving at the end of "
+            "training.", "",
             _floor_line(results) + " Measured at the end, by the study's probe.", "",
             "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
             "|---|---|---|---|---|---|---|"] + rows
@@ -154,6 +164,7 @@ def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> lis
         for c, runs in by.items():
             lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
                 spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
+    lines += fragility_at_size_lines(results)
     return lines
 
 

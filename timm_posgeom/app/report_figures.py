@@ -250,7 +250,7 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
 def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[HistoryPoint]]]:
     """Training curves averaged over seeds at the epochs they share.
 
-    Returns epochs (E,), SSDC under RPI per layer (E, L) and validation top-1 (E,), both means over seeds,
+    Returns epochs (E,), SSDC under RPI per layer (E, L) and top-1 on the monitor split (E,), both means over seeds,
     and per epoch the seeds' records (for spreads); empty when no run logged SSDC under RPI during training.
     """
     by_epoch: dict[float, list[HistoryPoint]] = {}
@@ -262,7 +262,7 @@ def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         return np.array([]), np.zeros((0, 0)), np.array([]), []
     epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
     ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(_floats(rec.val_top1 for rec in by_epoch[e])) for e in epochs])
+    top1 = np.array([np.nanmean(_floats(rec.monitor_top1 for rec in by_epoch[e])) for e in epochs])
     return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
 
 
@@ -272,12 +272,12 @@ def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndar
         rows = np.asarray(rows, dtype=float)
         return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
     return (np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
-            np.array([sd(_floats(r.val_top1 for r in recs)) for recs in records]))
+            np.array([sd(_floats(r.monitor_top1 for r in recs)) for recs in records]))
 
 
 
 def fig_training(results: StudyResults, path: Path) -> bool:
-    """SSDC under RPI per layer across training (one panel per condition), with validation top-1."""
+    """SSDC under RPI per layer across training (one panel per condition), with top-1 on the monitor split."""
     plt = _plt()
     curves = [(c, _history(runs)) for c, runs in _by_condition(results).items()]
     curves = [(c, h) for c, h in curves if h[0].size]
@@ -295,7 +295,8 @@ def fig_training(results: StudyResults, path: Path) -> bool:
                     label=f"layer {layer}" if layer in (0, L - 1) else None)
             ax.fill_between(epochs, ssdc_l[:, layer] - ssdc_sd[:, layer], ssdc_l[:, layer] + ssdc_sd[:, layer],
                             color=color, alpha=0.15, lw=0, label="_band")
-        ax.plot(epochs, top1, "--", color="0.45", lw=1, label="val top-1")
+        held = any(rec.monitor == "heldout" for recs in records for rec in recs)
+        ax.plot(epochs, top1, "--", color="0.45", lw=1, label="held-out top-1" if held else "val top-1")
         ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0, label="_band")
         ax.axhline(SUBSTANTIAL, color="k", lw=0.5, ls=":")
         ax.axhline(0, color="k", lw=0.5)

@@ -44,9 +44,11 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
 
 # Settings added to a kind of folder since folders of that kind were first made, with the value a folder that
 # did not record them was made with: a recipe.yaml written before ``wd_exclude_model`` existed excluded the
-# model's no_weight_decay() parameters (timm's behaviour), so resuming it is no change.
+# model's no_weight_decay() parameters (timm's behaviour), so resuming it is no change; one written before
+# ``heldout_fraction`` existed monitored on the validation split (fraction 0).
 LEGACY_KEYS: dict[str, dict[str, Any]] = {
-    "recipe": {"wd_exclude_model": True, "data_config": None, "revision": None, "streaming": False},
+    "recipe": {"wd_exclude_model": True, "data_config": None, "revision": None, "streaming": False,
+               "heldout_fraction": 0.0, "heldout_seed": 0},
     # a zoo measured before --labels and --bad-images matched labels by name and refused bad images
     "zoo": {"labels": "by-name", "bad_images": "error"},
 }

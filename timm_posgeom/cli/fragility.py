@@ -27,6 +27,7 @@ from ._options import (
     add_run_args,
     add_shift_arg,
 )
+from ._protocol_options import add_shift_size_arg, shift_size
 from ._runner import run_measurement
 
 
@@ -39,6 +40,7 @@ def add_parser(subparsers) -> None:
     add_shift_arg(p, default_help=" and ".join(PAPER_SHIFTS))
     add_intervention_args(p, shared=False)
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
+    add_shift_size_arg(p)
     g = p.add_argument_group("ImageNet-C")
     g.add_argument("--imagenet-c", nargs="?", const="all", default=None, metavar="CORRUPTIONS",
                    help="ImageNet-C instead of --shift: all (its 15 corruptions, the default), extra (its 4 extras) or "
@@ -83,10 +85,13 @@ def run(args: argparse.Namespace) -> int:
     shifts = args.shift or list(PAPER_SHIFTS)
     for spec in shifts:
         parse_shift(spec)  # fail on a bad spec before loading anything
+    size = shift_size(args)
+    if size and args.blur_on_device:
+        raise ValueError("--blur-on-device blurs the batch at the model's input: it cannot apply a shift at --shift-size")
 
     def measure(model: Any, data: Any, settings: Any) -> Any:
         return fragility(model, data, shifts, labels=args.labels, rpi=args.rpi, alpha=args.alpha,
-                         blur_on_device=args.blur_on_device, settings=settings)
+                         blur_on_device=args.blur_on_device, settings=settings, shift_size=size)
 
     return run_measurement(args, measure, _report)
 
@@ -94,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "fragility.json")
     result.plot(out / "fragility.png")
-    print(f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}")
+    at = f"  shift at {result.settings['shift_size']} px" if result.settings.get("shift_size") else ""
+    print(f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}{at}")
     w = max(12, *(len(s) for s in result.shifts))
     print(f"{'':{w}s} {'top-1':>7s} {'95% CI (Wilson)':>17s} {'FS':>7s} {'95% CI (bootstrap)':>19s}")
     print(f"{'clean':{w}s} {result.clean_accuracy:7.3f} {_fmt_interval(*result.clean_interval):>17s}")
@@ -130,6 +136,8 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
         raise ValueError("--shift and --imagenet-c exclude each other: run them separately")
     if args.blur_on_device:
         raise ValueError("--blur-on-device does not apply to --imagenet-c")
+    if shift_size(args):
+        raise ValueError("--shift-size applies to --shift, not to --imagenet-c")
     severities = _parse_severities(args.severities)
     specs = imagenet_c_shifts(args.imagenet_c or "all", severities)  # checks names and severities first
     names = list(dict.fromkeys(spec.split(":")[1] for spec in specs))

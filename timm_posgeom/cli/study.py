@@ -15,6 +15,7 @@ from ._options import (
     add_rpi_permutations_arg,
     imagenet_c_jpeg_blur,
 )
+from ._protocol_options import add_heldout_arg, add_shift_size_arg
 from .train import add_recipe_data_args, recipe_flag_overrides
 
 # the recipe keys the flags of a study set in every training run (--probe-images is the study's own SSDC count)
@@ -38,6 +39,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
     add_rpi_permutations_arg(p)
     add_imagenet_c_jpeg_blur_arg(p)
+    add_heldout_arg(p)
+    add_shift_size_arg(p)
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
@@ -67,6 +70,16 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _protocol_settings(config: Any, args: argparse.Namespace) -> None:
+    """--shift-size into ``config`` (0: none); --heldout is checked as a recipe checks it."""
+    from ._protocol_options import shift_size
+
+    if args.shift_size is not None:
+        config.shift_size = shift_size(args)
+    if args.heldout is not None and not 0 <= args.heldout < 1:
+        raise ValueError(f"--heldout must be in [0, 1), got {args.heldout}")
+
+
 def _config(args: argparse.Namespace) -> Any:
     """The :class:`~timm_posgeom.app.study.StudyConfig` of the preset and the flags."""
     from ..app.study import PRESETS, preset_config
@@ -82,8 +95,11 @@ def _config(args: argparse.Namespace) -> Any:
         images = dict(probe_images=args.probe_images)
     config = preset_config(args.preset, data=args.data, seeds=args.num_seeds, conditions=conditions,
                            imagenet_c=imagenet_c_jpeg_blur(args) or None, init=args.init,
-                           rpi_permutations=args.rpi_permutations, device=args.device, **images)
-    owned = {"seed": "--num-seeds", "data": "--data", "model_kwargs.init": "--init"}  # the study sets these after --set
+                           rpi_permutations=args.rpi_permutations, device=args.device, heldout_fraction=args.heldout,
+                           **images)
+    _protocol_settings(config, args)
+    # the study sets these after --set
+    owned = {"seed": "--num-seeds", "data": "--data", "model_kwargs.init": "--init", "heldout_fraction": "--heldout"}
     for item in args.overrides or []:
         key = item.split("=", 1)[0].strip()
         if key in owned:

@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from ._options import DEVICE_HELP, add_bad_images_arg, add_hub_data_args
+from ._protocol_options import add_heldout_arg
 
 __all__ = ["add_parser", "add_arguments", "add_recipe_data_args", "recipe_flag_overrides", "FLAG_KEYS", "run"]
 
@@ -22,7 +23,7 @@ FLAG_KEYS: dict[str, tuple[str, ...]] = {
     "data": ("data",), "train_split": ("train_split",), "val_split": ("val_split",),
     "data_config": ("data_config",), "revision": ("revision",), "streaming": ("streaming",),
     "max_images": ("max_train_images", "max_val_images"), "probe_images": ("probe_images",),
-    "bad_images": ("bad_images",), "seed": ("seed",),
+    "bad_images": ("bad_images",), "seed": ("seed",), "heldout": ("heldout_fraction",),
 }
 
 
@@ -60,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="comma-separated accelerate trackers to log to besides metrics.jsonl, e.g. tensorboard or "
                              "wandb,tensorboard (shortcut for --set log_with=[...])")
     parser.add_argument("--device", default=None, help=DEVICE_HELP)
+    add_heldout_arg(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 

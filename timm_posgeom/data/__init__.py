@@ -25,7 +25,8 @@ Reproducibility: training augmentation draws its randomness from a seed derived 
 workers and after a resume; :class:`EpochBatchSampler` orders each epoch from ``seed + epoch``
 
 Modules: :mod:`.splits` (a split, its subsets and relabelling, image checks, identity), :mod:`.sources`
-(:func:`load_split` over the three sources), :mod:`.folder` (ImageFolder trees), :mod:`.hub` (Hub and parquet
+(:func:`load_split` over the three sources),
+:mod:`.heldout` (a held-out part of a training split), :mod:`.folder` (ImageFolder trees), :mod:`.hub` (Hub and parquet
 sets, streaming), :mod:`.augment` (training transforms), :mod:`.cache` (the uint8 cache, in memory and on
 disk) and :mod:`.sampling` (batch sampler, loader). Every public name is importable from here.
 """
@@ -34,6 +35,7 @@ from __future__ import annotations
 from .augment import AUGMENTATIONS, TimmAugment, TransformDataset, crop_flip, eval_config, train_transform
 from .cache import CachedEvalDataset, CachedSplit, CachedTrainDataset, cache_uint8, default_cache_dir
 from .folder import _file_key as _file_key  # a file's content key: app/zoo keys a weights folder with it
+from .heldout import HeldoutError, carve_heldout, heldout_indices
 from .hub import DataSourceError, HubOptions, find_columns
 from .sampling import EpochBatchSampler, make_loader
 from .sources import load_split, resolve_source
@@ -61,4 +63,5 @@ __all__ = [
     "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
     "EpochBatchSampler", "make_loader", "default_cache_dir",
     "HubOptions", "TimmAugment",
+    "carve_heldout", "heldout_indices", "HeldoutError",
 ]

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..jsonio import replacing, write_errors
 from ..synthetic import SyntheticShapes
 from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
-from .splits import ImageSplit
+from .splits import ImageSplit, SubsetSplit
 
 __all__ = ["CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "default_cache_dir"]
 
@@ -42,9 +42,12 @@ class _ResizeItems(Dataset):
         return len(self.split)
 
     def __getitem__(self, index):
-        items = self.split.items
+        items, item = self.split.items, index
+        source = self.split
+        while isinstance(source, SubsetSplit):  # a subset's item i is its parent's item indices[i]
+            source, item = source.split, source.indices[item]
         if isinstance(items, SyntheticShapes) and items.img_size == self.img_size:
-            return items.render(index)
+            return items.render(item)
         image, _ = self.split[index]
         return _resize_uint8(image, self.img_size, self.interpolation)
 

@@ -26,6 +26,7 @@ from ..labels import match_labels
 from ..measuring import MeasureSettings
 from ..probes.streaming import _model_name
 from ..scores import FragilityResult
+from ..shift_size import ShiftedAtSize, check_shift_size, pre_resize
 from ..shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from ..transforms import normalize_batch, resize_transform, resolve_config
 
@@ -153,24 +154,30 @@ def fragility(
             data alone. A ``seed`` of None is replaced by one drawn on the main process.
         forward_size (int | None): at most this many copies per model forward (memory: many shifts times a large
             batch); default None, every copy of a step in one forward.
+        shift_size (int | None): apply each shift at ``shift_size`` x ``shift_size`` px (the image resized straight
+            to it first, with the model's interpolation), then resize every copy, the clean one too, to the model's
+            input (:mod:`timm_posgeom.shift_size`; the paper's 224 px for a model that reads fewer); default None,
+            each shift on the image at the model's input. Not with ``blur_on_device`` for a blur.
 
     Returns:
         A :class:`FragilityResult`.
     """
-    settings, own = MeasureSettings.resolve("fragility", settings, options, {"forward_size": None})
+    settings, own = MeasureSettings.resolve("fragility", settings, options, {"forward_size": None, "shift_size": None})
     shift_list, names, batch_size = _check_fragility(shifts, settings, own["forward_size"])
+    on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
+    shift_size = check_shift_size(own["shift_size"], any(on_device))
     data = match_labels(model, first_items(data, settings.max_images), labels)
-    n = check_split(data, settings.max_images)
-    plan = _Plan(names, shift_list, [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list], n,
-                 batch_size, own["forward_size"])
-    seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device))
+    plan = _Plan(names, shift_list, on_device, check_split(data, settings.max_images), batch_size,
+                 own["forward_size"], shift_size=shift_size)
+    seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device, shift_size))
     dev = _model_device(model, settings.device)
     cfg = resolve_config(model, settings.img_size)
     # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
     shift_seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
-    loader = _loader(data, plan, settings, resize_transform(cfg, settings.resize), shift_seed, dev)
+    loader = _loader(data, plan, settings, cfg, shift_seed, dev)
     recorded = {"model": _model_name(model), "resize": settings.resize, "rpi": rpi, "alpha": alpha, "seed": seed,
-                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list]}
+                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list],
+                **({"shift_size": shift_size} if shift_size else {})}
     if seed is None:
         recorded["shift_seed"] = shift_seed
     if rpi:  # one permutation per image, from (the seed, its index)
@@ -196,6 +203,7 @@ class _Plan:
     batch_size: int
     forward_size: int | None
     own: list[range] | None = None
+    shift_size: int | None = None  # each shift applied at this size, before the resize to the model's input
 
 
 def _check_fragility(shifts: Sequence[str | Shift] | str | Shift, settings: MeasureSettings,
@@ -229,12 +237,15 @@ def _share(plan: _Plan, settings: MeasureSettings, agreed: tuple) -> int | None:
     return _dist.shared_seed(settings.seed)
 
 
-def _loader(data: Any, plan: _Plan, settings: MeasureSettings, resize: Any, shift_seed: int,
+def _loader(data: Any, plan: _Plan, settings: MeasureSettings, cfg: dict[str, Any], shift_seed: int,
             dev: torch.device) -> DataLoader:
     """Batches ((B, V_loader, C, H, W) uint8 copies, labels) of this process's images: each image resized
-    once, then every shift that runs in the loader's workers."""
+    once to the model's input (``cfg``), then every shift that runs in the loader's workers (with
+    ``plan.shift_size``: each shift at that size, then every copy resized, :mod:`~timm_posgeom.shift_size`)."""
     loader_shifts = [p for p, d in zip(plan.shifts, plan.on_device) if not d]
-    shifted = _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed)
+    resize = resize_transform(cfg, settings.resize)
+    shifted = _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed) if not plan.shift_size else \
+        ShiftedAtSize(data, plan.n, pre_resize(cfg, plan.shift_size), resize, loader_shifts, seed=shift_seed)
     batching = dict(batch_size=plan.batch_size, shuffle=False) if plan.own is None else \
         dict(batch_sampler=_dist.IndexBatches(plan.own))  # this process's batches only
     workers = default_workers() if settings.num_workers is None else int(settings.num_workers)

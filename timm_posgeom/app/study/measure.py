@@ -18,6 +18,7 @@ from ...jsonio import to_jsonable, write_errors
 from ..records import AttentionSummary, RunEval, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, SWEPT, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
+from .fragility_at_size import fragility_at_size
 from .plan import PlannedRun
 
 __all__ = ["Measuring", "measure_run", "check_evals", "eval_changes", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
@@ -49,7 +50,7 @@ def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
     """What a run's measurements depend on besides its weights: recorded in eval.json, compared on resume."""
     return to_jsonable(dict(data=config.data or "synthetic", val_images=len(val), eval_images=config.eval_images,
                             probe_images=config.probe_images, sweep_images=config.sweep_images, alphas=config.alphas,
-                            shifts=config.shifts, imagenet_c=config.imagenet_c,
+                            shifts=config.shifts, imagenet_c=config.imagenet_c, shift_size=config.shift_size,
                             rpi_permutations=config.rpi_permutations, sweep_rpi=sweep_rpi(config.rpi_permutations),
                             attention_rpi=attention_rpi(config.rpi_permutations)))
 
@@ -72,6 +73,10 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
     if evals.fs is None:
         m.log(f"[{run.run_dir.name}] fragility")
         _fragility(evals, model, m)
+        measured()
+    if m.config.shift_size and evals.fragility_at_size is None:
+        m.log(f"[{run.run_dir.name}] fragility, the shifts at {m.config.shift_size} px")
+        evals.fragility_at_size = fragility_at_size(model, m.val, m.config)
         measured()
     if evals.ssdc is None:
         m.log(f"[{run.run_dir.name}] SSDC across depth, normal and under RPI")

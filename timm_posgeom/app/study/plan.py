@@ -81,13 +81,16 @@ class StudyPlan:
 
 
 def _run_overrides(config: StudyConfig, seed: int) -> tuple[str, ...]:
-    """The recipe overrides of one run: ``--set`` values, then ``--init`` (it wins), seed and data."""
+    """The recipe overrides of one run: ``--set`` values, then ``--init`` and ``--heldout`` (they win), seed and
+    data."""
     check_init(config.init)
     overrides = list(config.train_overrides)
     if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):  # the study's seeds would replace it
         raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
     if config.init is not None:
         overrides.append(f"model_kwargs.init={config.init}")
+    if config.heldout_fraction is not None:
+        overrides.append(f"heldout_fraction={config.heldout_fraction:g}")
     overrides.append(f"seed={seed}")
     if config.data is not None:
         overrides.append(f"data={config.data}")

@@ -85,8 +85,9 @@ def _stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 def training_history(run_dir: Path) -> list[HistoryPoint]:
     """The evaluation records of a run's training log (``metrics.jsonl``), one per evaluation, in order.
 
-    Each: step, epoch, val_top1, rpi_ssdc (SSDC per layer under RPI on the recipe's
-    ``probe_images`` validation images, or None) and pe_ssdc (the learned table's own SSDC, or None).
+    Each: step, epoch, val_top1 (or heldout_top1), rpi_ssdc (SSDC per layer under RPI on the recipe's
+    ``probe_images`` first images of the monitor split, or None), pe_ssdc (the learned table's own SSDC, or
+    None) and monitor (the split evaluated: validation or heldout; None in logs from before it was recorded).
     A resumed run has already dropped the records logged after its checkpoint (``MetricsLog``).
     """
     from ..train import read_metrics
@@ -95,5 +96,6 @@ def training_history(run_dir: Path) -> list[HistoryPoint]:
     if not path.is_file():
         return []
     return [HistoryPoint(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
-                         rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"))
+                         rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"), monitor=r.get("monitor"),
+                         heldout_top1=r.get("heldout_top1"))
             for r in read_metrics(path) if r.get("kind") == "eval"]

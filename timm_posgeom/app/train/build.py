@@ -22,6 +22,7 @@ from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, describe_changes, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog
+from .monitor import build_monitor, carve_monitor
 
 __all__ = ["Session", "build_session", "build_data", "build_optimizer"]
 
@@ -61,6 +62,7 @@ class Session:
     first_bad_step: Any = None  # (device int64 scalar) the first step whose loss was not finite, or -1
     step_lrs: dict[int, float] = field(default_factory=dict)  # learning rate of recent steps, for messages
     skipped_images: list[str] = field(default_factory=list)  # bad images left out (bad_images=skip)
+    monitor: Any = None  # a held-out monitor split (monitor.Monitor), or None: monitored on the validation split
 
     @property
     def world(self) -> int:
@@ -138,19 +140,23 @@ def _datasets(recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any
 
 
 def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
-    """(classes, train dataset, val dataset, train sampler, val sampler, skipped images, data identity) of the
-    recipe's data."""
+    """(classes, train dataset, val dataset, train sampler, val sampler, skipped images, data identity, held-out
+    monitor or None) of the recipe's data."""
     from ... import data as D
 
     world, rank = accelerator.num_processes, accelerator.process_index
     train_split, val_split = _load_splits(recipe, accelerator, progress)
+    train_split, heldout, carving = carve_monitor(recipe, train_split)  # heldout_fraction 0: (split, None, None)
     train_ds, val_ds = _datasets(recipe, accelerator, train_split, val_split, mean, std, progress)
     train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
     val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
                                       shuffle=False, drop_last=False)
     skipped = list(getattr(train_split, "skipped", [])) + list(getattr(val_split, "skipped", []))
     identity = dict(train=D.data_identity(train_split), validation=D.data_identity(val_split))
-    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity
+    if carving is not None:
+        identity["heldout"] = carving
+    monitor = build_monitor(recipe, accelerator, heldout, carving, mean, std, batch, progress)
+    return train_split.classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity, monitor
 
 
 def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str | None, is_main: bool) -> None:
@@ -336,13 +342,13 @@ def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, cha
 def _session_data(accelerator, recipe: Recipe, out: Path, mean, std, batch: int, progress: bool, resuming: bool):
     """The run's data (:func:`build_data`), checked against what a resumed run trained on; the images left
     out said."""
-    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity = build_data(
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity, monitor = build_data(
         recipe, accelerator, mean, std, batch, progress)
     _check_data(out, identity, resuming, recipe.data, accelerator.is_main_process)
     if skipped:
         accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
                           f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
-    return classes, train_ds, val_ds, train_sampler, val_sampler, skipped
+    return classes, train_ds, val_ds, train_sampler, val_sampler, skipped, monitor
 
 
 def _steps(recipe: Recipe, train_sampler: Any, train_size: int) -> tuple[int, int]:
@@ -379,7 +385,8 @@ def _model_and_state(accelerator, recipe: Recipe, num_classes: int, total_steps:
 def _setup_line(s: Session, batch: int) -> str:
     """What the run is, in one line."""
     return (f"{s.recipe.model}: {sum(p.numel() for p in s.raw_model.parameters()) / 1e6:.2f}M params, "
-            f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images, {s.world} process(es) x "
+            f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images"
+            + (f" / {s.monitor.images} held out to monitor" if s.monitor else "") + f", {s.world} process(es) x "
             f"batch {batch} x accum {s.recipe.grad_accum}, {s.steps_per_epoch} steps/epoch, {s.total_steps} steps"
             + (f", resumed from {s.resumed_from}" if s.resumed_from else ""))
 
@@ -390,7 +397,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     batch = per_process_batch(accelerator, recipe)
     checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
-    classes, train_ds, val_ds, train_sampler, val_sampler, skipped = _session_data(
+    classes, train_ds, val_ds, train_sampler, val_sampler, skipped, monitor = _session_data(
         accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None)
     steps_per_epoch, total_steps = _steps(recipe, train_sampler, len(train_ds))
 
@@ -402,6 +409,7 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None,
                      tracker=accelerator.log if recipe.log_with else None)
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
+    rpi_loader = rpi_loader if monitor is None else monitor.rpi_loader  # SSDC under RPI: on the monitor split
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
     # resumed right after an evaluation (a kill after the final checkpoint): it is not evaluated and logged
     # again (the main process read the log; the others learn the step from it)
@@ -412,6 +420,6 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
                    loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
                    train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
                    steps_per_epoch=steps_per_epoch, total_steps=total_steps, state=state, log=log,
-                   resumed_from=resumed_from)
+                   resumed_from=resumed_from, monitor=monitor)
     accelerator.print(_setup_line(session, batch))
     return session

@@ -20,6 +20,7 @@ from ...probes import pe_content_norm_ratio, pe_table_ssdc
 from ..records import RunSummary
 from .build import Session
 from .checkpoints import save_checkpoint
+from .monitor import monitor_prefix
 
 __all__ = ["evaluate_top1", "evaluate_now", "checkpoint_now", "run_epochs", "finish", "TrainingDiverged"]
 
@@ -92,23 +93,41 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
 
 
 def evaluate_now(s: Session) -> dict[str, Any]:
-    """Evaluate (and EMA, PE-table SSDC, SSDC under RPI), log one ``eval`` record, return it."""
+    """Evaluate on the monitor split (and EMA, PE-table SSDC, SSDC under RPI), log one ``eval`` record, return it.
+    Its numbers are named for the split (``val_top1``, or ``heldout_top1`` with a held-out monitor), and
+    ``monitor`` names it too."""
     check_finite(s)
-    result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
+    prefix, loader = monitor_prefix(s.monitor), s.val_loader if s.monitor is None else s.monitor.loader
+    result = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
     if s.ema is not None:
-        result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
-    result.update(kind="eval", step=s.state.step, epoch=s.state.step / s.steps_per_epoch,
-                  pe_ssdc=pe_table_ssdc(s.raw_model))
+        result.update({f"ema_{prefix}_{k}": v for k, v in evaluate_top1(s.ema.module, loader, s.accelerator).items()})
+    result.update(kind="eval", monitor="validation" if s.monitor is None else "heldout", step=s.state.step,
+                  epoch=s.state.step / s.steps_per_epoch, pe_ssdc=pe_table_ssdc(s.raw_model))
     if s.rpi_loader is not None and s.accelerator.is_main_process:
         result.update(_rpi_ssdc(s.raw_model, s.rpi_loader, s.recipe.probe_images))
     result["time_s"] = round(s.elapsed(), 1)
     s.log.log(result)
-    s.accelerator.print(f"step {s.state.step}: val top-1 {result['val_top1']:.4f}"
-                        + (f", EMA {result['ema_val_top1']:.4f}" if s.ema is not None else "")
+    s.accelerator.print(f"step {s.state.step}: {'val' if s.monitor is None else 'held-out'} top-1 "
+                        f"{result[prefix + '_top1']:.4f}"
+                        + (f", EMA {result['ema_' + prefix + '_top1']:.4f}" if s.ema is not None else "")
                         + (f", PE-table SSDC {result['pe_ssdc']:.3f}" if result["pe_ssdc"] is not None else "")
                         + (f", SSDC under RPI {result['rpi_ssdc']}" if "rpi_ssdc" in result else ""))
     s.last_eval = s.state.step
     s.eval_result = result
+    return result
+
+
+def validate_at_end(s: Session) -> dict[str, Any]:
+    """The final numbers on the validation split: the last ``eval`` record with a validation monitor; with a
+    held-out monitor, measured now, once, and logged as a ``validation`` record."""
+    if s.monitor is None:
+        return s.eval_result
+    result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
+    if s.ema is not None:
+        result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
+    result.update(kind="validation", step=s.state.step, epoch=s.state.step / s.steps_per_epoch,
+                  time_s=round(s.elapsed(), 1))
+    s.log.log(result)
     return result
 
 
@@ -228,12 +247,15 @@ def finish(s: Session) -> RunSummary:
     if s.last_eval != s.state.step:
         evaluate_now(s)
     check_finite(s)
-    r, ev = s.recipe, s.eval_result
+    r, ev, val = s.recipe, s.eval_result, validate_at_end(s)
+    prefix = monitor_prefix(s.monitor)
     summary = RunSummary(
         model=r.model, steps=s.state.step, epochs=s.state.step / s.steps_per_epoch, train_images=len(s.train_ds),
-        val_images=s.val_size, processes=s.world, time_s=round(s.elapsed(), 1), val_top1=ev.get("val_top1"),
-        ema_val_top1=ev.get("ema_val_top1"), pe_ssdc=ev.get("pe_ssdc"), resumed_from=s.resumed_from,
-        skipped_images=s.skipped_images or None, versions=package_versions())
+        val_images=s.val_size, processes=s.world, time_s=round(s.elapsed(), 1), val_top1=val.get("val_top1"),
+        ema_val_top1=val.get("ema_val_top1"), pe_ssdc=ev.get("pe_ssdc"), resumed_from=s.resumed_from,
+        skipped_images=s.skipped_images or None, versions=package_versions(),
+        monitor="validation" if s.monitor is None else "heldout", monitor_top1=ev.get(f"{prefix}_top1"),
+        monitor_images=s.val_size if s.monitor is None else s.monitor.images)
     if s.accelerator.is_main_process:
         model_args = dict(r.model_kwargs, img_size=r.img_size, num_classes=len(s.classes))
         paper = r.eval_resize == "paper"
