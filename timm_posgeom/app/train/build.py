@@ -391,6 +391,15 @@ def _setup_line(s: Session, batch: int) -> str:
             + (f", resumed from {s.resumed_from}" if s.resumed_from else ""))
 
 
+def _log_and_evaluated(accelerator, recipe: Recipe, out: Path, resume_step: int | None):
+    """The run's metrics log, and the evaluation it ends with when the run resumes right after one (a kill
+    after the final checkpoint): that one is not evaluated and logged again (the main process read the log;
+    the others learn the step from it)."""
+    log = MetricsLog(out, accelerator.is_main_process, resume_step=resume_step,
+                     tracker=accelerator.log if recipe.log_with else None)
+    return log, broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
+
+
 def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
                   allow_changes: bool = False) -> Session:
     """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
@@ -406,14 +415,10 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
-    log = MetricsLog(out, accelerator.is_main_process, resume_step=state.step if resumed_from else None,
-                     tracker=accelerator.log if recipe.log_with else None)
+    log, evaluated = _log_and_evaluated(accelerator, recipe, out, state.step if resumed_from else None)
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
     rpi_loader = rpi_loader if monitor is None else monitor.rpi_loader  # SSDC under RPI: on the monitor split
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
-    # resumed right after an evaluation (a kill after the final checkpoint): it is not evaluated and logged
-    # again (the main process read the log; the others learn the step from it)
-    evaluated = broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
     session = Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
                    first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
                    raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
