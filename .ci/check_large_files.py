@@ -10,6 +10,7 @@ An allow-list line is a glob pattern (``*`` stays within one folder) and the num
 match in the tree (``experiments/scaling/*/report.html 4``): one more under an allowed pattern fails too. Run from the
 repository root (or give --root); exit 1 with one line per refused file, 0 when there is none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,9 @@ def _large(root: Path, names: list[str], limit: int) -> list[str]:
     return sorted(n for n in names if (root / n).is_file() and (root / n).stat().st_size > limit)
 
 
-def check(root: Path, names: list[str], rules: list[tuple[str, int]], tree: list[str] | None = None,
-          limit: int = LIMIT) -> list[str]:
+def check(
+    root: Path, names: list[str], rules: list[tuple[str, int]], tree: list[str] | None = None, limit: int = LIMIT
+) -> list[str]:
     """One line per refusal: a file of ``names`` over ``limit`` bytes that no rule names, or a rule that matches
     more files over the limit in ``tree`` (the whole tracked tree; default ``names``) than its count."""
     refused = []
@@ -73,8 +75,10 @@ def check(root: Path, names: list[str], rules: list[tuple[str, int]], tree: list
     for pattern, count in rules:
         matched = [n for n in large if _matches(pattern, n)]
         if len(matched) > count:
-            refused.append(f"{pattern}: {len(matched)} files over {limit / 1e6:g} MB, {ALLOWED.name} allows "
-                           f"{count} ({', '.join(matched)})")
+            refused.append(
+                f"{pattern}: {len(matched)} files over {limit / 1e6:g} MB, {ALLOWED.name} allows "
+                f"{count} ({', '.join(matched)})"
+            )
     return refused
 
 
@@ -91,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     for line in refused:
         print(f"large file: {line}", file=sys.stderr)
     if refused:
-        print("weights go to the Hub (experiments/README.md), not into git; new runs' exports, checkpoints and "
-              "maps.pt are ignored (.gitignore)", file=sys.stderr)
+        print(
+            "weights go to the Hub (experiments/README.md), not into git; new runs' exports, checkpoints and "
+            "maps.pt are ignored (.gitignore)",
+            file=sys.stderr,
+        )
         return 1
     print(f"large files: none over {LIMIT / 1e6:g} MB beyond the allow-list ({len(names)} files checked)")
     return 0

@@ -11,6 +11,7 @@ the best wall time to ``python -c "import torch"``'s. The command line parses be
 timm, so these cases should cost a fraction of one torch import (``tests/test_package.py`` checks that no
 torch or timm module is loaded; no wall-clock limit is asserted anywhere).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ CASES: tuple[tuple[str, list[str], int], ...] = (
     ("posgeom probe --help", ["-m", "timm_posgeom.cli", "probe", "--help"], 0),
     ("posgeom zoo --help", ["-m", "timm_posgeom.cli", "zoo", "--help"], 0),
     ("posgeom fragility MODEL (no --data)", ["-m", "timm_posgeom.cli", "fragility", "MODEL"], 2),
-    ("posgeom sweep MODEL --data synthetic --max-images 0",
-     ["-m", "timm_posgeom.cli", "sweep", "MODEL", "--data", "synthetic", "--max-images", "0"], 2),
+    (
+        "posgeom sweep MODEL --data synthetic --max-images 0",
+        ["-m", "timm_posgeom.cli", "sweep", "MODEL", "--data", "synthetic", "--max-images", "0"],
+        2,
+    ),
 )
 
 
@@ -37,8 +41,12 @@ def _run_once(args: list[str], expected: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the child) of one ``python ARGS`` process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    done = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != expected:

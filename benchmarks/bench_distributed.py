@@ -13,6 +13,7 @@ Process start-up (imports, model build, rendezvous) is not timed: it is paid onc
 image. The machine may be shared: minima over repeats are reported, with the load average.
 Run: ``python benchmarks/bench_distributed.py`` (about 2-3 minutes on 2 CPU cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,16 @@ def _worker(args: argparse.Namespace) -> None:
     slowest = [max(ts) for ts in zip(*distributed.all_gather_objects(times))]  # the run ends with its last process
     if distributed.is_main():
         with open(args.out, "w") as f:
-            json.dump({"world": world, "times": slowest, "per_layer": result.per_layer,
-                       "n_images": result.metadata["n_images"], "threads": torch.get_num_threads()}, f)
+            json.dump(
+                {
+                    "world": world,
+                    "times": slowest,
+                    "per_layer": result.per_layer,
+                    "n_images": result.metadata["n_images"],
+                    "threads": torch.get_num_threads(),
+                },
+                f,
+            )
 
 
 def _free_port() -> int:
@@ -74,18 +83,51 @@ def _free_port() -> int:
 
 def _run(world: int, device: str, threads: int, args: argparse.Namespace, out: str) -> dict:
     """Start one configuration (W processes, or one alone) and read its main process's timings."""
-    worker = [__file__, "--_worker", "--out", out, "--device", device, "--threads", str(threads), "--model", args.model,
-              "--images", str(args.images), "--batch", str(args.batch), "--img", str(args.img),
-              "--repeats", str(args.repeats)]
+    worker = [
+        __file__,
+        "--_worker",
+        "--out",
+        out,
+        "--device",
+        device,
+        "--threads",
+        str(threads),
+        "--model",
+        args.model,
+        "--images",
+        str(args.images),
+        "--batch",
+        str(args.batch),
+        "--img",
+        str(args.img),
+        "--repeats",
+        str(args.repeats),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(key, None)
     if world == 1:
         cmd = [sys.executable, *worker]
     else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(world),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), "--num_cpu_threads_per_process", str(threads), *worker]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(world),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(_free_port()),
+            "--num_cpu_threads_per_process",
+            str(threads),
+            *worker,
+        ]
         if device == "cpu":
             env["ACCELERATE_USE_CPU"] = "1"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -116,16 +158,20 @@ def main() -> None:
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    print(f"torch {torch.__version__}, {cores} CPU cores, load average {os.getloadavg()[0]:.2f}; {args.model}, "
-          f"{args.images} synthetic images of {args.img} px, batch {args.batch}, reduction 'both', "
-          f"min of {args.repeats} repeats")
+    print(
+        f"torch {torch.__version__}, {cores} CPU cores, load average {os.getloadavg()[0]:.2f}; {args.model}, "
+        f"{args.images} synthetic images of {args.img} px, batch {args.batch}, reduction 'both', "
+        f"min of {args.repeats} repeats"
+    )
     # one process with every core, one process with one core (the kernels of each of W single-thread
     # processes: its SSDC must agree to float64 rounding), then W processes with cores / W threads each
     configs = [(1, "cpu", cores)] + ([(1, "cpu", 1)] if cores > 1 else [])
     configs += [(w, "cpu", max(1, cores // w)) for w in args.processes if w > 1]
     gpus = torch.cuda.device_count() if not args.no_gpu else 0
     if gpus:
-        configs += [(1, "cuda", max(1, cores // 2))] + ([(gpus, "cuda", max(1, cores // (2 * gpus)))] if gpus > 1 else [])
+        configs += [(1, "cuda", max(1, cores // 2))] + (
+            [(gpus, "cuda", max(1, cores // (2 * gpus)))] if gpus > 1 else []
+        )
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, (world, device, threads) in enumerate(configs):
@@ -141,9 +187,11 @@ def main() -> None:
             rate = args.images / min(r["times"])
             ratio = min(base["times"]) / min(r["times"])
             diff = max(abs(a - b) for a, b in zip(r["per_layer"], same["per_layer"]))
-            print(f"{device:4s} {world} process(es) x {threads} thread(s): {rate:7.2f} images/s "
-                  f"(best {min(r['times']):.2f} s; all {', '.join(f'{t:.2f}' for t in r['times'])}) -> "
-                  f"{ratio:.2f}x of 1 process x {rows[0][1]}; max |SSDC diff| vs 1 process x {threads}: {diff:.1e}")
+            print(
+                f"{device:4s} {world} process(es) x {threads} thread(s): {rate:7.2f} images/s "
+                f"(best {min(r['times']):.2f} s; all {', '.join(f'{t:.2f}' for t in r['times'])}) -> "
+                f"{ratio:.2f}x of 1 process x {rows[0][1]}; max |SSDC diff| vs 1 process x {threads}: {diff:.1e}"
+            )
     if not gpus and not args.no_gpu:
         print("no GPU here: GPU configurations skipped")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")

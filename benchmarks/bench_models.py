@@ -11,6 +11,7 @@ the ratio ours / timm (target: <= 1.03, RoPE <= 1.05).
 
     python benchmarks/bench_models.py [--batch-size 16] [--img-size 224] [--reps 10]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,6 +43,7 @@ def make_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor):
         opt.step()
         opt.zero_grad(set_to_none=True)
         return time.perf_counter() - t0
+
     return step
 
 
@@ -55,13 +57,17 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
     y = torch.randint(0, 100, (args.batch_size,))
-    print(f"torch {torch.__version__}, timm {timm.__version__}, threads {torch.get_num_threads()}, "
-          f"batch {args.batch_size}, {args.img_size}px, {args.reps} interleaved reps")
+    print(
+        f"torch {torch.__version__}, timm {timm.__version__}, threads {torch.get_num_threads()}, "
+        f"batch {args.batch_size}, {args.img_size}px, {args.reps} interleaved reps"
+    )
     print(f"{'ours':32s} {'timm':44s} {'ours s':>8s} {'timm s':>8s} {'ratio':>6s}")
     for ours_name, ours_kw, ref_name, ref_kw in PAIRS:
         kw = dict(num_classes=100, img_size=args.img_size)
-        steps = [make_step(timm.create_model(ours_name, **kw, **ours_kw), x, y),
-                 make_step(timm.create_model(ref_name, **kw, **ref_kw), x, y)]
+        steps = [
+            make_step(timm.create_model(ours_name, **kw, **ours_kw), x, y),
+            make_step(timm.create_model(ref_name, **kw, **ref_kw), x, y),
+        ]
         for _ in range(args.warmup):
             for s in steps:
                 s()

@@ -13,6 +13,7 @@
 Timings are interleaved and the minimum over ``--repeats`` is reported (medians too): the machine may
 be shared. Run: ``python benchmarks/bench_probe.py`` (about 3-4 minutes on 2 CPU cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,9 +73,15 @@ def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) 
         fwd.append(_timed(forward))
         prb.append(_timed(probe))
         part.append(_timed(forward_to_last_site))
-    return {"forward_min_s": min(fwd), "probe_min_s": min(prb), "ratio_min": min(prb) / min(fwd),
-            "ratio_median": statistics.median(prb) / statistics.median(fwd), "sites": len(model.blocks),
-            "partial_min_s": min(part), "work_ratio": min(prb) / min(part)}
+    return {
+        "forward_min_s": min(fwd),
+        "probe_min_s": min(prb),
+        "ratio_min": min(prb) / min(fwd),
+        "ratio_median": statistics.median(prb) / statistics.median(fwd),
+        "sites": len(model.blocks),
+        "partial_min_s": min(part),
+        "work_ratio": min(prb) / min(part),
+    }
 
 
 def bench_ssdc_vs_scipy(n_maps: int, grid: int, repeats: int) -> dict:
@@ -97,7 +104,7 @@ def bench_ssdc_vs_scipy(n_maps: int, grid: int, repeats: int) -> dict:
     rows = 16
 
     def read_and_sort(i: int) -> None:
-        np.take(flat[i:i + rows], pair_index, axis=1).astype(np.float64).sort(axis=1)
+        np.take(flat[i : i + rows], pair_index, axis=1).astype(np.float64).sort(axis=1)
 
     pool = ThreadPoolExecutor(max_workers=torch.get_num_threads())
 
@@ -113,9 +120,14 @@ def bench_ssdc_vs_scipy(n_maps: int, grid: int, repeats: int) -> dict:
         if len(t_scipy) < 2:
             t_scipy.append(_timed(scipy_loop))
     pool.shutdown()
-    return {"ours_min_s": min(t_ours), "scipy_min_s": min(t_scipy), "speedup": min(t_scipy) / min(t_ours),
-            "floor_min_s": min(t_floor), "floor_speedup": min(t_scipy) / min(t_floor),
-            "max_abs_diff": float(np.abs(ours.double().numpy() - np.array(ref)).max())}
+    return {
+        "ours_min_s": min(t_ours),
+        "scipy_min_s": min(t_scipy),
+        "speedup": min(t_scipy) / min(t_ours),
+        "floor_min_s": min(t_floor),
+        "floor_speedup": min(t_scipy) / min(t_floor),
+        "max_abs_diff": float(np.abs(ours.double().numpy() - np.array(ref)).max()),
+    }
 
 
 def _memory_child(model_name: str, n_images: int, batch: int, img: int) -> None:
@@ -136,9 +148,23 @@ def _memory_child(model_name: str, n_images: int, batch: int, img: int) -> None:
 def bench_memory(model_name: str, counts: list[int], batch: int, img: int) -> dict:
     out = {}
     for n in counts:
-        proc = subprocess.run([sys.executable, __file__, "--_memory-child", str(n), "--model", model_name,
-                               "--batch", str(batch), "--img", str(img)],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--_memory-child",
+                str(n),
+                "--model",
+                model_name,
+                "--batch",
+                str(batch),
+                "--img",
+                str(img),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[n] = float(proc.stdout.strip().splitlines()[-1])
     return out
 
@@ -161,25 +187,38 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, timm {timm.__version__}, "
-          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, timm {timm.__version__}, "
+        f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     a = bench_probe_vs_forward(args.model, args.batch, args.img, args.repeats)
-    print(f"(a) probe_ssdc over {a['sites']} sites of {args.model} (batch {args.batch}, {args.img} px, "
-          f"reduction 'both'): {a['probe_min_s']:.3f} s vs forward {a['forward_min_s']:.3f} s -> "
-          f"{a['ratio_min']:.3f}x (median ratio {a['ratio_median']:.3f}x; target <= 1.05x)")
-    print(f"    the probe stops after the last site (block {a['sites'] - 1}'s norm1); relative to a forward "
-          f"stopped there ({a['partial_min_s']:.3f} s) it costs {a['work_ratio']:.3f}x: its own work")
+    print(
+        f"(a) probe_ssdc over {a['sites']} sites of {args.model} (batch {args.batch}, {args.img} px, "
+        f"reduction 'both'): {a['probe_min_s']:.3f} s vs forward {a['forward_min_s']:.3f} s -> "
+        f"{a['ratio_min']:.3f}x (median ratio {a['ratio_median']:.3f}x; target <= 1.05x)"
+    )
+    print(
+        f"    the probe stops after the last site (block {a['sites'] - 1}'s norm1); relative to a forward "
+        f"stopped there ({a['partial_min_s']:.3f} s) it costs {a['work_ratio']:.3f}x: its own work"
+    )
     b = bench_ssdc_vs_scipy(args.maps, 14, args.repeats)
-    print(f"(b) per-image SSDC of {args.maps} maps of 196 tokens: {b['ours_min_s'] * 1e3:.1f} ms vs scipy loop "
-          f"{b['scipy_min_s'] * 1e3:.0f} ms -> {b['speedup']:.1f}x faster (target >= 50x); "
-          f"max |diff| {b['max_abs_diff']:.1e}")
-    print(f"    floor: only reading the pairs and sorting them as float64 (numpy's sort, {torch.get_num_threads()} "
-          f"threads) takes {b['floor_min_s'] * 1e3:.1f} ms -> {b['floor_speedup']:.1f}x")
+    print(
+        f"(b) per-image SSDC of {args.maps} maps of 196 tokens: {b['ours_min_s'] * 1e3:.1f} ms vs scipy loop "
+        f"{b['scipy_min_s'] * 1e3:.0f} ms -> {b['speedup']:.1f}x faster (target >= 50x); "
+        f"max |diff| {b['max_abs_diff']:.1e}"
+    )
+    print(
+        f"    floor: only reading the pairs and sorting them as float64 (numpy's sort, {torch.get_num_threads()} "
+        f"threads) takes {b['floor_min_s'] * 1e3:.1f} ms -> {b['floor_speedup']:.1f}x"
+    )
     if not args.skip_memory:
         mem = bench_memory(args.model, args.mem_images, args.batch, args.img)
         lo, hi = mem[min(mem)], mem[max(mem)]
-        print("(c) peak RSS: " + ", ".join(f"{n} images {v:.0f} MiB" for n, v in mem.items())
-              + f" -> ratio {hi / lo:.3f} (target: flat)")
+        print(
+            "(c) peak RSS: "
+            + ", ".join(f"{n} images {v:.0f} MiB" for n, v in mem.items())
+            + f" -> ratio {hi / lo:.3f} (target: flat)"
+        )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -13,6 +13,7 @@ Printed: seconds and the ratios K=10 / K=1. The images are read once per probe i
 is the forward passes and the sums. Run: ``python benchmarks/bench_rpi.py --data PATH`` (a few minutes on 2
 CPU cores).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,9 @@ def bench(model_name: str, data_path: str, images: int, batch: int, repeats: int
 
     def probe(k: int, forward_size: int | None = None):
         loader = eval_loader(model, split, batch_size=batch, num_workers=0)
-        return lambda: probe_ssdc(model, loader, rpi=True, rpi_permutations=k, forward_size=forward_size,
-                                  progress=False)
+        return lambda: probe_ssdc(
+            model, loader, rpi=True, rpi_permutations=k, forward_size=forward_size, progress=False
+        )
 
     cases = {"K=1": probe(1), "K=10 stacked": probe(10), "K=10 one per forward": probe(10, batch)}
     cases["K=1"]()  # warm up (allocator, caches, thread pool)
@@ -50,27 +52,41 @@ def bench(model_name: str, data_path: str, images: int, batch: int, repeats: int
         for name, fn in cases.items():
             times[name].append(_time(fn))
     best = {name: min(ts) for name, ts in times.items()}
-    return {"model": model_name, "images": images, "batch": batch, **best,
-            "ratio stacked": best["K=10 stacked"] / best["K=1"],
-            "ratio one per forward": best["K=10 one per forward"] / best["K=1"]}
+    return {
+        "model": model_name,
+        "images": images,
+        "batch": batch,
+        **best,
+        "ratio stacked": best["K=10 stacked"] / best["K=1"],
+        "ratio one per forward": best["K=10 one per forward"] / best["K=1"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.environ.get("POSGEOM_IMAGENETTE", "../shared/data/imagenette"),
-                        help="a parquet folder or ImageFolder tree with a validation split (Imagenette)")
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("POSGEOM_IMAGENETTE", "../shared/data/imagenette"),
+        help="a parquet folder or ImageFolder tree with a validation split (Imagenette)",
+    )
     parser.add_argument("--micro-images", type=int, default=512)
     parser.add_argument("--vits-images", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
-    rows = [bench("posgeom_vit_micro_patch8_64_ape", args.data, args.micro_images, 64, args.repeats, num_classes=10),
-            bench("vit_small_patch16_224", args.data, args.vits_images, 32, args.repeats, num_classes=10)]
-    print("| model | images | K=1 s | K=10 stacked s | K=10 one per forward s | ratio stacked | ratio one per forward |")
+    rows = [
+        bench("posgeom_vit_micro_patch8_64_ape", args.data, args.micro_images, 64, args.repeats, num_classes=10),
+        bench("vit_small_patch16_224", args.data, args.vits_images, 32, args.repeats, num_classes=10),
+    ]
+    print(
+        "| model | images | K=1 s | K=10 stacked s | K=10 one per forward s | ratio stacked | ratio one per forward |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['model']} | {r['images']} | {r['K=1']:.2f} | {r['K=10 stacked']:.2f} | "
-              f"{r['K=10 one per forward']:.2f} | {r['ratio stacked']:.2f}x | {r['ratio one per forward']:.2f}x |")
+        print(
+            f"| {r['model']} | {r['images']} | {r['K=1']:.2f} | {r['K=10 stacked']:.2f} | "
+            f"{r['K=10 one per forward']:.2f} | {r['ratio stacked']:.2f}x | {r['ratio one per forward']:.2f}x |"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

@@ -11,6 +11,7 @@ applies every shift to each image while the model forwards ``1 + len(shifts)`` c
 the loader is the bottleneck when ``workers / (t_load + sum t_shift) < forward_rate / (1 + S)``.
 Without ``--data`` the images are synthetic 256 x 256 textures stored as JPEG (decode included).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ from timm_posgeom.eval_data import default_workers
 from timm_posgeom.shifts import parse_shift
 from timm_posgeom.transforms import resize_transform
 
-SHIFTS = ("jpeg:5", "blur:2.5:5", "imagenet-c:jpeg_compression:5", "imagenet-c:gaussian_blur:1",
-          "imagenet-c:gaussian_blur:3", "imagenet-c:gaussian_blur:5")
+SHIFTS = (
+    "jpeg:5",
+    "blur:2.5:5",
+    "imagenet-c:jpeg_compression:5",
+    "imagenet-c:gaussian_blur:1",
+    "imagenet-c:gaussian_blur:3",
+    "imagenet-c:gaussian_blur:5",
+)
 PAPER = ("jpeg:5", "blur:2.5:5")
 
 
@@ -98,8 +105,10 @@ def main() -> None:
         forward_rate = reps * args.batch / (time.perf_counter() - start)
 
     workers = default_workers()
-    print(f"CPU: {os.cpu_count()} cores, torch {torch.__version__}, forward threads {threads}; "
-          f"images: {'synthetic 256 px JPEG' if not args.data else args.data} ({len(raw)})")
+    print(
+        f"CPU: {os.cpu_count()} cores, torch {torch.__version__}, forward threads {threads}; "
+        f"images: {'synthetic 256 px JPEG' if not args.data else args.data} ({len(raw)})"
+    )
     print(f"default loader: {workers} worker(s), 1 torch thread each")
     print(f"{'step (224 x 224, one thread)':34s} {'images/s':>10s}")
     print(f"{'decode + resize (every pass)':34s} {load_rate:10.1f}")

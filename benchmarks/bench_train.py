@@ -19,6 +19,7 @@ Part 2 iterates the training loader alone (uint8 cache + reflect-pad crop + flip
 ``imagenette_cpu_*`` recipes use; and, for contrast, JPEG decoding + resizing every image) and
 prints its images/s against the training step's: the loader must be well above 1x.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,8 +77,11 @@ def bench_models(variants: list[str], batch_size: int, steps: int, warmup: int =
                     times[key].append(time.perf_counter() - start)
         median = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         results[variant] = (batch_size / median["ours"], batch_size / median["stock"])
-        print(f"  {variant:8s} ours {results[variant][0]:7.1f} img/s   stock {name} {results[variant][1]:7.1f} img/s   "
-              f"ours/stock {results[variant][0] / results[variant][1]:.3f}", flush=True)
+        print(
+            f"  {variant:8s} ours {results[variant][0]:7.1f} img/s   stock {name} {results[variant][1]:7.1f} img/s   "
+            f"ours/stock {results[variant][0] / results[variant][1]:.3f}",
+            flush=True,
+        )
     return results
 
 
@@ -119,8 +123,10 @@ def bench_speedups(batch_size: int, steps: int) -> None:
     for img in (64, 112):
         base = _median_step(_train_step(img, batch_size), steps, 2)
         print(f"  {img} px ({(img // 8) ** 2} tokens): eager {batch_size / base:6.1f} img/s", flush=True)
-        for name, kwargs, warmup in (("torch.compile", dict(compiled=True), 3),
-                                     ("channels_last", dict(channels_last=True), 2)):
+        for name, kwargs, warmup in (
+            ("torch.compile", dict(compiled=True), 3),
+            ("channels_last", dict(channels_last=True), 2),
+        ):
             try:
                 t = _median_step(_train_step(img, batch_size, **kwargs), steps, warmup)
                 print(f"    {name:14s} {batch_size / t:6.1f} img/s  speed-up {base / t:5.2f}x", flush=True)
@@ -135,8 +141,11 @@ def bench_speedups(batch_size: int, steps: int) -> None:
         with torch.inference_mode():
             small = _median_step(lambda m=model, x=x: [m(c) for c in x.split(128)], max(3, steps // 2), 1)
             large = _median_step(lambda m=model, x=x: m(x), max(3, steps // 2), 1)
-        print(f"    {'eval batch 512':14s} {512 / large:6.1f} img/s  vs batch 128 {512 / small:6.1f} img/s: "
-              f"{small / large:5.2f}x", flush=True)
+        print(
+            f"    {'eval batch 512':14s} {512 / large:6.1f} img/s  vs batch 128 {512 / small:6.1f} img/s: "
+            f"{small / large:5.2f}x",
+            flush=True,
+        )
 
 
 def bench_loader(loader, max_batches: int) -> float:
@@ -156,8 +165,11 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(STOCK), choices=list(STOCK))
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per model")
-    parser.add_argument("--data", default=str(IMAGENETTE) if IMAGENETTE.is_dir() else "synthetic",
-                        help="data for part 2 (default: ../shared/data/imagenette when present, else synthetic)")
+    parser.add_argument(
+        "--data",
+        default=str(IMAGENETTE) if IMAGENETTE.is_dir() else "synthetic",
+        help="data for part 2 (default: ../shared/data/imagenette when present, else synthetic)",
+    )
     parser.add_argument("--loader-batches", type=int, default=20)
     parser.add_argument("--speedups", action="store_true", help="only part 3: the CPU training options")
     args = parser.parse_args()
@@ -166,8 +178,10 @@ def main() -> None:
         print("3. CPU training options on the micro APE model (speed-up over eager, default threads):")
         bench_speedups(args.batch_size, args.steps)
         return
-    print(f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads, "
-          f"batch {args.batch_size}, 64 px")
+    print(
+        f"torch {torch.__version__}, timm {timm.__version__}, {torch.get_num_threads()} threads, "
+        f"batch {args.batch_size}, 64 px"
+    )
 
     print("1. training step, ours vs stock timm (same loop, same size):")
     results = bench_models(args.variants, args.batch_size, args.steps)

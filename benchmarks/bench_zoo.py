@@ -12,6 +12,7 @@ image is read by 3 loaders a model (4 with an alpha sweep). Both ways give the s
 The data defaults to the Imagenette validation split beside the checkout (JPEGs at 224 px, ImageNet's
 are larger and decode slower).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,22 @@ MODELS = "vit_tiny_patch16_224,deit_tiny_patch16_224,vit_small_patch16_224"
 
 
 def _zoo(models: list[str], data: str, images: int, out: Path, per_model: bool, workers: int) -> float:
-    args = ["zoo", *models, "--data", data, "--out", str(out), "--no-pretrained", "--max-images", str(images),
-            "--batch-size", "50", "--num-workers", str(workers), "--no-progress"]
+    args = [
+        "zoo",
+        *models,
+        "--data",
+        data,
+        "--out",
+        str(out),
+        "--no-pretrained",
+        "--max-images",
+        str(images),
+        "--batch-size",
+        "50",
+        "--num-workers",
+        str(workers),
+        "--no-progress",
+    ]
     started = time.perf_counter()
     code = main(args + (["--decode-per-model"] if per_model else []))
     assert code == 0, f"posgeom zoo exited {code}"
@@ -52,8 +67,10 @@ def run() -> None:
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     models = args.models.split(",")
-    print(f"{len(models)} models ({', '.join(models)}), {args.images} images of {args.data}, "
-          f"{torch.get_num_threads()} torch threads, {args.workers} loader worker(s), {os.cpu_count()} cpus")
+    print(
+        f"{len(models)} models ({', '.join(models)}), {args.images} images of {args.data}, "
+        f"{torch.get_num_threads()} torch threads, {args.workers} loader worker(s), {os.cpu_count()} cpus"
+    )
     best: dict[bool, float] = {}
     tables: dict[bool, list[dict[str, str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

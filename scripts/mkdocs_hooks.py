@@ -7,6 +7,7 @@ other top-level page linked under its site name (so are the links of ``docs/`` p
 ``../README.md#models``); CITATION.cff and LICENSE are served as they are. Anything else a link points to must be a page of
 the site: ``mkdocs build --strict`` fails on a link or an anchor it cannot resolve.
 """
+
 from __future__ import annotations
 
 import re

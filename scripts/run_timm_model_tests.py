@@ -24,6 +24,7 @@ Usage::
     python scripts/run_timm_model_tests.py                       # tiny and micro variants (what CI runs)
     python scripts/run_timm_model_tests.py --models 'posgeom_vit_*_patch16_224_*' -- -x
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,19 @@ def fetch_test_models(version: str) -> Path:
     sdist = next(out_dir.glob("timm-*.tar.gz"), None)
     if sdist is None:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-             f"timm=={version}", "-d", str(out_dir)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"timm=={version}",
+                "-d",
+                str(out_dir),
+            ],
             check=True,
         )
         sdist = next(out_dir.glob("timm-*.tar.gz"))
@@ -66,15 +78,20 @@ def patch_source(source: str) -> str:
     anchor_non_std = "NON_STD_FILTERS = [\n"
     if any(anchor not in source for anchor in (anchor_import, anchor_filters, anchor_non_std)):
         raise RuntimeError("timm's test_models.py changed layout: update scripts/run_timm_model_tests.py")
-    source = source.replace(anchor_import, "\nimport timm\nimport timm_posgeom  # noqa: F401  (registers our models)\n", 1)
+    source = source.replace(
+        anchor_import, "\nimport timm\nimport timm_posgeom  # noqa: F401  (registers our models)\n", 1
+    )
     source = source.replace(anchor_non_std, anchor_non_std + "    'posgeom_vit_*',\n", 1)
     return source.replace(anchor_filters, anchor_filters + "    'vision_transformer_pe',\n", 1)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="posgeom_vit_tiny_patch16_224_* or posgeom_vit_micro_patch8_64_*",
-                        help="which of our models, as `or`-joined name patterns (default: tiny and micro)")
+    parser.add_argument(
+        "--models",
+        default="posgeom_vit_tiny_patch16_224_* or posgeom_vit_micro_patch8_64_*",
+        help="which of our models, as `or`-joined name patterns (default: tiny and micro)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
@@ -92,9 +109,22 @@ def main(argv: list[str] | None = None) -> int:
     test_file = fetch_test_models(timm.__version__)
     # pytest -k on the parametrised id: "[<model_name>-..." or "[...-<model_name>]"
     keyword = " or ".join(selected)
-    cmd = [sys.executable, "-m", "pytest", str(test_file), "-q", "-p", "no:cacheprovider",
-           "-W", "ignore::pytest.PytestUnknownMarkWarning", "-k", keyword, "--rootdir", str(test_file.parent),
-           *args.pytest_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(test_file),
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "ignore::pytest.PytestUnknownMarkWarning",
+        "-k",
+        keyword,
+        "--rootdir",
+        str(test_file.parent),
+        *args.pytest_args,
+    ]
     print(f"timm {timm.__version__}: running its test_models.py on {len(selected)} models", flush=True)
     with tempfile.TemporaryDirectory() as cache:
         absent = hub_cache_of_exports(Path(cache), [m for m in timm.list_pretrained() if m.split(".")[0] in selected])
@@ -113,10 +143,15 @@ def hub_cache_of_exports(root: Path, names: list[str]) -> list[str]:
 
     from timm_posgeom.models.pretrained import TRAINED_MICRO, hub_repo, pretrained_name
 
-    exports = {pretrained_name(study, condition, seed): (hub_repo(study, condition, seed), ROOT / "experiments" /
-               "scaling" / study / "runs" / f"{condition}_s{seed}" / "export" / "model.safetensors")
-               for study, (conditions, seeds) in TRAINED_MICRO.items() for condition in conditions
-               for seed in range(seeds)}
+    exports = {
+        pretrained_name(study, condition, seed): (
+            hub_repo(study, condition, seed),
+            ROOT / "experiments" / "scaling" / study / "runs" / f"{condition}_s{seed}" / "export" / "model.safetensors",
+        )
+        for study, (conditions, seeds) in TRAINED_MICRO.items()
+        for condition in conditions
+        for seed in range(seeds)
+    }
     absent, revision = [], "0" * 40
     for name in names:
         repo_id, weights = exports.get(name, (timm.models.get_pretrained_cfg(name).hf_hub_id, None))

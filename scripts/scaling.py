@@ -22,6 +22,7 @@ own SSDC over training (APE runs that logged them).
         "gpu:w192=experiments/scaling/8x8-w192-paper-gpu" "gpu:w256=experiments/scaling/8x8-w256-paper-gpu" \
         "gpu:w384=experiments/scaling/8x8-w384-paper-gpu" --width-figure docs/figures/width.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,18 @@ from timm_posgeom.app.records import StudyResults
 # gives it (delta SSDC under RPI, layer 1 - layer 0, mean over 4 seeds, at alpha 1.0 .9 ... .1; the paper has
 # no alpha 0 point) and the JPEG q5 FS it reports (0.43, 0.48, 0.60, 0.63, rising to 0.65 at the smallest
 # alpha), and sincos' delta SSDC at alpha 1 and 0.
-PAPER_APE_DELTA = {1.0: 0.4725, 0.9: 0.3850, 0.8: 0.3125, 0.7: 0.1845, 0.6: 0.0975, 0.5: 0.0475, 0.4: 0.0,
-                   0.3: 0.0, 0.2: 0.0, 0.1: 0.0}
+PAPER_APE_DELTA = {
+    1.0: 0.4725,
+    0.9: 0.3850,
+    0.8: 0.3125,
+    0.7: 0.1845,
+    0.6: 0.0975,
+    0.5: 0.0475,
+    0.4: 0.0,
+    0.3: 0.0,
+    0.2: 0.0,
+    0.1: 0.0,
+}
 PAPER_APE_FS = {1.0: 0.43, 0.8: 0.48, 0.5: 0.60, 0.4: 0.63, 0.1: 0.65}
 PAPER_SINCOS_DELTA = (0.29, 0.022)
 SHIFT = "jpeg:5"
@@ -77,8 +88,11 @@ def load(spec: str) -> tuple[str, StudyResults]:
 
 
 def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
-    rows = ["| study | condition | seeds | RPI permutations | clean top-1 | delta SSDC under RPI (alpha 1) "
-            "| SSDC under RPI, layers 0..L | training min per model |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| study | condition | seeds | RPI permutations | clean top-1 | delta SSDC under RPI (alpha 1) "
+        "| SSDC under RPI, layers 0..L | training min per model |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, res in studies:
         by: dict[str, list] = {}
         for run in res.runs:
@@ -87,10 +101,14 @@ def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
         for cond, runs in by.items():
             layers = np.array([[_num(v) for v in r.eval.ssdc.rpi_per_layer] for r in runs])
             delta, perms = rpi_delta_spread(runs)
-            rows.append(f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | {perms} | "
-                        f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | {delta} | "
-                        + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0)) + " | "
-                        + _cell([_num(r.train.time_s) / 60 for r in runs], 0) + " |")
+            rows.append(
+                f"| {label} | {LABELS.get(cond, cond)} | {len(runs)} | {perms} | "
+                f"{_cell([_num(r.eval.clean_accuracy) for r in runs])} | {delta} | "
+                + " ".join(f"{m:.3f}" for m in np.nanmean(layers, 0))
+                + " | "
+                + _cell([_num(r.train.time_s) / 60 for r in runs], 0)
+                + " |"
+            )
     return rows
 
 
@@ -109,9 +127,13 @@ def sweep_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
         delta = [_cell([_num(s.delta_ssdc[s.alphas.index(a)]) for s in sweeps if a in s.alphas]) for a in alphas]
         fs = [_cell([_num(s.fs[SHIFT][s.alphas.index(a)]) for s in sweeps if a in s.alphas]) for a in alphas]
         rows.append(f"| {label} | {len(sweeps)} | {' / '.join(delta)} | {' / '.join(fs)} |")
-    rows.append("| the paper (ViT-S/16, 14 x 14, IN-100) | 4 | "
-                + " / ".join(_paper_cell(PAPER_APE_DELTA, a) for a in alphas) + " | "
-                + " / ".join(_paper_cell(PAPER_APE_FS, a) for a in alphas) + " |")
+    rows.append(
+        "| the paper (ViT-S/16, 14 x 14, IN-100) | 4 | "
+        + " / ".join(_paper_cell(PAPER_APE_DELTA, a) for a in alphas)
+        + " | "
+        + " / ".join(_paper_cell(PAPER_APE_FS, a) for a in alphas)
+        + " |"
+    )
     return rows
 
 
@@ -124,9 +146,14 @@ def _paper_cell(values: dict[float, float], alpha: float) -> str:
 def paper_sweep_lines() -> list[str]:
     """The paper's APE sweep in full, as its table gives it."""
     alphas = sorted(PAPER_APE_DELTA, reverse=True)
-    return ["the paper's APE sweep (ViT-S/16, IN-100, 4 seeds): alpha " + " ".join(f"{a:g}" for a in alphas)
-            + " -> delta SSDC " + " ".join(f"{PAPER_APE_DELTA[a]:g}" for a in alphas) + "; JPEG q5 FS "
-            + ", ".join(f"{PAPER_APE_FS[a]:g} at {a:g}" for a in sorted(PAPER_APE_FS, reverse=True))]
+    return [
+        "the paper's APE sweep (ViT-S/16, IN-100, 4 seeds): alpha "
+        + " ".join(f"{a:g}" for a in alphas)
+        + " -> delta SSDC "
+        + " ".join(f"{PAPER_APE_DELTA[a]:g}" for a in alphas)
+        + "; JPEG q5 FS "
+        + ", ".join(f"{PAPER_APE_FS[a]:g} at {a:g}" for a in sorted(PAPER_APE_FS, reverse=True))
+    ]
 
 
 def figure(studies: list[tuple[str, StudyResults]], path: Path) -> None:
@@ -185,7 +212,8 @@ def ladder(studies: list[tuple[str, StudyResults]], dirs: list[Path]) -> dict[in
             if run.condition in ("ape", "nope") and run.eval.ssdc is not None:
                 run_dir = where / "runs" / f"{run.condition}_s{run.seed}"
                 out.setdefault(width_of(run_dir), {}).setdefault(run.condition, []).append(
-                    (_num(run.eval.ssdc.rpi_delta), run_dir))
+                    (_num(run.eval.ssdc.rpi_delta), run_dir)
+                )
     return dict(sorted(out.items()))
 
 
@@ -198,13 +226,17 @@ def ladders(studies: list[tuple[str, StudyResults]], dirs: list[Path]) -> dict[s
 
 
 def width_table(by_ladder: dict[str, dict[int, dict[str, list]]]) -> list[str]:
-    rows = ["| ladder | width | heads | APE delta SSDC under RPI | no PE (the floor) | seeds (APE / no PE) |",
-            "|---|---|---|---|---|---|"]
+    rows = [
+        "| ladder | width | heads | APE delta SSDC under RPI | no PE (the floor) | seeds (APE / no PE) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, widths in by_ladder.items():
         for width, by in widths.items():
             ape, nope = by.get("ape", []), by.get("nope", [])
-            rows.append(f"| {name or '-'} | {width} | {width // 32} | {_cell([d for d, _ in ape])} "
-                        f"| {_cell([d for d, _ in nope])} | {len(ape)} / {len(nope)} |")
+            rows.append(
+                f"| {name or '-'} | {width} | {width // 32} | {_cell([d for d, _ in ape])} "
+                f"| {_cell([d for d, _ in nope])} | {len(ape)} / {len(nope)} |"
+            )
     rows.append(f"| the paper (ViT-S/16, IN-100, 14 x 14) | 384 | 8 (size 48) | {PAPER_APE_DELTA[1.0]} | - | 4 / - |")
     return rows
 
@@ -237,8 +269,14 @@ def width_figure(by_ladder: dict[str, dict[int, dict[str, list]]], path: Path) -
             xs = [w for w in widths if widths[w].get(cond)]
             means = [np.mean([d for d, _ in widths[w][cond]]) for w in xs]
             label = f"{LABELS.get(cond, cond)}{f' ({name})' if name else ''}: mean over seeds"
-            ax.plot(xs, means, marker=marker, linestyle=styles[k % len(styles)], label=label,
-                    color="C0" if cond == "ape" else "C1")
+            ax.plot(
+                xs,
+                means,
+                marker=marker,
+                linestyle=styles[k % len(styles)],
+                label=label,
+                color="C0" if cond == "ape" else "C1",
+            )
             for w in xs:
                 ax.scatter([w] * len(widths[w][cond]), [d for d, _ in widths[w][cond]], s=12, color="grey", zorder=3)
     ax.scatter([384], [PAPER_APE_DELTA[1.0]], marker="*", s=160, color="k", label="the paper (ViT-S/16, IN-100)")
@@ -246,17 +284,23 @@ def width_figure(by_ladder: dict[str, dict[int, dict[str, list]]], path: Path) -
     ax.set_ylabel("delta SSDC under RPI (layer 1 - layer 0)")
     ax.set_title("delta SSDC against width (grey: each seed)")
     ax.legend(fontsize=7)
-    for ax, key, label in ((axes[1], "pe_norm_ratio", "PE-to-content norm ratio"),
-                           (axes[2], "pe_ssdc", "the position table's own SSDC")):
+    for ax, key, label in (
+        (axes[1], "pe_norm_ratio", "PE-to-content norm ratio"),
+        (axes[2], "pe_ssdc", "the position table's own SSDC"),
+    ):
         for k, (name, widths) in enumerate(by_ladder.items()):
             for width, by in widths.items():
                 labelled = False  # the first run that logged the key names the width (earlier seeds may not have)
                 for _, run_dir in by.get("ape", []):
                     steps, values = _history(run_dir, key)
                     if steps:
-                        ax.plot(steps, values, linestyle=styles[k % len(styles)],
-                                label=None if labelled else f"width {width}{f' ({name})' if name else ''}",
-                                color=plt.cm.viridis(every.index(width) / max(1, len(every) - 1)))
+                        ax.plot(
+                            steps,
+                            values,
+                            linestyle=styles[k % len(styles)],
+                            label=None if labelled else f"width {width}{f' ({name})' if name else ''}",
+                            color=plt.cm.viridis(every.index(width) / max(1, len(every) - 1)),
+                        )
                         labelled = True
         ax.set_xlabel("training step")
         ax.set_ylabel(label)
@@ -277,8 +321,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("studies", nargs="+", help="LABEL=STUDY_DIR")
     parser.add_argument("--figure", type=Path, default=None, help="PNG of the APE sweeps against the paper's")
-    parser.add_argument("--width-figure", type=Path, default=None,
-                        help="read the studies as a width ladder: print its table and draw this PNG")
+    parser.add_argument(
+        "--width-figure",
+        type=Path,
+        default=None,
+        help="read the studies as a width ladder: print its table and draw this PNG",
+    )
     args = parser.parse_args()
     studies = [load(s) for s in args.studies]
     if args.width_figure:

@@ -5,6 +5,7 @@
 Needs a Chromium (Debian: ``apt-get install chromium``); the flags keep it off the network, which a
 report never needs (its figures are embedded).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--hide-scrollbars",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--hide-scrollbars",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,8 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [browser, *FLAGS, f"--user-data-dir={profile}", f"--window-size={args.width},{args.height}",
-               f"--screenshot={args.out.resolve()}", page.as_uri()]
+        cmd = [
+            browser,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--window-size={args.width},{args.height}",
+            f"--screenshot={args.out.resolve()}",
+            page.as_uri(),
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not args.out.is_file():
         print(f"chromium failed ({done.returncode}): {done.stderr[-500:]}", file=sys.stderr)

@@ -7,6 +7,7 @@ Each row is measured by :func:`timm_posgeom.support.check_support` on a random-w
 test size (see ``timm_posgeom.support.MATRIX``); ``tests/test_support.py`` runs the same rows in CI and
 compares them with the file, so the page cannot drift from the code.
 """
+
 from __future__ import annotations
 
 import argparse

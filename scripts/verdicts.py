@@ -19,6 +19,7 @@ With ``--evidence`` it prints, per study and claim, the evidence under both rule
 table shows). A verdict reads "held", "not held", "within noise", "one seed" (one seed: not decided),
 "near chance", "undecided" (another reason, e.g. a NaN) or "-" (not measured).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,13 @@ from timm_posgeom.app.records import StudyResults
 from timm_posgeom.app.verdicts import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
-SHORT = ("1. no PE builds, collapses under RPI", "2. PE keeps; APE/sincos early, RoPE accumulates",
-         "3. RPT like no PE", "4. PE less fragile, RoPE least", "5. alpha down: delta falls, FS rises")
+SHORT = (
+    "1. no PE builds, collapses under RPI",
+    "2. PE keeps; APE/sincos early, RoPE accumulates",
+    "3. RPT like no PE",
+    "4. PE less fragile, RoPE least",
+    "5. alpha down: delta falls, FS rises",
+)
 OLD, NEW = RULES["2026-11"], RULES["2026-12"]
 # each change of issue 39 alone, on top of rule 2026-11
 CHANGES = {
@@ -104,16 +110,22 @@ def evidence(studies: list[tuple[str, StudyResults]]) -> list[str]:
         old, new = evaluate_claims(results, OLD), evaluate_claims(results, NEW)
         lines.append(f"### {label}")
         for (claim, _, _), o, n in zip(CLAIMS, old, new):
-            lines += ["", f"**{claim}**", "", f"- 2026-11: {word(o)}. {o['evidence']}",
-                      f"- 2026-12: {n['reason'] or word(n)}. {n['evidence']}"]
+            lines += [
+                "",
+                f"**{claim}**",
+                "",
+                f"- 2026-11: {word(o)}. {o['evidence']}",
+                f"- 2026-12: {n['reason'] or word(n)}. {n['evidence']}",
+            ]
         lines.append("")
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("studies", nargs="*", help="STUDY_DIR or LABEL=STUDY_DIR (default: every committed "
-                        "experiments/scaling study)")
+    parser.add_argument(
+        "studies", nargs="*", help="STUDY_DIR or LABEL=STUDY_DIR (default: every committed experiments/scaling study)"
+    )
     parser.add_argument("--evidence", action="store_true", help="print each claim's evidence under both rules")
     args = parser.parse_args(argv)
     specs = args.studies or [str(p.parent) for p in sorted((ROOT / "experiments" / "scaling").glob("*/results.json"))]

@@ -18,7 +18,10 @@ import timm_posgeom  # noqa: F401  (registers the models)
 
 # Real images: the project's shared Imagenette copy beside the checkout, or POSGEOM_IMAGENETTE (e.g. when
 # the tests run from an unpacked sdist).
-IMAGENETTE = Path(os.environ.get("POSGEOM_IMAGENETTE") or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette")
+IMAGENETTE = Path(
+    os.environ.get("POSGEOM_IMAGENETTE")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
+)
 
 
 # torch threads per test process: under pytest-xdist, its share of the cores (CI: 2 workers on 2 cores, 1 thread
@@ -91,9 +94,11 @@ def write_durations(path: Path, seconds: dict[str, float], slow: set[str], confi
     tests so marked."""
     workers = getattr(config.option, "numprocesses", None) or 1
     rows = sorted(((t, n) for n, t in seconds.items() if t > over), reverse=True)
-    lines = [f"# python -m pytest -q with {workers} worker(s): {len(seconds)} tests, {sum(seconds.values()):.0f} s of "
-             f"test time; those over {over:g} s (setup + call + teardown), slowest first. Written by .ci/run.",
-             *(f"{t:7.2f}s {n}{'  slow' if n in slow else ''}" for t, n in rows)]
+    lines = [
+        f"# python -m pytest -q with {workers} worker(s): {len(seconds)} tests, {sum(seconds.values()):.0f} s of "
+        f"test time; those over {over:g} s (setup + call + teardown), slowest first. Written by .ci/run.",
+        *(f"{t:7.2f}s {n}{'  slow' if n in slow else ''}" for t, n in rows),
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -170,6 +175,9 @@ def run_launched(cmd: list[str], *, env: dict[str, str], timeout: float, cwd=Non
         err.seek(0)
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if timed_out:
-        pytest.fail(f"{' '.join(map(str, cmd))} ran past {timeout} s; every process it started was killed.\n"
-                    f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-8000:]}", pytrace=False)
+        pytest.fail(
+            f"{' '.join(map(str, cmd))} ran past {timeout} s; every process it started was killed.\n"
+            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-8000:]}",
+            pytrace=False,
+        )
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -18,6 +18,7 @@ what goes wrong there. ``python -m pytest tests/test_fault_*.py`` prints the cou
 (``tests/conftest.py``'s terminal summary): cases, right numbers, one-line refusals, tracebacks, silent wrongs,
 losses.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,14 @@ class Run:
         """Exit 2 and exactly one ``error:`` line on stderr, the last, holding ``phrase`` (case-insensitive),
         no traceback."""
         errors = [line for line in self.lines if "error:" in line]
-        return (self.error is None and self.code == 2 and len(errors) == 1 and self.lines[-1] == errors[0]
-                and "Traceback" not in self.err and phrase.lower() in errors[0].lower())
+        return (
+            self.error is None
+            and self.code == 2
+            and len(errors) == 1
+            and self.lines[-1] == errors[0]
+            and "Traceback" not in self.err
+            and phrase.lower() in errors[0].lower()
+        )
 
 
 def cli(argv: list[str]) -> Run:
@@ -82,17 +89,20 @@ def cli(argv: list[str]) -> Run:
     return Run(code, out.getvalue(), err.getvalue(), error, trace)
 
 
-def cli_process(argv: list[str], *, file_limit: int | None = None, wrap: list[str] | None = None,
-                timeout: float = 300) -> Run:
+def cli_process(
+    argv: list[str], *, file_limit: int | None = None, wrap: list[str] | None = None, timeout: float = 300
+) -> Run:
     """``posgeom ARGV`` in a new process (``python -m timm_posgeom.cli``), optionally under a file size limit
     (RLIMIT_FSIZE, SIGXFSZ ignored, so that a write beyond it fails with EFBIG as a full disk fails with
     ENOSPC) or inside ``wrap`` (e.g. a mount namespace). A traceback on stderr is the outcome ``traceback``."""
-    code = ("import resource, signal, sys\n"
-            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            f"limit = {file_limit if file_limit is not None else -1}\n"
-            "if limit >= 0: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))\n"
-            "from timm_posgeom.cli import main\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"limit = {file_limit if file_limit is not None else -1}\n"
+        "if limit >= 0: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))\n"
+        "from timm_posgeom.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
     cmd = [*(wrap or []), sys.executable, "-c", code, *map(str, argv)]
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg", TQDM_DISABLE="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -187,21 +197,46 @@ def fake_study(root: Path, data: Path, seeds: int = 2) -> tuple[Path, list[str]]
     config = preset_config("demo", data=str(data), conditions=("nope",), seeds=seeds)
     plan = make_plan(config, out)
     val = load_split(str(data), "validation")
-    identity = data_identity(val, content=True) if "content" in data_identity.__code__.co_varnames else \
-        data_identity(val)
+    identity = (
+        data_identity(val, content=True) if "content" in data_identity.__code__.co_varnames else data_identity(val)
+    )
     out.mkdir(parents=True)
     write_plan(config, out, plan.to_json(), data=identity)
     for run in plan.runs:
         run.run_dir.mkdir(parents=True)
         (run.run_dir / "recipe.yaml").write_text(yaml.safe_dump(run.recipe.to_dict(), sort_keys=False))
-        model = timm.create_model(run.recipe.model, num_classes=val.num_classes, img_size=run.recipe.img_size,
-                                  **run.recipe.model_kwargs)
-        export_for_hub(model, run.run_dir / "export", dict(num_classes=val.num_classes, img_size=run.recipe.img_size,
-                                                           **run.recipe.model_kwargs))
+        model = timm.create_model(
+            run.recipe.model, num_classes=val.num_classes, img_size=run.recipe.img_size, **run.recipe.model_kwargs
+        )
+        export_for_hub(
+            model,
+            run.run_dir / "export",
+            dict(num_classes=val.num_classes, img_size=run.recipe.img_size, **run.recipe.model_kwargs),
+        )
         sha1 = weights_sha1(run.run_dir / "export" / "model.safetensors")
-        RunSummary(model=run.recipe.model, steps=1, epochs=1.0, train_images=4, val_images=len(val), processes=1,
-                   time_s=1.0, export_sha1=sha1).write(run.run_dir / "summary.json")
+        RunSummary(
+            model=run.recipe.model,
+            steps=1,
+            epochs=1.0,
+            train_images=4,
+            val_images=len(val),
+            processes=1,
+            time_s=1.0,
+            export_sha1=sha1,
+        ).write(run.run_dir / "summary.json")
         RunEval(settings=eval_settings(config, val), weights_sha1=sha1).write(run.run_dir / "eval.json")
-    argv = ["study", "--preset", "demo", "--data", data, "--conditions", "nope", "--num-seeds", str(seeds), "--out", out,
-            "--resume"]
+    argv = [
+        "study",
+        "--preset",
+        "demo",
+        "--data",
+        data,
+        "--conditions",
+        "nope",
+        "--num-seeds",
+        str(seeds),
+        "--out",
+        out,
+        "--resume",
+    ]
     return out, argv

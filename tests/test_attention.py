@@ -1,5 +1,6 @@
 """Attention measures: weights exact against the modules' own unfused path and against the qkv weights,
 the model's outputs untouched, the measures against a direct computation, RPI, distributed-style sums, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -73,12 +74,15 @@ def _unfused_reference(model, images):
     return maps
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("posgeom_vit_micro_patch8_64_rope", {}),
-    ("posgeom_vit_micro_patch8_64_ape", {}),
-    ("vit_tiny_patch16_224", {"img_size": 64, "depth": 2}),
-    ("eva02_tiny_patch14_224", {"img_size": 56, "depth": 2}),  # eva with RoPE (timm's own)
-])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("posgeom_vit_micro_patch8_64_rope", {}),
+        ("posgeom_vit_micro_patch8_64_ape", {}),
+        ("vit_tiny_patch16_224", {"img_size": 64, "depth": 2}),
+        ("eva02_tiny_patch14_224", {"img_size": 56, "depth": 2}),  # eva with RoPE (timm's own)
+    ],
+)
 def test_weights_equal_the_modules_unfused_softmax_and_outputs_are_untouched(name, kwargs, images, one_thread):
     torch.manual_seed(0)
     model = timm.create_model(name, num_classes=0, **kwargs).eval()
@@ -143,8 +147,9 @@ def test_measures_match_direct_computation_streamed_over_batches(rpi, one_thread
     model = make_local(timm.create_model("posgeom_vit_micro_patch8_64_sincos", num_classes=0), 1.0).eval()
     x = smooth_images(7, seed=3)
     # batches 3 + 3 + 1; under RPI 3 shared permutations (seeds 5, 6, 7), two stacked per forward
-    result = attention_measures(model, x, rpi=rpi, seed=5, batch_size=3, progress=False, rpi_permutations=3,
-                                forward_size=6)
+    result = attention_measures(
+        model, x, rpi=rpi, seed=5, batch_size=3, progress=False, rpi_permutations=3, forward_size=6
+    )
     perm = result.permutation
     assert (perm is not None) == rpi
     # reference: the whole set in one forward, under each permutation (applied after the patch embedding)
@@ -239,9 +244,28 @@ def test_cli_writes_json_and_figure(tmp_path, one_thread):
     from timm_posgeom.cli.main import main
 
     out = tmp_path / "attn"
-    rc = main(["attention", "posgeom_vit_micro_patch8_64_rope", "--data", "synthetic", "--max-images", "4",
-               "--batch-size", "2", "--rpi", "--alpha", "0.5", "--out", str(out), "--no-progress",
-               "--device", "cpu", "--num-workers", "0"])
+    rc = main(
+        [
+            "attention",
+            "posgeom_vit_micro_patch8_64_rope",
+            "--data",
+            "synthetic",
+            "--max-images",
+            "4",
+            "--batch-size",
+            "2",
+            "--rpi",
+            "--alpha",
+            "0.5",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--num-workers",
+            "0",
+        ]
+    )
     assert rc == 0
     record = json.loads((out / "attention.json").read_text())
     assert record["metadata"]["n_images"] == 4 and record["metadata"]["rpi"] is True
@@ -250,7 +274,7 @@ def test_cli_writes_json_and_figure(tmp_path, one_thread):
     assert (out / "attention.png").stat().st_size > 1000
 
 
-LAUNCHED = textwrap.dedent('''
+LAUNCHED = textwrap.dedent("""
     import json
     import sys
 
@@ -281,7 +305,7 @@ LAUNCHED = textwrap.dedent('''
         result = measure()
         with open(f"{sys.argv[1]}.{distributed.rank()}.json", "w") as f:
             json.dump(result, f)
-''')
+""")
 
 
 @pytest.mark.slow
@@ -292,9 +316,24 @@ def test_two_launched_processes_equal_one(tmp_path):
 
     script = tmp_path / "measure.py"
     script.write_text(LAUNCHED)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(script), str(tmp_path / "launched")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        str(tmp_path / "launched"),
+    ]
     run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())
@@ -320,7 +359,7 @@ def test_token_and_attention_measures_in_one_pass(images, one_thread):
         names = ("patch_norm",)
 
         def update(self, tokens, view):
-            self.add("norm", view.layer, tokens[:, view.prefix:].double().norm(dim=-1).mean(-1).sum(0))
+            self.add("norm", view.layer, tokens[:, view.prefix :].double().norm(dim=-1).mean(-1).sum(0))
 
         def finish(self, layers, n_images, grid):
             return {"patch_norm": self.stacked("norm", layers, n_images)}
@@ -333,8 +372,7 @@ def test_token_and_attention_measures_in_one_pass(images, one_thread):
         model(images)
     for h in hooks:
         h.remove()
-    result = run_measures(model, images, [PatchNorm(), AttentionEntropy()], layers=[1, 3], batch_size=2,
-                          progress=False)
+    result = run_measures(model, images, [PatchNorm(), AttentionEntropy()], layers=[1, 3], batch_size=2, progress=False)
     want = np.array([outputs[k][:, 1:].double().norm(dim=-1).mean(-1).mean(0).item() for k in (1, 3)])
     np.testing.assert_allclose(result.patch_norm, want, rtol=1e-6)
     assert result.entropy.shape == (2, 4) and result.metadata["num_heads"] == 4

@@ -10,6 +10,7 @@ checks one of two outcomes:
 No binary is checked in: images, parquet files, checkpoints and exports are generated into ``tmp_path``.
 The library's side (image modes, labels, nested interventions, cards) is checked after the CLI corpus.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,8 +110,22 @@ def _encode(kind: str, i: int) -> tuple[Image.Image | bytes, np.ndarray, str]:
 # --------------------------------------------------------------------------------------------
 def _probe(capsys, data: Path | str, out: Path, *extra: str, model: str = MODEL) -> tuple[int, str, list | None]:
     """(exit status, stderr, SSDC per layer or None) of ``posgeom probe`` in this process."""
-    argv = ["probe", model, "--data", str(data), "--img-size", "32", "--num-workers", "0", "--no-progress",
-            "--reduction", "mean_map", "--out", str(out), *extra]
+    argv = [
+        "probe",
+        model,
+        "--data",
+        str(data),
+        "--img-size",
+        "32",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--reduction",
+        "mean_map",
+        "--out",
+        str(out),
+        *extra,
+    ]
     try:
         code = main(argv)
     except SystemExit as e:
@@ -213,8 +228,9 @@ def _parquet(root: Path, labels: list) -> Path:
     images = [Image.fromarray(_pixels(i), "RGB") for i in range(len(labels))]
     datasets.disable_progress_bars()
     feature = datasets.Value("float64") if any(isinstance(v, float) for v in labels) else datasets.Value("int64")
-    ds = datasets.Dataset.from_dict({"image": images, "label": labels},
-                                    features=datasets.Features(image=datasets.Image(), label=feature))
+    ds = datasets.Dataset.from_dict(
+        {"image": images, "label": labels}, features=datasets.Features(image=datasets.Image(), label=feature)
+    )
     ds.to_parquet(str(root / "data" / "validation-00000-of-00001.parquet"))
     return root
 
@@ -245,14 +261,21 @@ def offline(monkeypatch):
 
 def test_an_offline_hub_dataset_is_one_line(tmp_path, capsys, offline):
     """Issue 31, T1: a ConnectionError traceback, exit 1."""
-    _refused(*_probe(capsys, "nobody-here/no-such-dataset-31", tmp_path / "out")[:2], "cannot reach the Hugging Face Hub")
+    _refused(
+        *_probe(capsys, "nobody-here/no-such-dataset-31", tmp_path / "out")[:2], "cannot reach the Hugging Face Hub"
+    )
 
 
 def _checkpoint_files(tmp_path: Path) -> dict[str, Path]:
     from safetensors.torch import save_file
 
-    files = {"text": tmp_path / "notes.pt", "empty": tmp_path / "empty.pth", "truncated": tmp_path / "cut.safetensors",
-             "other_model": tmp_path / "other.safetensors", "truncated_pickle": tmp_path / "cut.pth"}
+    files = {
+        "text": tmp_path / "notes.pt",
+        "empty": tmp_path / "empty.pth",
+        "truncated": tmp_path / "cut.safetensors",
+        "other_model": tmp_path / "other.safetensors",
+        "truncated_pickle": tmp_path / "cut.pth",
+    }
     files["text"].write_text("this is not a checkpoint\n")
     files["empty"].write_bytes(b"")
     save_file({"w": torch.zeros(64, 64)}, str(files["other_model"]))
@@ -320,8 +343,18 @@ def test_rpi_on_a_model_without_a_patch_embedding_is_one_line(tmp_path, capsys, 
 
 
 # The ten families issue 31 named (T2), each the smallest variant: the CLI's check is the library's own
-T2_FAMILIES = ["resnet18", "nextvit_small", "davit_tiny", "coat_lite_tiny", "fastvit_t8", "repvit_m0_9",
-               "mambaout_femto", "hgnetv2_b0", "levit_128s", "twins_svt_small"]
+T2_FAMILIES = [
+    "resnet18",
+    "nextvit_small",
+    "davit_tiny",
+    "coat_lite_tiny",
+    "fastvit_t8",
+    "repvit_m0_9",
+    "mambaout_femto",
+    "hgnetv2_b0",
+    "levit_128s",
+    "twins_svt_small",
+]
 
 
 @pytest.mark.parametrize("model", T2_FAMILIES)
@@ -448,8 +481,18 @@ def _run(tmp_path: Path, hashed: bool = True) -> Path:
     run = tmp_path / "run"
     export_for_hub(timm.create_model(MODEL, num_classes=2, img_size=32, depth=1), run / "export")
     sha1 = weights_sha1(run / "export" / "model.safetensors")
-    RunSummary(model=MODEL, steps=120, epochs=3.0, train_images=64, val_images=16, processes=1, time_s=42.5,
-               val_top1=0.6125, pe_ssdc=0.4321, **(dict(export_sha1=sha1) if hashed else {})).write(run / "summary.json")
+    RunSummary(
+        model=MODEL,
+        steps=120,
+        epochs=3.0,
+        train_images=64,
+        val_images=16,
+        processes=1,
+        time_s=42.5,
+        val_top1=0.6125,
+        pe_ssdc=0.4321,
+        **(dict(export_sha1=sha1) if hashed else {}),
+    ).write(run / "summary.json")
     RunEval(clean_accuracy=0.5875, fs={"jpeg:5": 0.3125}, weights_sha1=sha1).write(run / "eval.json")
     return run
 

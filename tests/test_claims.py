@@ -2,6 +2,7 @@
 seed. Rule 2026-12 (issue 39, the default): Holm over a claim's parts, seeds - 1 degrees of freedom, one seed
 never decides, claim 1 against the untrained start, "early" as the rise over block 1 against the rest; rule
 2026-11, the rule before it, stays reachable (``evaluate_claims(results, rule="2026-11")``)."""
+
 from __future__ import annotations
 
 import math
@@ -21,27 +22,64 @@ ALPHAS = [1.0, 0.5, 0.0]
 
 
 def _ssdc(plain: float, rpi: list[float]) -> SSDCSummary:
-    return SSDCSummary(n_images=10, per_layer=[plain] * len(rpi), rise=0.0, rpi_per_layer=list(rpi),
-                       rpi_delta=rpi[1] - rpi[0], rpi_content_per_layer=[plain] * len(rpi))
+    return SSDCSummary(
+        n_images=10,
+        per_layer=[plain] * len(rpi),
+        rise=0.0,
+        rpi_per_layer=list(rpi),
+        rpi_delta=rpi[1] - rpi[0],
+        rpi_content_per_layer=[plain] * len(rpi),
+    )
 
 
-def _run(condition: str, seed: int, acc: float, fs: float, plain: float, rpi: list[float],
-         sweep: tuple[list[float], list[float]] | None = None) -> StudyRun:
-    summary = RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0,
-                         val_top1=acc)
+def _run(
+    condition: str,
+    seed: int,
+    acc: float,
+    fs: float,
+    plain: float,
+    rpi: list[float],
+    sweep: tuple[list[float], list[float]] | None = None,
+) -> StudyRun:
+    summary = RunSummary(
+        model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0, val_top1=acc
+    )
     sw = None
     if sweep is not None:
-        sw = SweepSummary(alphas=ALPHAS, delta_ssdc=sweep[0], fs={"jpeg:5": sweep[1]}, clean_accuracy=[acc] * 3,
-                          rpi_per_layer=[rpi] * 3)
-    ev = RunEval(clean_accuracy=acc, fs={"jpeg:5": fs}, fs_interval={"jpeg:5": [fs - 0.01, fs + 0.01]},
-                 num_images=1000, ssdc=_ssdc(plain, rpi), alpha_sweep=sw)
-    return StudyRun(condition=condition, seed=seed, run_dir="r", train=summary, eval=ev, history=[],
-                    untrained=_ssdc(0.1, [0.0] * len(rpi)))
+        sw = SweepSummary(
+            alphas=ALPHAS,
+            delta_ssdc=sweep[0],
+            fs={"jpeg:5": sweep[1]},
+            clean_accuracy=[acc] * 3,
+            rpi_per_layer=[rpi] * 3,
+        )
+    ev = RunEval(
+        clean_accuracy=acc,
+        fs={"jpeg:5": fs},
+        fs_interval={"jpeg:5": [fs - 0.01, fs + 0.01]},
+        num_images=1000,
+        ssdc=_ssdc(plain, rpi),
+        alpha_sweep=sw,
+    )
+    return StudyRun(
+        condition=condition,
+        seed=seed,
+        run_dir="r",
+        train=summary,
+        eval=ev,
+        history=[],
+        untrained=_ssdc(0.1, [0.0] * len(rpi)),
+    )
 
 
 def _results(runs: list[StudyRun], classes: int = 10) -> StudyResults:
-    return StudyResults(config={}, plan=[], versions={}, runs=runs,
-                        eval_data={"source": "x", "split": "validation", "images": 1000, "classes": classes})
+    return StudyResults(
+        config={},
+        plan=[],
+        versions={},
+        runs=runs,
+        eval_data={"source": "x", "split": "validation", "images": 1000, "classes": classes},
+    )
 
 
 def _paper_like(seed: int, jitter: float = 0.0, nope_acc: float = 0.6) -> list[StudyRun]:
@@ -49,7 +87,9 @@ def _paper_like(seed: int, jitter: float = 0.0, nope_acc: float = 0.6) -> list[S
     j = jitter * (1 if seed % 2 else -1)
     return [
         _run("nope", seed, nope_acc, 0.60 + j, 0.5 + j, [0.01, 0.0, 0.02, 0.01]),
-        _run("ape", seed, 0.7, 0.40 + j, 0.6, [0.5 + j, 0.4, 0.3, 0.2], sweep=([0.5 + j, 0.2, 0.0], [0.3, 0.4, 0.5 + j])),
+        _run(
+            "ape", seed, 0.7, 0.40 + j, 0.6, [0.5 + j, 0.4, 0.3, 0.2], sweep=([0.5 + j, 0.2, 0.0], [0.3, 0.4, 0.5 + j])
+        ),
         _run("sincos", seed, 0.7, 0.41 + j, 0.6, [0.45, 0.35 + j, 0.3, 0.2]),
         _run("rope", seed, 0.72, 0.30 + j, 0.6, [0.1 + j, 0.2, 0.3, 0.4]),
         _run("rpt", seed, 0.6, 0.62 + j, 0.5, [0.0, 0.02 + j, 0.01, 0.0]),
@@ -74,7 +114,9 @@ def test_spread_is_the_student_t_interval_over_seeds():
     assert spread([0.1, 0.2]).text() == "0.150 ± 0.071 [-0.485, 0.785]"
     # at any level L: mean -+ t((1 + L) / 2, df) sqrt(var); one seed has none, and decides nothing
     lo, hi = s.interval(0.01)
-    assert hi - s.mean == pytest.approx(t.ppf(0.995, 2) * s.std / math.sqrt(3)) and s.interval() == pytest.approx((s.lo, s.hi))
+    assert hi - s.mean == pytest.approx(t.ppf(0.995, 2) * s.std / math.sqrt(3)) and s.interval() == pytest.approx(
+        (s.lo, s.hi)
+    )
     assert all(math.isnan(v) for v in spread([0.5]).interval())
 
 
@@ -135,6 +177,7 @@ def test_one_seed_decides_on_the_interval_of_the_difference_not_on_overlap():
     """Rule 2026-11, one seed: RoPE 0.30 against APE 0.40 with bootstrap intervals of +-0.06 overlap ([0.24, 0.36]
     and [0.34, 0.46]), yet their difference 0.10 is beyond its own 95% interval (MOVER: 0.10 - sqrt(2) * 0.06 =
     0.015 > 0); with +-0.08 it is not (0.10 - 0.113 < 0)."""
+
     def with_half_width(h: float) -> list[StudyRun]:
         runs = _paper_like(0)
         for r in runs:
@@ -175,6 +218,7 @@ def test_one_seed_alpha_claim_needs_the_fs_change_beyond_its_interval():
     claim read "not held" from the sign of a 1-2% change inside the bootstrap noise. With the sweep's intervals
     the FS part is decided only beyond the interval of FS(alpha 0) - FS(alpha 1) (rule 2026-11; rule 2026-12
     decides nothing on one seed)."""
+
     def with_sweep_fs(fs: list[float], half: float) -> list[StudyRun]:
         runs = _paper_like(0)
         sweep = next(r for r in runs if r.condition == "ape").eval.alpha_sweep
@@ -185,7 +229,9 @@ def test_one_seed_alpha_claim_needs_the_fs_change_beyond_its_interval():
     assert evaluate_claims(_results(with_sweep_fs([0.022, 0.034, 0.009], 0.02)), rule=OLD)[4]["status"] == "undecided"
     assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.02)), rule=OLD)[4]["status"] == "held"
     assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.2)), rule=OLD)[4]["status"] == "undecided"
-    falls = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)), rule=OLD)[4]  # beyond noise, the wrong way
+    falls = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)), rule=OLD)[
+        4
+    ]  # beyond noise, the wrong way
     assert falls["status"] == "not held" and "FS at alpha 0 minus at 1: difference -0.200 [" in falls["evidence"]
     runs = with_sweep_fs([0.022, 0.034, 0.009], 0.02)  # without the intervals (older records): the trend alone
     next(r for r in runs if r.condition == "ape").eval.alpha_sweep.fs_interval = None
@@ -211,11 +257,14 @@ def test_a_comparison_without_a_spread_on_one_side_is_not_decided():
     runs = _paper_like(0) + _paper_like(1)
     runs = [r for r in runs if not (r.condition == "rope" and r.seed == 1)]
     for r in runs:
-        r.eval.fs["jpeg:5"] = {"nope": 0.300, "ape": 0.200, "sincos": 0.201, "rope": 0.199,
-                               "rpt": 0.310}[r.condition] + (0.002 * r.seed if r.condition != "rope" else 0.0)
+        r.eval.fs["jpeg:5"] = {"nope": 0.300, "ape": 0.200, "sincos": 0.201, "rope": 0.199, "rpt": 0.310}[
+            r.condition
+        ] + (0.002 * r.seed if r.condition != "rope" else 0.0)
     claim = evaluate_claims(_results(runs), rule=OLD)[3]
-    assert claim["status"] == "undecided" and "different seed counts (no PE 2, APE 2, sincos 2, RoPE 1, RPT 2)" in (
-        claim["reason"])
+    assert (
+        claim["status"] == "undecided"
+        and "different seed counts (no PE 2, APE 2, sincos 2, RoPE 1, RPT 2)" in (claim["reason"])
+    )
     claim = evaluate_claims(_results(runs))[3]
     assert claim["status"] == "undecided" and claim["reason"] == ONE_SEED
     assert "RoPE least: within noise (RoPE < no PE: difference +0.102 without an interval" in claim["evidence"]
@@ -245,8 +294,13 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
     decided it. The demo on synthetic set v3 (1 seed): no PE 0.640, RPT 0.234 against APE 0.024, sincos
     0.019 and RoPE 0.045, so the first half holds and the second fails (sincos and APE below RoPE)."""
     runs = _paper_like(0)
-    values = {"nope": (0.640, 0.02), "rpt": (0.234, 0.04), "ape": (0.024, 0.007), "sincos": (0.019, 0.005),
-              "rope": (0.045, 0.007)}
+    values = {
+        "nope": (0.640, 0.02),
+        "rpt": (0.234, 0.04),
+        "ape": (0.024, 0.007),
+        "sincos": (0.019, 0.005),
+        "rope": (0.045, 0.007),
+    }
     for r in runs:
         fs, half = values[r.condition]
         r.eval.fs, r.eval.fs_interval = {"jpeg:5": fs}, {"jpeg:5": [fs - half, fs + half]}
@@ -254,8 +308,10 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
     assert claim["status"] == "not held"
     # each failing comparison with the interval of the difference that decided it (MOVER, 1 seed) and its level
     assert "PE below no PE / RPT: yes (tightest: RoPE < RPT: difference +0.189 [" in claim["evidence"]
-    assert ("; RoPE least: no (not RoPE < APE: difference -0.021 [-0.031, -0.011] at 95%, "
-            "RoPE < sincos: difference -0.026 [-0.035, -0.017] at 95%)") in claim["evidence"]
+    assert (
+        "; RoPE least: no (not RoPE < APE: difference -0.021 [-0.031, -0.011] at 95%, "
+        "RoPE < sincos: difference -0.026 [-0.035, -0.017] at 95%)"
+    ) in claim["evidence"]
     new = evaluate_claims(_results(runs))[3]  # one seed: not decided, the same halves in its evidence
     assert new["status"] == "undecided" and new["reason"] == ONE_SEED
     assert "PE below no PE / RPT: yes (tightest: RoPE < RPT" in new["evidence"]
@@ -268,7 +324,10 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
         if r.condition == "rope":  # comparison whose difference leans against the claim
             r.eval.fs = {"jpeg:5": 0.405 + 0.02 * (r.seed % 2)}
     claim = evaluate_claims(_results(runs))[3]
-    assert claim["status"] == "undecided" and "RoPE least: within noise (RoPE < APE: difference -0.015" in claim["evidence"]
+    assert (
+        claim["status"] == "undecided"
+        and "RoPE least: within noise (RoPE < APE: difference -0.015" in claim["evidence"]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,19 +360,24 @@ def _with_ape_curve(curve: list[float], seeds: int = 4, permutations: int = 5, n
     runs = _seeds(seeds)
     for r in runs:
         if r.condition == "ape":
-            r.eval.ssdc.rpi_by_permutation = (np.array(curve) + noise * rng.standard_normal((permutations, len(curve)))).tolist()
+            r.eval.ssdc.rpi_by_permutation = (
+                np.array(curve) + noise * rng.standard_normal((permutations, len(curve)))
+            ).tolist()
             r.eval.ssdc.rpi_permutations = list(range(permutations))
     return runs
 
 
-@pytest.mark.parametrize("curve, shape, status", [
-    ([0.05, 0.25, 0.28, 0.30], "peaks early", "held"),  # the paper's injection: block 1 carries 80% of the rise
-    ([0.30, 0.45, 0.40, 0.35], "peaks early", "held"),  # a rise over block 1, then a decay
-    ([0.05, 0.08, 0.15, 0.30], "peaks late", "not held"),  # accumulation: block 1 carries 12% of the rise
-    ([0.20, 0.20, 0.20, 0.20], "early or late peak within noise", "undecided"),  # flat
-])
+@pytest.mark.parametrize(
+    "curve, shape, status",
+    [
+        ([0.05, 0.25, 0.28, 0.30], "peaks early", "held"),  # the paper's injection: block 1 carries 80% of the rise
+        ([0.30, 0.45, 0.40, 0.35], "peaks early", "held"),  # a rise over block 1, then a decay
+        ([0.05, 0.08, 0.15, 0.30], "peaks late", "not held"),  # accumulation: block 1 carries 12% of the rise
+        ([0.20, 0.20, 0.20, 0.20], "early or late peak within noise", "undecided"),  # flat
+    ],
+)
 def test_early_is_the_rise_over_block_1_against_the_rest(curve, shape, status):
-    """"Peaks early" as the paper means it (an injection at the first block): per seed x permutation, (S1 - S0)
+    """ "Peaks early" as the paper means it (an injection at the first block): per seed x permutation, (S1 - S0)
     - (S_last - S1) > 0, on records whose answer is known (4 seeds x 5 permutations, noise 0.01)."""
     claim = evaluate_claims(_results(_with_ape_curve(curve)))[1]
     ape = claim["evidence"].split("; sincos")[0]
@@ -364,7 +428,7 @@ def test_spread_over_seeds_and_permutations_adds_the_permutation_variance():
     assert s.df == 1 and s.hi - s.mean == pytest.approx(t.ppf(0.975, 1) * math.sqrt(v_seed + v_perm))
     assert s.n == 2 and s.permutations == 3 and "permutations ±" in s.text()
     welch = spread_sp(cells, df="welch")  # rule 2026-11: Welch-Satterthwaite, here far above 1
-    df = (v_seed + v_perm) ** 2 / (v_seed ** 2 / 1 + v_perm ** 2 / 2)
+    df = (v_seed + v_perm) ** 2 / (v_seed**2 / 1 + v_perm**2 / 2)
     assert welch.df == pytest.approx(df) and df > 2 and welch.hi - welch.lo < s.hi - s.lo
     # the seed means alone (0.200, 0.210) would give a far narrower interval: the permutations' spread is in it
     assert welch.hi - welch.lo > spread(seed_means.tolist()).hi - spread(seed_means.tolist()).lo
@@ -447,7 +511,10 @@ def test_holm_turns_a_lone_no_among_many_parts_into_within_noise():
         r.eval.fs = {"jpeg:5": fs[r.condition] + [-0.010, 0.010, -0.008, 0.008][r.seed]}
     assert evaluate_claims(_results(runs), rule=OLD)[3]["status"] == "not held"
     claim = evaluate_claims(_results(runs))[3]
-    assert claim["status"] == "undecided" and "RoPE least: within noise (RoPE < APE: difference -0.027 [" in claim["evidence"]
+    assert (
+        claim["status"] == "undecided"
+        and "RoPE least: within noise (RoPE < APE: difference -0.027 [" in claim["evidence"]
+    )
 
 
 @pytest.mark.parametrize("untrained, status", [(0.1, "held"), (0.57, "not held"), (0.5, "undecided")])
@@ -473,8 +540,10 @@ def test_report_html_is_a_rendered_page_that_links_its_figures(tmp_path):
     figures.mkdir()
     png = b"\x89PNG\r\n\x1a\n" + b"0" * 16
     (figures / "a.png").write_bytes(png)
-    md = ("# Title\n\n| # | claim | held here |\n|---|---|---|\n| 1 | c | yes |\n| 2 | d | undecided: near chance |\n\n"
-          "![A](figures/a.png)\n\n![missing](figures/b.png)\n")
+    md = (
+        "# Title\n\n| # | claim | held here |\n|---|---|---|\n| 1 | c | yes |\n| 2 | d | undecided: near chance |\n\n"
+        "![A](figures/a.png)\n\n![missing](figures/b.png)\n"
+    )
     page = render_html(md, figures)
     assert page.startswith("<!doctype html>") and "<pre" not in page and "<style>" in page
     assert "<table>" in page and "<th>claim</th>" in page and "<h1>Title</h1>" in page
@@ -487,9 +556,13 @@ def test_claim_evidence_with_pipes_stays_in_its_cell():
     """|SSDC| in a claim's evidence split the markdown cell, and the deciding interval never reached the page."""
     from timm_posgeom.app.report import _claims_table, render_html
 
-    claim = {"claim": "no PE collapses", "status": "held", "reason": "",
-             "evidence": "no PE under RPI -0.010 [-0.030, 0.010], |SSDC| < 0.1 at every layer? yes: layer 3 "
-                         "[-0.031, 0.012] inside (-0.1, 0.1)"}
+    claim = {
+        "claim": "no PE collapses",
+        "status": "held",
+        "reason": "",
+        "evidence": "no PE under RPI -0.010 [-0.030, 0.010], |SSDC| < 0.1 at every layer? yes: layer 3 "
+        "[-0.031, 0.012] inside (-0.1, 0.1)",
+    }
     page = render_html("\n".join(_claims_table([claim])), Path("."))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", page)
     assert len(cells) == 4 and "|SSDC| &lt; 0.1" in cells[3] and cells[3].endswith("inside (-0.1, 0.1)")
@@ -519,8 +592,9 @@ def _band_extent(ax) -> tuple[float, float]:
     """(lowest, highest) y of the filled bands of ``ax``."""
     from matplotlib.collections import PolyCollection
 
-    ys = np.concatenate([p.vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection)
-                         for p in c.get_paths()])
+    ys = np.concatenate(
+        [p.vertices[:, 1] for c in ax.collections if isinstance(c, PolyCollection) for p in c.get_paths()]
+    )
     return float(ys.min()), float(ys.max())
 
 
@@ -534,16 +608,24 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkey
     text = "\n".join(_tables(results))
     depth = text.split("## SSDC across depth")[1].split("##")[0]
     rows = [line for line in depth.splitlines() if line.startswith("| ") and not line.startswith("| condition")]
-    assert rows and all("±" in r.split("|")[2] and "[" in r.split("|")[4] for r in rows)  # per layer ± std; delta interval
+    assert rows and all(
+        "±" in r.split("|")[2] and "[" in r.split("|")[4] for r in rows
+    )  # per layer ± std; delta interval
     assert "k = t(0.975, n-1)/√n: 8.98 with 2 seeds" in depth  # 12.706 / sqrt(2)
     # the accuracy table: each measured cell its mean ± std [interval] over the two seeds, the paper's values beside
-    assert (f"| APE | 2 | {_interval([0.7, 0.7])} | {_interval([0.38, 0.42])} | n/a | 0.641 | 0.435 | 0.184 |"
-            in text.splitlines()), text
+    assert (
+        f"| APE | 2 | {_interval([0.7, 0.7])} | {_interval([0.38, 0.42])} | n/a | 0.641 | 0.435 | 0.184 |"
+        in text.splitlines()
+    ), text
     assert f"| RoPE | 2 | {_interval([0.72, 0.72])} | {_interval([0.28, 0.32])} | n/a |" in text
     for title in ("delta SSDC under RPI", "JPEG q5 FS"):  # both sweep tables: mean ± std [interval] in every cell
         sweep = text.split(f"## Alpha sweep: {title}")[1].split("##")[0]
-        cells = [c for line in sweep.splitlines() if line.startswith("| ") and line[2].isdigit()
-                 for c in line.split("|")[2:-1]]
+        cells = [
+            c
+            for line in sweep.splitlines()
+            if line.startswith("| ") and line[2].isdigit()
+            for c in line.split("|")[2:-1]
+        ]
         assert cells and all("±" in c and "[" in c for c in cells) and "seed 0" not in sweep
     assert f"| 1 | {_interval([0.48, 0.52])} |" in text  # APE's delta SSDC at alpha 1 (and FS at alpha 0)
 

@@ -1,4 +1,5 @@
 """Tests of timm_posgeom.data and timm_posgeom.synthetic (small, CPU)."""
+
 from __future__ import annotations
 
 import random
@@ -73,8 +74,10 @@ def test_synthetic_labels_survive_a_horizontal_flip():
 
     g = torch.Generator().manual_seed(0)
     for label in (6, 7, 8, 9):
-        left = [next(x for k, x, _ in shapes if k == "disc") < next(x for k, x, _ in shapes if k == "square")
-                for shapes in (_layout(label, g) for _ in range(400))]
+        left = [
+            next(x for k, x, _ in shapes if k == "disc") < next(x for k, x, _ in shapes if k == "square")
+            for shapes in (_layout(label, g) for _ in range(400))
+        ]
         assert 0.4 < sum(left) / len(left) < 0.6, (SYNTHETIC_CLASSES[label], sum(left) / len(left))
     # and the vertical layout that tells each pair apart is kept: 6 is above 7
     top = [max(y for _, _, y in _layout(6, g)) for _ in range(100)]
@@ -127,7 +130,7 @@ def test_synthetic_grating_marks_the_half_and_jpeg_q5_removes_it():
     assert pattern.view(3, size // 2, 2, size // 2, 2).sum(dim=(2, 4)).abs().max() == 0  # every 2 x 2 block: 0
     assert torch.equal(pattern[:, 0], -pattern[:, 1]) and torch.equal(pattern[:, -1, 0::2], -pattern[:, -1, 1::2])
     upper, lower = pattern.clone(), pattern.clone()
-    upper[:, size // 2:], lower[:, :size // 2] = 0, 0
+    upper[:, size // 2 :], lower[:, : size // 2] = 0, 0
     wrong = lower.roll(-(size // 2), dims=1)  # vertical lines in the upper half, which has horizontal ones
     ds = SyntheticShapes(24, img_size=size, split="validation")
     clean = torch.stack([ds.render(i) for i in range(len(ds))])
@@ -168,12 +171,22 @@ def test_find_columns():
     with pytest.raises(ValueError, match="cannot find"):
         find_columns(datasets.Features({"text": datasets.Value("string")}))
     # several ClassLabel columns: the first was taken, whichever it was (CIFAR-100 lists coarse after fine)
-    two = {"image": datasets.Image(), "coarse_label": datasets.ClassLabel(names=["x", "y"]),
-           "fine_label": datasets.ClassLabel(names=["a", "b", "c"])}
+    two = {
+        "image": datasets.Image(),
+        "coarse_label": datasets.ClassLabel(names=["x", "y"]),
+        "fine_label": datasets.ClassLabel(names=["a", "b", "c"]),
+    }
     assert find_columns(datasets.Features(two)) == ("image", "fine_label")
     with pytest.raises(ValueError, match="several label columns \\(coarse, superclass\\)"):
-        find_columns(datasets.Features({"image": datasets.Image(), "coarse": datasets.ClassLabel(names=["x"]),
-                                        "superclass": datasets.ClassLabel(names=["y"])}))
+        find_columns(
+            datasets.Features(
+                {
+                    "image": datasets.Image(),
+                    "coarse": datasets.ClassLabel(names=["x"]),
+                    "superclass": datasets.ClassLabel(names=["y"]),
+                }
+            )
+        )
 
 
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
@@ -368,10 +381,12 @@ def _parquet_set(root: Path) -> Path:
                 buf = io.BytesIO()
                 Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buf, format="JPEG")
                 images.append({"bytes": buf.getvalue(), "path": None})
-            features = datasets.Features({"image": datasets.Image(),
-                                          "label": datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])})
-            ds = datasets.Dataset.from_dict({"image": images, "label": [i % classes for i in range(n)]},
-                                            features=features)
+            features = datasets.Features(
+                {"image": datasets.Image(), "label": datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])}
+            )
+            ds = datasets.Dataset.from_dict(
+                {"image": images, "label": [i % classes for i in range(n)]}, features=features
+            )
             (root / config).mkdir(parents=True, exist_ok=True)
             ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
     card = ["---", "configs:"]
@@ -423,16 +438,41 @@ def test_cli_streams_a_config_of_a_hub_style_set_and_probes_the_same_images(tmp_
     from timm_posgeom.cli import main
 
     root = _parquet_set(tmp_path / "set")
-    common = ["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big",
-              "--max-images", "4", "--batch-size", "2", "--num-workers", "0", "--no-progress"]
+    common = [
+        "probe",
+        "posgeom_vit_micro_patch8_64_nope",
+        "--data",
+        str(root),
+        "--data-config",
+        "big",
+        "--max-images",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-workers",
+        "0",
+        "--no-progress",
+    ]
     assert main(common + ["--streaming", "--out", str(tmp_path / "streamed")]) == 0
     assert not list(fresh_hf_cache.rglob("*.arrow"))  # nothing downloaded or prepared
     assert main(common + ["--out", str(tmp_path / "loaded")]) == 0
     streamed, loaded = (json.loads((tmp_path / d / "ssdc.json").read_text()) for d in ("streamed", "loaded"))
     assert streamed["per_layer"] == loaded["per_layer"] and streamed["metadata"]["n_images"] == 4
     with pytest.raises(SystemExit) as e:  # a stream needs its length
-        main(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big", "--streaming",
-              "--out", str(tmp_path / "x"), "--no-progress"])
+        main(
+            [
+                "probe",
+                "posgeom_vit_micro_patch8_64_nope",
+                "--data",
+                str(root),
+                "--data-config",
+                "big",
+                "--streaming",
+                "--out",
+                str(tmp_path / "x"),
+                "--no-progress",
+            ]
+        )
     assert e.value.code == 2 and "--max-images" in capsys.readouterr().err
 
 
@@ -470,8 +510,23 @@ def test_cli_fragility_streams_the_same_images_as_it_loads(tmp_path, fresh_hf_ca
     from timm_posgeom.cli import main
 
     root = _parquet_set(tmp_path / "set")
-    common = ["fragility", "posgeom_vit_micro_patch8_64_nope", "--data", str(root), "--data-config", "big",
-              "--max-images", "4", "--batch-size", "2", "--num-workers", "0", "--no-progress", "--num-classes", "4"]
+    common = [
+        "fragility",
+        "posgeom_vit_micro_patch8_64_nope",
+        "--data",
+        str(root),
+        "--data-config",
+        "big",
+        "--max-images",
+        "4",
+        "--batch-size",
+        "2",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--num-classes",
+        "4",
+    ]
     assert main(common + ["--streaming", "--out", str(tmp_path / "streamed")]) == 0
     assert not list(fresh_hf_cache.rglob("*.arrow"))  # nothing prepared
     assert main(common + ["--out", str(tmp_path / "loaded")]) == 0
@@ -498,7 +553,18 @@ def test_the_cli_refuses_a_missing_split_in_one_line(capsys):
     from timm_posgeom.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        main(["probe", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--split", "test", "--no-progress",
-              "--max-images", "2"])
+        main(
+            [
+                "probe",
+                "posgeom_vit_micro_patch8_64_ape",
+                "--data",
+                "synthetic",
+                "--split",
+                "test",
+                "--no-progress",
+                "--max-images",
+                "2",
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and len(err) == 1 and "no split 'test'" in err[0] and "validation" in err[0]

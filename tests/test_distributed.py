@@ -1,6 +1,7 @@
 """Data-parallel measuring (timm_posgeom.distributed): the helpers alone, the sharding simulated
 process by process, and probe_ssdc / fragility / alpha_sweep / the CLI under a real two-process
 launch compared with one process."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,7 +24,7 @@ from timm_posgeom.probes.probe import _batches, _Moments, _Shard
 
 # The measurement, run once by two launched processes and once here: a tiny random-init ViT, 21
 # synthetic images (odd: uneven shards), batches of 4 (the last one partial).
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys
 
     import importlib.util
@@ -133,7 +134,7 @@ SCRIPT = textwrap.dedent('''
         result = measure(cli_out)
         with open(f"{prefix}.{distributed.rank()}.json", "w") as f:
             f.write(dumps(result))
-''')
+""")
 
 
 def _env() -> dict[str, str]:
@@ -243,8 +244,11 @@ def _shard_batches(data, world, max_images=None, batch_size=4):
 @pytest.mark.parametrize("max_images", [None, 10, 21, 50])
 def test_shards_together_are_the_single_process_batches(kind, max_images):
     images = torch.arange(21.0)[:, None, None, None].expand(21, 3, 4, 4).contiguous()
-    data = {"tensor": images, "loader": DataLoader(TensorDataset(images), batch_size=4),
-            "list": [images[i:i + 4] for i in range(0, 21, 4)]}[kind]
+    data = {
+        "tensor": images,
+        "loader": DataLoader(TensorDataset(images), batch_size=4),
+        "list": [images[i : i + 4] for i in range(0, 21, 4)],
+    }[kind]
     expected = list(range(21))[:max_images]
     single = [x[:, 0, 0, 0].long().tolist() for x in _batches(data, 4)]
     for world in (1, 2, 3, 8):
@@ -253,8 +257,11 @@ def test_shards_together_are_the_single_process_batches(kind, max_images):
         got = sorted(x for batches, _ in shards for b in batches for x in b)
         assert got == expected
         for r, (batches, _) in enumerate(shards):  # process r holds global batches r, r + W, ... as they were
-            assert batches == [b[:max(0, len(expected) - 4 * k)] for k, b in enumerate(single)
-                               if k % world == r and 4 * k < len(expected)]
+            assert batches == [
+                b[: max(0, len(expected) - 4 * k)]
+                for k, b in enumerate(single)
+                if k % world == r and 4 * k < len(expected)
+            ]
 
 
 def test_a_shuffling_loader_without_a_seed_is_refused():
@@ -314,13 +321,13 @@ def _close(a, b, tol: float, path: str = "") -> None:
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_a_launch_past_its_timeout_leaves_no_process(tmp_path):
     # a launcher whose worker sits in a session of its own (as torchrun's do) and never ends
-    launcher = textwrap.dedent('''
+    launcher = textwrap.dedent("""
         import subprocess, sys, time
         worker = subprocess.Popen([sys.executable, "-c", "import time; print('worker up', flush=True); time.sleep(600)"],
                                   start_new_session=True)
         open(sys.argv[1], "w").write(str(worker.pid))
         worker.wait()
-    ''')
+    """)
     pid_file = tmp_path / "worker.pid"
     with pytest.raises(pytest.fail.Exception, match="ran past 3 s") as failed:
         run_launched([sys.executable, "-c", launcher, str(pid_file)], env=dict(os.environ), timeout=3)
@@ -347,9 +354,25 @@ def test_two_launched_processes_equal_one(tmp_path):
     # accelerate 1.x's `launch --cpu` starts ONE process (several only with an MPI hostfile): two CPU
     # processes come from its torchrun-based launcher with ACCELERATE_USE_CPU set (gloo). A free port of
     # our own: accelerate before 1.7 hands `--main_process_port 0` to the workers as port 0 (they wait forever)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), str(script), str(tmp_path / "launched"), str(tmp_path / "cli2")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        str(tmp_path / "launched"),
+        str(tmp_path / "cli2"),
+    ]
     run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())

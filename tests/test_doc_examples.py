@@ -28,6 +28,7 @@ What the test changes, here only:
 - SMALL: tiny subsets through the project's own flags: appended to each command (argparse: the last value wins;
   ``--set``: the last one wins), and python's ``subset=``, ``max_images=`` and ``probe_images=`` capped.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,9 +55,22 @@ SMALL = {
     "fragility": _MEASURE,
     "sweep": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],
     "zoo": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],
-    "train": ["--no-progress", *[a for kv in ("epochs=1", "max_train_images=128", "max_val_images=32", "warmup_epochs=0",
-                                               "eval_every=1", "probe_images=0", "disk_cache=false")
-                                 for a in ("--set", kv)]],
+    "train": [
+        "--no-progress",
+        *[
+            a
+            for kv in (
+                "epochs=1",
+                "max_train_images=128",
+                "max_val_images=32",
+                "warmup_epochs=0",
+                "eval_every=1",
+                "probe_images=0",
+                "disk_cache=false",
+            )
+            for a in ("--set", kv)
+        ],
+    ],
 }
 SMALL_PY = re.compile(r"\b(subset|max_images|probe_images)=(\d+)")
 # bash: the programs a runnable block may call, each a function that records its arguments (\x1f between
@@ -112,8 +126,16 @@ def blocks(page: Path) -> list[Block]:
         words = (mark.group(2) or "").split() if mark else []
         if mark and mark.group(1) == "runnable":
             words = [w for w in shlex.split(mark.group(2) or "")]
-        found.append(Block(page, i + 1, m.group(2).lower(), "\n".join(lines[i + 1:end]) + "\n",
-                           mark.group(1) if mark else None, words))
+        found.append(
+            Block(
+                page,
+                i + 1,
+                m.group(2).lower(),
+                "\n".join(lines[i + 1 : end]) + "\n",
+                mark.group(1) if mark else None,
+                words,
+            )
+        )
         i = end + 1
     return found
 
@@ -179,10 +201,11 @@ def record(block: Block, tmp: Path) -> list[list[str]]:
     empty = tmp / "no-programs"
     empty.mkdir(exist_ok=True)
     env = {"PATH": str(empty), "HOME": str(tmp), "DOC_LOG": str(log), **block.variables}
-    done = subprocess.run(["/bin/bash", "-c", RECORDER + block.code], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        ["/bin/bash", "-c", RECORDER + block.code], cwd=tmp, env=env, capture_output=True, text=True, timeout=60
+    )
     commands = [c.split("\x1f")[:-1] for c in log.read_text().split("\x1e")[:-1]]
-    bad = [c[0][len("NOT-ALLOWED:"):] for c in commands if c[0].startswith("NOT-ALLOWED:")]
+    bad = [c[0][len("NOT-ALLOWED:") :] for c in commands if c[0].startswith("NOT-ALLOWED:")]
     assert not bad, f"{block.where}: calls {bad}: a runnable block calls posgeom, accelerate, torchrun or pip"
     assert done.returncode == 0, f"{block.where}: bash failed: {done.stderr[-2000:]}"
     assert commands, f"{block.where}: no command"
@@ -195,9 +218,10 @@ def posgeom_args(command: list[str], where: str) -> list[str] | None:
         return command[1:]
     if command[0] == "pip":
         return None
-    assert "-m" in command and command[command.index("-m") + 1] == "timm_posgeom.cli", \
+    assert "-m" in command and command[command.index("-m") + 1] == "timm_posgeom.cli", (
         f"{where}: {command[0]} that does not run timm_posgeom.cli: {command}"
-    return command[command.index("-m") + 2:]
+    )
+    return command[command.index("-m") + 2 :]
 
 
 def check_pip(command: list[str], where: str) -> None:
@@ -205,8 +229,9 @@ def check_pip(command: list[str], where: str) -> None:
     from importlib.metadata import metadata
 
     extras = metadata("timm-posgeom").get_all("Provides-Extra") or []
-    named = [e for word in command if (m := re.fullmatch(r"timm-posgeom\[([\w,-]+)\]", word))
-             for e in m.group(1).split(",")]
+    named = [
+        e for word in command if (m := re.fullmatch(r"timm-posgeom\[([\w,-]+)\]", word)) for e in m.group(1).split(",")
+    ]
     assert command[1] == "install" and named, f"{where}: a pip command that installs no extra of ours: {command}"
     assert set(named) <= set(extras), f"{where}: timm-posgeom has no extra {set(named) - set(extras)}"
 
@@ -235,7 +260,7 @@ def local_data(args: list[str]) -> list[str] | None:
         if key in DATA:
             if not DATA[key].exists():
                 return None
-            a = a[:len(a) - len(key)] + str(DATA[key])
+            a = a[: len(a) - len(key)] + str(DATA[key])
         out.append(a)
     return out
 
@@ -341,8 +366,23 @@ def test_the_fastai_archive_layout_reads_as_the_guide_says(tmp_path: Path, capsy
     assert val.classes == list(FASTAI_CLASSES) and len(val) == 6
     assert sorted(val.labels) == [0, 0, 1, 1, 2, 2]
     assert timm_posgeom.load_split(root, "train").classes == list(FASTAI_CLASSES)
-    run_posgeom(["probe", "posgeom_vit_micro_patch8_64_ape", "--data", str(root), "--max-images", "4",
-                 "--out", str(tmp_path / "probe"), "--no-progress", "--device", "cpu"], "fastai layout", capsys)
+    run_posgeom(
+        [
+            "probe",
+            "posgeom_vit_micro_patch8_64_ape",
+            "--data",
+            str(root),
+            "--max-images",
+            "4",
+            "--out",
+            str(tmp_path / "probe"),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ],
+        "fastai layout",
+        capsys,
+    )
     assert (tmp_path / "probe" / "ssdc.json").is_file()
 
 

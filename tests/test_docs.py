@@ -5,6 +5,7 @@ a space, a hyphen or an underscore removed; spaces turned into hyphens; a repeat
 ``-2``, ... in the order the headings appear. (docs/method.md once lost its SSDC, RPI and delta SSDC
 sections while ten modules still linked to them.)
 """
+
 from __future__ import annotations
 
 import re

@@ -1,6 +1,7 @@
 """The core library and the [app] extra: what needs the extra says so in one line, in the library (naming what
 needs it) and on the command line (exit 2, before any work). CI installs the core wheel alone in a fresh venv
 and checks that a probe runs without datasets, accelerate or matplotlib (.ci/check_install.sh)."""
+
 from __future__ import annotations
 
 import importlib
@@ -40,7 +41,10 @@ def test_the_app_modules_are_the_app_extra():
         pytest.skip("pyproject.toml is not in this tree")
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    app = {d.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip() for d in project["optional-dependencies"]["app"]}
+    app = {
+        d.split(">")[0].split("<")[0].split("=")[0].split("[")[0].strip()
+        for d in project["optional-dependencies"]["app"]
+    }
     assert {"pyyaml" if m == "yaml" else m for m in APP_MODULES} == app
     core = {d.split(">")[0].split("<")[0].split("=")[0].strip() for d in project["dependencies"]}
     assert not core & app and "pyarrow" not in core | app  # pyarrow comes with datasets, never imported by us
@@ -53,8 +57,11 @@ def test_plotting_without_matplotlib_is_one_line(monkeypatch, tmp_path):
     result = SSDCResult(per_layer=[0.5, 0.4], layers=[0, 1], metadata={"model": "m", "site": "attn_input"})
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
-    with pytest.raises(MissingDependencyError, match=r"^plotting needs matplotlib, which is not installed: it comes "
-                                                     r"with the \[app\] extra"):
+    with pytest.raises(
+        MissingDependencyError,
+        match=r"^plotting needs matplotlib, which is not installed: it comes "
+        r"with the \[app\] extra",
+    ):
         result.plot(tmp_path / "ssdc.png")
     assert not (tmp_path / "ssdc.png").exists()
     result.to_json(tmp_path / "ssdc.json")  # the result itself needs no extra
@@ -90,7 +97,9 @@ def test_the_core_needs_no_extra_for_a_probe(monkeypatch, tmp_path):
     result = timm_posgeom.probe_ssdc(model, timm_posgeom.eval_loader(model, split, batch_size=2), progress=False)
     assert len(result.per_layer) == 2
     batch = torch.randn(3, 3, 32, 32)
-    assert len(timm_posgeom.probe_ssdc(model, [(batch, torch.zeros(3, dtype=torch.long))], progress=False).per_layer) == 2
+    assert (
+        len(timm_posgeom.probe_ssdc(model, [(batch, torch.zeros(3, dtype=torch.long))], progress=False).per_layer) == 2
+    )
 
 
 def _blocked_find_spec(missing: set[str]):
@@ -98,14 +107,18 @@ def _blocked_find_spec(missing: set[str]):
 
     def find_spec(name: str, *args):
         return None if name.split(".")[0] in missing else real(name, *args)
+
     return find_spec
 
 
-@pytest.mark.parametrize(("argv", "needs"), [
-    (["probe", "m", "--data", "synthetic"], "matplotlib"),
-    (["study", "--dry-run"], "accelerate, datasets, matplotlib"),
-    (["train", "--recipe", "synthetic_micro_ape", "--out", "x"], "accelerate, datasets, matplotlib"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needs"),
+    [
+        (["probe", "m", "--data", "synthetic"], "matplotlib"),
+        (["study", "--dry-run"], "accelerate, datasets, matplotlib"),
+        (["train", "--recipe", "synthetic_micro_ape", "--out", "x"], "accelerate, datasets, matplotlib"),
+    ],
+)
 def test_a_command_that_needs_the_extra_says_so_in_one_line(argv, needs, monkeypatch, capsys):
     cli = importlib.import_module("timm_posgeom.cli.main")
 
@@ -114,8 +127,9 @@ def test_a_command_that_needs_the_extra_says_so_in_one_line(argv, needs, monkeyp
         cli.main(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err == (f"posgeom {argv[0]}: error: needs the [app] extra ({needs} not installed): "
-                   "pip install 'timm-posgeom[app]'\n")
+    assert err == (
+        f"posgeom {argv[0]}: error: needs the [app] extra ({needs} not installed): pip install 'timm-posgeom[app]'\n"
+    )
 
 
 def test_posgeom_models_needs_no_extra(monkeypatch, capsys):
@@ -134,15 +148,18 @@ def test_an_unforeseen_missing_app_module_is_one_line_too(monkeypatch, capsys):
 
     def run(args):
         raise ModuleNotFoundError("No module named 'jinja2'", name="jinja2")
+
     monkeypatch.setattr(models, "run", run)
     with pytest.raises(SystemExit) as exit_:
         cli.main(["models"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err == ("posgeom models: error: needs the [app] extra (jinja2 not installed): "
-                                       "pip install 'timm-posgeom[app]'\n")
+    assert capsys.readouterr().err == (
+        "posgeom models: error: needs the [app] extra (jinja2 not installed): pip install 'timm-posgeom[app]'\n"
+    )
 
     def broken(args):
         raise ModuleNotFoundError("No module named 'foo'", name="foo")
+
     monkeypatch.setattr(models, "run", broken)
     with pytest.raises(ModuleNotFoundError):
         cli.main(["models"])

@@ -4,6 +4,7 @@ takes a value of every subcommand, never read as the option's default (``--data 
 
 The generator walks the real parser (:func:`timm_posgeom.cli.main.build_parser`): a new flag is covered the day
 it is added."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,17 @@ CASES = _cases()
 
 def test_the_generator_covers_every_option_that_takes_a_value():
     ids = {c[0] for c in CASES}
-    for expected in ("probe --data ''", "zoo --shard ''", "train --set ''", "study --data ''", "zoo MODEL=''",
-                     "fragility --imagenet-c-root ''", "probe model=''", "card --out ''", "push --repo-id ''"):
+    for expected in (
+        "probe --data ''",
+        "zoo --shard ''",
+        "train --set ''",
+        "study --data ''",
+        "zoo MODEL=''",
+        "fragility --imagenet-c-root ''",
+        "probe model=''",
+        "card --out ''",
+        "push --repo-id ''",
+    ):
         assert expected in ids, expected
     assert len(CASES) > 120
 
@@ -60,7 +70,22 @@ def test_an_explicit_empty_value_is_refused_in_one_line(argv, name):
 
 def test_an_empty_data_is_never_the_synthetic_set(tmp_path):
     """The issue's example: ``posgeom probe M --data ""`` measured the built-in synthetic set, exit 0."""
-    run = cli(["probe", "posgeom_vit_micro_patch8_64_nope", "--data", "", "--max-images", "2", "--img-size", "32",
-               "--num-workers", "0", "--no-progress", "--out", tmp_path / "out"])
+    run = cli(
+        [
+            "probe",
+            "posgeom_vit_micro_patch8_64_nope",
+            "--data",
+            "",
+            "--max-images",
+            "2",
+            "--img-size",
+            "32",
+            "--num-workers",
+            "0",
+            "--no-progress",
+            "--out",
+            tmp_path / "out",
+        ]
+    )
     judge("empty", refused(run, "--data: an empty value"), "refused", run.err or run.trace)
     assert not (tmp_path / "out").exists()

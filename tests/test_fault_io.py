@@ -7,6 +7,7 @@ symbolic link loops), a tracker project outside ``--out``; and, in a process of 
 size limit, RLIMIT_FSIZE: a write beyond it fails with EFBIG; and a 64 KiB tmpfs where one can be mounted:
 ENOSPC) and a read-only folder (a read-only tmpfs, or a folder without write permission for a user other than
 root)."""
+
 from __future__ import annotations
 
 import io
@@ -29,8 +30,9 @@ CLASSES = ("ant", "bee")
 
 def _pixels(i: int) -> np.ndarray:
     y, x = np.mgrid[0:16, 0:16]
-    return np.stack([(x * 13 + i * 40) % 256, (y * 11 + x * 3 + i * 70) % 256, ((x - y) * 7 + i * 90) % 256],
-                    -1).astype(np.uint8)
+    return np.stack(
+        [(x * 13 + i * 40) % 256, (y * 11 + x * 3 + i * 70) % 256, ((x - y) * 7 + i * 90) % 256], -1
+    ).astype(np.uint8)
 
 
 def _folder(root, n: int = 2):
@@ -64,8 +66,23 @@ def _refusals(t):
     torch.save([1, 2, 3], t / "list.pt")
     (t / "zip.pt").write_bytes(b"PK\x03\x04" + os.urandom(200))
     probe = ["probe", MODEL, "--data", data, *FAST]
-    imc = ["fragility", MODEL, "--data", data, *FAST, "--imagenet-c", "gaussian_noise", "--severities", "1",
-           "--num-classes", "2", "--labels", "as-is", "--out", t / "o"]
+    imc = [
+        "fragility",
+        MODEL,
+        "--data",
+        data,
+        *FAST,
+        "--imagenet-c",
+        "gaussian_noise",
+        "--severities",
+        "1",
+        "--num-classes",
+        "2",
+        "--labels",
+        "as-is",
+        "--out",
+        t / "o",
+    ]
     train = ["train", "--set", "max_steps=1", "--no-progress"]
     return [
         ("probe --out FILE", [*probe, "--out", afile], "afile"),
@@ -77,8 +94,11 @@ def _refusals(t):
         ("fragility --reference DIR", [*imc, "--reference", adir], "adir"),
         ("fragility --reference corrupt JSON", [*imc, "--reference", t / "bad.json"], "bad.json"),
         ("fragility --imagenet-c-root FILE", [*imc, "--imagenet-c-root", afile], "afile"),
-        ("fragility --imagenet-c-class-folders DIR", [*imc, "--imagenet-c-root", adir,
-                                                      "--imagenet-c-class-folders", adir], "adir"),
+        (
+            "fragility --imagenet-c-class-folders DIR",
+            [*imc, "--imagenet-c-root", adir, "--imagenet-c-class-folders", adir],
+            "adir",
+        ),
         ("zoo --models-file DIR", ["zoo", "--models-file", adir, "--data", data, "--out", t / "z"], "adir"),
         ("zoo --out FILE", ["zoo", MODEL, "--data", data, "--out", afile, "--no-progress"], "afile"),
         ("zoo --merge --out FILE", ["zoo", "--merge", "--out", afile], "afile"),
@@ -90,10 +110,16 @@ def _refusals(t):
         ("train --set lr=[1,", ["train", "--set", "lr=[1,", "--out", t / "t"], "lr"),
         ("train --out FILE", [*train, "--out", afile], "afile"),
         ("train --out FILE/sub", [*train, "--out", afile / "sub"], "afile"),
-        ("train tracker project outside --out", [*train, "--log-with", "tensorboard", "--set",
-                                                 "tracker_project=../elsewhere", "--out", t / "t"], "tracker_project"),
-        ("train tracker project absolute", [*train, "--log-with", "tensorboard", "--set",
-                                            f"tracker_project={t / 'abs'}", "--out", t / "t"], "tracker_project"),
+        (
+            "train tracker project outside --out",
+            [*train, "--log-with", "tensorboard", "--set", "tracker_project=../elsewhere", "--out", t / "t"],
+            "tracker_project",
+        ),
+        (
+            "train tracker project absolute",
+            [*train, "--log-with", "tensorboard", "--set", f"tracker_project={t / 'abs'}", "--out", t / "t"],
+            "tracker_project",
+        ),
         ("study --out FILE", ["study", "--out", afile], "afile"),
         ("study --set corrupt YAML", ["study", "--set", "lr=[1,", "--dry-run", "--out", t / "s"], "lr"),
         ("report FILE", ["report", afile], "afile"),
@@ -144,11 +170,13 @@ def _parquet(root, kind: str, garbage_row: int = 2):
     (root / "data").mkdir(parents=True)
     labels = pa.array([0, 1, 0, 1], pa.int64())
     if kind == "struct":
-        column = pa.array([{"bytes": b, "path": None} for b in blobs],
-                          type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+        column = pa.array(
+            [{"bytes": b, "path": None} for b in blobs], type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+        )
         features = datasets.Features(image=datasets.Image(), label=datasets.ClassLabel(names=list(CLASSES)))
         table = pa.table({"image": column, "label": labels}).replace_schema_metadata(
-            {"huggingface": json.dumps({"info": {"features": features.to_dict()}})})
+            {"huggingface": json.dumps({"info": {"features": features.to_dict()}})}
+        )
     else:
         table = pa.table({"image": pa.array(blobs, pa.binary()), "label": labels})
     pq.write_table(table, root / "data" / "validation-00000-of-00001.parquet")
@@ -222,9 +250,13 @@ def test_a_walk_names_what_it_leaves_out_in_one_line_and_reads_the_rest_once(tmp
     run = _probe(data, tmp_path / "out")
     _probe(_folder(tmp_path / "twin"), tmp_path / "out-twin")
     said = [line for line in run.lines if "warning: left out" in line]
-    ok = (run.code == 0 and len(said) == 1 and all(n in said[0] for n in names)
-          and _ssdc(tmp_path / "out") == _ssdc(tmp_path / "out-twin")
-          and json.loads((tmp_path / "out" / "ssdc.json").read_text())["settings"]["n_images"] == 4)
+    ok = (
+        run.code == 0
+        and len(said) == 1
+        and all(n in said[0] for n in names)
+        and _ssdc(tmp_path / "out") == _ssdc(tmp_path / "out-twin")
+        and json.loads((tmp_path / "out" / "ssdc.json").read_text())["settings"]["n_images"] == 4
+    )
     judge("io", right(run, ok), "right", run.err or run.trace)
 
 
@@ -250,8 +282,16 @@ def _mountable() -> bool:
     """Whether this machine lets us mount a tmpfs in a private mount namespace (root, or user namespaces)."""
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt 2>/dev/null || "
-                            "mount -t tmpfs -o size=64k tmpfs /tmp"], capture_output=True)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            "mount -t tmpfs -o size=64k tmpfs /mnt 2>/dev/null || mount -t tmpfs -o size=64k tmpfs /tmp",
+        ],
+        capture_output=True,
+    )
     return probe.returncode == 0
 
 
@@ -262,11 +302,38 @@ def _in_tmpfs(mount, options: str) -> list[str]:
 
 FULL = {
     "probe": lambda d: ["probe", MODEL, "--data", d, *FAST],
-    "zoo": lambda d: ["zoo", MODEL, "--data", d, *FAST, "--no-pretrained", "--rpi-permutations", "2", "--extras",
-                      "none"],
-    "train": lambda d: ["train", "--set", "max_steps=2", "--set", "max_train_images=32", "--set", "max_val_images=6", "--set", "model_kwargs.depth=1",
-                        "--set", "img_size=32", "--set", "batch_size=16", "--set", "workers=0", "--set",
-                        "checkpoint_every=1", "--no-progress"],
+    "zoo": lambda d: [
+        "zoo",
+        MODEL,
+        "--data",
+        d,
+        *FAST,
+        "--no-pretrained",
+        "--rpi-permutations",
+        "2",
+        "--extras",
+        "none",
+    ],
+    "train": lambda d: [
+        "train",
+        "--set",
+        "max_steps=2",
+        "--set",
+        "max_train_images=32",
+        "--set",
+        "max_val_images=6",
+        "--set",
+        "model_kwargs.depth=1",
+        "--set",
+        "img_size=32",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "workers=0",
+        "--set",
+        "checkpoint_every=1",
+        "--no-progress",
+    ],
 }
 
 

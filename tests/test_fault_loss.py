@@ -4,6 +4,7 @@ run or a zoo writes nothing; ``posgeom train --out DIR`` never overwrites a fold
 
 The generator lists every refusal path of a resume, each checked on a folder's snapshot (every file's bytes)
 taken before: a right outcome is the one-line refusal and the same snapshot after."""
+
 from __future__ import annotations
 
 import re
@@ -16,8 +17,18 @@ from faultsuite import cli, fake_study, judge, refused, right, snapshot
 from PIL import Image
 
 NOPE, APE = "posgeom_vit_micro_patch8_64_nope", "posgeom_vit_micro_patch8_64_ape"
-ZOO = ["--img-size", "32", "--num-workers", "0", "--no-progress", "--no-pretrained", "--rpi-permutations", "2",
-       "--extras", "none"]
+ZOO = [
+    "--img-size",
+    "32",
+    "--num-workers",
+    "0",
+    "--no-progress",
+    "--no-pretrained",
+    "--rpi-permutations",
+    "2",
+    "--extras",
+    "none",
+]
 
 
 def _folder(root, n: int = 3, shift: int = 0):
@@ -79,8 +90,19 @@ def test_a_merge_that_loses_nothing_sets_nothing_aside(zoo_of_two, tmp_path, one
 # --------------------------------------------------------------------------------------------
 # refused resumes write nothing
 # --------------------------------------------------------------------------------------------
-TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=8", "workers=0", "max_train_images=64", "max_val_images=12", "max_steps=2", "checkpoint_every=1", "eval_every=100"]
+TINY = [
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=1",
+    "model_kwargs.num_heads=2",
+    "img_size=32",
+    "batch_size=8",
+    "workers=0",
+    "max_train_images=64",
+    "max_val_images=12",
+    "max_steps=2",
+    "checkpoint_every=1",
+    "eval_every=100",
+]
 
 
 def _train_argv(out, *extra):
@@ -132,28 +154,45 @@ def _train_refusals(trained, tmp_path, on_folder):
     _replace_images(on_folder / "data")
     return tmp_path, [
         ("train: resume with another recipe", _train_argv(run, "lr=0.5") + ["--resume"], "another recipe"),
-        ("train: resume with trackers and another recipe",
-         _train_argv(run, "lr=0.5") + ["--resume", "--log-with", "tensorboard"], "another recipe"),
-        ("train: resume on images replaced under the same path",
-         _train_argv(tmp_path / "folder-run", "batch_size=4") + ["--resume", "--data", on_folder / "data"],
-         "other data"),
-        ("train: resume of a finished run without checkpoints", _train_argv(finished) + ["--resume"],
-         "nothing to continue"),
+        (
+            "train: resume with trackers and another recipe",
+            _train_argv(run, "lr=0.5") + ["--resume", "--log-with", "tensorboard"],
+            "another recipe",
+        ),
+        (
+            "train: resume on images replaced under the same path",
+            _train_argv(tmp_path / "folder-run", "batch_size=4") + ["--resume", "--data", on_folder / "data"],
+            "other data",
+        ),
+        (
+            "train: resume of a finished run without checkpoints",
+            _train_argv(finished) + ["--resume"],
+            "nothing to continue",
+        ),
         ("train: resume of nothing", _train_argv(tmp_path / "nothing") + ["--resume"], "no run to resume"),
         ("train: a finished run without --resume", _train_argv(run), "pass --resume"),
     ]
 
 
-CASES = ["zoo: other settings", "zoo: other data",
-         "train: resume with another recipe", "train: resume with trackers and another recipe",
-         "train: resume on images replaced under the same path", "train: resume of a finished run without checkpoints",
-         "train: resume of nothing", "train: a finished run without --resume"]
+CASES = [
+    "zoo: other settings",
+    "zoo: other data",
+    "train: resume with another recipe",
+    "train: resume with trackers and another recipe",
+    "train: resume on images replaced under the same path",
+    "train: resume of a finished run without checkpoints",
+    "train: resume of nothing",
+    "train: a finished run without --resume",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_a_refused_resume_writes_nothing(zoo_of_two, trained, trained_on_folder, tmp_path, case, one_thread):
-    root, cases = (_zoo_refusals(zoo_of_two, tmp_path) if case.startswith("zoo") else
-                   _train_refusals(trained, tmp_path, trained_on_folder))
+    root, cases = (
+        _zoo_refusals(zoo_of_two, tmp_path)
+        if case.startswith("zoo")
+        else _train_refusals(trained, tmp_path, trained_on_folder)
+    )
     argv, phrase = {c[0]: c[1:] for c in cases}[case]
     before = snapshot(root)
     run = cli(argv)
@@ -196,7 +235,9 @@ def _study_refusal(tmp_path, case: str):
     return out, argv, "another recipe"
 
 
-@pytest.mark.parametrize("case", ["other settings", "a run measured on other weights", "a run trained with another recipe"])
+@pytest.mark.parametrize(
+    "case", ["other settings", "a run measured on other weights", "a run trained with another recipe"]
+)
 def test_a_refused_study_resume_writes_nothing(tmp_path, case, one_thread):
     """A refusal found at the second run came after the first was measured and results.json rewritten."""
     out, argv, phrase = _study_refusal(tmp_path, case)

@@ -7,6 +7,7 @@ The generator crosses the measures with the sources of non-finite numbers: a PE 
 NaN after the first LayerNorm), a NaN weight in block 1 of 3 (layers 0 and 1 intact, layer 2 and the logits
 NaN), one NaN logit (the head's bias of class 0), an image of inf. A right outcome is NaN exactly where the
 numbers are not finite, the clean model's number elsewhere, and a warning that says so."""
+
 from __future__ import annotations
 
 import json
@@ -73,16 +74,18 @@ def _alpha(source: str) -> float | None:
 def _fragility(source, rpi=False):
     from timm_posgeom import fragility
 
-    res = fragility(_model(source), _images(), ["jpeg:50"], rpi=rpi, alpha=_alpha(source), num_workers=0,
-                    progress=False, seed=0)
+    res = fragility(
+        _model(source), _images(), ["jpeg:50"], rpi=rpi, alpha=_alpha(source), num_workers=0, progress=False, seed=0
+    )
     return _nan([res.clean_accuracy, res.fs["jpeg:50"], *res.fs_interval["jpeg:50"], *res.clean_interval])
 
 
 def _imagenet_c(source):
     from timm_posgeom.imagenet_c import imagenet_c_fragility
 
-    res = imagenet_c_fragility(_model(source), _images(), ["gaussian_noise"], [1], alpha=_alpha(source),
-                               num_workers=0, progress=False, seed=0)
+    res = imagenet_c_fragility(
+        _model(source), _images(), ["gaussian_noise"], [1], alpha=_alpha(source), num_workers=0, progress=False, seed=0
+    )
     return _nan([res.clean_accuracy, res.mean_fs])
 
 
@@ -93,36 +96,64 @@ def _sweep(source):
     both = alpha_sweep(_model(source), _images(), alphas=(1.0, 1e30), **kw)
     alone = alpha_sweep(_model(source), _images(), alphas=(1.0,), **kw)
     second = both.rows[1]
-    return (_nan([second.delta_ssdc, second.clean_accuracy, second.fs["jpeg:5"], *second.delta_ssdc_ci])
-            and both.rows[0].delta_ssdc == alone.rows[0].delta_ssdc)
+    return (
+        _nan([second.delta_ssdc, second.clean_accuracy, second.fs["jpeg:5"], *second.delta_ssdc_ci])
+        and both.rows[0].delta_ssdc == alone.rows[0].delta_ssdc
+    )
 
 
 def _probe(source, rpi=False):
     from timm_posgeom import probe_ssdc
 
     def run(model):
-        return probe_ssdc(model, _batch(source), rpi=rpi, rpi_permutations=2, reduction="both",
-                          alpha=_alpha(source), progress=False, seed=0, batch_size=3)
+        return probe_ssdc(
+            model,
+            _batch(source),
+            rpi=rpi,
+            rpi_permutations=2,
+            reduction="both",
+            alpha=_alpha(source),
+            progress=False,
+            seed=0,
+            batch_size=3,
+        )
+
     res = run(_model(source))
     if source in ("alpha", "inf"):
         return _nan(res.per_layer) and _nan([s.mean for s in res.per_image])
     clean = run(_model("clean"))
-    return (res.per_layer[:2] == clean.per_layer[:2] and _nan([res.per_layer[2], *res.per_layer_ci[2]])
-            and math.isnan(res.per_image[2].mean) and res.per_image[1].mean == clean.per_image[1].mean)
+    return (
+        res.per_layer[:2] == clean.per_layer[:2]
+        and _nan([res.per_layer[2], *res.per_layer_ci[2]])
+        and math.isnan(res.per_image[2].mean)
+        and res.per_image[1].mean == clean.per_image[1].mean
+    )
 
 
 def _attention(source, rpi=False):
     from timm_posgeom.probes import attention_measures
 
     def run(model):
-        return attention_measures(model, _batch(source), rpi=rpi, rpi_permutations=2, alpha=_alpha(source),
-                                  progress=False, seed=0, batch_size=3)
+        return attention_measures(
+            model,
+            _batch(source),
+            rpi=rpi,
+            rpi_permutations=2,
+            alpha=_alpha(source),
+            progress=False,
+            seed=0,
+            batch_size=3,
+        )
+
     res = run(_model(source))
     if source in ("alpha", "inf"):
         return _nan(res.mean_distance) and _nan(res.entropy)
     clean = run(_model("clean"))
-    return (np.array_equal(res.mean_distance[:2], clean.mean_distance[:2]) and _nan(res.mean_distance[2])
-            and _nan(res.entropy[2]))
+    return (
+        np.array_equal(res.mean_distance[:2], clean.mean_distance[:2])
+        and _nan(res.mean_distance[2])
+        and _nan(res.entropy[2])
+    )
 
 
 def _position(source, rpi=False):
@@ -135,6 +166,7 @@ def _position(source, rpi=False):
             with pe_scale(model, 1e30):
                 return position_probe(model, x[:3], x[3:], rpi=rpi, progress=False, batch_size=3)
         return position_probe(model, x[:3], x[3:], rpi=rpi, progress=False, batch_size=3)
+
     res = run(_model(source))
     if source in ("alpha", "inf"):
         return _nan(res.accuracy)
@@ -146,8 +178,11 @@ def _cka(source):
     from timm_posgeom.probes import cka
 
     model = _model("block" if source == "block" else "clean")
-    x = {"constant": torch.zeros(8, 3, 32, 32), "identical": torch.randn(1, 3, 32, 32).repeat(8, 1, 1, 1),
-         "block": torch.randn(8, 3, 32, 32)}[source]
+    x = {
+        "constant": torch.zeros(8, 3, 32, 32),
+        "identical": torch.randn(1, 3, 32, 32).repeat(8, 1, 1, 1),
+        "block": torch.randn(8, 3, 32, 32),
+    }[source]
     res = cka(model, model, x, batch_size=4, progress=False)
     if source == "block":  # layer 2's tokens NaN: its row and column; layers 0 and 1 a number
         return _nan(res.matrix[2, :]) and _nan(res.matrix[:, 2]) and np.isfinite(res.matrix[:2, :2]).all()
@@ -205,15 +240,31 @@ def _folder(root):
 
 COMMON = ["--img-size", "32", "--num-workers", "0", "--no-progress", "--num-classes", "3", "--labels", "as-is"]
 CLI = [  # (id, argv after MODEL --data D --out O, the JSON file, its numbers that must be null)
-    ("fragility --alpha 1e30", ["fragility", "--alpha", "1e30", "--shift", "jpeg:5", *COMMON], "fragility.json",
-     lambda d: [d["clean_accuracy"], d["fs"]["jpeg:5"], *d["fs_interval"]["jpeg:5"]]),
-    ("fragility --rpi --alpha 1e30", ["fragility", "--rpi", "--alpha", "1e30", "--shift", "jpeg:5", *COMMON],
-     "fragility.json", lambda d: [d["clean_accuracy"], d["fs"]["jpeg:5"]]),
+    (
+        "fragility --alpha 1e30",
+        ["fragility", "--alpha", "1e30", "--shift", "jpeg:5", *COMMON],
+        "fragility.json",
+        lambda d: [d["clean_accuracy"], d["fs"]["jpeg:5"], *d["fs_interval"]["jpeg:5"]],
+    ),
+    (
+        "fragility --rpi --alpha 1e30",
+        ["fragility", "--rpi", "--alpha", "1e30", "--shift", "jpeg:5", *COMMON],
+        "fragility.json",
+        lambda d: [d["clean_accuracy"], d["fs"]["jpeg:5"]],
+    ),
     ("probe --alpha 1e30", ["probe", "--alpha", "1e30", *COMMON[:5]], "ssdc.json", lambda d: d["per_layer"]),
-    ("sweep --alphas 1,1e30", ["sweep", "--alphas", "1,1e30", "--rpi-permutations", "2", *COMMON], "sweep.json",
-     lambda d: [d["rows"][1]["delta_ssdc"], d["rows"][1]["clean_accuracy"], d["rows"][1]["fs"]["jpeg:5"]]),
-    ("attention --alpha 1e30", ["attention", "--alpha", "1e30", *COMMON[:5]], "attention.json",
-     lambda d: [v for row in d["mean_distance"] for v in row]),
+    (
+        "sweep --alphas 1,1e30",
+        ["sweep", "--alphas", "1,1e30", "--rpi-permutations", "2", *COMMON],
+        "sweep.json",
+        lambda d: [d["rows"][1]["delta_ssdc"], d["rows"][1]["clean_accuracy"], d["rows"][1]["fs"]["jpeg:5"]],
+    ),
+    (
+        "attention --alpha 1e30",
+        ["attention", "--alpha", "1e30", *COMMON[:5]],
+        "attention.json",
+        lambda d: [v for row in d["mean_distance"] for v in row],
+    ),
 ]
 
 
@@ -229,12 +280,22 @@ def test_the_command_line_writes_null_and_says_why_in_one_line(tmp_path, argv, n
     judge("nonfinite", right(run, ok), "right", run.err or run.trace)
 
 
-@pytest.mark.parametrize("command,model", [("fragility", APE), ("probe", "posgeom_vit_micro_patch8_64_rope"),
-                                           ("probe", "vit_tiny_patch16_224"), ("sweep", APE)])
+@pytest.mark.parametrize(
+    "command,model",
+    [
+        ("fragility", APE),
+        ("probe", "posgeom_vit_micro_patch8_64_rope"),
+        ("probe", "vit_tiny_patch16_224"),
+        ("sweep", APE),
+    ],
+)
 def test_an_alpha_that_overflows_the_pe_is_refused_in_one_line(tmp_path, command, model, one_thread):
     data = _folder(tmp_path / "data")
-    extra = ["--alphas", "1,1e39", "--rpi-permutations", "2", *COMMON] if command == "sweep" else \
-        ["--alpha", "1e39", *(COMMON if command == "fragility" else COMMON[:5])]
+    extra = (
+        ["--alphas", "1,1e39", "--rpi-permutations", "2", *COMMON]
+        if command == "sweep"
+        else ["--alpha", "1e39", *(COMMON if command == "fragility" else COMMON[:5])]
+    )
     if model.startswith("vit_"):
         extra += ["--img-size", "32"]
     run = cli([command, model, "--data", data, "--out", tmp_path / "out", *extra])
@@ -249,14 +310,34 @@ def test_a_zoo_row_of_a_model_with_nan_weights_is_empty_with_a_note(tmp_path, on
     from timm_posgeom.app.records import ZooModel
 
     model = _model("block")
-    export = export_for_hub(model, tmp_path / "export", dict(img_size=32, depth=3, num_classes=3, embed_dim=32,
-                                                             num_heads=2))
+    export = export_for_hub(
+        model, tmp_path / "export", dict(img_size=32, depth=3, num_classes=3, embed_dim=32, num_heads=2)
+    )
     data = _folder(tmp_path / "data")
-    run = cli(["zoo", f"local-dir:{export}", "--data", data, "--out", tmp_path / "zoo", "--no-progress",
-               "--num-workers", "0", "--rpi-permutations", "2", "--extras", "none"])
+    run = cli(
+        [
+            "zoo",
+            f"local-dir:{export}",
+            "--data",
+            data,
+            "--out",
+            tmp_path / "zoo",
+            "--no-progress",
+            "--num-workers",
+            "0",
+            "--rpi-permutations",
+            "2",
+            "--extras",
+            "none",
+        ]
+    )
     ok = False
     if run.code == 0:
         record = ZooModel.read(next((tmp_path / "zoo" / "models").glob("*.json")))
-        ok = (record.clean_accuracy is None and record.ssdc[2] is None and record.ssdc[0] is not None
-              and any("not finite" in n for n in record.notes))
+        ok = (
+            record.clean_accuracy is None
+            and record.ssdc[2] is None
+            and record.ssdc[0] is not None
+            and any("not finite" in n for n in record.notes)
+        )
     judge("nonfinite", right(run, ok), "right", run.err or run.trace)

@@ -9,6 +9,7 @@ inputs, and a setting called neutral changes no number.
   model look measured.
 * The batch size is neutral (``NEUTRAL_KEYS``): a zoo row (SSDC, RPI, delta SSDC, the position probe, attention,
   fragility) and the study's measuring functions give the same numbers at batch 1, 3 and 6 (to 1e-6)."""
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ def _export(root):
     model = timm.create_model(APE, **args).eval()
     with torch.no_grad():
         model.pos_embed.normal_(0, 1)
-    export_for_hub(model, root / "export", args, dict(input_size=(3, 32, 32), num_classes=2, label_names=["ant", "bee"]))
+    export_for_hub(
+        model, root / "export", args, dict(input_size=(3, 32, 32), num_classes=2, label_names=["ant", "bee"])
+    )
     return f"local-dir:{root / 'export'}"
 
 
@@ -126,13 +129,17 @@ def test_a_lock_of_a_process_that_is_gone_never_makes_a_model_look_measured(zoo_
     out = tmp_path / "zoo"
     folder = out / "locks" / safe_name(model)
     folder.mkdir(parents=True)
-    pid = 2 ** 22 + 12345  # beyond any pid here: a process that is gone
+    pid = 2**22 + 12345  # beyond any pid here: a process that is gone
     host = "node-elsewhere-17" if holder == "another host" else os.uname().nodename
     (folder / ".lock").write_text(json.dumps({"pid": pid, "host": host, "started": "2026-01-01 00:00:00"}))
     run = cli(["zoo", model, "--data", data, "--out", out, *ZOO, "--extras", "none"])
     if holder == "another host":  # cannot be told gone from here: left, said, how to clear it named, not "kept"
-        ok = (f"remove {folder / '.lock'}" in run.out and "(0 measured now, 0 kept)" in run.out
-              and "not measured here" in run.err and not (out / "models" / f"{safe_name(model)}.json").exists())
+        ok = (
+            f"remove {folder / '.lock'}" in run.out
+            and "(0 measured now, 0 kept)" in run.out
+            and "not measured here" in run.err
+            and not (out / "models" / f"{safe_name(model)}.json").exists()
+        )
     else:  # gone, on this host: taken over and measured
         ok = "1 measured now" in run.out and (out / "models" / f"{safe_name(model)}.json").exists()
     judge("records", right(run, ok), "right", run.out + run.err + run.trace)
@@ -164,9 +171,13 @@ def test_a_study_resumed_on_images_replaced_beyond_the_first_eight_is_refused(tm
 # the batch size is neutral: the same numbers at batch 1, 3 and 6
 # --------------------------------------------------------------------------------------------
 ROW = {  # zoo record field -> its numbers
-    "ssdc": lambda r: r.ssdc, "rpi_ssdc": lambda r: r.rpi_ssdc, "delta ssdc": lambda r: [r.rpi_delta_ssdc],
-    "position": lambda r: r.position_accuracy, "position rpi": lambda r: r.position_accuracy_rpi,
-    "attention distance": lambda r: r.attention_distance, "attention entropy": lambda r: r.attention_entropy,
+    "ssdc": lambda r: r.ssdc,
+    "rpi_ssdc": lambda r: r.rpi_ssdc,
+    "delta ssdc": lambda r: [r.rpi_delta_ssdc],
+    "position": lambda r: r.position_accuracy,
+    "position rpi": lambda r: r.position_accuracy_rpi,
+    "attention distance": lambda r: r.attention_distance,
+    "attention entropy": lambda r: r.attention_entropy,
     "top-1 and FS": lambda r: [r.clean_accuracy, *r.fs.values()],
 }
 
@@ -209,22 +220,32 @@ def study_numbers_by_batch(tmp_path_factory):
     root = tmp_path_factory.mktemp("study-batches")
     val = load_split(_folder(root / "data"), "validation")
     torch.manual_seed(0)
-    model = timm.create_model("posgeom_vit_micro_patch8_64_sincos", img_size=32, depth=2, num_classes=2,
-                              embed_dim=32, num_heads=2).eval()
+    model = timm.create_model(
+        "posgeom_vit_micro_patch8_64_sincos", img_size=32, depth=2, num_classes=2, embed_dim=32, num_heads=2
+    ).eval()
     numbers = {}
     for batch in (1, 3, 6):
-        config = replace(preset_config("demo"), batch_size=batch, rpi_permutations=2, probe_images=12,
-                         alphas=(1.0, 0.5), eval_images=None, sweep_images=None)
+        config = replace(
+            preset_config("demo"),
+            batch_size=batch,
+            rpi_permutations=2,
+            probe_images=12,
+            alphas=(1.0, 0.5),
+            eval_images=None,
+            sweep_images=None,
+        )
         m = M.Measuring(config=config, val=val, settings={}, versions={}, log=lambda s: None)
         evals = RunEval()
         M._fragility(evals, model, m)
         ssdc = M.ssdc_summary(model, val, config, None)
         att = M.attention_summary(model, val, config)
         sweep = M._sweep(model, m)
-        numbers[batch] = {"ssdc": [*ssdc.per_layer, *ssdc.rpi_per_layer, ssdc.rpi_delta],
-                          "attention": [v for rows in (att.mean_distance, att.rpi_entropy) for row in rows for v in row],
-                          "fragility": [evals.clean_accuracy, *evals.fs.values()],
-                          "sweep": [*sweep.delta_ssdc, *sweep.fs["jpeg:5"]]}
+        numbers[batch] = {
+            "ssdc": [*ssdc.per_layer, *ssdc.rpi_per_layer, ssdc.rpi_delta],
+            "attention": [v for rows in (att.mean_distance, att.rpi_entropy) for row in rows for v in row],
+            "fragility": [evals.clean_accuracy, *evals.fs.values()],
+            "sweep": [*sweep.delta_ssdc, *sweep.fs["jpeg:5"]],
+        }
     return numbers
 
 

@@ -1,4 +1,5 @@
 """Faults and mismatches a user meets: each refused with one clear line, never a silent wrong number."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,7 @@ NAMES = ["tench", "springer", "cassette", "chainsaw", "church", "horn", "truck",
 
 
 def _export(tmp_path, names=NAMES):
-    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=len(names), img_size=32,
-                              depth=1).eval()
+    model = timm.create_model("posgeom_vit_micro_patch8_64_nope", num_classes=len(names), img_size=32, depth=1).eval()
     cfg = dict(input_size=(3, 32, 32), num_classes=len(names), label_names=list(names))
     return export_for_hub(model, tmp_path / "export", dict(img_size=32, num_classes=len(names), depth=1), cfg)
 
@@ -33,8 +33,19 @@ def test_fragility_refuses_data_with_other_classes(tmp_path, capsys):
     """Issue 14, item 6: a 10-class model scored on a 3-class folder gave accuracy 0.056, FS 0.000, exit 0."""
     export = _export(tmp_path)
     data = _folder(tmp_path / "three", ["ball", "church", "tench"])
-    argv = ["fragility", f"local-dir:{export}", "--data", str(data), "--shift", "jpeg:50", "--num-workers", "0",
-            "--no-progress", "--out", str(tmp_path / "out")]
+    argv = [
+        "fragility",
+        f"local-dir:{export}",
+        "--data",
+        str(data),
+        "--shift",
+        "jpeg:50",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     with pytest.raises(SystemExit) as e:
         main(argv)
     err = capsys.readouterr().err
@@ -45,15 +56,31 @@ def test_fragility_refuses_data_with_other_classes(tmp_path, capsys):
     written = json.loads((tmp_path / "out" / "fragility.json").read_text())
     assert written["num_images"] == 6
     with pytest.raises(SystemExit):
-        main(argv[:3] + [str(_folder(tmp_path / "other", ["ball", "zebra", "tench"]))] + argv[4:] + ["--labels", "by-name"])
+        main(
+            argv[:3]
+            + [str(_folder(tmp_path / "other", ["ball", "zebra", "tench"]))]
+            + argv[4:]
+            + ["--labels", "by-name"]
+        )
     assert "lack 1 of the data's (zebra)" in capsys.readouterr().err
 
 
 def test_same_classes_in_another_order_are_refused_unless_mapped(tmp_path, capsys):
     export = _export(tmp_path, names=["dog", "cat"])
     data = _folder(tmp_path / "d", ["dog", "cat"])  # ImageFolder sorts: ["cat", "dog"], the other order
-    argv = ["fragility", f"local-dir:{export}", "--data", str(data), "--shift", "jpeg:50", "--num-workers", "0",
-            "--no-progress", "--out", str(tmp_path / "out")]
+    argv = [
+        "fragility",
+        f"local-dir:{export}",
+        "--data",
+        str(data),
+        "--shift",
+        "jpeg:50",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     with pytest.raises(SystemExit):
         main(argv)
     assert "--labels by-name maps them" in capsys.readouterr().err
@@ -79,9 +106,20 @@ def test_library_fragility_refuses_labels_beyond_the_model_outputs():
 # --------------------------------------------------------------------------------------------
 # run directories (issue 14, item 4)
 # --------------------------------------------------------------------------------------------
-TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "log_every=1", "max_steps=6", "checkpoint_every=2",
-        "keep_checkpoints=3"]
+TINY = [
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=1",
+    "model_kwargs.num_heads=2",
+    "img_size=32",
+    "batch_size=16",
+    "workers=0",
+    "max_train_images=160",
+    "max_val_images=32",
+    "log_every=1",
+    "max_steps=6",
+    "checkpoint_every=2",
+    "keep_checkpoints=3",
+]
 
 
 def _tiny(*overrides):
@@ -121,7 +159,9 @@ def test_resume_with_another_recipe_is_refused_unless_allowed(tmp_path, capsys):
         _interrupt_after_checkpoint(lambda: train(_tiny(), out, progress=False))
     with pytest.raises(RunDirError, match=r"another recipe \(lr: 0.001 -> 0.01\).*--allow-changes"):
         train(_tiny("lr=0.01"), out, resume=True, progress=False)
-    with pytest.raises(RunDirError, match="model: 'posgeom_vit_micro_patch8_64_ape' -> 'posgeom_vit_micro_patch8_64_rope'"):
+    with pytest.raises(
+        RunDirError, match="model: 'posgeom_vit_micro_patch8_64_ape' -> 'posgeom_vit_micro_patch8_64_rope'"
+    ):
         train(_tiny("model=posgeom_vit_micro_patch8_64_rope"), out, resume=True, progress=False)
     summary = train(_tiny("lr=0.01", "log_every=3"), out, resume=True, progress=False, allow_changes=True)
     assert summary.steps == 6 and summary.resumed_from == "step_00000002"
@@ -204,6 +244,7 @@ def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_pa
             return e.code
 
     bad = _folder_with_a_truncated_jpeg(tmp_path / "data")
+
     def argv(out, *extra):
         args = ["--out", str(tmp_path / out), "--no-progress", "--data", str(tmp_path / "data")]
         for item in TINY[:6] + ["batch_size=8", "max_steps=2", *extra]:
@@ -229,8 +270,19 @@ def test_training_names_a_damaged_validation_image_before_the_first_epoch(tmp_pa
 @pytest.mark.parametrize("workers", ["0", "1"])
 def test_probe_and_fragility_name_a_damaged_image_in_one_line(tmp_path, capsys, workers):
     bad = _folder_with_a_truncated_jpeg(tmp_path / "data")
-    argv = ["probe", "posgeom_vit_micro_patch8_64_nope", "--data", str(tmp_path / "data"), "--img-size", "32",
-            "--num-workers", workers, "--no-progress", "--out", str(tmp_path / "out")]
+    argv = [
+        "probe",
+        "posgeom_vit_micro_patch8_64_nope",
+        "--data",
+        str(tmp_path / "data"),
+        "--img-size",
+        "32",
+        "--num-workers",
+        workers,
+        "--no-progress",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     with pytest.raises(SystemExit) as e:
         main(argv)
     err = capsys.readouterr().err
@@ -239,8 +291,17 @@ def test_probe_and_fragility_name_a_damaged_image_in_one_line(tmp_path, capsys, 
     assert main(argv + ["--bad-images", "skip"]) == 0
     assert "left out 1 image(s)" in capsys.readouterr().err
     assert json.loads((tmp_path / "out" / "ssdc.json").read_text())["metadata"]["n_images"] == 15
-    frag = ["fragility", "posgeom_vit_micro_patch8_64_nope", "--num-classes", "2", "--labels", "as-is",
-            *argv[2:], "--shift", "jpeg:50"]
+    frag = [
+        "fragility",
+        "posgeom_vit_micro_patch8_64_nope",
+        "--num-classes",
+        "2",
+        "--labels",
+        "as-is",
+        *argv[2:],
+        "--shift",
+        "jpeg:50",
+    ]
     with pytest.raises(SystemExit):
         main(frag)
     err = capsys.readouterr().err
@@ -252,17 +313,24 @@ def test_probe_and_fragility_name_a_damaged_image_in_one_line(tmp_path, capsys, 
 # --------------------------------------------------------------------------------------------
 # one line, exit 2 (issue 14, item 7)
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("argv,message", [
-    (["probe", "vit_smal_patch16_224", "--data", "synthetic"], "did you mean vit_small_patch16_224"),
-    (["probe", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--batch-size", "0"],
-     "--batch-size must be >= 1, got 0"),
-    (["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "0"],
-     "--max-images must be >= 1"),
-    (["train", "--out", "{tmp}/t", "--set", "interpolation=nosuch"], "interpolation must be one of"),
-    (["train", "--out", "{tmp}/t", "--set", "model=vit_tiny_patch16_22"], "did you mean vit_tiny_patch16_224"),
-    (["study", "--out", "{tmp}/full"], "already holds a study; pass --resume"),
-    (["study", "--preset", "imagenette-cpu", "--data", "{tmp}/nowhere", "--dry-run"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["probe", "vit_smal_patch16_224", "--data", "synthetic"], "did you mean vit_small_patch16_224"),
+        (
+            ["probe", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--batch-size", "0"],
+            "--batch-size must be >= 1, got 0",
+        ),
+        (
+            ["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--max-images", "0"],
+            "--max-images must be >= 1",
+        ),
+        (["train", "--out", "{tmp}/t", "--set", "interpolation=nosuch"], "interpolation must be one of"),
+        (["train", "--out", "{tmp}/t", "--set", "model=vit_tiny_patch16_22"], "did you mean vit_tiny_patch16_224"),
+        (["study", "--out", "{tmp}/full"], "already holds a study; pass --resume"),
+        (["study", "--preset", "imagenette-cpu", "--data", "{tmp}/nowhere", "--dry-run"], "does not exist"),
+    ],
+)
 def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "something").write_text("")

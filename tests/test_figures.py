@@ -1,5 +1,6 @@
 """Every figure the package draws, rendered from small hand-built results: titles inside the canvas,
 maps with colour bars, bands and error bars that say what they are, alpha increasing left to right."""
+
 from __future__ import annotations
 
 import math
@@ -112,9 +113,14 @@ def _ssdc_result(rpi: bool = False) -> Any:
     per_layer = [0.62, 0.55, 0.41, 0.30]
     per_image = [PerImageStats(m - 0.15, 0.2, m - 0.19, m - 0.11, 100) for m in per_layer]
     maps = torch.rand(4, 16, 16)
-    return SSDCResult(per_layer=per_layer, layers=[0, 1, 2, 3], per_image=per_image,
-                      content_per_layer=[0.1, 0.05, 0.0, 0.0] if rpi else None, mean_maps=maps,
-                      metadata={"model": LONG, "site": "attn_input", "rpi": rpi})
+    return SSDCResult(
+        per_layer=per_layer,
+        layers=[0, 1, 2, 3],
+        per_image=per_image,
+        content_per_layer=[0.1, 0.05, 0.0, 0.0] if rpi else None,
+        mean_maps=maps,
+        metadata={"model": LONG, "site": "attn_input", "rpi": rpi},
+    )
 
 
 @pytest.mark.parametrize("rpi", [False, True])
@@ -127,8 +133,10 @@ def test_probe_figure(tmp_path: Path, rpi: bool) -> None:
     maps = image_axes(fig)
     assert len(maps) == 4 and len(colorbars(fig)) == len(maps)
     for ax in maps:
-        assert np.isnan(np.diag(np.asarray(ax.get_images()[0].get_array(), dtype=float).copy())).all() or \
-            np.ma.getmaskarray(ax.get_images()[0].get_array()).diagonal().all()
+        assert (
+            np.isnan(np.diag(np.asarray(ax.get_images()[0].get_array(), dtype=float).copy())).all()
+            or np.ma.getmaskarray(ax.get_images()[0].get_array()).diagonal().all()
+        )
     assert_bands_labelled(fig)
     depth = fig.axes[0]
     lines = {line.get_label(): line for line in depth.get_lines()}
@@ -164,9 +172,17 @@ def _sweep(alphas: tuple[float, ...] = (1.0, 0.5, 0.0)) -> Any:
     for a in alphas:
         frag = _fragility()
         frag.fs_interval = {s: (0.10, 0.50) for s in frag.shifts}
-        rows.append(AlphaSweepRow(alpha=a, delta_ssdc=0.2 * a, ssdc_per_layer=[0.3 * a, 0.5 * a],
-                                  clean_accuracy=frag.clean_accuracy, accuracy=frag.accuracy,
-                                  fs={s: 0.3 + 0.1 * a + 0.05 * i for i, s in enumerate(frag.shifts)}, fragility=frag))
+        rows.append(
+            AlphaSweepRow(
+                alpha=a,
+                delta_ssdc=0.2 * a,
+                ssdc_per_layer=[0.3 * a, 0.5 * a],
+                clean_accuracy=frag.clean_accuracy,
+                accuracy=frag.accuracy,
+                fs={s: 0.3 + 0.1 * a + 0.05 * i for i, s in enumerate(frag.shifts)},
+                fragility=frag,
+            )
+        )
     return AlphaSweepResult(rows=rows, shifts=list(rows[0].fs), settings={"model": LONG})
 
 
@@ -196,10 +212,23 @@ def _zoo_records() -> list[Any]:
 
     # points at the corners of the data range, with long names: the labels must still stay inside
     corners = [(-0.05, 0.02), (0.30, 0.02), (-0.05, 0.60), (0.30, 0.60), (0.12, 0.31)]
-    return [ZooModel(model=f"{LONG}_{i}", status="ok", settings={}, versions={}, elapsed_s=1.0, measured_at="now",
-                     ssdc=[0.5, 0.4, 0.3], rpi_ssdc=[0.1, 0.1 + d, 0.2], rpi_delta_ssdc=d, clean_accuracy=0.7,
-                     fs={"jpeg:5": fs}, fs_interval={"jpeg:5": [fs - 0.05, fs + 0.08]})
-            for i, (d, fs) in enumerate(corners)]
+    return [
+        ZooModel(
+            model=f"{LONG}_{i}",
+            status="ok",
+            settings={},
+            versions={},
+            elapsed_s=1.0,
+            measured_at="now",
+            ssdc=[0.5, 0.4, 0.3],
+            rpi_ssdc=[0.1, 0.1 + d, 0.2],
+            rpi_delta_ssdc=d,
+            clean_accuracy=0.7,
+            fs={"jpeg:5": fs},
+            fs_interval={"jpeg:5": [fs - 0.05, fs + 0.08]},
+        )
+        for i, (d, fs) in enumerate(corners)
+    ]
 
 
 def _kept(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -278,41 +307,102 @@ def _study(tmp_path: Path, seeds: int = 2) -> Path:
     runs = []
     for c in CONDITIONS:
         for seed in range(seeds):
+
             def layers(base: float) -> list[float]:
                 return [float(base + 0.05 * k + 0.01 * rng.random()) for k in range(4)]
 
-            ssdc = SSDCSummary(n_images=16, per_layer=layers(0.5), rise=0.01, rpi_per_layer=layers(0.1),
-                               rpi_delta=0.05, rpi_content_per_layer=layers(0.5))
+            ssdc = SSDCSummary(
+                n_images=16,
+                per_layer=layers(0.5),
+                rise=0.01,
+                rpi_per_layer=layers(0.1),
+                rpi_delta=0.05,
+                rpi_content_per_layer=layers(0.5),
+            )
             sweep = None
             if c != "nope":
-                sweep = SweepSummary(alphas=alphas, delta_ssdc=[0.1 * a + 0.01 * seed for a in alphas],
-                                     fs={"jpeg:5": [0.3 - 0.05 * a for a in alphas]}, clean_accuracy=[0.6] * 3,
-                                     rpi_per_layer=[layers(0.1) for _ in alphas],
-                                     fs_interval={"jpeg:5": [[0.1, 0.5] for _ in alphas]})
+                sweep = SweepSummary(
+                    alphas=alphas,
+                    delta_ssdc=[0.1 * a + 0.01 * seed for a in alphas],
+                    fs={"jpeg:5": [0.3 - 0.05 * a for a in alphas]},
+                    clean_accuracy=[0.6] * 3,
+                    rpi_per_layer=[layers(0.1) for _ in alphas],
+                    fs_interval={"jpeg:5": [[0.1, 0.5] for _ in alphas]},
+                )
             run_dir = f"runs/{c}_s{seed}"
             if seed == 0:
                 (tmp_path / run_dir).mkdir(parents=True)
                 maps = {"normal": torch.rand(2, 16, 16), "rpi": torch.rand(2, 16, 16)}
                 torch.save(maps, tmp_path / run_dir / "maps.pt")
-            runs.append(StudyRun(
-                condition=c, seed=seed, run_dir=run_dir,
-                train=RunSummary(model=f"posgeom_vit_micro_patch8_64_{c}", steps=10, epochs=2, train_images=100,
-                                 val_images=50, processes=1, time_s=1.0, val_top1=0.6),
-                eval=RunEval(clean_accuracy=0.6 + 0.01 * seed, accuracy={"jpeg:5": 0.45, "blur:2.5:5": 0.5},
-                             fs={"jpeg:5": 0.25 + 0.01 * seed, "blur:2.5:5": 0.17}, num_images=50, ssdc=ssdc,
-                             fs_interval={"jpeg:5": [0.2, 0.3], "blur:2.5:5": [0.1, 0.2]}, alpha_sweep=sweep),
-                history=[HistoryPoint(step=s, epoch=float(s), val_top1=0.1 * s, rpi_ssdc=layers(0.02 * s))
-                         for s in (1, 2)],
-                untrained=ssdc))
-    recipes = {c: {"model": f"posgeom_vit_micro_patch8_64_{c}", "img_size": 64, "epochs": 2, "batch_size": 32,
-                   "model_kwargs": {"init": "paper", "embed_dim": 64, "num_heads": 2}} for c in CONDITIONS}
-    config = {"preset": "demo", "recipe_prefix": "demo", "seeds": seeds, "conditions": list(CONDITIONS),
-              "train_overrides": ["model_kwargs.embed_dim=64", "model_kwargs.num_heads=2"], "init": "paper",
-              "probe_images": 16, "alphas": alphas, "shifts": ["jpeg:5", "blur:2.5:5"]}
-    eval_data = {"source": "synthetic", "split": "validation", "images": 50, "classes": 10,
-                 "identity": {"labels": "0123456789abcdef", "pixels": "fedcba9876543210"}}
-    StudyResults(config=config, plan=[], versions={"timm_posgeom": "0"}, runs=runs, recipes=recipes,
-                 eval_data=eval_data, elapsed_s=3.0, complete=True).write(tmp_path / "results.json")
+            runs.append(
+                StudyRun(
+                    condition=c,
+                    seed=seed,
+                    run_dir=run_dir,
+                    train=RunSummary(
+                        model=f"posgeom_vit_micro_patch8_64_{c}",
+                        steps=10,
+                        epochs=2,
+                        train_images=100,
+                        val_images=50,
+                        processes=1,
+                        time_s=1.0,
+                        val_top1=0.6,
+                    ),
+                    eval=RunEval(
+                        clean_accuracy=0.6 + 0.01 * seed,
+                        accuracy={"jpeg:5": 0.45, "blur:2.5:5": 0.5},
+                        fs={"jpeg:5": 0.25 + 0.01 * seed, "blur:2.5:5": 0.17},
+                        num_images=50,
+                        ssdc=ssdc,
+                        fs_interval={"jpeg:5": [0.2, 0.3], "blur:2.5:5": [0.1, 0.2]},
+                        alpha_sweep=sweep,
+                    ),
+                    history=[
+                        HistoryPoint(step=s, epoch=float(s), val_top1=0.1 * s, rpi_ssdc=layers(0.02 * s))
+                        for s in (1, 2)
+                    ],
+                    untrained=ssdc,
+                )
+            )
+    recipes = {
+        c: {
+            "model": f"posgeom_vit_micro_patch8_64_{c}",
+            "img_size": 64,
+            "epochs": 2,
+            "batch_size": 32,
+            "model_kwargs": {"init": "paper", "embed_dim": 64, "num_heads": 2},
+        }
+        for c in CONDITIONS
+    }
+    config = {
+        "preset": "demo",
+        "recipe_prefix": "demo",
+        "seeds": seeds,
+        "conditions": list(CONDITIONS),
+        "train_overrides": ["model_kwargs.embed_dim=64", "model_kwargs.num_heads=2"],
+        "init": "paper",
+        "probe_images": 16,
+        "alphas": alphas,
+        "shifts": ["jpeg:5", "blur:2.5:5"],
+    }
+    eval_data = {
+        "source": "synthetic",
+        "split": "validation",
+        "images": 50,
+        "classes": 10,
+        "identity": {"labels": "0123456789abcdef", "pixels": "fedcba9876543210"},
+    }
+    StudyResults(
+        config=config,
+        plan=[],
+        versions={"timm_posgeom": "0"},
+        runs=runs,
+        recipes=recipes,
+        eval_data=eval_data,
+        elapsed_s=3.0,
+        complete=True,
+    ).write(tmp_path / "results.json")
     return tmp_path
 
 
@@ -321,9 +411,17 @@ def _attention(seed: int) -> Any:
     from timm_posgeom.app.records import AttentionSummary
 
     heads = [[1.0 + 0.1 * seed, 2.0], [3.0, 3.5 + 0.1 * seed]]
-    return AttentionSummary(n_images=16, layers=[0, 3], grid=[8, 8], mean_distance=heads, entropy=heads,
-                            ssdc=[[0.5, None], [0.2, 0.1]], rpi_mean_distance=[[4.0, 4.1], [4.0, 4.2]],
-                            rpi_entropy=heads, rpi_ssdc=heads)
+    return AttentionSummary(
+        n_images=16,
+        layers=[0, 3],
+        grid=[8, 8],
+        mean_distance=heads,
+        entropy=heads,
+        ssdc=[[0.5, None], [0.2, 0.1]],
+        rpi_mean_distance=[[4.0, 4.1], [4.0, 4.2]],
+        rpi_entropy=heads,
+        rpi_ssdc=heads,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -339,8 +437,12 @@ def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     plt = report._plt()
     mp.setattr(plt, "close", lambda fig=None: None)
     try:
-        for name, draw in (("ssdc_depth", report.fig_ssdc_depth), ("fragility", report.fig_fragility),
-                           ("alpha_sweep", report.fig_alpha_sweep), ("training", report.fig_training)):
+        for name, draw in (
+            ("ssdc_depth", report.fig_ssdc_depth),
+            ("fragility", report.fig_fragility),
+            ("alpha_sweep", report.fig_alpha_sweep),
+            ("training", report.fig_training),
+        ):
             draw(results, out / f"{name}.png")
             kept[name] = plt.gcf()
         report.fig_similarity_maps(out, results, out / "similarity_maps.png")
@@ -357,8 +459,9 @@ def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         plt.close(fig)
 
 
-@pytest.mark.parametrize("name", ["ssdc_depth", "fragility", "alpha_sweep", "training", "similarity_maps",
-                                  "attention_heads"])
+@pytest.mark.parametrize(
+    "name", ["ssdc_depth", "fragility", "alpha_sweep", "training", "similarity_maps", "attention_heads"]
+)
 def test_study_figure_titles_fit(study_figures: dict[str, Any], name: str) -> None:
     assert_titles_fit(study_figures[name])
 
@@ -429,9 +532,16 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     lines = md.splitlines()
     assert lines[0] == "# PE geometry study: 8x8 grid, width 64, depth 4, paper init (preset `demo`)"
     varied = md.split("## What this study varied")[1].split("## Contents")[0]
-    for needle in ("| preset | `demo`", "| initialisation | paper", "| width / depth / heads | 64 / 4 / 2 |",
-                   "| grid | 8 x 8 (64 px, patch 8) |", "`model_kwargs.embed_dim=64`", "| seeds | 2 per condition",
-                   "labels `0123456789abcdef`", "pixels `fedcba9876543210`"):
+    for needle in (
+        "| preset | `demo`",
+        "| initialisation | paper",
+        "| width / depth / heads | 64 / 4 / 2 |",
+        "| grid | 8 x 8 (64 px, patch 8) |",
+        "`model_kwargs.embed_dim=64`",
+        "| seeds | 2 per condition",
+        "labels `0123456789abcdef`",
+        "pixels `fedcba9876543210`",
+    ):
         assert needle in varied, needle
     # contents: one link per section, each to an anchor the HTML page has
     sections = [line[3:] for line in lines if line.startswith("## ") and line != "## Contents"]
@@ -441,12 +551,15 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     for _, anchor in links:
         assert f'id="{anchor}"' in page, anchor
     assert "<title>PE geometry study: 8x8 grid, width 64" in page
+
     # figures next to their tables, not gathered at the end, each with a numbered caption
     def section(title: str) -> str:
         return md.split("\n## " + title)[1].split("\n## ")[0]
 
     assert "figures/fragility.png" in section("Accuracy and fragility")
-    assert "figures/ssdc_depth.png" in section("SSDC across depth") and "similarity_maps.png" in section("SSDC across depth")
+    assert "figures/ssdc_depth.png" in section("SSDC across depth") and "similarity_maps.png" in section(
+        "SSDC across depth"
+    )
     assert "figures/alpha_sweep.png" in section("Alpha sweep: JPEG")
     assert "figures/training.png" in section("During training")
     captions = re.findall(r"^\*Figure (\d)\. (.+)\*$", md, re.M)

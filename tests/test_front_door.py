@@ -5,6 +5,7 @@ mkdocs: every public name has an API entry, every page of the navigation exists,
 the README and docs/ lead to files that exist, the citation names this version, and the README keeps
 its two contract commands (the main job, and the tests that ``.ci/run`` follows).
 """
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,10 @@ import timm_posgeom
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = 'python3 -m venv .venv && . .venv/bin/activate && pip install ".[app]" && posgeom study'
-TESTS = ('python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && python -m pytest -q '
-         "&& python scripts/run_timm_model_tests.py")
+TESTS = (
+    'python3 -m venv .venv && . .venv/bin/activate && pip install -e ".[dev]" && python -m pytest -q '
+    "&& python scripts/run_timm_model_tests.py"
+)
 GENERATED = {"index.md": "README.md", "contributing.md": "CONTRIBUTING.md"}  # scripts/mkdocs_hooks.py
 
 
@@ -35,8 +38,15 @@ def readme() -> str:
 def test_readme_is_a_front_door():
     text = readme()
     assert len(text.splitlines()) <= 200
-    for heading in ("Install and run the main job", "Using the library", "The command line", "Models",
-                    "Install and run the tests", "Documentation", "Citation"):
+    for heading in (
+        "Install and run the main job",
+        "Using the library",
+        "The command line",
+        "Models",
+        "Install and run the tests",
+        "Documentation",
+        "Citation",
+    ):
         assert f"\n## {heading}\n" in text, heading
     assert text.count("```python") == 1  # one example, the one tests/test_readme.py runs
 
@@ -45,8 +55,9 @@ def test_readme_contract_commands():
     text = readme()
     assert f"```bash\n{MAIN_JOB}\n```" in text
     # the block's mark (tests/test_doc_examples.py) on the line before its fence
-    assert re.search(rf"## Install and run the tests\n\n(<!-- not runnable: [^\n]* -->\n)?```bash\n{re.escape(TESTS)}\n```",
-                     text)
+    assert re.search(
+        rf"## Install and run the tests\n\n(<!-- not runnable: [^\n]* -->\n)?```bash\n{re.escape(TESTS)}\n```", text
+    )
 
 
 def test_ci_installs_as_the_readme_says():
@@ -72,8 +83,7 @@ def test_every_public_name_has_an_api_entry():
     missing = [n for n in timm_posgeom.__all__ if n != "__version__" and f"timm_posgeom.{n}" not in entries]
     assert not missing, f"add '::: timm_posgeom.NAME' to a page of docs/api/: {missing}"
     # and the entry points of the application and the command line
-    assert {"timm_posgeom.app.train.train", "timm_posgeom.app.study.run_study",
-            "timm_posgeom.cli.main.main"} <= entries
+    assert {"timm_posgeom.app.train.train", "timm_posgeom.app.study.run_study", "timm_posgeom.cli.main.main"} <= entries
 
 
 def test_every_api_entry_exists():

@@ -2,6 +2,7 @@
 the same code (throughput of the paper's model under bf16 autocast, runs trained at once in subprocesses, each
 measured: top-1, SSDC under RPI over permutations) on a tiny model and synthetic images; and the runs it plans
 on the GPU are the study's runs."""
+
 from __future__ import annotations
 
 import argparse
@@ -73,29 +74,55 @@ def test_the_gpu_runs_are_the_studys_runs(plan, tmp_path):
     data = SCRIPT.parents[2] / "data" / "imagenette64"  # recorded relative to the repository root, as the studies do
     specs = plan._specs(argparse.Namespace(tiny=False, data=str(data)), tmp_path)
     assert sorted((s["width"], s["lr"], s["seed"]) for s in specs) == sorted(
-        (w, lr, s) for w in (192, 384) for lr in (1e-3, 3.3e-4) for s in (0, 1, 2))
+        (w, lr, s) for w in (192, 384) for lr in (1e-3, 3.3e-4) for s in (0, 1, 2)
+    )
     assert {s["permutations"] for s in specs} == {10} and {s["probe_images"] for s in specs} == {1000}
     for spec in specs:
         # --heldout 0: the committed studies the ladder is compared with trained on the whole training split
-        config = preset_config("imagenette-cpu", data="data/imagenette64", init="paper", conditions=("ape",),
-                               seeds=spec["seed"] + 1, heldout_fraction=0.0,
-                               train_overrides=[f"model_kwargs.embed_dim={spec['width']}",
-                                                f"model_kwargs.num_heads={spec['width'] // 32}", f"lr={spec['lr']}"])
+        config = preset_config(
+            "imagenette-cpu",
+            data="data/imagenette64",
+            init="paper",
+            conditions=("ape",),
+            seeds=spec["seed"] + 1,
+            heldout_fraction=0.0,
+            train_overrides=[
+                f"model_kwargs.embed_dim={spec['width']}",
+                f"model_kwargs.num_heads={spec['width'] // 32}",
+                f"lr={spec['lr']}",
+            ],
+        )
         study = make_plan(config, tmp_path / "study").runs[spec["seed"]].recipe
         assert spec["recipe"] == study.to_dict()
 
 
 def test_a_run_past_the_deadline_is_recorded_unfinished(plan, tmp_path):
-    code = plan.main(["--tiny", "--stages", "ladder", "--deadline-s", "31", "--out", str(tmp_path / "out"),
-                      "--scratch", str(tmp_path / "scratch")])
+    code = plan.main(
+        [
+            "--tiny",
+            "--stages",
+            "ladder",
+            "--deadline-s",
+            "31",
+            "--out",
+            str(tmp_path / "out"),
+            "--scratch",
+            str(tmp_path / "scratch"),
+        ]
+    )
     assert code == 0
     records = [json.loads(line) for line in (tmp_path / "out" / "ladder.jsonl").read_text().splitlines()]
     assert len(records) == 2 and not any(r["finished"] for r in records) and all(r["exit_code"] != 0 for r in records)
     assert "deadline: stopping" in (tmp_path / "out" / "log.txt").read_text()
 
 
-@pytest.mark.parametrize("args, message", [(["--stages", "speed"], "--stages takes throughput, ladder or both"),
-                                           (["--data", "no/such/folder"], "make_imagenette64.py")])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--stages", "speed"], "--stages takes throughput, ladder or both"),
+        (["--data", "no/such/folder"], "make_imagenette64.py"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(plan, tmp_path, capsys, args, message):
     assert plan.main(args + ["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,5 @@
 """The test harness itself (tests/conftest.py): every test starts alike, and the run reports its durations."""
+
 from __future__ import annotations
 
 import pytest

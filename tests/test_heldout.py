@@ -1,5 +1,6 @@
 """The held-out monitor of training: the carving (seeded, stratified, recorded), a run that monitors on it and
 reports on the validation split, the records that say which split monitored, the study's option."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ from timm_posgeom.app.recipe import RecipeError, load_recipe
 from timm_posgeom.app.records import HistoryPoint, RunSummary
 from timm_posgeom.data import HeldoutError, cache_uint8, carve_heldout, heldout_indices, load_split
 
-TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=2", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=16", "workers=0", "max_train_images=200", "max_val_images=40", "log_every=1"]
+TINY = [
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=2",
+    "model_kwargs.num_heads=2",
+    "img_size=32",
+    "batch_size=16",
+    "workers=0",
+    "max_train_images=200",
+    "max_val_images=40",
+    "log_every=1",
+]
 
 
 def test_carving_is_stratified_seeded_and_a_partition():
@@ -54,8 +64,11 @@ def test_a_run_monitors_on_the_heldout_split_and_reports_on_validation(tmp_path)
     from timm_posgeom.app.study.training import training_history
     from timm_posgeom.app.train import train
 
-    recipe = load_recipe(None, TINY + ["heldout_fraction=0.2", "max_steps=4", "probe_images=8", "cache=true",
-                                       "disk_cache=false", "augment=none"])
+    recipe = load_recipe(
+        None,
+        TINY
+        + ["heldout_fraction=0.2", "max_steps=4", "probe_images=8", "cache=true", "disk_cache=false", "augment=none"],
+    )
     summary = train(recipe, tmp_path, progress=False)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
@@ -113,7 +126,6 @@ def test_train_flag_sets_the_recipe_key(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "train", lambda recipe, out, **kw: seen.setdefault("r", recipe))
     assert main(["train", "--out", str(tmp_path / "r"), "--heldout", "0.25"]) == 0
     assert seen["r"].heldout_fraction == 0.25
-
 
 
 def test_a_recipe_from_before_the_heldout_keys_is_no_change():

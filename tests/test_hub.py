@@ -1,4 +1,5 @@
 """Model cards, export, offline Hub loading, push dry runs."""
+
 from __future__ import annotations
 
 import json
@@ -32,13 +33,29 @@ def _run_dir(tmp_path: Path, name: str = "posgeom_vit_micro_patch8_64_rope", wit
     export_for_hub(model, run / "export")
     (run / "recipe.yaml").write_text(yaml.safe_dump({"model": name, "data": "clane9/imagenet-100", "epochs": 3}))
     sha1 = weights_sha1(run / "export" / "model.safetensors")
-    RunSummary(model=name, steps=120, epochs=3.0, train_images=5120, val_images=640, processes=1, time_s=42.5,
-               val_top1=0.6125, export_sha1=sha1).write(run / "summary.json")
+    RunSummary(
+        model=name,
+        steps=120,
+        epochs=3.0,
+        train_images=5120,
+        val_images=640,
+        processes=1,
+        time_s=42.5,
+        val_top1=0.6125,
+        export_sha1=sha1,
+    ).write(run / "summary.json")
     if with_eval:
-        ssdc = SSDCSummary(n_images=64, per_layer=[0.5, 0.4, 0.3, 0.2], rise=-0.1, rpi_per_layer=[0.1, 0.25, 0.2, 0.2],
-                           rpi_delta=0.15, rpi_content_per_layer=[0.5, 0.4, 0.3, 0.2])
-        RunEval(clean_accuracy=0.6, fs={"jpeg:5": 0.3125, "blur:2.5:5": 0.1875}, ssdc=ssdc,
-                weights_sha1=sha1).write(run / "eval.json")
+        ssdc = SSDCSummary(
+            n_images=64,
+            per_layer=[0.5, 0.4, 0.3, 0.2],
+            rise=-0.1,
+            rpi_per_layer=[0.1, 0.25, 0.2, 0.2],
+            rpi_delta=0.15,
+            rpi_content_per_layer=[0.5, 0.4, 0.3, 0.2],
+        )
+        RunEval(clean_accuracy=0.6, fs={"jpeg:5": 0.3125, "blur:2.5:5": 0.1875}, ssdc=ssdc, weights_sha1=sha1).write(
+            run / "eval.json"
+        )
     return run
 
 
@@ -115,8 +132,10 @@ def test_card_names_the_release_that_trained_the_weights(tmp_path):
     from timm_posgeom import __version__
 
     run = _run_dir(tmp_path)
-    assert f"| timm-posgeom | {__version__} (this card; the training's version was not recorded) |" in \
-        ModelCard(render_card(run)).text
+    assert (
+        f"| timm-posgeom | {__version__} (this card; the training's version was not recorded) |"
+        in ModelCard(render_card(run)).text
+    )
     summary = RunSummary.read(run / "summary.json")
     summary.versions = {"timm_posgeom": __version__, "timm": timm.__version__}
     summary.write(run / "summary.json")
@@ -152,8 +171,13 @@ def test_push_without_network_is_one_line(tmp_path):
     run = _run_dir(tmp_path)
     env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_TOKEN="hf_not_a_token", HF_HUB_DISABLE_TELEMETRY="1")
     env.pop("HF_HUB_OFFLINE", None)
-    out = subprocess.run([sys.executable, "-m", "timm_posgeom.cli", "push", str(run), "--repo-id", "me/model"],
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "timm_posgeom.cli", "push", str(run), "--repo-id", "me/model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     assert "Traceback" not in out.stderr and "could not push to the Hub repo me/model" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
@@ -177,14 +201,17 @@ def _to_local_hub_cache(export_dir: Path, repo_id: str, cache: Path) -> None:
     (repo / "refs" / "main").write_text(commit)
 
 
-@pytest.mark.parametrize("name,kwargs", [
-    ("posgeom_vit_micro_patch8_64_nope", {}),
-    ("posgeom_vit_micro_patch8_64_ape", {"alpha": 0.5}),
-    ("posgeom_vit_micro_patch8_64_sincos", {"alpha": 0.75}),
-    ("posgeom_vit_micro_patch8_64_rope", {"alpha": 0.5}),
-    ("posgeom_vit_micro_patch8_64_ape_rpt", {}),
-    ("posgeom_vit_small_patch16_224_ape", {"num_heads": 8, "img_size": 64, "depth": 2}),  # the paper's heads
-])
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("posgeom_vit_micro_patch8_64_nope", {}),
+        ("posgeom_vit_micro_patch8_64_ape", {"alpha": 0.5}),
+        ("posgeom_vit_micro_patch8_64_sincos", {"alpha": 0.75}),
+        ("posgeom_vit_micro_patch8_64_rope", {"alpha": 0.5}),
+        ("posgeom_vit_micro_patch8_64_ape_rpt", {}),
+        ("posgeom_vit_small_patch16_224_ape", {"num_heads": 8, "img_size": 64, "depth": 2}),  # the paper's heads
+    ],
+)
 def test_export_to_hub_cache_and_load_offline_gives_identical_outputs(tmp_path, name, kwargs):
     model = timm.create_model(name, num_classes=10, **kwargs).eval()
     export_for_hub(model, tmp_path / "export")
@@ -194,7 +221,7 @@ def test_export_to_hub_cache_and_load_offline_gives_identical_outputs(tmp_path, 
     torch.save({"x": x, "y": model(x)}, tmp_path / "io.pt")
     script = textwrap.dedent(f"""
         import torch, timm, timm_posgeom
-        io = torch.load({str(tmp_path / 'io.pt')!r})
+        io = torch.load({str(tmp_path / "io.pt")!r})
         m = timm.create_model("hf-hub:posgeom-test/model", pretrained=True).eval()
         assert (m.pe, m.alpha, m.token_shuffle) == {(model.pe, model.alpha, model.token_shuffle)!r}
         assert m.blocks[0].attn.num_heads == {model.blocks[0].attn.num_heads} and len(m.blocks) == {len(model.blocks)}

@@ -1,6 +1,7 @@
 """ImageNet-C in full: the maintained imagecorruptions package agrees with our JPEG and blur, every
 corruption is seeded, the mean FS is computed as defined in one pass, and released trees are checked
 before they are read."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,15 @@ class MeanBrightness(nn.Module):
 
     def __init__(self, size: int = 32):
         super().__init__()
-        self.pretrained_cfg = {"architecture": "mean_brightness", "input_size": (3, size, size), "mean": (0.5,) * 3,
-                               "std": (0.5,) * 3, "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "center"}
+        self.pretrained_cfg = {
+            "architecture": "mean_brightness",
+            "input_size": (3, size, size),
+            "mean": (0.5,) * 3,
+            "std": (0.5,) * 3,
+            "interpolation": "bilinear",
+            "crop_pct": 0.875,
+            "crop_mode": "center",
+        }
         self.anchor = nn.Parameter(torch.zeros(()))
         self.forwards: list[int] = []
 
@@ -117,21 +125,34 @@ def test_every_corruption_is_seeded_and_keeps_the_image_format():
             assert a.shape == (48, 40, 3) and a.dtype == np.uint8
             assert np.array_equal(a, b), name  # the same image, index and seed: the same pixels
             assert not np.array_equal(a, np.asarray(img)), name
-            if name in ("gaussian_noise", "shot_noise", "impulse_noise", "glass_blur", "snow", "fog",
-                        "elastic_transform", "motion_blur", "speckle_noise"):
+            if name in (
+                "gaussian_noise",
+                "shot_noise",
+                "impulse_noise",
+                "glass_blur",
+                "snow",
+                "fog",
+                "elastic_transform",
+                "motion_blur",
+                "speckle_noise",
+            ):
                 assert not np.array_equal(a, np.asarray(shift.for_image(img, 8, 0))), name  # another image's draws
     assert np.array_equal(np.random.get_state()[1], before)  # NumPy's global generator is left as it was
 
 
 def test_corruption_object():
     needs_package("imagecorruptions")
-    assert isinstance(imagenet_c("fog", 2), Corruption) and not isinstance(imagenet_c("jpeg_compression", 2), Corruption)
+    assert isinstance(imagenet_c("fog", 2), Corruption) and not isinstance(
+        imagenet_c("jpeg_compression", 2), Corruption
+    )
     c = Corruption("gaussian_noise", 3, seed=5)
     img = _natural(32, 36)
     # as a transform every image uses the corruption's own seed; for_image the per-image seed
     assert np.array_equal(np.asarray(c(img)), np.asarray(Corruption("gaussian_noise", 3, seed=5)(img)))
-    assert np.array_equal(np.asarray(c.for_image(img, 4, 9)),
-                          np.asarray(Corruption("gaussian_noise", 3, seed=image_seed(9, 4, "gaussian_noise"))(img)))
+    assert np.array_equal(
+        np.asarray(c.for_image(img, 4, 9)),
+        np.asarray(Corruption("gaussian_noise", 3, seed=image_seed(9, 4, "gaussian_noise"))(img)),
+    )
     t = F.pil_to_tensor(img)
     assert torch.equal(c(t), F.pil_to_tensor(c(img)))  # tensors take the PIL path
     assert torch.equal(c(torch.stack([t, t]))[1], c(t))
@@ -150,7 +171,9 @@ def test_corruption_object():
 
 def test_imagenet_c_shifts():
     specs = imagenet_c_shifts()
-    assert len(specs) == 75 and specs[0] == "imagenet-c:gaussian_noise:1" and specs[-1] == "imagenet-c:jpeg_compression:5"
+    assert (
+        len(specs) == 75 and specs[0] == "imagenet-c:gaussian_noise:1" and specs[-1] == "imagenet-c:jpeg_compression:5"
+    )
     assert imagenet_c_shifts("fog,frost", [2]) == ["imagenet-c:fog:2", "imagenet-c:frost:2"]
     assert len(imagenet_c_shifts("extra")) == 20
     for bad, match in [("fog,fog", "repeat"), ("fog,sharpen", "unknown"), ("", "no ImageNet-C corruptions")]:
@@ -175,8 +198,17 @@ def test_missing_package_is_one_clear_line(monkeypatch, tmp_path, capsys):
         from timm_posgeom.cli import main
 
         with pytest.raises(SystemExit) as exit_info:
-            main(["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", "synthetic", "--imagenet-c",
-                  "--out", str(tmp_path)])
+            main(
+                [
+                    "fragility",
+                    "posgeom_vit_micro_patch8_64_ape",
+                    "--data",
+                    "synthetic",
+                    "--imagenet-c",
+                    "--out",
+                    str(tmp_path),
+                ]
+            )
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and "timm-posgeom[imagenet-c]" in err
         # bethgelab's imagecorruptions 1.1.2: imports on an old setuptools, but its glass_blur takes no seed
@@ -186,10 +218,16 @@ def test_missing_package_is_one_clear_line(monkeypatch, tmp_path, capsys):
         with pytest.raises(MissingDependencyError, match="cannot be seeded.*pip uninstall imagecorruptions"):
             Corruption("glass_blur", 1)
         # a package that fails to import: bethgelab's under setuptools >= 81, or OpenCV without libGL
-        for body, match in [("raise ModuleNotFoundError(\"No module named 'pkg_resources'\", name='pkg_resources')",
-                             "bethgelab's 1.1.2.*pip uninstall imagecorruptions"),
-                            ("raise ImportError('libGL.so.1: cannot open shared object file\\nmore')",
-                             r"does not import here \(libGL.so.1: cannot open shared object file\); .*headless")]:
+        for body, match in [
+            (
+                "raise ModuleNotFoundError(\"No module named 'pkg_resources'\", name='pkg_resources')",
+                "bethgelab's 1.1.2.*pip uninstall imagecorruptions",
+            ),
+            (
+                "raise ImportError('libGL.so.1: cannot open shared object file\\nmore')",
+                r"does not import here \(libGL.so.1: cannot open shared object file\); .*headless",
+            ),
+        ]:
             folder = tmp_path / f"fake{len(match)}" / "imagecorruptions"
             folder.mkdir(parents=True)
             (folder / "__init__.py").write_text(body + "\n")
@@ -226,14 +264,18 @@ def test_mean_fs_and_normalised_mean():
         assert math.isnan(r.relative_fs(harmless)["fog"])
         assert math.isnan(r.mean_relative_fs(harmless))
         assert r.mean_relative_fs(harmless, defined_only=True) == pytest.approx(0.8 / 0.2)
-        assert "mean rFS over the 1 corruption(s) where it is defined (left out, the reference's FS sums to <= 0: " \
-               "fog): 4.000" in r.to_markdown(reference=harmless)
+        assert (
+            "mean rFS over the 1 corruption(s) where it is defined (left out, the reference's FS sums to <= 0: "
+            "fog): 4.000" in r.to_markdown(reference=harmless)
+        )
     with pytest.raises(ValueError, match="lacks 2"):
         r.relative_fs(_result({"fog": {1: 0.1, 2: 0.1}}))
     back = ImageNetCResult.from_dict(json.loads(r.to_json()))
     assert back.fs == r.fs and back.severities == [1, 2] and back.mean_fs == pytest.approx(r.mean_fs)
     table = r.to_markdown(reference=ref)
-    assert "| fog | 0.100 | 0.300 | 0.200 |" in table and "mean FS over 2 corruption(s)" in table and "mean rFS" in table
+    assert (
+        "| fog | 0.100 | 0.300 | 0.200 |" in table and "mean FS over 2 corruption(s)" in table and "mean rFS" in table
+    )
     with pytest.raises(ValueError, match="not an ImageNet-C result"):
         ImageNetCResult.from_dict({"corruptions": ["fog"]})
 
@@ -263,8 +305,9 @@ def test_generated_run_is_one_pass_and_reproducible():
 def test_forward_in_pieces_equals_one_forward_with_rpi():
     """Under RPI each image keeps its own permutation whatever the pieces: the same predictions as one forward."""
     torch.manual_seed(0)
-    model = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2,
-                              num_classes=3)
+    model = timm.create_model(
+        "vit_small_patch16_224", img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2, num_classes=3
+    )
     data = [(_natural(40, 40, seed=s), s % 3) for s in range(5)]
     shifts = ["jpeg:5", "blur:1", "jpeg:20"]
     whole = fragility(model, data, shifts, batch_size=3, rpi=True, seed=1, **FAST)
@@ -348,8 +391,7 @@ def test_released_tree_gives_the_accuracy_of_its_images(tmp_path):
         for s in range(1, 6):
             files = sorted((root / c / str(s)).rglob("*.JPEG"))
             with torch.no_grad():
-                preds = [int(model(transform(PIL.Image.open(p).convert("RGB"))[None]).argmax())
-                         for p in files]
+                preds = [int(model(transform(PIL.Image.open(p).convert("RGB"))[None]).argmax()) for p in files]
             labels = [classes.index(p.parent.name) for p in files]
             k = sum(p == y for p, y in zip(preds, labels))
             assert r.counts[c][s] == {"correct": k, "total": len(data)}
@@ -389,8 +431,12 @@ def test_released_tree_refusals(tmp_path):
     data = _Split([(_natural(40, 40, seed=i), i % 2) for i in range(4)], ["tench", "church"])
     root = _write_tree(tmp_path / "c", data, data.classes)
     ok = check_imagenet_c_tree(root, data.classes, "fog,jpeg_compression", (1, 2))
-    assert ok == [("tench/ILSVRC2012_val_00000000.JPEG", 0), ("tench/ILSVRC2012_val_00000002.JPEG", 0),
-                  ("church/ILSVRC2012_val_00000001.JPEG", 1), ("church/ILSVRC2012_val_00000003.JPEG", 1)]
+    assert ok == [
+        ("tench/ILSVRC2012_val_00000000.JPEG", 0),
+        ("tench/ILSVRC2012_val_00000002.JPEG", 0),
+        ("church/ILSVRC2012_val_00000001.JPEG", 1),
+        ("church/ILSVRC2012_val_00000003.JPEG", 1),
+    ]
     model = MeanBrightness()
 
     def refused(match, **kw):
@@ -438,23 +484,55 @@ def test_cli_imagenet_c(tmp_path, capsys):
         (clean / data.classes[label]).mkdir(parents=True, exist_ok=True)
         img.save(clean / data.classes[label] / f"{i}.png")
     root = _write_tree(tmp_path / "c", data, data.classes, corruptions=("fog", "snow"), severities=(1, 2))
-    common = ["fragility", "posgeom_vit_micro_patch8_64_ape", "--num-classes", "2", "--img-size", "32", "--data",
-              str(tmp_path / "clean"), "--batch-size", "8", "--num-workers", "0", "--no-progress", "--device", "cpu",
-              "--imagenet-c", "fog,snow", "--severities", "1,2"]
+    common = [
+        "fragility",
+        "posgeom_vit_micro_patch8_64_ape",
+        "--num-classes",
+        "2",
+        "--img-size",
+        "32",
+        "--data",
+        str(tmp_path / "clean"),
+        "--batch-size",
+        "8",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--device",
+        "cpu",
+        "--imagenet-c",
+        "fog,snow",
+        "--severities",
+        "1,2",
+    ]
     assert main([*common, "--out", str(tmp_path / "gen")]) == 0
     out = capsys.readouterr().out
     assert "| fog |" in out and "mean FS over 2 corruption(s) x severities 1,2" in out
     saved = json.loads((tmp_path / "gen" / "imagenet_c.json").read_text())
     assert saved["source"] == "generated" and saved["corruptions"] == ["fog", "snow"]
     assert len(json.loads((tmp_path / "gen" / "fragility.json").read_text())["shifts"]) == 4
-    assert main([*common, "--imagenet-c-root", str(root), "--reference", str(tmp_path / "gen" / "imagenet_c.json"),
-                 "--out", str(tmp_path / "rel")]) == 0
+    assert (
+        main(
+            [
+                *common,
+                "--imagenet-c-root",
+                str(root),
+                "--reference",
+                str(tmp_path / "gen" / "imagenet_c.json"),
+                "--out",
+                str(tmp_path / "rel"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "ImageNet-C released from" in out and "mean rFS" in out
     assert json.loads((tmp_path / "rel" / "imagenet_c.json").read_text())["source"] == "released"
-    for extra, match in [(["--imagenet-c-root", str(tmp_path / "clean")], "lacks the corruption folder"),
-                         (["--shift", "jpeg:5"], "exclude each other"),
-                         (["--severities", "1,7"], "from 1 to 5")]:
+    for extra, match in [
+        (["--imagenet-c-root", str(tmp_path / "clean")], "lacks the corruption folder"),
+        (["--shift", "jpeg:5"], "exclude each other"),
+        (["--severities", "1,7"], "from 1 to 5"),
+    ]:
         with pytest.raises(SystemExit) as exit_info:
             main([*common, *extra, "--out", str(tmp_path / "bad")])
         err = capsys.readouterr().err

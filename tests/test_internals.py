@@ -3,6 +3,7 @@ when one of them changes shape (pyproject.toml's upper bounds protect them; this
 
 Each entry: the object, its private attribute, and the parameters our code relies on.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -36,7 +37,7 @@ def test_private_internal_has_the_shape_we_rely_on(owner, name, params):
     member = getattr(owner, name, None)
     assert member is not None, f"{owner.__module__}.{owner.__name__}.{name} is gone: update the code that uses it"
     found = list(inspect.signature(member).parameters)
-    assert found[:len(params)] == params, f"{owner.__name__}.{name}{inspect.signature(member)} changed shape"
+    assert found[: len(params)] == params, f"{owner.__name__}.{name}{inspect.signature(member)} changed shape"
 
 
 def test_rope_attributes_we_read():

@@ -1,5 +1,6 @@
 """The intervals of the probes' numbers: Student t over replicates, the delete-a-group jackknife over images
 (docs/method.md#intervals), checked against their formulas, a brute-force reference and by coverage."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """token_permutation and pe_scale on our models and on timm's own ViTs."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,9 +28,11 @@ def _no_pe_models() -> dict[str, nn.Module]:
         "ours_dynamic_nhwc": timm.create_model("posgeom_vit_micro_patch8_64_nope", dynamic_img_size=True, **kw),
         "timm_vit_none": timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", **kw),
         "timm_vit_none_reg": timm.create_model(
-            "vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", reg_tokens=2, **kw),
+            "vit_tiny_patch16_224", img_size=64, patch_size=8, pos_embed="none", reg_tokens=2, **kw
+        ),
         "eva_rope_removed": timm.create_model(
-            "vit_small_patch16_rope_224", img_size=64, patch_size=8, use_rot_pos_emb=False, init_values=1.0, **kw),
+            "vit_small_patch16_rope_224", img_size=64, patch_size=8, use_rot_pos_emb=False, init_values=1.0, **kw
+        ),
     }
 
 
@@ -48,7 +51,10 @@ def test_exact_equivariance_without_pe(key):
         torch.testing.assert_close(o[:, :npre], r[:, :npre], rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_sincos", "posgeom_vit_micro_patch8_64_rope"])
+@pytest.mark.parametrize(
+    "name",
+    ["posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_sincos", "posgeom_vit_micro_patch8_64_rope"],
+)
 def test_outputs_change_with_a_pe(name):
     model = timm.create_model(name, num_classes=3).double().eval()
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
@@ -158,16 +164,21 @@ def _beit_with_visible_bias():
 THIRD_PARTY = {
     "vit": lambda: timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3),
     "eva_rope": lambda: timm.create_model(
-        "vit_small_patch16_rope_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+        "vit_small_patch16_rope_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0
+    ),
     "eva_rope_mixed": lambda: timm.create_model(
-        "vit_small_patch16_rope_mixed_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+        "vit_small_patch16_rope_mixed_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0
+    ),
     "dinov3": lambda: timm.create_model(
-        "vit_small_patch16_dinov3", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+        "vit_small_patch16_dinov3", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0
+    ),
     "beit": _beit_with_visible_bias,
-    "swin": lambda: timm.create_model("swin_tiny_patch4_window7_224", depths=(1, 1), num_heads=(3, 6),
-                                      embed_dim=48, num_classes=3),
+    "swin": lambda: timm.create_model(
+        "swin_tiny_patch4_window7_224", depths=(1, 1), num_heads=(3, 6), embed_dim=48, num_classes=3
+    ),
     "relpos_mlp": lambda: timm.create_model(
-        "vit_relpos_small_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0),
+        "vit_relpos_small_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3, init_values=1.0
+    ),
 }
 
 
@@ -193,12 +204,26 @@ def test_pe_scale_third_party_alpha_one_identity_alpha_zero_changes_and_restores
 
 def test_pe_scale_zero_equals_the_pe_removed_on_timm_models():
     vit = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3).double().eval()
-    vit_none = timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3,
-                                 pos_embed="none").double().eval()
+    vit_none = (
+        timm.create_model("vit_tiny_patch16_224", img_size=64, patch_size=8, depth=2, num_classes=3, pos_embed="none")
+        .double()
+        .eval()
+    )
     vit_none.load_state_dict({k: v for k, v in vit.state_dict().items() if k != "pos_embed"})
     rope = THIRD_PARTY["eva_rope"]().double().eval()
-    rope_none = timm.create_model("vit_small_patch16_rope_224", img_size=64, patch_size=8, depth=2, num_classes=3,
-                                  init_values=1.0, use_rot_pos_emb=False).double().eval()
+    rope_none = (
+        timm.create_model(
+            "vit_small_patch16_rope_224",
+            img_size=64,
+            patch_size=8,
+            depth=2,
+            num_classes=3,
+            init_values=1.0,
+            use_rot_pos_emb=False,
+        )
+        .double()
+        .eval()
+    )
     rope_none.load_state_dict(rope.state_dict())
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     for model, removed in ((vit, vit_none), (rope, rope_none)):
@@ -325,12 +350,15 @@ def test_eval_mode_restores_the_mode_even_on_error():
 # --------------------------------------------------------------------------------------------
 # token layouts of third-party patch embeddings (issue 13, part 1: never silently wrong)
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,kwargs,size,tokens", [
-    pytest.param("swinv2_cr_tiny_224", dict(depths=(1, 1, 1, 1)), 224, 56 * 56, marks=pytest.mark.slow),  # NCHW
-    ("pit_ti_224", dict(img_size=96), 96, 11 * 11),  # NCHW conv embedding
-    ("mixer_s16_224", {}, 224, 14 * 14),  # `stem`, flattened NLC
-    ("vit_tiny_patch16_224", dict(depth=1, dynamic_img_size=True), 96, 6 * 6),  # NHWC with a dynamic size
-])
+@pytest.mark.parametrize(
+    "name,kwargs,size,tokens",
+    [
+        pytest.param("swinv2_cr_tiny_224", dict(depths=(1, 1, 1, 1)), 224, 56 * 56, marks=pytest.mark.slow),  # NCHW
+        ("pit_ti_224", dict(img_size=96), 96, 11 * 11),  # NCHW conv embedding
+        ("mixer_s16_224", {}, 224, 14 * 14),  # `stem`, flattened NLC
+        ("vit_tiny_patch16_224", dict(depth=1, dynamic_img_size=True), 96, 6 * 6),  # NHWC with a dynamic size
+    ],
+)
 def test_permutation_follows_the_token_layout(name, kwargs, size, tokens):
     """swinv2_cr gave a 5376-element (96 x 56) permutation, pit at 96 px 704 (64 x 11): (channel, row) pairs."""
     model = timm.create_model(name, num_classes=3, **kwargs).eval()

@@ -2,6 +2,7 @@
 
 An ImageNet-1k model scored on 10-class data (Imagenette's WordNet ids) is refused unless a mapping is
 chosen; with the mapping the scores are counted on the mapped ImageNet classes."""
+
 from __future__ import annotations
 
 import PIL.Image
@@ -21,8 +22,18 @@ from timm_posgeom.robustness import alpha_sweep, fragility
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Imagenette's ten classes, by WordNet id, in its label order
-IMAGENETTE_WNIDS = ["n01440764", "n02102040", "n02979186", "n03000684", "n03028079", "n03394916", "n03417042",
-                    "n03425413", "n03445777", "n03888605"]
+IMAGENETTE_WNIDS = [
+    "n01440764",
+    "n02102040",
+    "n02979186",
+    "n03000684",
+    "n03028079",
+    "n03394916",
+    "n03417042",
+    "n03425413",
+    "n03445777",
+    "n03888605",
+]
 CHAIN_SAW = 3  # the data's label of n03000684
 LABELS = [3, 3, 3, 0, 1, 2, 5, 9]  # three chain saws among eight images
 FAST = dict(num_workers=0, progress=False, batch_size=4)
@@ -48,9 +59,11 @@ def imagenet_model() -> torch.nn.Module:
 
 def test_an_imagenet_head_on_ten_wordnet_classes_is_refused_with_the_remedy(imagenet_model):
     data = _split(IMAGENETTE_WNIDS, LABELS)
-    for call in (lambda: fragility(imagenet_model, data, ["jpeg:5"], **FAST),
-                 lambda: alpha_sweep(imagenet_model, data, [1.0], ["jpeg:5"], **FAST),
-                 lambda: imagenet_c_fragility(imagenet_model, data, ["jpeg_compression"], [1], **FAST)):
+    for call in (
+        lambda: fragility(imagenet_model, data, ["jpeg:5"], **FAST),
+        lambda: alpha_sweep(imagenet_model, data, [1.0], ["jpeg:5"], **FAST),
+        lambda: imagenet_c_fragility(imagenet_model, data, ["jpeg_compression"], [1], **FAST),
+    ):
         with pytest.raises(LabelMismatchError) as e:
             call()
         message = one_line(e.value)
@@ -101,8 +114,7 @@ def test_max_images_bounds_the_probe_of_an_alpha_sweep_unless_probe_images_says_
     data = _split(IMAGENETTE_WNIDS, LABELS)
     sweep = alpha_sweep(imagenet_model, data, [1.0], ["jpeg:5"], labels="by-name", max_images=4, **FAST)
     assert sweep.settings["probe_images"] == 4 and sweep.settings["num_images"] == 4
-    sweep = alpha_sweep(imagenet_model, data, [1.0], ["jpeg:5"], labels="by-name", max_images=4, probe_images=6,
-                        **FAST)
+    sweep = alpha_sweep(imagenet_model, data, [1.0], ["jpeg:5"], labels="by-name", max_images=4, probe_images=6, **FAST)
     assert sweep.settings["probe_images"] == 6 and sweep.settings["num_images"] == 4
     with pytest.raises(ValueError, match="probe_images must be >= 1"):
         alpha_sweep(imagenet_model, data, [1.0], probe_images=0, **FAST)

@@ -1,5 +1,6 @@
 """No weights added to git: ``.ci/check_large_files.py`` refuses a file over 1 MB that the allow-list does not
 name, and ``.gitignore`` leaves new runs' exports, checkpoints and probe maps under ``experiments/`` out."""
+
 from __future__ import annotations
 
 import shutil
@@ -59,8 +60,9 @@ def test_a_2_mb_file_added_to_experiments_fails(repo: Path) -> None:
         run = check(repo, *args)
         assert run.returncode == 1, (args, run.stdout)
         refused = [line for line in run.stderr.splitlines() if line.startswith("large file:")]
-        assert refused == ["large file: experiments/new/weights.bin: 2.0 MB, over 1 MB and not on "
-                           "large-files-allowed.txt"], (args, run.stderr)
+        assert refused == [
+            "large file: experiments/new/weights.bin: 2.0 MB, over 1 MB and not on large-files-allowed.txt"
+        ], (args, run.stderr)
     since = check(repo, "--base", "HEAD")  # nothing added since the last commit: nothing to refuse
     assert since.returncode == 0 and "(0 files checked)" in since.stdout, since.stderr
 
@@ -76,7 +78,8 @@ def test_one_more_file_under_an_allowed_pattern_fails(repo: Path) -> None:
         assert run.returncode == 1, args
         assert run.stderr.splitlines()[0] == (
             "large file: experiments/*/export/model.safetensors: 2 files over 1 MB, large-files-allowed.txt allows 1 "
-            "(experiments/newer/export/model.safetensors, experiments/old/export/model.safetensors)"), run.stderr
+            "(experiments/newer/export/model.safetensors, experiments/old/export/model.safetensors)"
+        ), run.stderr
 
 
 def test_a_file_of_exactly_1_mb_passes_and_one_byte_more_fails(repo: Path) -> None:
@@ -92,18 +95,28 @@ def test_this_repository_passes() -> None:
     assert run.returncode == 0, run.stderr
 
 
-@pytest.mark.parametrize("path", ["experiments/scaling/8x8-paper/runs/ape_s9/export/model.safetensors",
-                                  "experiments/new-study/runs/rope_s0/export_ema/model.safetensors",
-                                  "experiments/new-study/runs/rope_s0/checkpoints/step_100/model.safetensors",
-                                  "experiments/new-study/runs/rope_s0/maps.pt"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "experiments/scaling/8x8-paper/runs/ape_s9/export/model.safetensors",
+        "experiments/new-study/runs/rope_s0/export_ema/model.safetensors",
+        "experiments/new-study/runs/rope_s0/checkpoints/step_100/model.safetensors",
+        "experiments/new-study/runs/rope_s0/maps.pt",
+    ],
+)
 def test_new_weights_under_experiments_are_ignored(path: str) -> None:
     need_checkout()
     assert subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]).returncode == 0, path
 
 
-@pytest.mark.parametrize("path", ["experiments/new-study/runs/rope_s0/export/config.json",
-                                  "experiments/new-study/runs/rope_s0/eval.json",
-                                  "experiments/new-study/results.json"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "experiments/new-study/runs/rope_s0/export/config.json",
+        "experiments/new-study/runs/rope_s0/eval.json",
+        "experiments/new-study/results.json",
+    ],
+)
 def test_the_records_are_not_ignored(path: str) -> None:
     need_checkout()
     assert subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]).returncode == 1, path

@@ -1,6 +1,7 @@
 """The package's shape (docs/architecture.md). import-linter checks the layers and cycles (its contracts in
 pyproject.toml, run by `lint-imports` in CI); here: the contracts name every library module (a new module
 must be put in its room), the root exports only the library, and nothing imports the package root."""
+
 from __future__ import annotations
 
 import ast
@@ -50,14 +51,16 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here if is_package else here[:-1]
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
                 module = ".".join(base + ([node.module] if node.module else []))
                 absolute = "timm_posgeom" + ("." + module if module else "")
             else:
                 absolute = node.module or ""
             # `from X import y` imports the module X.y when it is one, else X itself
-            targets = [f"{absolute}.{a.name}" if f"{absolute}.{a.name}".removeprefix("timm_posgeom.") in modules
-                       else absolute for a in node.names]
+            targets = [
+                f"{absolute}.{a.name}" if f"{absolute}.{a.name}".removeprefix("timm_posgeom.") in modules else absolute
+                for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -80,8 +83,9 @@ def test_every_module_is_in_a_layer_of_the_contract():
         pytest.skip("pyproject.toml is not beside the package (an installed wheel)")
     rooms = {_room(m) for m in _modules() if m}
     library = _library()
-    assert not rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA, \
+    assert not rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA, (
         f"modules in no layer of pyproject.toml's contract: {sorted(rooms - library - {APPLICATION, COMMAND_LINE, BOTTOM} - DATA)}"
+    )
 
 
 def test_every_package_ships_in_the_wheel():
@@ -106,8 +110,9 @@ def test_the_layers_hold_and_nothing_is_circular():
 
     if not PYPROJECT.is_file() or shutil.which("lint-imports") is None:
         pytest.skip("import-linter or pyproject.toml not here (an installed wheel): CI runs lint-imports")
-    out = subprocess.run(["lint-imports", "--config", str(PYPROJECT), "--no-cache"], capture_output=True, text=True,
-                         cwd=PYPROJECT.parent)
+    out = subprocess.run(
+        ["lint-imports", "--config", str(PYPROJECT), "--no-cache"], capture_output=True, text=True, cwd=PYPROJECT.parent
+    )
     assert out.returncode == 0, out.stdout[-3000:]
 
 
@@ -129,6 +134,8 @@ def test_nothing_imports_the_package_root():
 def test_the_checker_sees_what_it_should(tmp_path):
     """The rules above would catch a violation: the import reader on a made-up ``probes/fake.py``."""
     fake = tmp_path / "fake.py"
-    fake.write_text("from .. import __version__\nfrom ..hub import render_card\nimport timm_posgeom.app.report\n"
-                    "from . import spearman\n\ndef f():\n    from ..train import train\n")
+    fake.write_text(
+        "from .. import __version__\nfrom ..hub import render_card\nimport timm_posgeom.app.report\n"
+        "from . import spearman\n\ndef f():\n    from ..train import train\n"
+    )
     assert _imports("probes.fake", fake, _modules()) == {"", "hub", "app.report", "probes.spearman", "train"}

@@ -1,5 +1,6 @@
 """MeasureSettings (issue 29, step 4): one settings object for every measuring function; the plain keywords
 keep working and override it; bad settings refused in one line, wherever they are given."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,13 @@ def test_the_settings_are_exported_from_the_root():
 
 def test_plain_keywords_equal_settings_in_probe_ssdc(model, images):
     plain = probe_ssdc(model, images, rpi=True, reduction="both", batch_size=2, max_images=5, seed=3, progress=False)
-    given = probe_ssdc(model, images, rpi=True, reduction="both",
-                       settings=MeasureSettings(batch_size=2, max_images=5, seed=3, progress=False))
+    given = probe_ssdc(
+        model,
+        images,
+        rpi=True,
+        reduction="both",
+        settings=MeasureSettings(batch_size=2, max_images=5, seed=3, progress=False),
+    )
     assert plain.per_layer == given.per_layer and plain.settings == given.settings
     assert torch.equal(plain.permutation, given.permutation) and given.settings["n_images"] == 5
 
@@ -71,51 +77,82 @@ def test_plain_keywords_equal_settings_in_the_measures(model, images):
 def test_plain_keywords_equal_settings_in_fragility(model):
     data = _split()
     plain = fragility(model, data, ["jpeg:5"], batch_size=4, num_workers=0, max_images=5, seed=2, progress=False)
-    given = fragility(model, data, ["jpeg:5"],
-                      settings=MeasureSettings(batch_size=4, num_workers=0, max_images=5, seed=2, progress=False))
+    given = fragility(
+        model,
+        data,
+        ["jpeg:5"],
+        settings=MeasureSettings(batch_size=4, num_workers=0, max_images=5, seed=2, progress=False),
+    )
     assert plain.to_dict() == given.to_dict() and given.num_images == 5
-    assert fragility(model, data, ["jpeg:5"], settings=MeasureSettings(batch_size=4, num_workers=0, progress=False),
-                     max_images=3, forward_size=2).num_images == 3  # a field and the function's own keyword
+    assert (
+        fragility(
+            model,
+            data,
+            ["jpeg:5"],
+            settings=MeasureSettings(batch_size=4, num_workers=0, progress=False),
+            max_images=3,
+            forward_size=2,
+        ).num_images
+        == 3
+    )  # a field and the function's own keyword
 
 
 def test_alpha_sweep_takes_the_settings(model):
     settings = MeasureSettings(batch_size=3, num_workers=0, max_images=4, progress=False)
-    plain = alpha_sweep(model, _split(), [1.0, 0.5], ["jpeg:5"], batch_size=3, num_workers=0, max_images=4,
-                        progress=False, probe_images=3)
+    plain = alpha_sweep(
+        model,
+        _split(),
+        [1.0, 0.5],
+        ["jpeg:5"],
+        batch_size=3,
+        num_workers=0,
+        max_images=4,
+        progress=False,
+        probe_images=3,
+    )
     given = alpha_sweep(model, _split(), [1.0, 0.5], ["jpeg:5"], settings=settings, probe_images=3)
     assert plain.to_dict() == given.to_dict() and given.settings["probe_images"] == 3
 
 
-@pytest.mark.parametrize("call", [
-    lambda m, x: probe_ssdc(m, x, progress=False, batch_sise=2),
-    lambda m, x: run_measures(m, x, [], progress=False, batch_sise=2),
-    lambda m, x: attention_measures(m, x, nosuch=1),
-    lambda m, x: fragility(m, _split(), ["jpeg:5"], nosuch=1),
-    lambda m, x: alpha_sweep(m, _split(), [1.0], nosuch=1),
-    lambda m, x: imagenet_c_released(m, _split(), ".", nosuch=1),
-], ids=["probe_ssdc", "run_measures", "attention_measures", "fragility", "alpha_sweep", "imagenet_c_released"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda m, x: probe_ssdc(m, x, progress=False, batch_sise=2),
+        lambda m, x: run_measures(m, x, [], progress=False, batch_sise=2),
+        lambda m, x: attention_measures(m, x, nosuch=1),
+        lambda m, x: fragility(m, _split(), ["jpeg:5"], nosuch=1),
+        lambda m, x: alpha_sweep(m, _split(), [1.0], nosuch=1),
+        lambda m, x: imagenet_c_released(m, _split(), ".", nosuch=1),
+    ],
+    ids=["probe_ssdc", "run_measures", "attention_measures", "fragility", "alpha_sweep", "imagenet_c_released"],
+)
 def test_an_unknown_keyword_is_a_type_error(model, images, call):
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         call(model, images)
 
 
-@pytest.mark.parametrize("field,value,phrase", [
-    ("batch_size", 0, "batch_size must be an integer >= 1"),
-    ("batch_size", -1, "batch_size must be an integer >= 1"),
-    ("max_images", 0, "max_images must be >= 1, got 0"),
-    ("num_workers", -2, "num_workers must be >= 0, got -2"),
-    ("img_size", 0, "img_size must be >= 1"),
-    ("resize", "stretch", "resize must be one of paper, timm"),
-    ("distributed", "yes", "unknown distributed mode 'yes'"),
-    ("seed", 1.5, "seed must be an integer or None"),
-])
+@pytest.mark.parametrize(
+    "field,value,phrase",
+    [
+        ("batch_size", 0, "batch_size must be an integer >= 1"),
+        ("batch_size", -1, "batch_size must be an integer >= 1"),
+        ("max_images", 0, "max_images must be >= 1, got 0"),
+        ("num_workers", -2, "num_workers must be >= 0, got -2"),
+        ("img_size", 0, "img_size must be >= 1"),
+        ("resize", "stretch", "resize must be one of paper, timm"),
+        ("distributed", "yes", "unknown distributed mode 'yes'"),
+        ("seed", 1.5, "seed must be an integer or None"),
+    ],
+)
 def test_bad_settings_are_refused_in_one_line_wherever_they_are_given(model, images, field, value, phrase):
     with pytest.raises(MeasureSettingsError, match=phrase) as built:
         MeasureSettings(**{field: value})
     assert one_line(built.value) == str(built.value)  # the line the command line prints
-    for call in (lambda: probe_ssdc(model, images, progress=False, **{field: value}),
-                 lambda: fragility(model, _split(), ["jpeg:5"], progress=False, **{field: value}),
-                 lambda: MeasureSettings().replace(**{field: value})):
+    for call in (
+        lambda: probe_ssdc(model, images, progress=False, **{field: value}),
+        lambda: fragility(model, _split(), ["jpeg:5"], progress=False, **{field: value}),
+        lambda: MeasureSettings().replace(**{field: value}),
+    ):
         with pytest.raises(MeasureSettingsError, match=phrase):
             call()
 
@@ -153,21 +190,29 @@ def test_every_result_file_carries_the_record_schemas_tags(model, images, tmp_pa
         "ssdc-result": probe_ssdc(model, images, batch_size=3, progress=False),
         "measure-result": attention_measures(model, images, batch_size=3, progress=False),
         "fragility-result": fragility(model, _split(), ["jpeg:5"], batch_size=3, num_workers=0, progress=False),
-        "alpha-sweep-result": alpha_sweep(model, _split(), [1.0], ["jpeg:5"], batch_size=3, num_workers=0,
-                                          progress=False, probe_images=3),
+        "alpha-sweep-result": alpha_sweep(
+            model, _split(), [1.0], ["jpeg:5"], batch_size=3, num_workers=0, progress=False, probe_images=3
+        ),
     }
     for kind, result in results.items():
         written = json.loads(result.to_json(tmp_path / f"{kind}.json"))
         assert (written["schema"], written["schema_version"]) == (f"timm-posgeom/{kind}", 1)
         assert json.loads((tmp_path / f"{kind}.json").read_text()) == written
-    record = RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0,
-                        val_top1=0.5).to_dict()
+    record = RunSummary(
+        model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0, val_top1=0.5
+    ).to_dict()
     assert (record["schema"], record["schema_version"]) == ("timm-posgeom/run-summary", SCHEMA_VERSION)
     # an ImageNet-C reference is read back from its tagged file, and another kind of file is refused
-    c = ImageNetCResult(corruptions=["fog"], severities=[1], num_images=2, clean_accuracy=0.5,
-                        accuracy={"fog": {1: 0.25}}, fs={"fog": {1: 0.5}},
-                        counts={"clean": {"correct": 1, "total": 2}, "fog": {1: {"correct": 1, "total": 4}}},
-                        source="released")
+    c = ImageNetCResult(
+        corruptions=["fog"],
+        severities=[1],
+        num_images=2,
+        clean_accuracy=0.5,
+        accuracy={"fog": {1: 0.25}},
+        fs={"fog": {1: 0.5}},
+        counts={"clean": {"correct": 1, "total": 2}, "fog": {1: {"correct": 1, "total": 4}}},
+        source="released",
+    )
     c.to_json(tmp_path / "imagenet_c.json")
     assert ImageNetCResult.from_json(tmp_path / "imagenet_c.json").fs == {"fog": {1: 0.5}}
     with pytest.raises(ValueError, match="not an ImageNet-C result"):

@@ -1,4 +1,5 @@
 """The PE-variant ViTs: registration, PE semantics, alpha, RPT, input sizes, Hub loading."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,13 @@ import torch
 import timm_posgeom
 from timm_posgeom.pos import sincos_2d
 
-MICRO = ["posgeom_vit_micro_patch8_64_nope", "posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_sincos",
-         "posgeom_vit_micro_patch8_64_rope", "posgeom_vit_micro_patch8_64_ape_rpt"]
+MICRO = [
+    "posgeom_vit_micro_patch8_64_nope",
+    "posgeom_vit_micro_patch8_64_ape",
+    "posgeom_vit_micro_patch8_64_sincos",
+    "posgeom_vit_micro_patch8_64_rope",
+    "posgeom_vit_micro_patch8_64_ape_rpt",
+]
 
 
 def _micro(pe: str, **kwargs) -> timm_posgeom.PosGeomViT:
@@ -19,8 +25,11 @@ def _micro(pe: str, **kwargs) -> timm_posgeom.PosGeomViT:
 
 def test_every_name_is_registered_with_a_cfg_and_docstring():
     names = timm_posgeom.list_models()
-    expected = {f"posgeom_vit_{s}_patch16_224_{v}" for s in ("tiny", "small", "base")
-                for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
+    expected = {
+        f"posgeom_vit_{s}_patch16_224_{v}"
+        for s in ("tiny", "small", "base")
+        for v in ("nope", "ape", "sincos", "rope", "ape_rpt")
+    }
     expected |= set(MICRO)
     assert set(names) == expected
     for name in names:
@@ -28,9 +37,15 @@ def test_every_name_is_registered_with_a_cfg_and_docstring():
         assert timm.models.model_entrypoint(name).__doc__
 
 
-@pytest.mark.parametrize("name,dim,depth,heads", [
-    ("posgeom_vit_tiny_patch16_224_ape", 192, 12, 3), ("posgeom_vit_small_patch16_224_rope", 384, 12, 6),
-    ("posgeom_vit_base_patch16_224_sincos", 768, 12, 12), ("posgeom_vit_micro_patch8_64_nope", 128, 4, 4)])
+@pytest.mark.parametrize(
+    "name,dim,depth,heads",
+    [
+        ("posgeom_vit_tiny_patch16_224_ape", 192, 12, 3),
+        ("posgeom_vit_small_patch16_224_rope", 384, 12, 6),
+        ("posgeom_vit_base_patch16_224_sincos", 768, 12, 12),
+        ("posgeom_vit_micro_patch8_64_nope", 128, 4, 4),
+    ],
+)
 def test_standard_widths(name, dim, depth, heads):
     with torch.device("meta"):
         m = timm.create_model(name)
@@ -48,8 +63,16 @@ def test_micro_models_are_small_and_only_the_pe_differs():
 
 
 def test_timm_layout_dropout_kwargs():
-    m = timm.create_model("posgeom_vit_small_patch16_224_ape", num_classes=100, num_heads=8, drop_rate=0.15,
-                          proj_drop_rate=0.15, attn_drop_rate=0.15, pos_drop_rate=0.15, drop_path_rate=0.2)
+    m = timm.create_model(
+        "posgeom_vit_small_patch16_224_ape",
+        num_classes=100,
+        num_heads=8,
+        drop_rate=0.15,
+        proj_drop_rate=0.15,
+        attn_drop_rate=0.15,
+        pos_drop_rate=0.15,
+        drop_path_rate=0.2,
+    )
     assert m.blocks[0].attn.num_heads == 8
     assert m.blocks[0].attn.attn_drop.p == 0.15 and m.blocks[0].attn.proj_drop.p == 0.15
     assert m.pos_drop.p == 0.15 and m.head_drop.p == 0.15
@@ -58,8 +81,17 @@ def test_timm_layout_dropout_kwargs():
 
 def test_paper_configuration_through_kwargs():
     """The paper's ViT-S as the README writes it (tests/test_paper_parity.py checks it against the paper's)."""
-    m = timm.create_model("posgeom_vit_small_patch16_224_ape", num_classes=100, num_heads=8, layout="paper",
-                          pos_drop_rate=0.15, attn_drop_rate=0.15, mlp_drop_rate=0.15, drop_path_rate=0.2, init="paper")
+    m = timm.create_model(
+        "posgeom_vit_small_patch16_224_ape",
+        num_classes=100,
+        num_heads=8,
+        layout="paper",
+        pos_drop_rate=0.15,
+        attn_drop_rate=0.15,
+        mlp_drop_rate=0.15,
+        drop_path_rate=0.2,
+        init="paper",
+    )
     assert m.blocks[0].attn.num_heads == 8 and m.blocks[0].attn.head_dim == 48
     assert m.blocks[0].attn.attn_drop.p == m.blocks[0].mlp.drop1.p == m.pos_drop.p == 0.15
     assert m.blocks[0].attn.proj_drop.p == m.blocks[0].mlp.drop2.p == m.head_drop.p == 0.0
@@ -178,5 +210,6 @@ def test_timm_feature_apis(name):
     model.set_grad_checkpointing(True)
     model.train()
     model(x).sum().backward()
+
 
 # Loading from a (local) Hub cache with HF_HUB_OFFLINE=1 is tested for every PE type in test_hub.py.

@@ -1,6 +1,7 @@
 """Every interval a command writes stands beside the number it belongs to: each table, CSV and JSON of probe,
 sweep, attention, fragility and zoo is parsed, and each interval must contain the point estimate next to it
 (an interval of another number, such as the per-image mean's beside the mean map's SSDC, fails)."""
+
 from __future__ import annotations
 
 import csv
@@ -13,8 +14,19 @@ import pytest
 
 from timm_posgeom.cli import main as cli
 
-COMMON = ["--data", "synthetic", "--max-images", "12", "--batch-size", "4", "--num-workers", "0", "--no-progress",
-          "--device", "cpu"]
+COMMON = [
+    "--data",
+    "synthetic",
+    "--max-images",
+    "12",
+    "--batch-size",
+    "4",
+    "--num-workers",
+    "0",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 MODEL = ["posgeom_vit_micro_patch8_64_ape", "--num-classes", "10"]
 NUMBER = r"(?:-?\d+\.\d+|nan)"
 PAIR = re.compile(rf"\[({NUMBER}), ({NUMBER})\]")
@@ -74,7 +86,7 @@ def check_text_table(text: str, where: str) -> int:
         head = line.split()
         if not any(c.endswith("_ci95") for c in head):
             continue
-        for row in lines[k + 1:]:
+        for row in lines[k + 1 :]:
             cells = re.findall(rf"\[{NUMBER}, {NUMBER}\]|\S+", row)
             if len(cells) != len(head):
                 break
@@ -144,13 +156,45 @@ def outputs(tmp_path_factory):
 
     run("probe", ["probe", *MODEL, *COMMON, "--out", str(out / "probe")])
     run("probe_rpi", ["probe", *MODEL, *COMMON, "--rpi", "--rpi-permutations", "3", "--out", str(out / "probe_rpi")])
-    run("sweep", ["sweep", *MODEL, *COMMON, "--alphas", "1,0.5", "--rpi-permutations", "2", "--labels", "as-is",
-                  "--out", str(out / "sweep")])
+    run(
+        "sweep",
+        [
+            "sweep",
+            *MODEL,
+            *COMMON,
+            "--alphas",
+            "1,0.5",
+            "--rpi-permutations",
+            "2",
+            "--labels",
+            "as-is",
+            "--out",
+            str(out / "sweep"),
+        ],
+    )
     run("attention", ["attention", *MODEL, *COMMON, "--rpi", "--rpi-permutations", "2", "--out", str(out / "att")])
-    run("fragility", ["fragility", *MODEL, *COMMON, "--shift", "jpeg:5", "--labels", "as-is",
-                      "--out", str(out / "frag")])
-    run("zoo", ["zoo", "posgeom_vit_micro_patch8_64_ape", "posgeom_vit_micro_patch8_64_nope", "--no-pretrained",
-                *COMMON, "--alphas", "1,0", "--rpi-permutations", "2", "--extras", "none", "--out", str(out / "zoo")])
+    run(
+        "fragility",
+        ["fragility", *MODEL, *COMMON, "--shift", "jpeg:5", "--labels", "as-is", "--out", str(out / "frag")],
+    )
+    run(
+        "zoo",
+        [
+            "zoo",
+            "posgeom_vit_micro_patch8_64_ape",
+            "posgeom_vit_micro_patch8_64_nope",
+            "--no-pretrained",
+            *COMMON,
+            "--alphas",
+            "1,0",
+            "--rpi-permutations",
+            "2",
+            "--extras",
+            "none",
+            "--out",
+            str(out / "zoo"),
+        ],
+    )
     return out, printed
 
 

@@ -1,4 +1,5 @@
 """The package as a user gets it: version, shipped resources, a light import, the model-name prefix."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,17 @@ HEAVY = ("datasets", "accelerate", "matplotlib", "pandas", "pyarrow", "scipy")
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def test_import_and_help_stay_light():
-    for code in ("import timm_posgeom",
-                 "from timm_posgeom.cli.main import build_parser; build_parser().format_help()"):
+    for code in ("import timm_posgeom", "from timm_posgeom.cli.main import build_parser; build_parser().format_help()"):
         loaded = _modules_after(code)
         heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
         assert not heavy, f"{code!r} imported {heavy[:8]}"
@@ -100,13 +104,18 @@ def _options_by_command() -> dict[str, dict[str, tuple[object, str]]]:
 
 def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
     table = _options_by_command()
-    differ = {flag: sorted(by) for flag, by in table.items()
-              if len(by) > 1 and flag not in PER_COMMAND and len({repr(v) for v in by.values()}) > 1}
+    differ = {
+        flag: sorted(by)
+        for flag, by in table.items()
+        if len(by) > 1 and flag not in PER_COMMAND and len({repr(v) for v in by.values()}) > 1
+    }
     assert not differ, f"one flag, several defaults or help texts: {differ}"
     # the image limit: one name in every measuring command, the whole split by default; SSDC's own count
     for command in ("probe", "fragility", "sweep", "zoo"):
         assert table["--max-images"][command][0] is None
-    assert set(table["--probe-images"]) == {"sweep", "zoo", "train", "study"} and table["--probe-images"]["zoo"][0] is None
+    assert (
+        set(table["--probe-images"]) == {"sweep", "zoo", "train", "study"} and table["--probe-images"]["zoo"][0] is None
+    )
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
     # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name
     assert set(table["--imagenet-c"]) == {"fragility"} and set(table["--imagenet-c-jpeg-blur"]) == {"zoo", "study"}
@@ -129,29 +138,49 @@ def test_zoo_old_images_flag_is_refused_beside_the_new_name(capsys):
 def test_help_and_argument_errors_import_neither_torch_nor_timm():
     """`posgeom --help`, `posgeom COMMAND --help` and a bad flag answer before torch or timm is imported
     (the time they cost: benchmarks/bench_cli.py)."""
-    for argv in (["--help"], ["probe", "--help"], ["zoo", "--help"], ["fragility", "m"],
-                 ["sweep", "m", "--data", "synthetic", "--max-images", "0"]):
+    for argv in (
+        ["--help"],
+        ["probe", "--help"],
+        ["zoo", "--help"],
+        ["fragility", "m"],
+        ["sweep", "m", "--data", "synthetic", "--max-images", "0"],
+    ):
         code = f"from timm_posgeom.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass"
         loaded = {m.split(".")[0] for m in _modules_after(code)}
-        assert not loaded & {"torch", "timm", "torchvision", "numpy", *HEAVY}, (argv, sorted(loaded & {"torch", "timm"}))
+        assert not loaded & {"torch", "timm", "torchvision", "numpy", *HEAVY}, (
+            argv,
+            sorted(loaded & {"torch", "timm"}),
+        )
 
 
 @pytest.mark.slow
 def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
     for code in ("import timm_posgeom, timm", "import timm, timm_posgeom", "import timm_posgeom.models, timm"):
-        out = subprocess.run([sys.executable, "-c", code + "\nprint(len(timm.list_models('posgeom_*')))"],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code + "\nprint(len(timm.list_models('posgeom_*')))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert out.stdout.split()[-1] == "20", code
 
 
-@pytest.mark.parametrize("first", ["import timm_posgeom; timm_posgeom.check_support",
-                                   "from timm_posgeom.interventions import pe_scale",
-                                   "import timm_posgeom.support"])
+@pytest.mark.parametrize(
+    "first",
+    [
+        "import timm_posgeom; timm_posgeom.check_support",
+        "from timm_posgeom.interventions import pe_scale",
+        "import timm_posgeom.support",
+    ],
+)
 @pytest.mark.slow
 def test_a_first_import_of_timm_from_inside_the_package_registers_the_models(first):
     """The registration hook fired while pos.rope was half-imported (timm's first import came from it), and
     the first public name reached that way raised ImportError in a fresh interpreter."""
-    out = subprocess.run([sys.executable, "-c", f"{first}\nimport timm\nprint(len(timm.list_models('posgeom_*')))"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", f"{first}\nimport timm\nprint(len(timm.list_models('posgeom_*')))"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "20"

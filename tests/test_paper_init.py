@@ -13,6 +13,7 @@ initialisation of its own; every tensor gets PyTorch's default:
 
 (``nn.LayerNorm`` everywhere else; the sincos table and RoPE are computed, nothing learned.)
 """
+
 from __future__ import annotations
 
 import functools
@@ -54,8 +55,17 @@ def _built(variant: str, init: str) -> PosGeomViT:
 @functools.cache
 def _eva(ape: bool) -> Eva:
     torch.manual_seed(0)
-    return Eva(img_size=64, patch_size=8, embed_dim=128, depth=4, num_heads=4, num_classes=10, global_pool="token",
-               use_abs_pos_emb=ape, use_rot_pos_emb=False).eval()
+    return Eva(
+        img_size=64,
+        patch_size=8,
+        embed_dim=128,
+        depth=4,
+        num_heads=4,
+        num_classes=10,
+        global_pool="token",
+        use_abs_pos_emb=ape,
+        use_rot_pos_emb=False,
+    ).eval()
 
 
 def _equal_state(a: nn.Module, b: nn.Module) -> bool:
@@ -80,7 +90,9 @@ def _assert_uniform(t: torch.Tensor, bound: float, what: str) -> None:
         return
     assert abs(x.mean().item()) < SIGMAS * bound / math.sqrt(3 * n), f"{what}: mean {x.mean().item()}"
     var = x.pow(2).mean().item()
-    assert abs(var / (bound ** 2 / 3) - 1) < SIGMAS * math.sqrt(0.8 / n), f"{what}: std {math.sqrt(var)} vs {bound / math.sqrt(3)}"
+    assert abs(var / (bound**2 / 3) - 1) < SIGMAS * math.sqrt(0.8 / n), (
+        f"{what}: std {math.sqrt(var)} vs {bound / math.sqrt(3)}"
+    )
     inner = (x.abs() < bound / 2).double().mean().item()  # 0.5 for a uniform; 0.69 for a normal of that std
     assert abs(inner - 0.5) < SIGMAS * 0.5 / math.sqrt(n), f"{what}: not uniform ({inner:.3f} inside bound/2)"
 
@@ -104,9 +116,14 @@ def test_every_variant_accepts_paper_init_with_the_same_weights_count(variant):
     timm_model, paper = _built(variant, "timm"), _built(variant, "paper")
     assert paper.init == "paper" and timm_model.init == "timm" and "init='paper'" in repr(paper)
     assert "init=" not in repr(timm_model)
-    assert {k: v.shape for k, v in paper.state_dict().items()} == {k: v.shape for k, v in timm_model.state_dict().items()}
-    assert (paper.pe, paper.token_shuffle) == (timm_model.pe, timm_model.token_shuffle) == \
-        (PE[variant], "train" if variant == "ape_rpt" else "none")
+    assert {k: v.shape for k, v in paper.state_dict().items()} == {
+        k: v.shape for k, v in timm_model.state_dict().items()
+    }
+    assert (
+        (paper.pe, paper.token_shuffle)
+        == (timm_model.pe, timm_model.token_shuffle)
+        == (PE[variant], "train" if variant == "ape_rpt" else "none")
+    )
 
 
 def test_paper_init_on_a_vit_small_and_on_the_meta_device():
@@ -160,7 +177,9 @@ def test_paper_init_statistics(variant):
     norms = [mod for mod in m.modules() if isinstance(mod, nn.LayerNorm)]
     assert len(norms) == 2 * 4 + 1
     for mod in norms:
-        assert torch.equal(mod.weight, torch.ones_like(mod.weight)) and torch.equal(mod.bias, torch.zeros_like(mod.bias))
+        assert torch.equal(mod.weight, torch.ones_like(mod.weight)) and torch.equal(
+            mod.bias, torch.zeros_like(mod.bias)
+        )
 
 
 def test_paper_init_sets_the_q_and_v_biases_that_live_outside_the_qkv_linear():
@@ -210,10 +229,12 @@ class _PaperViT(nn.Module):
         self.conv = nn.Conv2d(in_channels=C, out_channels=D, kernel_size=patch, stride=patch, padding_mode="zeros")
         self.cls_token = nn.Parameter(torch.randn(1, 1, D))
         self.pos_embedding = nn.Embedding(num_patches + 1, D)  # created in every condition
-        self.attn = nn.ModuleList([nn.ModuleList([nn.LayerNorm(D), nn.Linear(D, 3 * D), nn.Linear(D, D)])
-                                   for _ in range(layers)])
-        self.mlp = nn.ModuleList([nn.ModuleList([nn.LayerNorm(D), nn.Linear(D, 4 * D), nn.Linear(4 * D, D)])
-                                  for _ in range(layers)])
+        self.attn = nn.ModuleList(
+            [nn.ModuleList([nn.LayerNorm(D), nn.Linear(D, 3 * D), nn.Linear(D, D)]) for _ in range(layers)]
+        )
+        self.mlp = nn.ModuleList(
+            [nn.ModuleList([nn.LayerNorm(D), nn.Linear(D, 4 * D), nn.Linear(4 * D, D)]) for _ in range(layers)]
+        )
         self.final_feed_forward = nn.Linear(D, num_classes)
 
 
@@ -236,7 +257,7 @@ def test_paper_init_reproduces_the_papers_initial_weights(variant):
         assert torch.equal(ours.pos_embed[0], paper.pos_embedding.weight)
     for blk, (_, qkv, proj), (_, fc1, fc2) in zip(ours.blocks, paper.attn, paper.mlp):
         assert torch.equal(blk.attn.qkv.weight, qkv.weight)
-        assert torch.equal(blk.attn.q_bias, qkv.bias[:D]) and torch.equal(blk.attn.v_bias, qkv.bias[2 * D:])
+        assert torch.equal(blk.attn.q_bias, qkv.bias[:D]) and torch.equal(blk.attn.v_bias, qkv.bias[2 * D :])
         for a, b in ((blk.attn.proj, proj), (blk.mlp.fc1, fc1), (blk.mlp.fc2, fc2)):
             assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
     assert torch.equal(ours.head.weight, paper.final_feed_forward.weight)
@@ -265,7 +286,9 @@ def test_export_records_init_and_local_dir_rebuilds_it(tmp_path):
     assert "paper's code" not in render_card(tmp_path / "old")
     del config["model_args"]["init"]
     path.write_text(json.dumps(config))
-    assert "paper's code" not in render_card(tmp_path / "old") and create_model(f"local-dir:{path.parent}").init == "timm"
+    assert (
+        "paper's code" not in render_card(tmp_path / "old") and create_model(f"local-dir:{path.parent}").init == "timm"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,8 +319,23 @@ def test_study_init_option_in_the_dry_run(tmp_path, capsys):
     assert cli_main(["study", "--preset", "in100", "--dry-run", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("paper init") == 5 and "every recipe valid" in out
-    assert cli_main(["study", "--preset", "demo", "--dry-run", "--init", "paper", "--conditions", "nope,ape",
-                     "--out", str(tmp_path)]) == 0
+    assert (
+        cli_main(
+            [
+                "study",
+                "--preset",
+                "demo",
+                "--dry-run",
+                "--init",
+                "paper",
+                "--conditions",
+                "nope,ape",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("paper init") == 2 and out.count("--set model_kwargs.init=paper") == 2
     with pytest.raises(ValueError, match="unknown init 'xavier'"):
@@ -335,6 +373,7 @@ def test_study_resume_with_another_init_is_refused(tmp_path, monkeypatch, capsys
         run_study(replace(paper, init="timm"), out, resume=True, progress=False, allow_changes=True)
     write_plan(paper, out)
     with pytest.raises(SystemExit) as exc:
-        cli_main(["study", "--preset", "demo", "--conditions", "nope,ape", "--resume", "--init", "timm",
-                  "--out", str(out)])
+        cli_main(
+            ["study", "--preset", "demo", "--conditions", "nope,ape", "--resume", "--init", "timm", "--out", str(out)]
+        )
     assert exc.value.code == 2 and "init: 'paper' -> 'timm'" in capsys.readouterr().err

@@ -17,6 +17,7 @@ parameter names can be mapped onto ours:
 * no final norm: ``final_feed_forward = Linear(D, classes)`` on the class token of the last block;
 * drop path of layer i: ``i * drop_path_rate / layers`` (its ``ViTConfig``'s step).
 """
+
 from __future__ import annotations
 
 import re
@@ -66,8 +67,19 @@ class _PaperDropPath(nn.Module):
 class PaperViT(nn.Module):
     """The paper's ``VisionTransformer`` for the conditions with an additive table or none (APE, RPT, no PE)."""
 
-    def __init__(self, ape: bool, D=384, heads=8, layers=12, patch=16, size=224, classes=100, *,  # noqa: PLR0913
-                 drop=0.15, drop_path=0.2):
+    def __init__(  # noqa: PLR0913
+        self,
+        ape: bool,
+        D=384,
+        heads=8,
+        layers=12,
+        patch=16,
+        size=224,
+        classes=100,
+        *,
+        drop=0.15,
+        drop_path=0.2,
+    ):
         super().__init__()
         n = (size // patch) ** 2
         self.ape = ape
@@ -76,13 +88,26 @@ class PaperViT(nn.Module):
         self.cls_token = nn.Parameter(torch.randn(1, 1, D))
         self.pos_embedding = nn.Embedding(n + 1, D)
         self.embed_drop = nn.Dropout(drop)
-        self.encoder_layers = nn.ModuleList([
-            nn.ModuleList([nn.LayerNorm(D), _PaperAttention(D, heads, drop), _PaperDropPath(i * drop_path / layers)])
-            for i in range(layers)])
-        self.feed_forward = nn.ModuleList([
-            nn.ModuleList([nn.LayerNorm(D), nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Dropout(drop),
-                                                          nn.Linear(4 * D, D)), _PaperDropPath(i * drop_path / layers)])
-            for i in range(layers)])
+        self.encoder_layers = nn.ModuleList(
+            [
+                nn.ModuleList(
+                    [nn.LayerNorm(D), _PaperAttention(D, heads, drop), _PaperDropPath(i * drop_path / layers)]
+                )
+                for i in range(layers)
+            ]
+        )
+        self.feed_forward = nn.ModuleList(
+            [
+                nn.ModuleList(
+                    [
+                        nn.LayerNorm(D),
+                        nn.Sequential(nn.Linear(D, 4 * D), nn.GELU(), nn.Dropout(drop), nn.Linear(4 * D, D)),
+                        _PaperDropPath(i * drop_path / layers),
+                    ]
+                )
+                for i in range(layers)
+            ]
+        )
         self.final_feed_forward = nn.Linear(D, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,17 +162,20 @@ def _shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 
 def dropout_sites(model: nn.Module) -> dict[str, float]:
     """Every place the model drops in training: name -> rate (nn.Dropout and DropPath with a rate > 0)."""
-    return {name: round(float(m.p if isinstance(m, nn.Dropout) else m.drop_prob), 6)
-            for name, m in model.named_modules()
-            if isinstance(m, (nn.Dropout, DropPath, _PaperDropPath))
-            and (m.p if isinstance(m, nn.Dropout) else m.drop_prob) > 0}
+    return {
+        name: round(float(m.p if isinstance(m, nn.Dropout) else m.drop_prob), 6)
+        for name, m in model.named_modules()
+        if isinstance(m, (nn.Dropout, DropPath, _PaperDropPath))
+        and (m.p if isinstance(m, nn.Dropout) else m.drop_prob) > 0
+    }
 
 
 def _recipe_model(condition: str, device: str = "meta", **overrides) -> nn.Module:
     recipe = load_recipe(f"in100_paper_{condition}")
     with torch.device(device):
-        return timm.create_model(recipe.model, num_classes=100, img_size=recipe.img_size,
-                                 **dict(recipe.model_kwargs, **overrides))
+        return timm.create_model(
+            recipe.model, num_classes=100, img_size=recipe.img_size, **dict(recipe.model_kwargs, **overrides)
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -192,10 +220,20 @@ def _small_pair(ape: bool, drop_path: float = 0.0):
     torch.manual_seed(7)
     paper = PaperViT(ape=ape, drop_path=drop_path, **SMALL)
     torch.manual_seed(7)
-    mine = timm.create_model("posgeom_vit_micro_patch8_64_ape" if ape else "posgeom_vit_micro_patch8_64_nope",
-                             img_size=32, embed_dim=64, depth=3, num_heads=4, num_classes=10, layout="paper",
-                             init="paper", pos_drop_rate=0.15, attn_drop_rate=0.15, mlp_drop_rate=0.15,
-                             drop_path_rate=drop_path)
+    mine = timm.create_model(
+        "posgeom_vit_micro_patch8_64_ape" if ape else "posgeom_vit_micro_patch8_64_nope",
+        img_size=32,
+        embed_dim=64,
+        depth=3,
+        num_heads=4,
+        num_classes=10,
+        layout="paper",
+        init="paper",
+        pos_drop_rate=0.15,
+        attn_drop_rate=0.15,
+        mlp_drop_rate=0.15,
+        drop_path_rate=drop_path,
+    )
     return paper, mine
 
 
@@ -215,7 +253,9 @@ def test_paper_layout_computes_the_papers_function(ape):
     random stream: the dropout sites are the paper's, drawn in its order."""
     paper, mine = _small_pair(ape)
     x = torch.randn(4, 3, 32, 32)
-    torch.testing.assert_close(mine.eval()(x), paper.eval()(x), rtol=0, atol=1e-7)  # a LayerNorm epsilon of 1e-6 moves them by 1e-6
+    torch.testing.assert_close(
+        mine.eval()(x), paper.eval()(x), rtol=0, atol=1e-7
+    )  # a LayerNorm epsilon of 1e-6 moves them by 1e-6
     paper.train(), mine.train()
     torch.manual_seed(11)
     a = paper(x)
@@ -291,8 +331,18 @@ def test_every_variant_runs_and_probes_in_the_papers_layout(variant):
     from timm_posgeom import probe_ssdc
 
     torch.manual_seed(0)
-    m = timm.create_model(f"posgeom_vit_micro_patch8_64_{variant}", num_classes=10, img_size=32, embed_dim=32,
-                          depth=2, num_heads=2, layout="paper", init="paper", pos_drop_rate=0.1, mlp_drop_rate=0.1)
+    m = timm.create_model(
+        f"posgeom_vit_micro_patch8_64_{variant}",
+        num_classes=10,
+        img_size=32,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        layout="paper",
+        init="paper",
+        pos_drop_rate=0.1,
+        mlp_drop_rate=0.1,
+    )
     x = torch.randn(4, 3, 32, 32)
     m.train()(x).sum().backward()
     assert all(p.grad is not None for n, p in m.named_parameters() if n != "pos_embed" or m.pe == "ape")

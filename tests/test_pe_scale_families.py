@@ -5,6 +5,7 @@ rel_pos_h/w); refusals of PEs without a scale (twins' PosConv); strict=False and
 Random-init models, tiny and in float64; every PE is made visible on purpose where timm's init hides it
 (randn for zero-initialised tables, res-post-norms and layer scales set to one), so that each test could fail.
 """
+
 from __future__ import annotations
 
 import copy
@@ -37,8 +38,16 @@ def _zero_(model: nn.Module, *names: str) -> nn.Module:
 
 
 def _samvit(**kw) -> nn.Module:
-    model = timm.create_model("samvit_base_patch16_224", pretrained=False, img_size=64, embed_dim=64, depth=2,
-                              num_heads=2, num_classes=3, **kw)
+    model = timm.create_model(
+        "samvit_base_patch16_224",
+        pretrained=False,
+        img_size=64,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+        **kw,
+    )
     return _randn_(model, "rel_pos_h", "rel_pos_w", "pos_embed")
 
 
@@ -50,8 +59,15 @@ def _mvitv2_abs() -> nn.Module:
 
 
 def _swinv2() -> nn.Module:
-    model = timm.create_model("swinv2_tiny_window8_256", pretrained=False, img_size=64, depths=(1, 1),
-                              num_heads=(2, 4), embed_dim=32, num_classes=3)
+    model = timm.create_model(
+        "swinv2_tiny_window8_256",
+        pretrained=False,
+        img_size=64,
+        depths=(1, 1),
+        num_heads=(2, 4),
+        embed_dim=32,
+        num_classes=3,
+    )
     with torch.no_grad():  # swinv2 initialises its res-post-norms to zero: every block would be the identity
         for name, p in model.named_parameters():
             if name.endswith(("norm1.weight", "norm2.weight")):
@@ -78,25 +94,51 @@ def _remove_pe_xcit(model: nn.Module) -> nn.Module:
 
 # name: (factory, image size, the same model with every PE removed by hand)
 FAMILIES = {
-    "convit": (lambda: timm.create_model("convit_tiny", pretrained=False, img_size=64, patch_size=8, depth=3,
-                                         local_up_to_layer=2, num_classes=3),
-               64, lambda m: _zero_(m, "pos_embed", "pos_proj.weight", "pos_proj.bias")),
-    "samvit_abs_windowed": (lambda: _samvit(window_size=2, global_attn_indexes=(1,), use_abs_pos=True),
-                            64, lambda m: _zero_(m, "pos_embed", "rel_pos_h", "rel_pos_w")),
+    "convit": (
+        lambda: timm.create_model(
+            "convit_tiny", pretrained=False, img_size=64, patch_size=8, depth=3, local_up_to_layer=2, num_classes=3
+        ),
+        64,
+        lambda m: _zero_(m, "pos_embed", "pos_proj.weight", "pos_proj.bias"),
+    ),
+    "samvit_abs_windowed": (
+        lambda: _samvit(window_size=2, global_attn_indexes=(1,), use_abs_pos=True),
+        64,
+        lambda m: _zero_(m, "pos_embed", "rel_pos_h", "rel_pos_w"),
+    ),
     "samvit_224": (lambda: _samvit(window_size=0), 64, lambda m: _zero_(m, "rel_pos_h", "rel_pos_w")),
-    "hiera_abswin": (lambda: timm.create_model("hiera_small_abswin_256", pretrained=False, stages=(1, 1, 1, 1),
-                                               embed_dim=32, num_classes=3),
-                     256, lambda m: _zero_(m, "pos_embed", "pos_embed_win")),
+    "hiera_abswin": (
+        lambda: timm.create_model(
+            "hiera_small_abswin_256", pretrained=False, stages=(1, 1, 1, 1), embed_dim=32, num_classes=3
+        ),
+        256,
+        lambda m: _zero_(m, "pos_embed", "pos_embed_win"),
+    ),
     "swinv2": (_swinv2, 64, _remove_pe_swinv2),
-    "swinv2_cr": (lambda: timm.create_model("swinv2_cr_tiny_ns_224", pretrained=False, img_size=112,
-                                            depths=(1, 1), num_heads=(2, 4), embed_dim=32, num_classes=3,
-                                            init_values=1.0),  # 0 (the default) hides every block
-                  112, lambda m: _zero_(m, "meta_mlp.fc2.weight", "meta_mlp.fc2.bias")),
-    "xcit": (lambda: timm.create_model("xcit_nano_12_p16_224", pretrained=False, img_size=64, depth=2,
-                                       num_classes=3),
-             64, _remove_pe_xcit),
-    "mvitv2": (lambda: timm.create_model("mvitv2_tiny", pretrained=False, img_size=64, num_classes=3),
-               64, lambda m: _zero_(m, "rel_pos_h", "rel_pos_w")),
+    "swinv2_cr": (
+        lambda: timm.create_model(
+            "swinv2_cr_tiny_ns_224",
+            pretrained=False,
+            img_size=112,
+            depths=(1, 1),
+            num_heads=(2, 4),
+            embed_dim=32,
+            num_classes=3,
+            init_values=1.0,
+        ),  # 0 (the default) hides every block
+        112,
+        lambda m: _zero_(m, "meta_mlp.fc2.weight", "meta_mlp.fc2.bias"),
+    ),
+    "xcit": (
+        lambda: timm.create_model("xcit_nano_12_p16_224", pretrained=False, img_size=64, depth=2, num_classes=3),
+        64,
+        _remove_pe_xcit,
+    ),
+    "mvitv2": (
+        lambda: timm.create_model("mvitv2_tiny", pretrained=False, img_size=64, num_classes=3),
+        64,
+        lambda m: _zero_(m, "rel_pos_h", "rel_pos_w"),
+    ),
     "mvitv2_abs": (_mvitv2_abs, 64, lambda m: _zero_(m, "pos_embed", "rel_pos_h", "rel_pos_w")),
 }
 
@@ -158,11 +200,14 @@ def test_alpha_zero_equals_every_pe_removed_by_hand(key):
         torch.testing.assert_close(out, removed.forward_features(x), rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("key,tables", [
-    ("samvit_abs_windowed", ("pos_embed", "rel_pos_h", "rel_pos_w")),
-    ("hiera_abswin", ("pos_embed", "pos_embed_win")),
-    ("mvitv2_abs", ("pos_embed", "rel_pos_h", "rel_pos_w")),
-])
+@pytest.mark.parametrize(
+    "key,tables",
+    [
+        ("samvit_abs_windowed", ("pos_embed", "rel_pos_h", "rel_pos_w")),
+        ("hiera_abswin", ("pos_embed", "pos_embed_win")),
+        ("mvitv2_abs", ("pos_embed", "rel_pos_h", "rel_pos_w")),
+    ],
+)
 def test_every_table_is_scaled_by_alpha(key, tables):
     model, _ = _build(key)
     found = {n: p.detach().clone() for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in tables}
@@ -201,21 +246,40 @@ def test_convit_gpsa_positional_attention_is_uniform_at_alpha_zero():
 # permutation equivariance of global-attention models at alpha = 0
 # --------------------------------------------------------------------------------------------
 def _beit() -> nn.Module:
-    model = timm.create_model("beit_base_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=2,
-                              embed_dim=64, num_heads=2, num_classes=3, use_abs_pos_emb=True)
+    model = timm.create_model(
+        "beit_base_patch16_224",
+        pretrained=False,
+        img_size=64,
+        patch_size=8,
+        depth=2,
+        embed_dim=64,
+        num_heads=2,
+        num_classes=3,
+        use_abs_pos_emb=True,
+    )
     return _randn_(model, "relative_position_bias_table")  # zero-initialised by beit
 
 
 GLOBAL_ATTENTION = {
     "convit": FAMILIES["convit"][0],
-    "vit": lambda: timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8,
-                                     depth=2, num_classes=3),
-    "deit_distilled": lambda: timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64,
-                                                patch_size=8, depth=2, num_classes=3),
+    "vit": lambda: timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=2, num_classes=3
+    ),
+    "deit_distilled": lambda: timm.create_model(
+        "deit_tiny_distilled_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=2, num_classes=3
+    ),
     "beit_rel_pos_bias": _beit,
-    "vit_relpos": lambda: timm.create_model("vit_relpos_small_patch16_224", pretrained=False, img_size=64,
-                                            patch_size=8, depth=2, embed_dim=64, num_heads=2, num_classes=3,
-                                            init_values=1.0),
+    "vit_relpos": lambda: timm.create_model(
+        "vit_relpos_small_patch16_224",
+        pretrained=False,
+        img_size=64,
+        patch_size=8,
+        depth=2,
+        embed_dim=64,
+        num_heads=2,
+        num_classes=3,
+        init_values=1.0,
+    ),
     "samvit_global": lambda: _samvit(window_size=0, use_abs_pos=True),
 }
 
@@ -269,8 +333,9 @@ def test_twins_conv_position_generator_is_refused_by_name(name):
 
 
 def test_found_nothing_is_said_only_when_nothing_was_found():
-    vit_none = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=1,
-                                 pos_embed="none", num_classes=3)
+    vit_none = timm.create_model(
+        "vit_tiny_patch16_224", pretrained=False, img_size=64, patch_size=8, depth=1, pos_embed="none", num_classes=3
+    )
     with pytest.raises(PEScaleError, match="found no positional encoding in VisionTransformer"):
         with pe_scale(vit_none, 0.5):
             pass
@@ -331,9 +396,22 @@ def test_hiera_video_separate_spatial_and_temporal_tables():
 
     from timm_posgeom.interventions import pe_inventory
 
-    model = Hiera(img_size=(4, 32, 32), embed_dim=32, stages=(1, 1, 1, 1), num_classes=3, sep_pos_embed=True,
-                  patch_kernel=(3, 7, 7), patch_stride=(2, 4, 4), patch_padding=(1, 3, 3), mask_unit_size=(1, 4, 4),
-                  q_stride=(1, 2, 2)).double().eval()
+    model = (
+        Hiera(
+            img_size=(4, 32, 32),
+            embed_dim=32,
+            stages=(1, 1, 1, 1),
+            num_classes=3,
+            sep_pos_embed=True,
+            patch_kernel=(3, 7, 7),
+            patch_stride=(2, 4, 4),
+            patch_padding=(1, 3, 3),
+            mask_unit_size=(1, 4, 4),
+            q_stride=(1, 2, 2),
+        )
+        .double()
+        .eval()
+    )
     assert [name for name, _, _ in pe_inventory(model)] == ["pos_embed_spatial", "pos_embed_temporal"]
     x = torch.randn(1, 3, 4, 32, 32, dtype=torch.float64)
     removed = _zero_(copy.deepcopy(model), "pos_embed_spatial", "pos_embed_temporal")

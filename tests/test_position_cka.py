@@ -1,5 +1,6 @@
 """The linear position probe and linear CKA (docs/attention.md#position-probe, #cka): against direct
 computations, and the behaviours that make them useful (a model without PE under RPI is at chance)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,7 +31,7 @@ def _tokens(model: torch.nn.Module, x: torch.Tensor, layer: int) -> torch.Tensor
     """The (B, N, C) patch tokens at the attention input of block ``layer``, read directly."""
     sites = find_sites(model)
     got = []
-    handles = sites.register("attn_input", [layer], lambda i, t: got.append(t[:, sites.num_prefix_tokens:].clone()))
+    handles = sites.register("attn_input", [layer], lambda i, t: got.append(t[:, sites.num_prefix_tokens :].clone()))
     with torch.no_grad():
         model(x)
     for h in handles:
@@ -76,23 +77,25 @@ def test_position_probe_reads_a_pe_and_falls_to_chance_without_one_under_rpi(ima
 def test_hsic_and_cka_against_their_definitions():
     g = torch.Generator().manual_seed(1)
     X = torch.randn(30, 50, generator=g, dtype=torch.float64)
-    Y = X @ torch.randn(50, 20, generator=g, dtype=torch.float64) + 0.5 * torch.randn(30, 20, generator=g,
-                                                                                        dtype=torch.float64)
+    Y = X @ torch.randn(50, 20, generator=g, dtype=torch.float64) + 0.5 * torch.randn(
+        30, 20, generator=g, dtype=torch.float64
+    )
     Xc, Yc = X - X.mean(0), Y - Y.mean(0)
     kornblith = ((Yc.T @ Xc).norm() ** 2 / ((Xc.T @ Xc).norm() * (Yc.T @ Yc).norm())).item()
     assert minibatch_cka([X @ X.T], [Y @ Y.T], unbiased=False) == pytest.approx(kornblith, abs=1e-12)
     # invariant to a rotation and a scale of one side; a representation with itself is 1
     Q, _ = torch.linalg.qr(torch.randn(50, 50, generator=g, dtype=torch.float64))
     Z = 3.0 * X @ Q
-    grams = [X[i:i + 10] @ X[i:i + 10].T for i in (0, 10, 20)]
-    rotated = [Z[i:i + 10] @ Z[i:i + 10].T for i in (0, 10, 20)]
+    grams = [X[i : i + 10] @ X[i : i + 10].T for i in (0, 10, 20)]
+    rotated = [Z[i : i + 10] @ Z[i : i + 10].T for i in (0, 10, 20)]
     assert minibatch_cka(grams, rotated) == pytest.approx(1.0, abs=1e-12)
     # unbiased HSIC: its closed form against the explicit sum over distinct index tuples (n = 5)
     K, L = X[:5] @ X[:5].T, Y[:5] @ Y[:5].T
     n = 5
-    idx = [(i, j, q, r) for i in range(n) for j in range(n) for q in range(n) for r in range(n)
-           if len({i, j, q, r}) == 4]
-    h = lambda a, b, c, d: (K[a, b] * L[a, b] + K[a, b] * L[c, d] - 2 * K[a, b] * L[a, c])  # noqa: E731
+    idx = [
+        (i, j, q, r) for i in range(n) for j in range(n) for q in range(n) for r in range(n) if len({i, j, q, r}) == 4
+    ]
+    h = lambda a, b, c, d: K[a, b] * L[a, b] + K[a, b] * L[c, d] - 2 * K[a, b] * L[a, c]  # noqa: E731
     explicit = sum(h(*t) for t in idx) / len(idx)
     assert hsic(K, L).item() == pytest.approx(explicit.item(), rel=1e-9)
     with pytest.raises(ValueError, match="at least 4 images"):

@@ -1,6 +1,7 @@
 """``pretrained=True``: timm's pretrained configs for the trained micro models, loaded through timm's own path
 (``build_model_with_cfg`` -> ``load_pretrained`` -> ``checkpoint_filter_fn``), and timm's ViT weights in a
 ``PosGeomViT``."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,12 @@ from timm_posgeom.models.vision_transformer_pe import PRETRAINED, build_default_
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALING = ROOT / "experiments" / "scaling"
-RUNS = [(study, condition, seed) for study, (conditions, seeds) in TRAINED_MICRO.items()
-        for condition in conditions for seed in range(seeds)]
+RUNS = [
+    (study, condition, seed)
+    for study, (conditions, seeds) in TRAINED_MICRO.items()
+    for condition in conditions
+    for seed in range(seeds)
+]
 # what the registered micro name builds: a run trained with anything else cannot be one of its tags
 MICRO_ARCH = dict(embed_dim=128, depth=4, num_heads=4, patch_size=8, img_size=[64, 64], layout="timm")
 CFG_KEYS = ("input_size", "interpolation", "crop_pct", "crop_mode", "mean", "std", "num_classes", "label_names")
@@ -57,13 +62,17 @@ def test_list_pretrained_names_the_trained_micro_models():
 def test_build_default_cfgs_checks_its_entries():
     from timm.models import generate_default_cfgs
 
-    cfgs = generate_default_cfgs(build_default_cfgs({"posgeom_vit_small_patch16_224_ape.in100_paper_s0": "org/vit-s-ape"}))
+    cfgs = generate_default_cfgs(
+        build_default_cfgs({"posgeom_vit_small_patch16_224_ape.in100_paper_s0": "org/vit-s-ape"})
+    )
     tagged = cfgs["posgeom_vit_small_patch16_224_ape"].cfgs["in100_paper_s0"]
     assert tagged.hf_hub_id == "org/vit-s-ape" and tagged.input_size == (3, 224, 224)
     assert cfgs["posgeom_vit_small_patch16_224_ape"].tags[0] == ""  # the untagged cfg stays the default
-    for bad, match in (({"vit_huge_patch14_224_ape.x": "org/x"}, "registered model"),
-                       ({"posgeom_vit_small_patch16_224_ape": "org/x"}, "registered model"),
-                       ({"posgeom_vit_small_patch16_224_ape.x": {"num_classes": 10}}, "no hf_hub_id")):
+    for bad, match in (
+        ({"vit_huge_patch14_224_ape.x": "org/x"}, "registered model"),
+        ({"posgeom_vit_small_patch16_224_ape": "org/x"}, "registered model"),
+        ({"posgeom_vit_small_patch16_224_ape.x": {"num_classes": 10}}, "no hf_hub_id"),
+    ):
         with pytest.raises(ValueError, match=match):
             build_default_cfgs(bad)
 
@@ -83,8 +92,9 @@ def test_pretrained_names_are_exactly_the_committed_micro_runs():
             cfg = timm.models.get_pretrained_cfg(pretrained_name(study, condition, int(seed))).to_dict()
             assert cfg["architecture"] == config["architecture"], run
             recorded = config["pretrained_cfg"]
-            assert {k: list(cfg[k]) if isinstance(cfg[k], tuple) else cfg[k] for k in CFG_KEYS} == \
-                {k: recorded[k] for k in CFG_KEYS}, run
+            assert {k: list(cfg[k]) if isinstance(cfg[k], tuple) else cfg[k] for k in CFG_KEYS} == {
+                k: recorded[k] for k in CFG_KEYS
+            }, run
     assert micro == set(RUNS)
 
 
@@ -99,7 +109,9 @@ def test_pretrained_true_loads_a_local_file_with_the_recorded_sha1(tmp_path):
     recorded = weights_sha1(export / "model.safetensors")  # what summary.json's export_sha1 holds
     torch.manual_seed(2)
     assert _reexported_sha1(timm.create_model(name, pretrained=False), tmp_path / "fresh") != recorded
-    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(export / "model.safetensors")))
+    model = timm.create_model(
+        name, pretrained=True, pretrained_cfg_overlay=dict(file=str(export / "model.safetensors"))
+    )
     assert _reexported_sha1(model, tmp_path / "loaded") == recorded
     assert model.num_classes == 10 and model.pretrained_cfg["hf_hub_id"] == hub_repo("8x8-paper", "sincos", 1)
     assert tuple(model.pretrained_cfg["label_names"]) == IMAGENETTE_CLASSES
@@ -126,14 +138,17 @@ def test_pretrained_true_downloads_from_the_hub_id_in_its_config(tmp_path):
     export_for_hub(timm.create_model(name.split(".")[0], num_classes=10), tmp_path / "export")
     recorded = weights_sha1(tmp_path / "export" / "model.safetensors")
     cache = hub_cache(tmp_path / "hub", hub_repo("8x8-timm", "rope", 0), tmp_path / "export" / "model.safetensors")
-    script = ("import sys, timm, timm_posgeom\n"
-              "from timm_posgeom.app.hub import export_for_hub, weights_sha1\n"
-              f"model = timm.create_model({name!r}, pretrained=True)\n"
-              "export_for_hub(model, sys.argv[1])\n"
-              "print(weights_sha1(sys.argv[1] + '/model.safetensors'))\n")
+    script = (
+        "import sys, timm, timm_posgeom\n"
+        "from timm_posgeom.app.hub import export_for_hub, weights_sha1\n"
+        f"model = timm.create_model({name!r}, pretrained=True)\n"
+        "export_for_hub(model, sys.argv[1])\n"
+        "print(weights_sha1(sys.argv[1] + '/model.safetensors'))\n"
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], capture_output=True, text=True,
-                         env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "again")], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == recorded
 
@@ -154,12 +169,14 @@ def test_committed_exports_load_by_name_to_their_recorded_sha1(tmp_path):
         assert sha1 == RunEval.read(run_dir / "eval.json").weights_sha1, run_dir
         summary = RunSummary.read(run_dir / "summary.json")
         assert summary.export_sha1 in (None, sha1), run_dir  # recorded by runs trained since it was kept
-        model = timm.create_model(pretrained_name(*run), pretrained=True,
-                                  pretrained_cfg_overlay=dict(file=str(weights)))
+        model = timm.create_model(
+            pretrained_name(*run), pretrained=True, pretrained_cfg_overlay=dict(file=str(weights))
+        )
         assert _reexported_sha1(model, tmp_path / run_dir.name / run_dir.parent.parent.name) == sha1, run_dir
 
 
 # --- timm's ViT weights ------------------------------------------------------------------------------------------
+
 
 def _perturbed_vit(name: str, **kwargs) -> torch.nn.Module:
     """timm's ViT (``pretrained=False``) with every parameter moved off its init: timm's init zeroes the biases,
@@ -172,8 +189,9 @@ def _perturbed_vit(name: str, **kwargs) -> torch.nn.Module:
     return vit
 
 
-@pytest.mark.parametrize("size", ["tiny", pytest.param("small", marks=pytest.mark.slow),
-                                  pytest.param("base", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "size", ["tiny", pytest.param("small", marks=pytest.mark.slow), pytest.param("base", marks=pytest.mark.slow)]
+)
 def test_timm_vit_weights_load_into_the_ape_model_with_the_same_logits(size, tmp_path):
     vit = _perturbed_vit(f"vit_{size}_patch16_224")
     state = vit.state_dict()
@@ -185,7 +203,9 @@ def test_timm_vit_weights_load_into_the_ape_model_with_the_same_logits(size, tmp
     assert {k: v.shape for k, v in checkpoint_filter_fn(state, shell).items()} == ours  # none missing or unexpected
     # timm's pretrained path: a file in the overlay, the filter, a strict load; then the same logits
     save_file(state, str(tmp_path / "vit.safetensors"))
-    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "vit.safetensors")))
+    model = timm.create_model(
+        name, pretrained=True, pretrained_cfg_overlay=dict(file=str(tmp_path / "vit.safetensors"))
+    )
     x = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         expected = vit(x)
@@ -210,8 +230,12 @@ def test_a_nonzero_key_bias_is_dropped_only_where_the_softmax_cancels_it(pe):
     model.load_state_dict(adapt_state_dict(state, model))
     if pe == "ape":  # and through timm's path with the state dict itself in the overlay (and its 10 classes:
         # timm drops a head whose class count differs from the configuration's)
-        via_timm = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, pretrained=True,
-                                     pretrained_cfg_overlay=dict(state_dict=state, num_classes=10)).eval()
+        via_timm = timm.create_model(
+            "posgeom_vit_micro_patch8_64_ape",
+            num_classes=10,
+            pretrained=True,
+            pretrained_cfg_overlay=dict(state_dict=state, num_classes=10),
+        ).eval()
         with torch.no_grad():
             x = torch.randn(2, 3, 64, 64)
             torch.testing.assert_close(model(x), vit(x), rtol=0, atol=2e-5)

@@ -1,4 +1,5 @@
 """probe_ssdc: the paper's formula, streaming, RPI, every flat timm ViT family, clear errors, CLI."""
+
 from __future__ import annotations
 
 import json
@@ -44,7 +45,7 @@ def _norm1_maps(model, images) -> list[np.ndarray]:
         h.remove()
     out = []
     for tokens in maps:
-        z = tokens[:, model.num_prefix_tokens:].double()
+        z = tokens[:, model.num_prefix_tokens :].double()
         z = z / z.norm(dim=-1, keepdim=True)
         out.append((z @ z.transpose(1, 2)).numpy())
     return out
@@ -68,9 +69,11 @@ def test_mean_map_and_per_image_match_direct_formula(nope, images):
     for stats, layer_maps in zip(result.per_image, maps):
         values = np.array([_paper_ssdc(m, 8, 8) for m in layer_maps])
         half = student_t.ppf(0.975, n - 1) * values.std(ddof=1) / np.sqrt(n)
-        np.testing.assert_allclose([stats.mean, stats.std, stats.ci_low, stats.ci_high],
-                                   [values.mean(), values.std(ddof=1), values.mean() - half, values.mean() + half],
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            [stats.mean, stats.std, stats.ci_low, stats.ci_high],
+            [values.mean(), values.std(ddof=1), values.mean() - half, values.mean() + half],
+            atol=1e-6,
+        )
         assert stats.n == n and stats.n_nan == 0
     torch.testing.assert_close(result.mean_maps[0].double(), torch.from_numpy(maps[0].mean(0)), atol=1e-6, rtol=0)
     assert result.rise == pytest.approx(result.per_layer[1] - result.per_layer[0])
@@ -99,7 +102,7 @@ def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch)
     sincos = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
     results = {}
     per_image_bytes = 4 * 64 * 63 // 2 * 4  # 4 layers of 2,016 float32 pairs
-    for name, budget in (("after", 10 ** 9), ("per layer", 0), ("mixed", 4 * per_image_bytes)):
+    for name, budget in (("after", 10**9), ("per layer", 0), ("mixed", 4 * per_image_bytes)):
         monkeypatch.setattr(module, "_DEFER_BYTES", budget)
         chunks = [images[:4], images[4:]]  # with "mixed": 4 images kept, 6 computed per layer
         results[name] = probe_ssdc(sincos, iter(chunks), rpi=True, seed=3, reduction="per_image", progress=False)
@@ -131,8 +134,15 @@ def test_rpi_with_pe_keeps_index_structure():
 
 
 def test_layers_max_images_and_result_io(nope, images, tmp_path):
-    result = probe_ssdc(nope, [images[:6], images[6:]], layers=[1, 0], max_images=7, site="block_output",
-                        reduction="per_image", progress=False)
+    result = probe_ssdc(
+        nope,
+        [images[:6], images[6:]],
+        layers=[1, 0],
+        max_images=7,
+        site="block_output",
+        reduction="per_image",
+        progress=False,
+    )
     assert result.layers == [0, 1] and result.metadata["n_images"] == 7 and result.mean_maps is None
     assert result.per_layer == [s.mean for s in result.per_image]
     data = json.loads(result.to_json(tmp_path / "r.json"))
@@ -164,8 +174,9 @@ def test_mode_and_hooks_restored(nope, images):
 
 def test_model_still_trains_after_probe():
     torch.manual_seed(0)
-    model = timm.create_model("eva02_tiny_patch14_224", img_size=28, patch_size=7, embed_dim=64, num_heads=2,
-                              depth=2)  # RoPE caches built during the probe must stay usable by autograd
+    model = timm.create_model(
+        "eva02_tiny_patch14_224", img_size=28, patch_size=7, embed_dim=64, num_heads=2, depth=2
+    )  # RoPE caches built during the probe must stay usable by autograd
     probe_ssdc(model, smooth_images(2, 28), rpi=True, progress=False)
     assert model.training
     model(smooth_images(2, 28)).sum().backward()
@@ -202,8 +213,9 @@ def test_family_probes(name):
 def test_bad_inputs(nope, images):
     with pytest.raises(UnsupportedModelError, match="flat timm ViTs.*site='stage_output'"):
         probe_ssdc(timm.create_model("resnet18", num_classes=2), images[:1], site="attn_input", progress=False)
-    swin = timm.create_model("swin_tiny_patch4_window7_224", img_size=32, window_size=2, embed_dim=16,
-                             depths=(1, 1), num_heads=(1, 1))
+    swin = timm.create_model(
+        "swin_tiny_patch4_window7_224", img_size=32, window_size=2, embed_dim=16, depths=(1, 1), num_heads=(1, 1)
+    )
     with pytest.raises(TypeError, match="Hierarchical"):
         probe_ssdc(swin, torch.zeros(1, 3, 32, 32), site="block_output", progress=False)
     with pytest.raises(ValueError, match="expects 64x64 images, got 32x32"):
@@ -226,8 +238,24 @@ def test_bad_inputs(nope, images):
 def test_cli_probe_on_imagenette(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    code = main(["probe", "posgeom_vit_micro_patch8_64_ape", "--data", str(IMAGENETTE), "--max-images", "4",
-                 "--batch-size", "2", "--rpi", "--alpha", "0.5", "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "probe",
+            "posgeom_vit_micro_patch8_64_ape",
+            "--data",
+            str(IMAGENETTE),
+            "--max-images",
+            "4",
+            "--batch-size",
+            "2",
+            "--rpi",
+            "--alpha",
+            "0.5",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "layer" in out and "content" in out

@@ -1,4 +1,5 @@
 """Which versions measured which numbers: one sentence for reports, from each run's own record."""
+
 from __future__ import annotations
 
 import accelerate
@@ -27,8 +28,15 @@ def test_runs_measured_with_other_or_unrecorded_versions_are_named():
     """A resumed study's report named the resuming invocation's versions only: runs measured earlier
     with accelerate 1.15.0 read as measured with 1.16.0."""
     old = dict(NOW, accelerate="1.15.0")
-    text = describe_versions(NOW, [("ape s0", [old, old]), ("ape s1", [old, NOW]), ("nope s0", [NOW, None]),
-                                   ("nope s1", [dict(NOW, timm_posgeom="0.0.9")])])
+    text = describe_versions(
+        NOW,
+        [
+            ("ape s0", [old, old]),
+            ("ape s1", [old, NOW]),
+            ("nope s0", [NOW, None]),
+            ("nope s1", [dict(NOW, timm_posgeom="0.0.9")]),
+        ],
+    )
     assert text.startswith("python 3.12.0, torch 2.9.0, accelerate 1.16.0, timm_posgeom 0.1.0 (this invocation); ")
     assert "; accelerate 1.15.0 for ape s0, ape s1;" in text  # only what differs, each run once
     assert "; timm_posgeom 0.0.9 for nope s1;" in text

@@ -7,6 +7,7 @@ shuffling the patches under it (RPI) or scaling its PE to 0 costs most of that);
 hurts it; SSDC without RPI is above SSDC under RPI at every layer. Each statement is checked on
 what the example printed, and the output block the README shows must have the same lines.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,7 @@ NUMBER = r"-?\d+\.\d+"
 def section(text: str, heading: str) -> str:
     start = text.index(f"\n## {heading}\n")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else len(text)]
+    return text[start : end if end != -1 else len(text)]
 
 
 def library_example() -> tuple[str, str]:
@@ -52,8 +53,12 @@ def parse(out: str) -> dict:
     m = re.search(r"^SSDC per layer +((?:-?\d\.\d+ ?)+)$", out, re.M)
     assert m, out
     plain = [float(v) for v in m[1].split()]
-    m = re.search(rf"^SSDC per layer under RPI ((?:-?\d\.\d+ ?)+)\(delta SSDC ({NUMBER}), 95% interval ({NUMBER}) "
-                  rf"to ({NUMBER})\)$", out, re.M)
+    m = re.search(
+        rf"^SSDC per layer under RPI ((?:-?\d\.\d+ ?)+)\(delta SSDC ({NUMBER}), 95% interval ({NUMBER}) "
+        rf"to ({NUMBER})\)$",
+        out,
+        re.M,
+    )
     assert m, out
     under = [float(v) for v in m[1].split()]
     delta, delta_ci = float(m[2]), (float(m[3]), float(m[4]))
@@ -64,10 +69,20 @@ def parse(out: str) -> dict:
             head = cells
         elif line.startswith("| ") and re.fullmatch(r"[\d.]+", cells[0]):
             row = dict(zip(head, cells))
-            rows[float(cells[0])] = dict(delta=float(row["delta SSDC (RPI)"]), top1=float(row["clean top-1"]),
-                                         fs=float(row["FS jpeg:5"]))
-    return dict(clean=clean, rpi=rpi, fs=fs, interval=(lo, hi), plain=plain, under=under, delta=delta,
-                delta_ci=delta_ci, sweep=rows)
+            rows[float(cells[0])] = dict(
+                delta=float(row["delta SSDC (RPI)"]), top1=float(row["clean top-1"]), fs=float(row["FS jpeg:5"])
+            )
+    return dict(
+        clean=clean,
+        rpi=rpi,
+        fs=fs,
+        interval=(lo, hi),
+        plain=plain,
+        under=under,
+        delta=delta,
+        delta_ci=delta_ci,
+        sweep=rows,
+    )
 
 
 def test_readme_example_shape():
@@ -82,8 +97,9 @@ def test_readme_example_shape():
 def test_readme_example_runs_and_means_what_it_says(tmp_path):
     code, shown = library_example()
     env = dict(os.environ, MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert (tmp_path / "runs" / "readme-ape" / "export" / "model.safetensors").is_file()
@@ -110,7 +126,8 @@ def test_readme_example_runs_and_means_what_it_says(tmp_path):
     assert n["delta_ci"][0] <= n["delta"] <= n["delta_ci"][1] and n["delta_ci"][0] < n["delta_ci"][1], out
     assert sweep[1.0]["delta"] == pytest.approx(n["delta"], abs=1e-3), out  # alpha 1 first: the same permutations
     # a second run reuses the finished training instead of failing on it
-    again = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=1800)
+    again = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800
+    )
     assert again.returncode == 0, again.stderr[-4000:]
     assert parse(again.stdout)["clean"] == n["clean"]

@@ -1,4 +1,5 @@
 """One record schema: typed records round-trip through one strict JSON writer; foreign files are refused."""
+
 from __future__ import annotations
 
 import json
@@ -23,22 +24,53 @@ from timm_posgeom.jsonio import dumps, replacing, write_atomic, write_json
 
 
 def _ssdc(nan: bool = False) -> SSDCSummary:
-    return SSDCSummary(n_images=8, per_layer=[0.5, math.nan if nan else 0.4], rise=-0.1, rpi_per_layer=[0.1, 0.2],
-                       rpi_delta=0.1, rpi_content_per_layer=[0.5, 0.4], per_image_mean=[0.4, 0.3],
-                       per_image_std=[0.1, 0.1])
+    return SSDCSummary(
+        n_images=8,
+        per_layer=[0.5, math.nan if nan else 0.4],
+        rise=-0.1,
+        rpi_per_layer=[0.1, 0.2],
+        rpi_delta=0.1,
+        rpi_content_per_layer=[0.5, 0.4],
+        per_image_mean=[0.4, 0.3],
+        per_image_std=[0.1, 0.1],
+    )
 
 
 def _study() -> StudyResults:
-    summary = RunSummary(model="posgeom_vit_micro_patch8_64_ape", steps=10, epochs=1.0, train_images=64,
-                         val_images=16, processes=1, time_s=3.5, val_top1=0.25)
-    sweep = SweepSummary(alphas=[1.0, 0.0], delta_ssdc=[0.2, 0.0], fs={"jpeg:5": [0.1, 0.3]},
-                         clean_accuracy=[0.5, 0.4], rpi_per_layer=[[0.1, 0.3], [0.1, 0.1]])
-    run = StudyRun(condition="ape", seed=0, run_dir="runs/ape_s0", train=summary,
-                   eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.1}, ssdc=_ssdc(), alpha_sweep=sweep),
-                   history=[HistoryPoint(step=10, epoch=1.0, val_top1=0.25, rpi_ssdc=[0.1, 0.2])],
-                   untrained=_ssdc())
-    return StudyResults(config={"preset": "demo"}, plan=[{"condition": "ape"}], versions={"timm": "x"}, runs=[run],
-                        elapsed_s=4.0, complete=True)
+    summary = RunSummary(
+        model="posgeom_vit_micro_patch8_64_ape",
+        steps=10,
+        epochs=1.0,
+        train_images=64,
+        val_images=16,
+        processes=1,
+        time_s=3.5,
+        val_top1=0.25,
+    )
+    sweep = SweepSummary(
+        alphas=[1.0, 0.0],
+        delta_ssdc=[0.2, 0.0],
+        fs={"jpeg:5": [0.1, 0.3]},
+        clean_accuracy=[0.5, 0.4],
+        rpi_per_layer=[[0.1, 0.3], [0.1, 0.1]],
+    )
+    run = StudyRun(
+        condition="ape",
+        seed=0,
+        run_dir="runs/ape_s0",
+        train=summary,
+        eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.1}, ssdc=_ssdc(), alpha_sweep=sweep),
+        history=[HistoryPoint(step=10, epoch=1.0, val_top1=0.25, rpi_ssdc=[0.1, 0.2])],
+        untrained=_ssdc(),
+    )
+    return StudyResults(
+        config={"preset": "demo"},
+        plan=[{"condition": "ape"}],
+        versions={"timm": "x"},
+        runs=[run],
+        elapsed_s=4.0,
+        complete=True,
+    )
 
 
 def test_round_trip_through_the_files(tmp_path):
@@ -48,7 +80,9 @@ def test_round_trip_through_the_files(tmp_path):
     assert raw["schema"] == "timm-posgeom/study-results" and raw["schema_version"] == SCHEMA_VERSION
     again = StudyResults.read(path)
     assert again == results
-    assert isinstance(again.runs[0].eval.alpha_sweep, SweepSummary) and isinstance(again.runs[0].history[0], HistoryPoint)
+    assert isinstance(again.runs[0].eval.alpha_sweep, SweepSummary) and isinstance(
+        again.runs[0].history[0], HistoryPoint
+    )
 
 
 def test_nan_is_written_one_way_and_the_json_is_strict(tmp_path):
@@ -57,8 +91,11 @@ def test_nan_is_written_one_way_and_the_json_is_strict(tmp_path):
     assert "NaN" not in text and json.loads(text)["per_layer"] == [0.5, None]
     assert SSDCSummary.read(path).per_layer == [0.5, None]
     # tensors and numpy values become plain JSON; an unknown type is an error, never a silent str()
-    assert json.loads(dumps({"t": torch.tensor([1.0, float("inf")]), "n": np.float32(0.5), "k": (1, 2)})) == \
-        {"t": [1.0, None], "n": 0.5, "k": [1, 2]}
+    assert json.loads(dumps({"t": torch.tensor([1.0, float("inf")]), "n": np.float32(0.5), "k": (1, 2)})) == {
+        "t": [1.0, None],
+        "n": 0.5,
+        "k": [1, 2],
+    }
     with pytest.raises(TypeError, match="no JSON form for object"):
         dumps({"x": object()})
 
@@ -124,7 +161,9 @@ def test_results_to_json_write_atomically(tmp_path, monkeypatch):
 def test_foreign_and_other_version_files_are_refused_naming_the_file(tmp_path):
     summary = RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0)
     path = summary.write(tmp_path / "summary.json")
-    with pytest.raises(RecordError, match=r"summary.json: a 'timm-posgeom/run-summary' record, not timm-posgeom/run-eval"):
+    with pytest.raises(
+        RecordError, match=r"summary.json: a 'timm-posgeom/run-summary' record, not timm-posgeom/run-eval"
+    ):
         RunEval.read(path)
     raw = json.loads(path.read_text())
     (tmp_path / "v2.json").write_text(json.dumps(dict(raw, schema_version=SCHEMA_VERSION + 1)))
@@ -189,8 +228,14 @@ def test_version_4_keeps_attention_per_head_and_version_3_results_still_read(tmp
     assert SCHEMA_VERSION >= 4
     results = _study()
     results.runs[0].eval.attention = AttentionSummary(
-        n_images=8, layers=[0, 3], grid=[8, 8], mean_distance=[[1.0, 2.0], [3.0, math.nan]],
-        entropy=[[0.5, 0.6], [0.7, 0.8]], ssdc=[[0.1, 0.2], [0.3, 0.4]], rpi_mean_distance=[[4.0, 4.1], [4.2, 4.3]])
+        n_images=8,
+        layers=[0, 3],
+        grid=[8, 8],
+        mean_distance=[[1.0, 2.0], [3.0, math.nan]],
+        entropy=[[0.5, 0.6], [0.7, 0.8]],
+        ssdc=[[0.1, 0.2], [0.3, 0.4]],
+        rpi_mean_distance=[[4.0, 4.1], [4.2, 4.3]],
+    )
     again = StudyResults.read(results.write(tmp_path / "v4.json"))
     attention = again.runs[0].eval.attention
     assert isinstance(attention, AttentionSummary) and attention.mean_distance == [[1.0, 2.0], [3.0, None]]

@@ -1,4 +1,5 @@
 """Fragility and alpha sweeps: exact counts, FS formula, transform order, alpha=1 identity, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,15 @@ class Brightness(nn.Module):
 
     def __init__(self, size: int = 16, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)):
         super().__init__()
-        self.pretrained_cfg = {"architecture": "brightness", "input_size": (3, size, size), "mean": mean,
-                               "std": std, "interpolation": "bilinear", "crop_pct": 0.875, "crop_mode": "center"}
+        self.pretrained_cfg = {
+            "architecture": "brightness",
+            "input_size": (3, size, size),
+            "mean": mean,
+            "std": std,
+            "interpolation": "bilinear",
+            "crop_pct": 0.875,
+            "crop_mode": "center",
+        }
         self.anchor = nn.Parameter(torch.zeros(()))
         self.seen: list[torch.Tensor] = []
 
@@ -143,8 +151,13 @@ def test_model_sees_eval_transform_output(resize):
 
 
 def test_eval_transform_order():
-    cfg = {"input_size": (3, 24, 24), "interpolation": "bicubic", "mean": (0.4, 0.5, 0.6), "std": (0.2, 0.25, 0.3),
-           "crop_pct": 0.875}
+    cfg = {
+        "input_size": (3, 24, 24),
+        "interpolation": "bicubic",
+        "mean": (0.4, 0.5, 0.6),
+        "std": (0.2, 0.25, 0.3),
+        "crop_pct": 0.875,
+    }
     img = _textured(0, size=(90, 60))
 
     class Spy(Shift):
@@ -250,8 +263,9 @@ def test_alpha_sweep_at_one_equals_unscaled_model():
     from timm_posgeom.probes import probe_ssdc
 
     model, data = _visible_pe_model(n=6)
-    sweep = alpha_sweep(model, data, alphas=(1.0, 0.0), shifts=("jpeg:5", "blur:2.5:5"), probe_images=5,
-                        batch_size=4, **FAST)
+    sweep = alpha_sweep(
+        model, data, alphas=(1.0, 0.0), shifts=("jpeg:5", "blur:2.5:5"), probe_images=5, batch_size=4, **FAST
+    )
     assert isinstance(sweep, AlphaSweepResult) and sweep.alphas == [1.0, 0.0]
     one, zero = sweep.rows
     base = fragility(model, data, shifts=("jpeg:5", "blur:2.5:5"), batch_size=4, **FAST)
@@ -288,11 +302,40 @@ def test_fragility_on_real_images():
 def test_cli_fragility_and_sweep(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    common = ["posgeom_vit_micro_patch8_64_ape", "--num-classes", "10", "--data", "synthetic", "--max-images", "6",
-              "--batch-size", "4",
-              "--num-workers", "0", "--no-progress", "--device", "cpu"]
-    assert main(["fragility", *common, "--shift", "jpeg:5", "--shift", "blur:2.5:5", "--rpi", "--alpha", "0.5",
-                 "--out", str(tmp_path / "f")]) == 0
+    common = [
+        "posgeom_vit_micro_patch8_64_ape",
+        "--num-classes",
+        "10",
+        "--data",
+        "synthetic",
+        "--max-images",
+        "6",
+        "--batch-size",
+        "4",
+        "--num-workers",
+        "0",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+    assert (
+        main(
+            [
+                "fragility",
+                *common,
+                "--shift",
+                "jpeg:5",
+                "--shift",
+                "blur:2.5:5",
+                "--rpi",
+                "--alpha",
+                "0.5",
+                "--out",
+                str(tmp_path / "f"),
+            ]
+        )
+        == 0
+    )
     saved = json.loads((tmp_path / "f" / "fragility.json").read_text())
     assert saved["num_images"] == 6 and saved["settings"]["rpi"] is True and saved["settings"]["alpha"] == 0.5
     assert (tmp_path / "f" / "fragility.png").stat().st_size > 0

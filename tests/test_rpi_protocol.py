@@ -1,5 +1,6 @@
 """The permutation protocol: RPI is K seeded permutations, every number their mean with an interval over them,
 the images read once; per-image permutations for accuracy; nothing depends on batching (docs/method.md)."""
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,9 @@ def test_rpi_is_the_mean_over_k_seeded_permutations_with_their_interval(images):
     np.testing.assert_allclose(result.by_permutation, refs, atol=2e-6)
     np.testing.assert_allclose(result.per_layer, refs.mean(0), atol=2e-6)
     half = student_t.ppf(0.975, 2) * refs.std(0, ddof=1) / math.sqrt(3)
-    np.testing.assert_allclose(np.array(result.per_layer_ci), np.stack([refs.mean(0) - half, refs.mean(0) + half], 1),
-                               atol=2e-6)
+    np.testing.assert_allclose(
+        np.array(result.per_layer_ci), np.stack([refs.mean(0) - half, refs.mean(0) + half], 1), atol=2e-6
+    )
     rises = refs[:, 1] - refs[:, 0]
     assert result.delta == pytest.approx(rises.mean(), abs=2e-6)
     rise_half = student_t.ppf(0.975, 2) * rises.std(ddof=1) / math.sqrt(3)
@@ -117,8 +119,16 @@ def test_batching_and_stacking_change_no_number(images, reduction):
     model = visible_ape()
     ref = probe_ssdc(model, images, rpi=True, rpi_permutations=3, batch_size=9, reduction=reduction, progress=False)
     for batch, forward in ((1, None), (3, 3), (4, 8)):
-        got = probe_ssdc(model, images, rpi=True, rpi_permutations=3, batch_size=batch, forward_size=forward,
-                         reduction=reduction, progress=False)
+        got = probe_ssdc(
+            model,
+            images,
+            rpi=True,
+            rpi_permutations=3,
+            batch_size=batch,
+            forward_size=forward,
+            reduction=reduction,
+            progress=False,
+        )
         np.testing.assert_allclose(got.per_layer, ref.per_layer, atol=2e-6)
         np.testing.assert_allclose(got.per_layer_ci, ref.per_layer_ci, atol=1e-5)  # float32 sums: rounding
         if reduction != "mean_map":
@@ -146,8 +156,18 @@ def test_the_alpha_sweep_draws_fresh_permutations_for_every_alpha():
     model = visible_ape()
     data = SyntheticShapes(8, img_size=64, split="validation")
     pairs = [(data[i][0], data[i][1] % 3) for i in range(len(data))]
-    sweep = alpha_sweep(model, pairs, [1.0, 0.5, 0.0], ["jpeg:5"], probe_images=8, rpi_permutations=3, seed=7,
-                        batch_size=4, num_workers=0, progress=False)
+    sweep = alpha_sweep(
+        model,
+        pairs,
+        [1.0, 0.5, 0.0],
+        ["jpeg:5"],
+        probe_images=8,
+        rpi_permutations=3,
+        seed=7,
+        batch_size=4,
+        num_workers=0,
+        progress=False,
+    )
     seeds = [r.permutation_seeds for r in sweep.rows]
     assert seeds == [[7, 8, 9], [10, 11, 12], [13, 14, 15]]  # alpha j: seed + jK ...
     for r in sweep.rows:
@@ -160,8 +180,10 @@ def test_accuracy_under_rpi_is_per_image_and_does_not_depend_on_the_batch_size()
     model = visible_ape()
     data = SyntheticShapes(11, img_size=64, split="validation")
     pairs = [(data[i][0], data[i][1] % 3) for i in range(len(data))]
-    runs = [fragility(model, pairs, ["jpeg:5"], rpi=True, seed=2, batch_size=b, num_workers=0, progress=False)
-            for b in (1, 4, 11)]
+    runs = [
+        fragility(model, pairs, ["jpeg:5"], rpi=True, seed=2, batch_size=b, num_workers=0, progress=False)
+        for b in (1, 4, 11)
+    ]
     for other in runs[1:]:
         assert all(np.array_equal(other.correct[k], runs[0].correct[k]) for k in runs[0].correct)
     assert runs[0].settings["rpi_per"] == "image"

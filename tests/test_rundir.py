@@ -1,4 +1,5 @@
 """The one owner of run folders (app/rundir.py): the lock, the settings diff, set-aside; and --resume of nothing."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,17 @@ import pytest
 from timm_posgeom.app.rundir import NEUTRAL_KEYS, RunDirError, RunLock, set_aside, settings_changes
 from timm_posgeom.cli import main
 
-TINY = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2", "img_size=32",
-        "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "max_steps=1"]
+TINY = [
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=1",
+    "model_kwargs.num_heads=2",
+    "img_size=32",
+    "batch_size=16",
+    "workers=0",
+    "max_train_images=160",
+    "max_val_images=32",
+    "max_steps=1",
+]
 
 
 def _train_argv(out, *extra: str) -> list[str]:
@@ -69,7 +79,7 @@ def test_lock_is_never_free_while_its_holder_is_written(tmp_path, monkeypatch):
 
 def test_a_dead_holders_lock_is_taken_over_and_a_live_ones_refused(tmp_path):
     lock_file = tmp_path / ".lock"
-    lock_file.write_text(json.dumps({"pid": 2 ** 22 + 7, "host": socket.gethostname(), "started": "x"}))
+    lock_file.write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname(), "started": "x"}))
     said = []
     lock = RunLock(tmp_path)
     lock.acquire(say=said.append)
@@ -97,13 +107,15 @@ def test_settings_changes_ignore_the_neutral_keys_and_compare_as_json():
     asked = {"lr": 2e-3, "workers": 8, "img_size": (32, 32), "log_every": 1, "epochs": 5}
     assert settings_changes("recipe", saved, asked) == {"epochs": (None, 5), "lr": (1e-3, 2e-3)}
     assert settings_changes("study", {"batch_size": 64, "seeds": 1}, {"batch_size": 8, "seeds": 3}) == {}
-    assert settings_changes("zoo", {"device": "cpu", "images": 8}, {"device": "cuda", "images": 9}) == \
-        {"images": (8, 9)}
+    assert settings_changes("zoo", {"device": "cpu", "images": 8}, {"device": "cuda", "images": 9}) == {
+        "images": (8, 9)
+    }
     assert set(NEUTRAL_KEYS) == {"recipe", "study", "zoo"}
     # a recipe saved before wd_exclude_model existed ran with the model's no_weight_decay() list excluded
     assert settings_changes("recipe", {"lr": 1e-3}, {"lr": 1e-3, "wd_exclude_model": True}) == {}
-    assert settings_changes("recipe", {"lr": 1e-3}, {"lr": 1e-3, "wd_exclude_model": False}) == \
-        {"wd_exclude_model": (True, False)}
+    assert settings_changes("recipe", {"lr": 1e-3}, {"lr": 1e-3, "wd_exclude_model": False}) == {
+        "wd_exclude_model": (True, False)
+    }
     with pytest.raises(KeyError):
         settings_changes("nothing", {}, {})
 
@@ -116,8 +128,10 @@ def test_set_aside_keeps_every_former_version(tmp_path):
         moved = set_aside(path, said.append)
         assert moved.read_text() == text and not path.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json.replaced-1", "eval.json.replaced-2"]
-    assert said == ["kept the former eval.json as eval.json.replaced-1",
-                    "kept the former eval.json as eval.json.replaced-2"]
+    assert said == [
+        "kept the former eval.json as eval.json.replaced-1",
+        "kept the former eval.json as eval.json.replaced-2",
+    ]
     folder = tmp_path / "run"
     folder.mkdir()
     assert set_aside(folder).name == "run.replaced-1"  # folders too; no log: nothing said

@@ -1,5 +1,6 @@
 """scripts/scaling.py's reference values follow the paper's APE alpha-sweep table exactly (issue 32: it
 labelled the paper's alpha 0.1 value as alpha 0 and left out its 0.6 and 0.2 points)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -37,15 +38,32 @@ def scaling():
 
 
 def _study(alphas: list[float]) -> StudyResults:
-    ssdc = SSDCSummary(n_images=4, per_layer=[0.1, 0.2], rise=0.1, rpi_per_layer=[0.1, 0.2], rpi_delta=0.1,
-                       rpi_content_per_layer=[0.1, 0.2])
-    sweep = SweepSummary(alphas=alphas, delta_ssdc=[0.1] * len(alphas), fs={"jpeg:5": [0.2] * len(alphas)},
-                         clean_accuracy=[0.5] * len(alphas), rpi_per_layer=[[0.1, 0.2]] * len(alphas))
-    run = StudyRun(condition="ape", seed=0, run_dir="r",
-                   train=RunSummary(model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1,
-                                    time_s=1.0, val_top1=0.5),
-                   eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.2}, ssdc=ssdc, alpha_sweep=sweep), history=[],
-                   untrained=ssdc)
+    ssdc = SSDCSummary(
+        n_images=4,
+        per_layer=[0.1, 0.2],
+        rise=0.1,
+        rpi_per_layer=[0.1, 0.2],
+        rpi_delta=0.1,
+        rpi_content_per_layer=[0.1, 0.2],
+    )
+    sweep = SweepSummary(
+        alphas=alphas,
+        delta_ssdc=[0.1] * len(alphas),
+        fs={"jpeg:5": [0.2] * len(alphas)},
+        clean_accuracy=[0.5] * len(alphas),
+        rpi_per_layer=[[0.1, 0.2]] * len(alphas),
+    )
+    run = StudyRun(
+        condition="ape",
+        seed=0,
+        run_dir="r",
+        train=RunSummary(
+            model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0, val_top1=0.5
+        ),
+        eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.2}, ssdc=ssdc, alpha_sweep=sweep),
+        history=[],
+        untrained=ssdc,
+    )
     return StudyResults(config={}, plan=[], versions={}, runs=[run])
 
 
@@ -72,8 +90,9 @@ def test_the_sweep_table_and_figure_use_the_papers_alphas(scaling, tmp_path):
     assert "| 0.43 / 0.48 / - / 0.6 / 0.63 / - / 0.65 / - |" in paper
     scaling.figure([("s", _study([1.0, 0.5, 0.0]))], tmp_path / "f.png")
     fig = plt.gcf()
-    lines = {ax.get_title(): [ln for ln in ax.get_lines() if ln.get_label().startswith("the paper")][0]
-             for ax in fig.axes}
+    lines = {
+        ax.get_title(): [ln for ln in ax.get_lines() if ln.get_label().startswith("the paper")][0] for ax in fig.axes
+    }
     delta = lines["APE: delta SSDC against alpha"]
     assert dict(zip(delta.get_xdata(), delta.get_ydata())) == documented_sweep()[0]
     assert min(lines["APE: fragility against alpha"].get_xdata()) == 0.1
@@ -94,9 +113,12 @@ def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scali
         run_dir = where / "runs" / "ape_s0"
         run_dir.mkdir(parents=True)
         (run_dir / "recipe.yaml").write_text(f"model: m\nmodel_kwargs:\n  embed_dim: {width}\n")
-        (run_dir / "metrics.jsonl").write_text("".join(
-            json.dumps({"kind": "train", "step": s, "pe_norm_ratio": 0.1 * s, "pe_ssdc": 0.01 * s}) + "\n"
-            for s in (25, 50)))
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(
+                json.dumps({"kind": "train", "step": s, "pe_norm_ratio": 0.1 * s, "pe_ssdc": 0.01 * s}) + "\n"
+                for s in (25, 50)
+            )
+        )
         studies.append((label, res))
         dirs.append(where)
     one = scaling.ladder(studies[:2], dirs[:2])
@@ -111,7 +133,9 @@ def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scali
     fig = plt.gcf()
     delta = next(ax for ax in fig.axes if "against width" in ax.get_title())
     lines = {ln.get_label(): ln for ln in delta.get_lines()}
-    assert list(lines["APE (gpu): mean over seeds".replace("APE", scaling.LABELS.get("ape", "ape"))].get_ydata()) == [0.2]
+    assert list(lines["APE (gpu): mean over seeds".replace("APE", scaling.LABELS.get("ape", "ape"))].get_ydata()) == [
+        0.2
+    ]
     ratio = next(ax for ax in fig.axes if "norm ratio" in ax.get_title())
     assert [list(ln.get_ydata()) for ln in ratio.get_lines()] == [[2.5, 5.0]] * 3
     plt.close(fig)

@@ -1,5 +1,6 @@
 """Shifts applied at a fixed size before the resize to the model's input (``fragility(shift_size=...)``), against
 a reference composition on real images (PIL's JPEG at 224 px, then the model's resize)."""
+
 from __future__ import annotations
 
 import io
@@ -92,13 +93,43 @@ def test_fragility_with_shift_size(real_images, model):
 def test_the_cli_takes_shift_size(tmp_path, imagenette_path, capsys):
     from timm_posgeom.cli import main
 
-    code = main(["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", str(imagenette_path), "--max-images", "4",
-                 "--batch-size", "4", "--num-workers", "0", "--shift", "jpeg:5", "--shift-size", "224", "--labels", "as-is",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "fragility",
+            "posgeom_vit_micro_patch8_64_ape",
+            "--data",
+            str(imagenette_path),
+            "--max-images",
+            "4",
+            "--batch-size",
+            "4",
+            "--num-workers",
+            "0",
+            "--shift",
+            "jpeg:5",
+            "--shift-size",
+            "224",
+            "--labels",
+            "as-is",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0 and "shift at 224 px" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
-        main(["fragility", "posgeom_vit_micro_patch8_64_ape", "--data", str(imagenette_path), "--shift-size", "224",
-              "--blur-on-device", "--out", str(tmp_path)])
+        main(
+            [
+                "fragility",
+                "posgeom_vit_micro_patch8_64_ape",
+                "--data",
+                str(imagenette_path),
+                "--shift-size",
+                "224",
+                "--blur-on-device",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     assert e.value.code == 2
 
 
@@ -123,8 +154,9 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     torch.manual_seed(0)
     tiny = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, embed_dim=32, num_heads=2).eval()
     record = fragility_at_size(tiny, val, config)
-    direct = fragility(tiny, val, list(config.shifts), shift_size=96, batch_size=4, num_workers=0, seed=0,
-                       progress=False)
+    direct = fragility(
+        tiny, val, list(config.shifts), shift_size=96, batch_size=4, num_workers=0, seed=0, progress=False
+    )
     assert record.shift_size == 96 and record.num_images == 8 and record.fs.keys() == set(config.shifts)
     assert record.clean_accuracy == direct.clean_accuracy and record.accuracy == direct.accuracy
     results = _study()

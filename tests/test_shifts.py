@@ -1,5 +1,6 @@
 """Shifts: JPEG equals PIL's round trip byte for byte, blur equals torchvision / scipy, batched equals
 per-image, specs parse, bad input fails clearly."""
+
 from __future__ import annotations
 
 import io
@@ -32,7 +33,7 @@ def _natural_like(h: int, w: int, seed: int = 0, mode: str = "RGB") -> PIL.Image
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:h, 0:w]
     base = np.stack([128 + 100 * np.sin(xx / 5 + c) * np.cos(yy / 7 - c) for c in range(3)], -1)
-    base[h // 3: h // 2, w // 4: w // 2] = [250, 10, 60]  # a hard-edged block
+    base[h // 3 : h // 2, w // 4 : w // 2] = [250, 10, 60]  # a hard-edged block
     img = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
     out = PIL.Image.fromarray(img)
     return out.convert(mode) if mode != "RGB" else out
@@ -51,8 +52,7 @@ def _scipy_imagenet_c_blur(img: PIL.Image.Image, sigma: float) -> np.ndarray:
     if x.ndim == 2:
         y = gaussian_filter(x, sigma, mode="nearest", truncate=4.0)
     else:
-        y = np.stack([gaussian_filter(x[..., c], sigma, mode="nearest", truncate=4.0)
-                      for c in range(x.shape[-1])], -1)
+        y = np.stack([gaussian_filter(x[..., c], sigma, mode="nearest", truncate=4.0) for c in range(x.shape[-1])], -1)
     return (np.clip(y, 0, 1) * 255).astype(np.uint8)
 
 
@@ -177,8 +177,9 @@ def test_parse_shift_specs():
     assert parse_shift(b) is b
 
 
-@pytest.mark.parametrize("spec", ["gamma:2", "jpeg", "jpeg:5:1", "blur", "blur:1:2:3", "imagenet-c:jpeg_compression",
-                                  "", 5, "contrast:0.5"])
+@pytest.mark.parametrize(
+    "spec", ["gamma:2", "jpeg", "jpeg:5:1", "blur", "blur:1:2:3", "imagenet-c:jpeg_compression", "", 5, "contrast:0.5"]
+)
 def test_unknown_spec_lists_valid_forms(spec):
     with pytest.raises(ValueError) as err:
         parse_shift(spec)
@@ -187,12 +188,21 @@ def test_unknown_spec_lists_valid_forms(spec):
         assert form in msg
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("jpeg:0", "from 1 to 100"), ("jpeg:101", "from 1 to 100"), ("jpeg:high", "must be an integer"),
-    ("blur:0", "sigma must be"), ("blur:-2:5", "sigma must be"), ("blur:2:4", "odd positive"),
-    ("imagenet-c:gaussian_blur:0", "from 1 to 5"), ("imagenet-c:gaussian_blur:6", "from 1 to 5"),
-    ("imagenet-c:sharpen:1", "unknown ImageNet-C corruption"), ("imagenet-c:fog:6", "from 1 to 5"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("jpeg:0", "from 1 to 100"),
+        ("jpeg:101", "from 1 to 100"),
+        ("jpeg:high", "must be an integer"),
+        ("blur:0", "sigma must be"),
+        ("blur:-2:5", "sigma must be"),
+        ("blur:2:4", "odd positive"),
+        ("imagenet-c:gaussian_blur:0", "from 1 to 5"),
+        ("imagenet-c:gaussian_blur:6", "from 1 to 5"),
+        ("imagenet-c:sharpen:1", "unknown ImageNet-C corruption"),
+        ("imagenet-c:fog:6", "from 1 to 5"),
+    ],
+)
 def test_out_of_range_specs(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_shift(spec)

@@ -1,6 +1,7 @@
 """Small units (docs/architecture.md, "Small units"): no function of the package over 60 lines and no module
 over 600. Ruff checks arguments, statements and complexity (pyproject.toml); it has no rule for length, so
 this test counts. A function's docstring is not counted: it is the documentation the standards ask for."""
+
 from __future__ import annotations
 
 import ast
@@ -45,6 +46,6 @@ def test_no_unit_over_the_limits():
 def test_the_count_sees_a_long_function_and_a_long_module(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "long.py").write_text(f'def f():\n    """Doc\n    string."""\n{body}\n')
-    (tmp_path / "short.py").write_text(f'def g():\n    """Doc\n    string."""\n{body[:body.rindex(chr(10))]}\n')
+    (tmp_path / "short.py").write_text(f'def g():\n    """Doc\n    string."""\n{body[: body.rindex(chr(10))]}\n')
     (tmp_path / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert over_limit(tmp_path) == {"long.py:f", "big.py"}

@@ -1,4 +1,5 @@
 """The SSDC metric against scipy.stats.spearmanr (ties, grids, distances, dtypes, batches)."""
+
 from __future__ import annotations
 
 import warnings
@@ -17,7 +18,7 @@ def _reference(sim: np.ndarray, positions: np.ndarray, distance: str) -> float:
     n = sim.shape[0]
     i, j = np.triu_indices(n, 1)
     diff = np.abs(positions[i] - positions[j])
-    d = {"manhattan": diff.sum(1), "euclidean": np.sqrt((diff ** 2).sum(1)), "chebyshev": diff.max(1)}[distance]
+    d = {"manhattan": diff.sum(1), "euclidean": np.sqrt((diff**2).sum(1)), "chebyshev": diff.max(1)}[distance]
     return spearmanr(sim[i, j], -d).statistic
 
 
@@ -132,8 +133,10 @@ def test_two_targets_share_one_sort():
     maps[1] = torch.round(maps[1] * 2) / 2  # heavy ties
     maps[5, 0, 1], maps[5, 0, 2] = -0.0, 0.0
     positions = _grid(4, 4)[torch.randperm(16, generator=gen).numpy()]
-    targets = [module._distance_ranks((4, 4), "manhattan", None, torch.device("cpu")),
-               module._distance_ranks((4, 4), "manhattan", torch.from_numpy(positions), torch.device("cpu"))]
+    targets = [
+        module._distance_ranks((4, 4), "manhattan", None, torch.device("cpu")),
+        module._distance_ranks((4, 4), "manhattan", torch.from_numpy(positions), torch.device("cpu")),
+    ]
     on_grid, on_positions = module.ssdc_pairs(maps, targets)
     for got, pos in ((on_grid, _grid(4, 4)), (on_positions, positions)):
         want = [_reference(m, pos, "manhattan") for m in maps.double().numpy()]

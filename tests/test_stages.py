@@ -1,5 +1,6 @@
 """Per-stage SSDC of hierarchical ViTs and CNNs, the attention input of windowed / parallel blocks, and the
 input size of the measuring functions and commands."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,15 @@ def smooth_images(n: int, size: int, seed: int = 0) -> torch.Tensor:
 
 def tiny_swin():
     torch.manual_seed(0)
-    return timm.create_model("swin_tiny_patch4_window7_224", img_size=32, window_size=2, embed_dim=16,
-                             depths=(1, 1, 1), num_heads=(1, 1, 1), num_classes=3).eval()
+    return timm.create_model(
+        "swin_tiny_patch4_window7_224",
+        img_size=32,
+        window_size=2,
+        embed_dim=16,
+        depths=(1, 1, 1),
+        num_heads=(1, 1, 1),
+        num_classes=3,
+    ).eval()
 
 
 def _scipy_ssdc(maps: np.ndarray) -> float:
@@ -67,8 +75,10 @@ def test_per_stage_ssdc_matches_scipy_on_each_stage_grid(name):
     assert [tuple(g) for g in result.metadata["grid_sizes"]] == grids and len(set(grids)) > 1
     if name == "resnet18":  # its last stage is 1 x 1 at 32 px: no pair, SSDC undefined (NaN), said in a warning
         assert grids[-1] == (1, 1) and math.isnan(result.per_layer[-1])
-        assert any(issubclass(w.category, ConstantMapWarning) and "fewer than 2 tokens: layer(s) 4 (1x1)"
-                   in str(w.message) for w in caught)
+        assert any(
+            issubclass(w.category, ConstantMapWarning) and "fewer than 2 tokens: layer(s) 4 (1x1)" in str(w.message)
+            for w in caught
+        )
     k = len(grids) - (name == "resnet18")  # the stages with a pair of tokens
     np.testing.assert_allclose(result.per_layer[:k], mean_map[:k], atol=1e-5)
     np.testing.assert_allclose([s.mean for s in result.per_image[:k]], per_image[:k], atol=1e-5)
@@ -121,7 +131,7 @@ def _first_attn_input_ssdc(model, images, module) -> float:
     with torch.no_grad():
         model(images)
     handle.remove()
-    z = out[0].double().reshape(len(images), -1, out[0].shape[-1])[:, getattr(model, "num_prefix_tokens", 0):]
+    z = out[0].double().reshape(len(images), -1, out[0].shape[-1])[:, getattr(model, "num_prefix_tokens", 0) :]
     z = z / z.norm(dim=-1, keepdim=True)
     return _scipy_ssdc((z @ z.transpose(1, 2)).mean(0).numpy())
 
@@ -130,8 +140,16 @@ def test_samvit_windowed_blocks_probed_at_attn_input():
     """samvit with windowed attention was refused ("hierarchical, pooling or token-dropping") at attn_input:
     the attention input is norm1's output, before the window partition, on the full grid."""
     torch.manual_seed(0)
-    sam = timm.create_model("samvit_base_patch16_224", img_size=64, window_size=2, global_attn_indexes=(1,),
-                            depth=2, embed_dim=32, num_heads=2, num_classes=0).eval()
+    sam = timm.create_model(
+        "samvit_base_patch16_224",
+        img_size=64,
+        window_size=2,
+        global_attn_indexes=(1,),
+        depth=2,
+        embed_dim=32,
+        num_heads=2,
+        num_classes=0,
+    ).eval()
     images = smooth_images(2, 64)
     result = probe_ssdc(sam, images, progress=False)
     assert result.metadata["grid_size"] == [4, 4]
@@ -141,8 +159,9 @@ def test_samvit_windowed_blocks_probed_at_attn_input():
 def test_parallel_blocks_probed_at_attn_input():
     """vit_small_patch16_18x2 (two parallel attentions per block) was refused at attn_input."""
     torch.manual_seed(0)
-    vit = timm.create_model("vit_small_patch16_18x2_224", img_size=32, depth=2, embed_dim=32, num_heads=2,
-                            num_classes=3).eval()
+    vit = timm.create_model(
+        "vit_small_patch16_18x2_224", img_size=32, depth=2, embed_dim=32, num_heads=2, num_classes=3
+    ).eval()
     images = smooth_images(2, 32)
     result = probe_ssdc(vit, images, progress=False)
     assert len(result.per_layer) == 2
@@ -180,8 +199,25 @@ def test_dynamic_size_vit_runs_at_the_given_size():
 def test_cli_probe_per_stage_with_input_size(tmp_path, capsys):
     from timm_posgeom.cli import main
 
-    code = main(["probe", "resnet18", "--data", "synthetic", "--max-images", "4", "--img-size", "32",
-                 "--batch-size", "2", "--num-workers", "0", "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "probe",
+            "resnet18",
+            "--data",
+            "synthetic",
+            "--max-images",
+            "4",
+            "--img-size",
+            "32",
+            "--batch-size",
+            "2",
+            "--num-workers",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "site=stage_output" in out and "stage" in out and "16x16" in out
@@ -197,8 +233,10 @@ def test_a_grid_too_large_for_a_similarity_map_is_refused_not_oom_killed(monkeyp
     model = timm.create_model("resnet18", num_classes=3).eval()
     with pytest.raises(ValueError, match=r"layer 0's grid 16x16 has 256 tokens, more than the 64.*layers="):
         probe_ssdc(model, smooth_images(1, 32), progress=False)
-    assert probe_ssdc(model, smooth_images(1, 32), layers=[2, 3], progress=False).metadata["grid_sizes"] == [[4, 4],
-                                                                                                            [2, 2]]
+    assert probe_ssdc(model, smooth_images(1, 32), layers=[2, 3], progress=False).metadata["grid_sizes"] == [
+        [4, 4],
+        [2, 2],
+    ]
 
 
 def test_delta_ssdc_is_not_made_up_across_stages():

@@ -1,4 +1,5 @@
 """The whole study: a reduced demo end to end, report regeneration, resume, dry runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,14 +28,29 @@ from timm_posgeom.cli import main as cli_main
 # pytest-xdist (CI): the whole module on one worker, so that the demo study of its module fixture is made once
 pytestmark = pytest.mark.xdist_group("study")
 
-TINY = ["epochs=1", "max_train_images=96", "max_val_images=19", "batch_size=32", "checkpoint_every=2", "log_every=1",
-        "probe_images=16"]
+TINY = [
+    "epochs=1",
+    "max_train_images=96",
+    "max_val_images=19",
+    "batch_size=32",
+    "checkpoint_every=2",
+    "log_every=1",
+    "probe_images=16",
+]
 
 
 def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
-    config = preset_config("demo", conditions=tuple(conditions), eval_images=48, probe_images=24,
-                           sweep_images=24, alphas=(1.0, 0.0), batch_size=24, synthetic_size=120,
-                           synthetic_val_size=60)
+    config = preset_config(
+        "demo",
+        conditions=tuple(conditions),
+        eval_images=48,
+        probe_images=24,
+        sweep_images=24,
+        alphas=(1.0, 0.0),
+        batch_size=24,
+        synthetic_size=120,
+        synthetic_val_size=60,
+    )
     config.train_overrides = list(config.train_overrides) + TINY
     return config
 
@@ -87,8 +103,9 @@ def test_demo_study_end_to_end(demo_study):
     assert "base64" not in page and page.count('<a href="figures/') == 6  # linked, not embedded
     # every claim's evidence reaches the page whole: its deciding interval and threshold (a |SSDC| once cut it)
     claims_table = page.split("five claims in this run</h2>")[1].split("<h2")[0]
-    rows = re.findall(r"<tr>\s*<td>(\d)</td>\s*<td>.*?</td>\s*<td[^>]*>.*?</td>\s*<td>(.*?)</td>\s*</tr>",
-                      claims_table, re.S)
+    rows = re.findall(
+        r"<tr>\s*<td>(\d)</td>\s*<td>.*?</td>\s*<td[^>]*>.*?</td>\s*<td>(.*?)</td>\s*</tr>", claims_table, re.S
+    )
     assert [int(n) for n, _ in rows] == [1, 2, 3, 4, 5]
     for n, evidence in rows:
         decided = evaluate_claims(results)[int(n) - 1]
@@ -102,7 +119,9 @@ def test_demo_study_end_to_end(demo_study):
         for key in ("mean_distance", "entropy", "ssdc", "rpi_mean_distance", "rpi_entropy", "rpi_ssdc"):
             assert np.shape(getattr(att, key)) == (4, 2), key  # (layers, heads): the demo's 2 heads
         assert all(0 < d < 12 for row in att.mean_distance for d in row)  # patch units on an 8 x 8 grid
-    assert "## Attention per head" in report and "figures/attention_heads.png" in report.split("## Attention per head")[1]
+    assert (
+        "## Attention per head" in report and "figures/attention_heads.png" in report.split("## Attention per head")[1]
+    )
 
 
 def test_no_pe_under_rpi_matches_content_positions_in_the_study(demo_study):
@@ -119,6 +138,7 @@ def test_report_regenerates_from_results_json_alone(demo_study, tmp_path):
     copy.mkdir()
     (copy / "results.json").write_text((out / "results.json").read_text())
     assert cli_main(["report", str(copy)]) == 0
+
     def text(md: str) -> str:  # the report less its figures (the copy has no maps.pt: no similarity maps)
         kept = [line for line in md.splitlines() if not line.startswith(("![", "*Figure "))]
         return re.sub(r"\n{2,}", "\n\n", "\n".join(kept))
@@ -208,7 +228,9 @@ def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_
     monkeypatch.setattr(recipe, "load_recipe", lambda *a, **k: built.append(a[0]) or load(*a, **k))
     resumed = run_study(_tiny(conditions=("ape",)), copy, resume=True, progress=False)
     monkeypatch.undo()
-    assert [p.name for p in reads] == ["results.json"] and sorted(built) == sorted(f"imagenette_cpu_{c}" for c in study_mod.CONDITIONS)
+    assert [p.name for p in reads] == ["results.json"] and sorted(built) == sorted(
+        f"imagenette_cpu_{c}" for c in study_mod.CONDITIONS
+    )
     assert [(r.condition, r.seed) for r in resumed.runs] == [(r.condition, r.seed) for r in before.runs]
     assert "beyond the ones asked for (nope, sincos, rope, rpt)" in capsys.readouterr().out
     assert resumed.complete and list(resumed.config["conditions"]) == list(study_mod.CONDITIONS)
@@ -255,13 +277,21 @@ def test_resume_with_changed_settings_is_refused_or_recomputes_what_they_affect(
 
 def test_training_table_finds_when_the_anchor_forms():
     """'Stays above the threshold from epoch' ignores an early excursion; seeds average per epoch."""
+
     def run(seed, curve):
-        return SimpleNamespace(condition="ape", seed=seed, history=[
-            HistoryPoint(step=e, epoch=float(e), val_top1=0.1 * e, rpi_ssdc=[v, v], pe_ssdc=None) for e, v in curve])
+        return SimpleNamespace(
+            condition="ape",
+            seed=seed,
+            history=[
+                HistoryPoint(step=e, epoch=float(e), val_top1=0.1 * e, rpi_ssdc=[v, v], pe_ssdc=None) for e, v in curve
+            ],
+        )
+
     assert _formed_at(np.array([2.0, 4.0, 6.0, 8.0]), np.array([0.2, 0.05, 0.15, 0.3])) == 6.0
     assert _formed_at(np.array([2.0, 4.0]), np.array([0.3, 0.05])) is None
-    results = SimpleNamespace(runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]),
-                         run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])])  # mean 0, .09, .2, .3
+    results = SimpleNamespace(
+        runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]), run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])]
+    )  # mean 0, .09, .2, .3
     row = next(line for line in _training_table(results) if line.startswith("| APE"))
     assert row.split("|")[-3].strip() == "6" and row.split("|")[-2].strip() == "0.800±0.000"
     assert "0.300±0.141 (ep 8)" in row  # mean ± std over seeds of (0.4, 0.2)
@@ -273,7 +303,9 @@ def test_in100_dry_run_validates_every_recipe(tmp_path, capsys):
     plan = dry_run(preset_config("in100"), tmp_path)
     assert [p["condition"] for p in plan] == list(study_mod.CONDITIONS)
     assert all(p["img_size"] == 224 and p["epochs"] == 60 and "accelerate launch" in p["command"] for p in plan)
-    assert {p["model"] for p in plan} == {f"posgeom_vit_small_patch16_224_{v}" for v in ("nope", "ape", "sincos", "rope", "ape_rpt")}
+    assert {p["model"] for p in plan} == {
+        f"posgeom_vit_small_patch16_224_{v}" for v in ("nope", "ape", "sincos", "rope", "ape_rpt")
+    }
     assert cli_main(["study", "--preset", "in100", "--dry-run", "--out", str(tmp_path)]) == 0
     assert "every recipe valid" in capsys.readouterr().out
 
@@ -300,8 +332,12 @@ def test_the_14x14_preset_plans_every_condition_at_112_px(tmp_path, capsys):
 
     data = tmp_path / "data"
     data.mkdir()
-    assert cli_main(["study", "--preset", "imagenette-cpu-14", "--data", str(data), "--dry-run",
-                     "--out", str(tmp_path / "s")]) == 0
+    assert (
+        cli_main(
+            ["study", "--preset", "imagenette-cpu-14", "--data", str(data), "--dry-run", "--out", str(tmp_path / "s")]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("112 px") == 5 and "--set img_size=112" in out
     assert out.count("--set crop_pad=7 --set model_kwargs.embed_dim=64 --set model_kwargs.num_heads=2") == 5
@@ -398,8 +434,26 @@ def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
     running, it would go on writing into a run directory whose study has stopped. The study exits 130 with
     one line, and the run keeps its lock-free directory for --resume."""
     out = tmp_path / "study"
-    cmd = [sys.executable, "-m", "timm_posgeom.cli", "study", "--conditions", "nope", "--out", str(out),
-           "--set", "epochs=200", "--set", "max_train_images=96", "--set", "max_val_images=19", "--set", "batch_size=32", "--set", "log_every=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "timm_posgeom.cli",
+        "study",
+        "--conditions",
+        "nope",
+        "--out",
+        str(out),
+        "--set",
+        "epochs=200",
+        "--set",
+        "max_train_images=96",
+        "--set",
+        "max_val_images=19",
+        "--set",
+        "batch_size=32",
+        "--set",
+        "log_every=1",
+    ]
     study = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lock, child, deadline = out / "runs" / "nope_s0" / ".lock", None, time.time() + 240
     try:
@@ -437,12 +491,22 @@ def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
             for c in classes:
                 (root / split / c).mkdir(parents=True, exist_ok=True)
                 for i in range(count):
-                    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(root / split / c / f"{i}.png")
+                    Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(
+                        root / split / c / f"{i}.png"
+                    )
 
     data = tmp_path / "data"
     tree(data, ["a", "b"])
-    config = preset_config("demo", data=str(data), conditions=("nope",), eval_images=8, probe_images=8,
-                           sweep_images=8, alphas=(1.0, 0.0), batch_size=8)
+    config = preset_config(
+        "demo",
+        data=str(data),
+        conditions=("nope",),
+        eval_images=8,
+        probe_images=8,
+        sweep_images=8,
+        alphas=(1.0, 0.0),
+        batch_size=8,
+    )
     config.train_overrides = list(config.train_overrides) + TINY
     out = tmp_path / "study"
     run_study(config, out, progress=False)
@@ -460,12 +524,15 @@ def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
         run_study(config, out, resume=True, progress=False, allow_changes=True)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--conditions", "ape,nope,ape"], "condition(s) given twice: ape"),
-    (["--set", "seed=7"], "--set seed=... would be replaced by the study's own seed: use --num-seeds"),
-    (["--set", "data=/elsewhere"], "use --data"),
-    (["--set", "model_kwargs.init=timm"], "use --init"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--conditions", "ape,nope,ape"], "condition(s) given twice: ape"),
+        (["--set", "seed=7"], "--set seed=... would be replaced by the study's own seed: use --num-seeds"),
+        (["--set", "data=/elsewhere"], "use --data"),
+        (["--set", "model_kwargs.init=timm"], "use --init"),
+    ],
+)
 def test_study_options_that_would_be_silently_replaced_are_refused(tmp_path, capsys, argv, message):
     """A repeated condition ran once and counted twice (a second 'seed' with no spread); --set seed / data /
     model_kwargs.init were replaced by the study's own values, so the plan was not what was asked."""
@@ -542,8 +609,9 @@ def test_rpi_permutations_are_measured_and_a_change_re_measures_only_the_rpi_par
         for key in ("rpi_permutations", "sweep_rpi", "attention_rpi"):
             (raw["config"] if name == "plan.json" else raw["settings"]).pop(key, None)
         (tmp_path / name).write_text(json.dumps(raw))
-    assert study_mod.config_changes(json.loads((tmp_path / "plan.json").read_text())["config"],
-                                    dataclasses.asdict(more)) == {"rpi_permutations": (1, 3)}
+    assert study_mod.config_changes(
+        json.loads((tmp_path / "plan.json").read_text())["config"], dataclasses.asdict(more)
+    ) == {"rpi_permutations": (1, 3)}
     one = _tiny(conditions=("ape",))
     one.rpi_permutations = 1
     # one permutation now: the same SSDC and attention as then, but the sweep draws one per alpha afresh
@@ -561,15 +629,35 @@ def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_m
     from timm_posgeom.cli.main import build_parser
     from timm_posgeom.cli.study import _config
 
-    flags = ["--data-config", "default", "--streaming", "--max-images", "64", "--train-split", "train",
-             "--val-split", "validation", "--bad-images", "skip", "--device", "cpu"]
+    flags = [
+        "--data-config",
+        "default",
+        "--streaming",
+        "--max-images",
+        "64",
+        "--train-split",
+        "train",
+        "--val-split",
+        "validation",
+        "--bad-images",
+        "skip",
+        "--device",
+        "cpu",
+    ]
     assert main(["study", "--preset", "demo", "--conditions", "ape", "--dry-run", "--out", str(tmp_path), *flags]) == 0
     command = capsys.readouterr().out
     assert "--set data_config=default --set streaming=true --set max_train_images=64" in command
     assert command.rstrip().endswith("--device cpu")
     config = _config(build_parser().parse_args(["study", "--preset", "demo", *flags]))
-    assert {"data_config=default", "streaming=true", "max_train_images=64", "max_val_images=64", "bad_images=skip",
-            "train_split=train", "val_split=validation"} <= set(config.train_overrides)
+    assert {
+        "data_config=default",
+        "streaming=true",
+        "max_train_images=64",
+        "max_val_images=64",
+        "bad_images=skip",
+        "train_split=train",
+        "val_split=validation",
+    } <= set(config.train_overrides)
     assert (config.eval_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
     with pytest.raises(ValueError, match="--set max_val_images=... and --max-images both set max_val_images"):
         _config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))

@@ -1,4 +1,5 @@
 """The support matrix: one small model of every timm family, measured, and docs/support.md equal to it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,8 +12,16 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "support.md"
 
 # Global-attention ViTs: with every PE removed their blocks must be exactly permutation-equivariant
 # (convit was not: pe_scale left its GPSA positional attention in place).
-GLOBAL_ATTENTION = {"beit", "cait", "convit", "deit", "eva", "naflexvit", "vision_transformer",
-                    "vision_transformer_relpos"}
+GLOBAL_ATTENTION = {
+    "beit",
+    "cait",
+    "convit",
+    "deit",
+    "eva",
+    "naflexvit",
+    "vision_transformer",
+    "vision_transformer_relpos",
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +36,9 @@ def test_docs_list_exactly_the_matrix(documented):
 
 @pytest.mark.parametrize("entry", MATRIX, ids=lambda e: e.family)
 def test_support_row(entry, documented, one_thread):
-    row = check_support(build_matrix_model(entry), entry.model, img_size=(entry.img_size, entry.img_size),
-                        family=entry.family)
+    row = check_support(
+        build_matrix_model(entry), entry.model, img_size=(entry.img_size, entry.img_size), family=entry.family
+    )
     assert row.restored, f"{entry.model}: pe_scale did not restore the state bit for bit"
     assert not row.probe.startswith("refused"), f"{entry.model}: {row.probe}"
     if entry.family in GLOBAL_ATTENTION:

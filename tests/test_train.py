@@ -1,4 +1,5 @@
 """Tests of the training loop and recipes: tiny models (32 px, dim 32, depth 2), a few steps."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,15 @@ from timm_posgeom.probes import pe_content_norm_ratio, pe_table_ssdc
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = [
-    "model_kwargs.embed_dim=32", "model_kwargs.depth=2", "model_kwargs.num_heads=2",
-    "img_size=32", "batch_size=16", "workers=0", "max_train_images=160", "max_val_images=32", "log_every=1",
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=2",
+    "model_kwargs.num_heads=2",
+    "img_size=32",
+    "batch_size=16",
+    "workers=0",
+    "max_train_images=160",
+    "max_val_images=32",
+    "log_every=1",
 ]
 
 
@@ -91,7 +99,9 @@ def test_few_steps_synthetic(tmp_path):
     # the top-1 is tied to the weights it was measured on (issue 31): a card checks this hash
     from timm_posgeom.app.hub import weights_sha1
 
-    assert RunSummary.read(tmp_path / "summary.json").export_sha1 == weights_sha1(tmp_path / "export" / "model.safetensors")
+    assert RunSummary.read(tmp_path / "summary.json").export_sha1 == weights_sha1(
+        tmp_path / "export" / "model.safetensors"
+    )
     assert latest_checkpoint(tmp_path).name == "step_00000003"
     assert not list((tmp_path / "checkpoints").glob(".tmp*"))
 
@@ -99,8 +109,15 @@ def test_few_steps_synthetic(tmp_path):
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
 @pytest.mark.parametrize("cached", [True, False])
 def test_few_steps_imagenette(tmp_path, cached):
-    recipe = tiny(f"data={IMAGENETTE}", "max_train_images=48", "max_val_images=32", "max_steps=2",
-                  f"cache={cached}", "disk_cache=false", f"workers={0 if cached else 1}")
+    recipe = tiny(
+        f"data={IMAGENETTE}",
+        "max_train_images=48",
+        "max_val_images=32",
+        "max_steps=2",
+        f"cache={cached}",
+        "disk_cache=false",
+        f"workers={0 if cached else 1}",
+    )
     summary = train(recipe, tmp_path, progress=False)
     assert summary.steps == 2 and summary.val_images == 32
     config = json.loads((tmp_path / "export" / "config.json").read_text())
@@ -109,8 +126,19 @@ def test_few_steps_imagenette(tmp_path, cached):
 
 def test_loss_falls_on_learnable_subset(tmp_path):
     # 32 images seen 40 times each, no augmentation or smoothing: the model must fit them
-    recipe = tiny("max_train_images=32", "max_val_images=6", "epochs=20", "augment=none", "label_smoothing=0", "lr=3e-3",
-                  "weight_decay=0", "cache=true", "disk_cache=false", "warmup_epochs=1", "eval_every=100")
+    recipe = tiny(
+        "max_train_images=32",
+        "max_val_images=6",
+        "epochs=20",
+        "augment=none",
+        "label_smoothing=0",
+        "lr=3e-3",
+        "weight_decay=0",
+        "cache=true",
+        "disk_cache=false",
+        "warmup_epochs=1",
+        "eval_every=100",
+    )
     train(recipe, tmp_path, progress=False)
     losses = [r["loss"] for r in _records(tmp_path, "train")]
     assert len(losses) == 40
@@ -121,9 +149,20 @@ def test_loss_falls_on_learnable_subset(tmp_path):
 def test_kill_and_resume_is_exact(tmp_path):
     # RPT (token shuffling), drop path, dropout, mixup, EMA, gradient accumulation and a DataLoader worker:
     # every RNG stream and counter in play
-    overrides = ("model=posgeom_vit_micro_patch8_64_ape_rpt", "model_kwargs.drop_path_rate=0.1",
-                 "model_kwargs.proj_drop_rate=0.1", "mixup=0.8", "cutmix=1.0", "ema=true", "ema_decay=0.9",
-                 "epochs=4", "checkpoint_every=3", "workers=1", "probe_images=8", "grad_accum=2")
+    overrides = (
+        "model=posgeom_vit_micro_patch8_64_ape_rpt",
+        "model_kwargs.drop_path_rate=0.1",
+        "model_kwargs.proj_drop_rate=0.1",
+        "mixup=0.8",
+        "cutmix=1.0",
+        "ema=true",
+        "ema_decay=0.9",
+        "epochs=4",
+        "checkpoint_every=3",
+        "workers=1",
+        "probe_images=8",
+        "grad_accum=2",
+    )
     full, killed = tmp_path / "full", tmp_path / "killed"
     proc = subprocess.Popen(_cli(killed, *overrides), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -154,9 +193,28 @@ def test_two_processes_under_accelerate_launch(tmp_path):
     # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set. A free port
     # per launch (not the default 29500, which another launch may hold), and no process left behind on a timeout
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-           "-m", "timm_posgeom.cli", "train", "--out", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "timm_posgeom.cli",
+        "train",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     # probe_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
     for item in TINY + ["max_steps=3", "checkpoint_every=2", "probe_images=8"]:
         cmd += ["--set", item]
@@ -168,12 +226,18 @@ def test_two_processes_under_accelerate_launch(tmp_path):
     assert summary.val_images == 32  # every validation image counted exactly once across processes
     assert (out / "export" / "model.safetensors").is_file()
     assert sorted(p.name for p in latest_checkpoint(out).glob("random_states_*")) == [
-        "random_states_0.pkl", "random_states_1.pkl"]
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]
 
 
 def test_export_reloads_identically(tmp_path):
-    recipe = tiny("model=posgeom_vit_micro_patch8_64_rope", "max_steps=2", "model_kwargs.num_heads=4",
-                  "model_kwargs.drop_path_rate=0.1")
+    recipe = tiny(
+        "model=posgeom_vit_micro_patch8_64_rope",
+        "max_steps=2",
+        "model_kwargs.num_heads=4",
+        "model_kwargs.drop_path_rate=0.1",
+    )
     train(recipe, tmp_path, progress=False)
     reloaded = timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True).eval()
     assert reloaded.pe == "rope" and reloaded.blocks[0].attn.num_heads == 4 and reloaded.embed_dim == 32
@@ -263,15 +327,28 @@ def test_resume_with_allowed_changes_uses_the_new_optimiser_settings(tmp_path):
     --allow-changes recorded the new values and went on with the old (with sched none, the lr too)."""
     base = ("sched=none", "opt=adamw", "wd_exclude_1d=false", "checkpoint_every=2", "log_every=1")
     train(tiny(*base, "max_steps=2", "lr=1e-3", "weight_decay=0.05"), tmp_path, progress=False)
-    train(tiny(*base, "max_steps=4", "lr=2e-3", "weight_decay=0.01"), tmp_path, resume=True, progress=False,
-          allow_changes=True)
+    train(
+        tiny(*base, "max_steps=4", "lr=2e-3", "weight_decay=0.01"),
+        tmp_path,
+        resume=True,
+        progress=False,
+        allow_changes=True,
+    )
     assert [r["lr"] for r in _records(tmp_path, "train")] == pytest.approx([1e-3, 1e-3, 2e-3, 2e-3])
     saved = torch.load(latest_checkpoint(tmp_path) / "optimizer.bin", weights_only=False)
-    assert [(g["lr"], g["weight_decay"]) for g in saved["param_groups"]] == [(2e-3, 0.0), (2e-3, 0.01)]  # no-decay group, decayed
+    assert [(g["lr"], g["weight_decay"]) for g in saved["param_groups"]] == [
+        (2e-3, 0.0),
+        (2e-3, 0.01),
+    ]  # no-decay group, decayed
     # weight decay 0 makes other parameter groups: refused in one line, not called a damaged checkpoint
     with pytest.raises(RunDirError, match="other parameter groups than this recipe's"):
-        train(tiny("sched=none", "opt=adamw", "checkpoint_every=2", "max_steps=6", "weight_decay=0"), tmp_path,
-              resume=True, progress=False, allow_changes=True)
+        train(
+            tiny("sched=none", "opt=adamw", "checkpoint_every=2", "max_steps=6", "weight_decay=0"),
+            tmp_path,
+            resume=True,
+            progress=False,
+            allow_changes=True,
+        )
 
 
 def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
@@ -321,8 +398,19 @@ def test_unknown_model_and_bad_values(tmp_path, capsys):
 # recipes
 # --------------------------------------------------------------------------------------------
 def test_overrides_are_coerced():
-    r = apply_overrides(Recipe(), ["lr=3e-4", "epochs=7", "ema=yes", "max_steps=none", "clip_grad=1",
-                                   "model_kwargs.alpha=0.5", "scale=[0.5, 1]", "data=../x/y"])
+    r = apply_overrides(
+        Recipe(),
+        [
+            "lr=3e-4",
+            "epochs=7",
+            "ema=yes",
+            "max_steps=none",
+            "clip_grad=1",
+            "model_kwargs.alpha=0.5",
+            "scale=[0.5, 1]",
+            "data=../x/y",
+        ],
+    )
     assert r.lr == 3e-4 and r.epochs == 7 and r.ema is True and r.max_steps is None and r.clip_grad == 1.0
     assert r.model_kwargs == {"alpha": 0.5} and r.scale == [0.5, 1.0] and r.data == "../x/y"
     with pytest.raises(RecipeError, match="epochs"):
@@ -331,15 +419,23 @@ def test_overrides_are_coerced():
         apply_overrides(Recipe(), ["epochs"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("clip_grad=-1", "clip_grad must be > 0"),  # clip_grad_norm_(max_norm=-1) flips the gradient: ascent
-    ("ema_decay=1.5", "ema_decay must be in [0, 1)"), ("ema_decay=-20", "ema_decay must be in [0, 1)"),
-    ("weight_decay=-0.1", "weight_decay must be >= 0"), ("hflip=2", "hflip must be in [0, 1]"),
-    ("warmup_epochs=-3", "warmup_epochs must be >= 0"), ("crop_pct=1.5", "crop_pct must be in (0, 1]"),
-    ("scale=[1.0, 0.08]", "0 < min <= max <= 1"), ("min_lr=-1", "min_lr must be >= 0"),
-    ("momentum=-1", "momentum must be >= 0"), ("crop_pad=-2", "crop_pad must be >= 0"),
-    ("opt_betas=[0.9, 1.2]", "opt_betas must be two values in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("clip_grad=-1", "clip_grad must be > 0"),  # clip_grad_norm_(max_norm=-1) flips the gradient: ascent
+        ("ema_decay=1.5", "ema_decay must be in [0, 1)"),
+        ("ema_decay=-20", "ema_decay must be in [0, 1)"),
+        ("weight_decay=-0.1", "weight_decay must be >= 0"),
+        ("hflip=2", "hflip must be in [0, 1]"),
+        ("warmup_epochs=-3", "warmup_epochs must be >= 0"),
+        ("crop_pct=1.5", "crop_pct must be in (0, 1]"),
+        ("scale=[1.0, 0.08]", "0 < min <= max <= 1"),
+        ("min_lr=-1", "min_lr must be >= 0"),
+        ("momentum=-1", "momentum must be >= 0"),
+        ("crop_pad=-2", "crop_pad must be >= 0"),
+        ("opt_betas=[0.9, 1.2]", "opt_betas must be two values in [0, 1)"),
+    ],
+)
 def test_recipe_values_that_would_train_something_else_are_refused(override, message):
     """Each was accepted and changed what was trained without an error (a negative clip_grad trained by
     gradient ascent; ema_decay -20 exported weights of 1e11)."""
@@ -347,8 +443,13 @@ def test_recipe_values_that_would_train_something_else_are_refused(override, mes
         load_recipe(None, [override])
 
 
-VARIANTS = {"nope": ("none", "none"), "ape": ("ape", "none"), "sincos": ("sincos", "none"),
-            "rope": ("rope", "none"), "rpt": ("ape", "train")}
+VARIANTS = {
+    "nope": ("none", "none"),
+    "ape": ("ape", "none"),
+    "sincos": ("sincos", "none"),
+    "rope": ("rope", "none"),
+    "rpt": ("ape", "train"),
+}
 
 
 @pytest.mark.parametrize("family", ["in100_paper", "in100_deit", "imagenette_cpu"])
@@ -361,7 +462,13 @@ def test_shipped_recipes(family, variant):
     assert (model.pe, model.token_shuffle) == VARIANTS[variant]
     assert recipe.label_smoothing == 0.1
     if family == "in100_paper":
-        assert (recipe.opt, recipe.lr, recipe.weight_decay, recipe.batch_size, recipe.epochs) == ("adam", 1e-3, 0.05, 128, 60)
+        assert (recipe.opt, recipe.lr, recipe.weight_decay, recipe.batch_size, recipe.epochs) == (
+            "adam",
+            1e-3,
+            0.05,
+            128,
+            60,
+        )
         assert recipe.img_size == 224 and recipe.augment == "none" and recipe.eval_resize == "paper"
         assert recipe.data == "clane9/imagenet-100" and recipe.sched == "none"
         assert model.blocks[0].attn.num_heads == 8 and model.embed_dim == 384 and len(model.blocks) == 12
@@ -378,10 +485,24 @@ def test_shipped_recipes(family, variant):
 @pytest.mark.parametrize("name", ["in100_paper_rpt", "in100_deit_rope", "imagenette_cpu_sincos"])
 def test_shipped_recipes_run_when_shrunk(tmp_path, name):
     # the recipe's own optimiser, schedule, augmentation, mixup, EMA and precision; a tiny model on synthetic data
-    recipe = load_recipe(name, ["data=synthetic", "model_kwargs.depth=1", "model_kwargs.embed_dim=32",
-                                "model_kwargs.num_heads=2", "model_kwargs.patch_size=8", "img_size=32",
-                                "batch_size=8", "workers=0", "max_train_images=40", "max_val_images=8", "max_steps=3",
-                                "probe_images=0", "disk_cache=false"])
+    recipe = load_recipe(
+        name,
+        [
+            "data=synthetic",
+            "model_kwargs.depth=1",
+            "model_kwargs.embed_dim=32",
+            "model_kwargs.num_heads=2",
+            "model_kwargs.patch_size=8",
+            "img_size=32",
+            "batch_size=8",
+            "workers=0",
+            "max_train_images=40",
+            "max_val_images=8",
+            "max_steps=3",
+            "probe_images=0",
+            "disk_cache=false",
+        ],
+    )
     summary = train(recipe, tmp_path, progress=False)
     assert summary.steps == 3
     assert (tmp_path / ("export_ema" if recipe.ema else "export") / "model.safetensors").is_file()
@@ -398,8 +519,11 @@ def test_accelerate_configs_are_shipped():
 
 def test_shipped_recipes_are_found_by_name_and_user_files_still_work(tmp_path):
     names = set(shipped_recipes())
-    assert {f"{f}_{v}" for f in ("imagenette_cpu", "in100_paper", "in100_deit")
-            for v in ("nope", "ape", "sincos", "rope", "rpt")} == names
+    assert {
+        f"{f}_{v}"
+        for f in ("imagenette_cpu", "in100_paper", "in100_deit")
+        for v in ("nope", "ape", "sincos", "rope", "rpt")
+    } == names
     # found through the package (importlib.resources), not through the working directory
     assert find_recipe("imagenette_cpu_ape").parent.name == "recipes"
     own = tmp_path / "mine.yaml"
@@ -422,7 +546,8 @@ def test_metrics_log_on_resume_drops_later_and_torn_records(tmp_path):
     from timm_posgeom.app.train import MetricsLog
 
     (tmp_path / "metrics.jsonl").write_text(
-        '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr')
+        '{"kind": "train", "step": 2}\n{"kind": "eval", "step": 4}\n{"kind": "train", "step": 6}\n{"kind": "tr'
+    )
     MetricsLog(tmp_path, True, resume_step=4).log({"kind": "train", "step": 5})
     assert [r["step"] for r in _records(tmp_path, "train")] == [2, 5]
 
@@ -504,7 +629,8 @@ def test_read_metrics_counts_a_repeated_step_once(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(
         '{"kind": "train", "step": 5, "loss": 1}\n{"kind": "eval", "step": 10, "val_top1": 0.5}\n'
         '{"kind": "eval", "step": 10, "val_top1": 0.6}\n{"kind": "eval", "step": 10, "val_top1": 0.7}\n'
-        '{"kind": "final", "val_top1": 0.7}\n')
+        '{"kind": "final", "val_top1": 0.7}\n'
+    )
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [(r["kind"], r.get("step")) for r in records] == [("train", 5), ("eval", 10), ("final", None)]
     assert records[1]["val_top1"] == 0.7
@@ -519,10 +645,31 @@ def test_train_trains_on_a_config_of_a_local_parquet_set(tmp_path, capsys):
     from test_data import _parquet_set
 
     root = _parquet_set(tmp_path / "set")  # configurations small (3 classes) and big (4)
-    common = ["--data", str(root), "--max-images", "8", "--no-progress", "--set", "max_steps=1",
-              "--set", "model_kwargs.embed_dim=32", "--set", "model_kwargs.depth=1", "--set", "model_kwargs.num_heads=2",
-              "--set", "img_size=16", "--set", "model_kwargs.patch_size=8", "--set", "batch_size=4", "--set", "workers=0",
-              "--set", "probe_images=0"]
+    common = [
+        "--data",
+        str(root),
+        "--max-images",
+        "8",
+        "--no-progress",
+        "--set",
+        "max_steps=1",
+        "--set",
+        "model_kwargs.embed_dim=32",
+        "--set",
+        "model_kwargs.depth=1",
+        "--set",
+        "model_kwargs.num_heads=2",
+        "--set",
+        "img_size=16",
+        "--set",
+        "model_kwargs.patch_size=8",
+        "--set",
+        "batch_size=4",
+        "--set",
+        "workers=0",
+        "--set",
+        "probe_images=0",
+    ]
     assert main([*common, "--data-config", "big", "--out", str(tmp_path / "big")]) == 0
     assert main([*common, "--data-config", "small", "--streaming", "--out", str(tmp_path / "small")]) == 0
     for name, classes in (("big", 4), ("small", 3)):
@@ -530,18 +677,37 @@ def test_train_trains_on_a_config_of_a_local_parquet_set(tmp_path, capsys):
         assert saved["data_config"] == name and saved["max_train_images"] == saved["max_val_images"] == 8
         summary = json.loads((tmp_path / name / "summary.json").read_text())
         assert summary["val_images"] == 6  # the validation splits hold 6 (the first 8: all of them)
-        assert len(json.loads((tmp_path / name / "export" / "config.json").read_text())["pretrained_cfg"]
-                   ["label_names"]) == classes
+        assert (
+            len(json.loads((tmp_path / name / "export" / "config.json").read_text())["pretrained_cfg"]["label_names"])
+            == classes
+        )
     assert yaml.safe_load((tmp_path / "small" / "recipe.yaml").read_text())["streaming"] is True
     # the same images streamed or loaded: the run's data identity is the same
     assert main([*common, "--data-config", "small", "--out", str(tmp_path / "loaded")]) == 0
-    assert (json.loads((tmp_path / "small" / "data.json").read_text())
-            == json.loads((tmp_path / "loaded" / "data.json").read_text()))
+    assert json.loads((tmp_path / "small" / "data.json").read_text()) == json.loads(
+        (tmp_path / "loaded" / "data.json").read_text()
+    )
     # the splits by name, and a count that streaming needs
-    assert main([*common, "--data-config", "big", "--train-split", "validation", "--val-split", "train",
-                 "--out", str(tmp_path / "swapped")]) == 0
-    assert json.loads((tmp_path / "swapped" / "data.json").read_text())["train"] == json.loads(
-        (tmp_path / "big" / "data.json").read_text())["validation"]
+    assert (
+        main(
+            [
+                *common,
+                "--data-config",
+                "big",
+                "--train-split",
+                "validation",
+                "--val-split",
+                "train",
+                "--out",
+                str(tmp_path / "swapped"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        json.loads((tmp_path / "swapped" / "data.json").read_text())["train"]
+        == json.loads((tmp_path / "big" / "data.json").read_text())["validation"]
+    )
     capsys.readouterr()
     assert main(["--data", str(root), "--data-config", "big", "--streaming", "--out", str(tmp_path / "x")]) == 2
     assert "streaming reads the first N images of each split" in capsys.readouterr().err
@@ -552,10 +718,25 @@ def test_train_trains_on_a_config_of_a_local_parquet_set(tmp_path, capsys):
 @pytest.mark.skipif(not IMAGENETTE.is_dir(), reason="../shared/data/imagenette not present")
 def test_train_streams_imagenette_by_its_config(tmp_path):
     """A tiny run on Imagenette's `default` configuration, streamed: 16 training and 16 validation images."""
-    sets = [x for item in TINY + ["max_steps=2", "probe_images=0"] if not item.startswith("max_images")
-            and not item.startswith(("max_train_images", "max_val_images")) for x in ("--set", item)]
-    argv = ["--data", str(IMAGENETTE), "--data-config", "default", "--streaming", "--max-images", "16",
-            "--no-progress", "--out", str(tmp_path), *sets]
+    sets = [
+        x
+        for item in TINY + ["max_steps=2", "probe_images=0"]
+        if not item.startswith("max_images") and not item.startswith(("max_train_images", "max_val_images"))
+        for x in ("--set", item)
+    ]
+    argv = [
+        "--data",
+        str(IMAGENETTE),
+        "--data-config",
+        "default",
+        "--streaming",
+        "--max-images",
+        "16",
+        "--no-progress",
+        "--out",
+        str(tmp_path),
+        *sets,
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["val_images"] == 16

@@ -1,5 +1,6 @@
 """scripts/verdicts.py (issue 39): the current verdicts per study, and side by side the rule before issue 39, each
 change alone and today's, from each study's results.json."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,7 +28,9 @@ def test_it_prints_the_current_verdicts_and_what_changed_them(verdicts, tmp_path
     assert verdicts.main([str(tmp_path / "four"), f"one seed={tmp_path / 'one'}"]) == 0
     out = capsys.readouterr().out
     assert "| four | 4 (no PE, APE, sincos, RoPE, RPT) | held | held | held | held | held |" in out
-    assert "| one seed | 1 (no PE, APE, sincos, RoPE, RPT) | one seed | one seed | one seed | one seed | one seed |" in out
+    assert (
+        "| one seed | 1 (no PE, APE, sincos, RoPE, RPT) | one seed | one seed | one seed | one seed | one seed |" in out
+    )
     # one seed: held under rule 2026-11, which only the one-seed change moves (in bold), not decided under 2026-12
     row = next(line for line in out.splitlines() if line.startswith("| one seed | 3. RPT like no PE |"))
     assert row.split(" | ")[2:] == ["held", "held", "held", "**one seed**", "held", "held", "**one seed** |"]

@@ -1,6 +1,7 @@
 """One name per idea, one meaning per name: every ``posgeom`` subcommand's parser, read against the list of
 ideas below (issue 42). Adding a flag for an idea listed here means using its one name; a new idea that
 several commands share gets an entry."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,11 +27,25 @@ class Idea:
 
 IDEAS = {
     "at most the first N images, for all the work": Idea(
-        "--max-images", READ_DATA,
-        {"--images", "--num-images", "--n-images", "--subset", "--train-subset", "--val-subset", "--eval-images",
-         "--max-train-images", "--max-val-images", "--synthetic-size", "--limit"}),
+        "--max-images",
+        READ_DATA,
+        {
+            "--images",
+            "--num-images",
+            "--n-images",
+            "--subset",
+            "--train-subset",
+            "--val-subset",
+            "--eval-images",
+            "--max-train-images",
+            "--max-val-images",
+            "--synthetic-size",
+            "--limit",
+        },
+    ),
     "the SSDC probe's own count of images": Idea(
-        "--probe-images", {"sweep", "zoo", "train", "study"}, {"--ssdc-images", "--rpi-ssdc-images"}),
+        "--probe-images", {"sweep", "zoo", "train", "study"}, {"--ssdc-images", "--rpi-ssdc-images"}
+    ),
     "a seed value": Idea("--seed", MEASURING | {"zoo", "train"}, {"--random-seed"}),
     "a number of seeds": Idea("--num-seeds", {"study"}, {"--seeds", "--n-seeds"}),
     "ImageNet-C's corruptions (all, extra or named)": Idea("--imagenet-c", {"fragility"}, {"--imagenet-c-all"}),
@@ -53,10 +68,17 @@ DEPRECATED = {"--images": "--max-images", "--seeds": "--num-seeds", "--weights":
 # a name that is another command's, refused here with a pointer (never silently another meaning)
 REFUSED = {"--imagenet-c": {"zoo", "study"}}
 # recipe keys named after the flags that set them
-RECIPE_KEYS = {"--max-images": {"max_train_images", "max_val_images"}, "--probe-images": {"probe_images"},
-               "--bad-images": {"bad_images"}, "--data-config": {"data_config"}, "--revision": {"revision"},
-               "--streaming": {"streaming"}, "--train-split": {"train_split"}, "--val-split": {"val_split"},
-               "--seed": {"seed"}}
+RECIPE_KEYS = {
+    "--max-images": {"max_train_images", "max_val_images"},
+    "--probe-images": {"probe_images"},
+    "--bad-images": {"bad_images"},
+    "--data-config": {"data_config"},
+    "--revision": {"revision"},
+    "--streaming": {"streaming"},
+    "--train-split": {"train_split"},
+    "--val-split": {"val_split"},
+    "--seed": {"seed"},
+}
 OLD_RECIPE_KEYS = {"train_subset", "val_subset", "synthetic_size", "rpi_ssdc_images"}
 
 
@@ -76,8 +98,13 @@ def _meaning(action: argparse.Action) -> tuple:
     """What a flag does, as the parser says it: its kind of action, what it takes (a text and a path are the same
     to a user) and its choices."""
     kind = getattr(action.type, "__name__", action.type)
-    return (type(action).__name__, action.nargs, action.const, "text" if kind in (None, "str", "Path") else kind,
-            tuple(action.choices or ()))
+    return (
+        type(action).__name__,
+        action.nargs,
+        action.const,
+        "text" if kind in (None, "str", "Path") else kind,
+        tuple(action.choices or ()),
+    )
 
 
 def _hidden(action: argparse.Action) -> bool:
@@ -86,8 +113,9 @@ def _hidden(action: argparse.Action) -> bool:
 
 def test_every_command_takes_each_idea_by_its_one_name():
     parsers = _parsers()
-    missing = {idea: sorted(i.commands - {c for c, p in parsers.items() if i.flag in _flags(p)})
-               for idea, i in IDEAS.items()}
+    missing = {
+        idea: sorted(i.commands - {c for c, p in parsers.items() if i.flag in _flags(p)}) for idea, i in IDEAS.items()
+    }
     assert not {k: v for k, v in missing.items() if v}, f"commands without the flag of an idea they do: {missing}"
     for command, parser in parsers.items():
         for flag, action in _flags(parser).items():

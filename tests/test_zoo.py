@@ -4,6 +4,7 @@ Offline and small: random-init timm models (a ViT with a learned table, an eva02
 RoPE) and one of our exported runs (``local-dir:``), at 112 px on the first 16 of 24 Imagenette
 validation images written to a parquet folder of their own.
 """
+
 from __future__ import annotations
 
 import csv
@@ -47,8 +48,18 @@ pytestmark = pytest.mark.xdist_group("zoo")
 IMG, N, BATCH = 112, 16, 8
 VIT = "vit_tiny_patch16_224"  # a learned absolute table, 12 blocks
 ROPE = "eva02_tiny_patch14_224"  # a learned table and axial RoPE, 12 blocks, no classifier (num_classes 0)
-COMMON = ["--no-pretrained", "--img-size", str(IMG), "--max-images", str(N), "--batch-size", str(BATCH),
-          "--num-workers", "0", "--no-progress"]
+COMMON = [
+    "--no-pretrained",
+    "--img-size",
+    str(IMG),
+    "--max-images",
+    str(N),
+    "--batch-size",
+    str(BATCH),
+    "--num-workers",
+    "0",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -86,8 +97,12 @@ def export(tmp_path_factory, data_dir) -> str:
     torch.manual_seed(1)
     model = timm.create_model("posgeom_vit_micro_patch8_64_rope", num_classes=10, img_size=IMG)
     folder = tmp_path_factory.mktemp("run") / "export"
-    export_for_hub(model, folder, dict(img_size=IMG, num_classes=10),
-                   dict(input_size=(3, IMG, IMG), num_classes=10, label_names=classes))
+    export_for_hub(
+        model,
+        folder,
+        dict(img_size=IMG, num_classes=10),
+        dict(input_size=(3, IMG, IMG), num_classes=10, label_names=classes),
+    )
     return f"local-dir:{folder}"
 
 
@@ -125,9 +140,11 @@ def test_csv_has_one_row_per_model_equal_to_direct_measurements(zoo, data_dir, e
     with open(zoo / "zoo.csv", newline="") as f:
         assert next(csv.reader(f)) == csv_columns(ZooConfig(data=str(data_dir)))
     data = load_split(data_dir, "validation", subset=N)
-    for name, pe, labels in ((VIT, "absolute position table", "imagenet-1k head"),
-                             (ROPE, "absolute position table; axial RoPE", None),  # headless (MIM weights' cfg)
-                             (export, "our model's PE 'rope'", "recorded class names")):
+    for name, pe, labels in (
+        (VIT, "absolute position table", "imagenet-1k head"),
+        (ROPE, "absolute position table; axial RoPE", None),  # headless (MIM weights' cfg)
+        (export, "our model's PE 'rope'", "recorded class names"),
+    ):
         row = rows[name]
         record = ZooModel.read(zoo / "models" / f"{safe_name(name)}.json")
         assert row["status"] == "ok" and record.status == "ok"
@@ -187,7 +204,7 @@ def test_attention_and_position_columns_equal_direct_measurements(zoo, data_dir,
         for rpi, got in ((False, record.position_accuracy), (True, record.position_accuracy_rpi)):
             direct = position_probe(model, *halves, rpi=rpi, batch_size=BATCH, progress=False, distributed="off")
             assert got == pytest.approx(direct.accuracy.tolist(), abs=1e-12)
-        (h, w), = {tuple(g) for g in record.grid_sizes}
+        ((h, w),) = {tuple(g) for g in record.grid_sizes}
         assert record.position_chance == pytest.approx(1 / (h * w))  # 7 x 7, 8 x 8 and 14 x 14 grids here
     md = (zoo / "zoo.md").read_text()
     assert "## Attention and position, per block" in md and all(f"`{m}`" in md for m in (VIT, ROPE))
@@ -239,8 +256,9 @@ def test_markdown_names_models_measured_with_other_versions(zoo, data_dir, tmp_p
 @pytest.mark.slow
 def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, data_dir, export, capsys):
     out = tmp_path / "zoo"
-    code = main(["zoo", "no_such_model_xyz", export, "--data", str(data_dir), "--out", str(out), "--alphas", "1,0",
-                 *COMMON])
+    code = main(
+        ["zoo", "no_such_model_xyz", export, "--data", str(data_dir), "--out", str(out), "--alphas", "1,0", *COMMON]
+    )
     assert code == 1
     err = capsys.readouterr().err
     assert "1 model(s) failed" in err and "no_such_model_xyz: load: ValueError: unknown model" in err
@@ -252,8 +270,17 @@ def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, dat
     torch.manual_seed(0)
     model = create_model(export).eval()
     data = load_split(data_dir, "validation", subset=N)
-    sweep = alpha_sweep(model, data, [1.0, 0.0], ("jpeg:5",), probe_images=N, batch_size=BATCH, num_workers=0,
-                        max_images=N, progress=False)
+    sweep = alpha_sweep(
+        model,
+        data,
+        [1.0, 0.0],
+        ("jpeg:5",),
+        probe_images=N,
+        batch_size=BATCH,
+        num_workers=0,
+        max_images=N,
+        progress=False,
+    )
     assert rows[export]["sweep_alphas"] == "1 0"
     assert [float(v) for v in rows[export]["sweep_delta_ssdc_rpi"].split()] == pytest.approx(sweep.delta_ssdc, abs=1e-6)
     fs = [_cell(v) for v in sweep.fs["jpeg:5"]]
@@ -277,8 +304,20 @@ def test_killed_while_measuring_the_second_model_a_rerun_keeps_the_first(tmp_pat
     out = tmp_path / "zoo"
     first = out / "models" / f"{safe_name(export)}.json"
     second = out / "models" / f"{safe_name(ROPE)}.json"
-    cmd = [sys.executable, "-m", "timm_posgeom.cli", "zoo", export, ROPE, VIT, "--data", str(data_dir),
-           "--out", str(out), *COMMON]
+    cmd = [
+        sys.executable,
+        "-m",
+        "timm_posgeom.cli",
+        "zoo",
+        export,
+        ROPE,
+        VIT,
+        "--data",
+        str(data_dir),
+        "--out",
+        str(out),
+        *COMMON,
+    ]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -330,10 +369,31 @@ def test_two_shards_one_after_the_other_give_the_one_process_table(zoo, data_dir
 def test_two_shards_at_once_into_one_folder_lose_no_record(zoo, data_dir, export, tmp_path):
     out = tmp_path / "concurrent"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), MPLBACKEND="Agg", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "timm_posgeom.cli", "zoo", VIT, ROPE, export, "--data",
-                               str(data_dir), "--out", str(out), "--shard", f"{k}/2", *COMMON],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for k in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "timm_posgeom.cli",
+                "zoo",
+                VIT,
+                ROPE,
+                export,
+                "--data",
+                str(data_dir),
+                "--out",
+                str(out),
+                "--shard",
+                f"{k}/2",
+                *COMMON,
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for k in (0, 1)
+    ]
     logs = [proc.communicate(timeout=600)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0, 0], logs
     for name in (VIT, ROPE, export):
@@ -380,8 +440,10 @@ def test_images_decoded_once_give_the_same_batches_and_scores_bit_for_bit(data_d
     mapped = relabel_by_name(shared, list(reversed(shared.classes)))  # a relabelling reads the shared images
     direct_mapped = relabel_by_name(data, list(reversed(data.classes)))
     assert [mapped[i][1] for i in range(N)] == [direct_mapped[i][1] for i in range(N)]
-    assert fragility(model, mapped, num_workers=0, progress=False).accuracy == \
-        fragility(model, direct_mapped, num_workers=0, progress=False).accuracy
+    assert (
+        fragility(model, mapped, num_workers=0, progress=False).accuracy
+        == fragility(model, direct_mapped, num_workers=0, progress=False).accuracy
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,8 +486,9 @@ def test_models_file_names_and_filter(tmp_path):
     assert filter_models("vit_tiny_patch16_22*", "off") == ["vit_tiny_patch16_224"]
     assert all("." in n for n in filter_models("vit_tiny_patch16_22*", "auto"))  # name.tag, as timm lists weights
     assert relative_depth(1) == [0.0] and relative_depth(3) == [0.0, 0.5, 1.0]
-    assert layer_summary([0.1, None, 0.3, 0.2]) == dict(first=0.1, last=0.2, peak=0.3, peak_layer=2,
-                                                         mean=pytest.approx(0.2))
+    assert layer_summary([0.1, None, 0.3, 0.2]) == dict(
+        first=0.1, last=0.2, peak=0.3, peak_layer=2, mean=pytest.approx(0.2)
+    )
 
 
 def test_no_models_is_one_line_and_writes_nothing(tmp_path, data_dir, capsys):
@@ -446,10 +509,23 @@ def test_imagenet_c_flag_adds_its_jpeg_and_blur_at_every_severity(tmp_path, data
         raise KeyboardInterrupt  # stop before measuring anything
 
     monkeypatch.setattr(zoo_mod, "run_zoo", fake_run_zoo)
-    assert main(["zoo", "vit_tiny_patch16_224", "--imagenet-c-jpeg-blur", "--data", str(data_dir),
-                 "--out", str(tmp_path / "zoo")]) == 130
+    assert (
+        main(
+            [
+                "zoo",
+                "vit_tiny_patch16_224",
+                "--imagenet-c-jpeg-blur",
+                "--data",
+                str(data_dir),
+                "--out",
+                str(tmp_path / "zoo"),
+            ]
+        )
+        == 130
+    )
     assert seen["shifts"] == tuple(PAPER_SHIFTS) + tuple(
-        f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6))
+        f"imagenet-c:{n}:{s}" for n in ("jpeg_compression", "gaussian_blur") for s in range(1, 6)
+    )
 
 
 def test_a_model_whose_weights_changed_under_its_name_is_not_kept(tmp_path, data_dir, capsys):
@@ -463,8 +539,12 @@ def test_a_model_whose_weights_changed_under_its_name_is_not_kept(tmp_path, data
     def export(seed):
         torch.manual_seed(seed)
         model = timm.create_model("posgeom_vit_micro_patch8_64_ape", num_classes=10, img_size=IMG, depth=2)
-        export_for_hub(model, folder, dict(img_size=IMG, num_classes=10, depth=2),
-                       dict(input_size=(3, IMG, IMG), num_classes=10, label_names=classes))
+        export_for_hub(
+            model,
+            folder,
+            dict(img_size=IMG, num_classes=10, depth=2),
+            dict(input_size=(3, IMG, IMG), num_classes=10, label_names=classes),
+        )
 
     export(1)
     name, out = f"local-dir:{folder}", tmp_path / "zoo"
@@ -501,7 +581,8 @@ def test_weights_key_names_the_hub_revision_in_the_local_cache(tmp_path, monkeyp
     (tmp_path / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k" / "refs").mkdir(parents=True)
     (tmp_path / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k" / "refs" / "main").write_text("c0ffee")
     assert weights_key("vit_tiny_patch16_224.augreg_in21k_ft_in1k", "pretrained") == (
-        "hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k@c0ffee")
+        "hub:timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k@c0ffee"
+    )
     assert weights_key("vit_tiny_patch16_224", "random-init") == "random-init"
 
 
@@ -509,7 +590,10 @@ def test_old_names_still_work_for_one_release_with_a_warning(tmp_path, capsys):
     with pytest.warns(DeprecationWarning, match="use max_images=N"):
         config = ZooConfig(data="synthetic", images=16)
     assert config.max_images == config.probe_images == 16
-    assert ZooConfig(data="synthetic").probe_count() == 1000 and ZooConfig(data="synthetic", max_images=8).probe_count() == 8
+    assert (
+        ZooConfig(data="synthetic").probe_count() == 1000
+        and ZooConfig(data="synthetic", max_images=8).probe_count() == 8
+    )
     from timm_posgeom.app import zoo
 
     with pytest.warns(DeprecationWarning, match="timm_posgeom.labels.map_by_name"):

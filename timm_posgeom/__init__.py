@@ -15,6 +15,7 @@ The import is light (docs/architecture.md, rule 6): the public names below are l
 (PEP 562), and the models are registered with timm as soon as timm is imported, before or after this
 package, so ``posgeom --help`` answers without loading torch.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -134,19 +135,46 @@ _LAZY = {
     **dict.fromkeys(("ImageSplit", "load_split"), "data"),
     "eval_loader": "eval_data",
     "create_model": "factory",
-    **dict.fromkeys(("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"),
-                    "imagenet_c"),
-    **dict.fromkeys(("PEEntry", "PEScaleError", "TokenPermutation", "TokenPermutationError", "find_embed_module",
-                     "pe_inventory", "pe_scale", "token_permutation"), "interventions"),
+    **dict.fromkeys(
+        ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"), "imagenet_c"
+    ),
+    **dict.fromkeys(
+        (
+            "PEEntry",
+            "PEScaleError",
+            "TokenPermutation",
+            "TokenPermutationError",
+            "find_embed_module",
+            "pe_inventory",
+            "pe_scale",
+            "token_permutation",
+        ),
+        "interventions",
+    ),
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
     **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
-    **dict.fromkeys(("SSDCResult", "pe_table_ssdc", "probe_ssdc", "ssdc", "AttentionMeasure", "AttentionResult",
-                     "Measure", "MeasureResult", "attention_measures", "run_measures", "CKAResult", "cka",
-                     "PositionProbeResult", "position_probe"), "probes"),
+    **dict.fromkeys(
+        (
+            "SSDCResult",
+            "pe_table_ssdc",
+            "probe_ssdc",
+            "ssdc",
+            "AttentionMeasure",
+            "AttentionResult",
+            "Measure",
+            "MeasureResult",
+            "attention_measures",
+            "run_measures",
+            "CKAResult",
+            "cka",
+            "PositionProbeResult",
+            "position_probe",
+        ),
+        "probes",
+    ),
     **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
-    **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"),
-                    "shifts"),
+    **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
     **dict.fromkeys(("SupportRow", "check_support"), "support"),
     "SyntheticShapes": "synthetic",
     "eval_transform": "transforms",

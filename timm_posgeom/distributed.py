@@ -32,6 +32,7 @@ torchrun's store listens on a free port but tells the workers 0, and they would 
 until the rendezvous timeout (accelerate 1.1's ``launch --main_process_port 0`` passes the 0 through;
 later accelerate releases pick a free port themselves). :func:`setup` refuses ``MASTER_PORT=0`` at once.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -88,9 +89,11 @@ def check_port() -> None:
     (see the module's notes on ports); nothing when not launched."""
     launched = launched_world_size()
     if launched > 1 and os.environ.get("MASTER_PORT", "").strip() == "0":
-        raise RuntimeError(f"{launched} processes were launched with MASTER_PORT=0: they cannot meet on port 0 and "
-                           "would wait for one another until the rendezvous timeout (accelerate before 1.7 passes "
-                           "`--main_process_port 0` through unchanged): launch with a free port instead")
+        raise RuntimeError(
+            f"{launched} processes were launched with MASTER_PORT=0: they cannot meet on port 0 and "
+            "would wait for one another until the rendezvous timeout (accelerate before 1.7 passes "
+            "`--main_process_port 0` through unchanged): launch with a free port instead"
+        )
 
 
 def is_initialized() -> bool:
@@ -127,9 +130,11 @@ def setup() -> int:
         atexit.register(_destroy_at_exit)
     if not is_initialized() or dist.get_world_size() != launched:
         got = dist.get_world_size() if is_initialized() else 1
-        raise RuntimeError(f"{launched} processes were launched but accelerate set up {got}: each process would "
-                           "measure alone (for CPU processes set ACCELERATE_USE_CPU=1; accelerate's state may have "
-                           "been created before the launch environment was set)")
+        raise RuntimeError(
+            f"{launched} processes were launched but accelerate set up {got}: each process would "
+            "measure alone (for CPU processes set ACCELERATE_USE_CPU=1; accelerate's state may have "
+            "been created before the launch environment was set)"
+        )
     return dist.get_world_size()
 
 
@@ -182,7 +187,9 @@ def _comm_device() -> torch.device:
         return torch.device("cuda", torch.cuda.current_device())
     if backend in ("gloo", "mpi", "undefined") or "cpu:" in backend:
         return torch.device("cpu")
-    PartialState = require("accelerate", "measuring in several processes").PartialState  # xccl, hccl, ...: accelerate knows the device
+    PartialState = require(
+        "accelerate", "measuring in several processes"
+    ).PartialState  # xccl, hccl, ...: accelerate knows the device
 
     return PartialState().device
 
@@ -241,8 +248,9 @@ def gather_in_order(values: np.ndarray, indices: np.ndarray | Sequence[int], n: 
         np.add.at(seen, part_indices, 1)
     if not (seen == 1).all():
         missing, twice = int((seen == 0).sum()), int((seen > 1).sum())
-        raise RuntimeError(f"the shards of {len(parts)} process(es) cover {n} items badly: {missing} missing, "
-                           f"{twice} more than once")
+        raise RuntimeError(
+            f"the shards of {len(parts)} process(es) cover {n} items badly: {missing} missing, {twice} more than once"
+        )
     return out
 
 
@@ -262,7 +270,7 @@ def shared_seed(seed: int | None) -> int | None:
     torch's global RNG and broadcast, so that every process draws the same permutations."""
     if seed is not None or world_size() <= 1 or not is_initialized():
         return seed
-    drawn = int(torch.randint(0, 2 ** 62, ())) if is_main() else None
+    drawn = int(torch.randint(0, 2**62, ())) if is_main() else None
     return int(broadcast_object(drawn))
 
 
@@ -284,7 +292,9 @@ def _exchange_failure(error: BaseException | None) -> None:
             remote = cls(text) if isinstance(cls, type) and issubclass(cls, Exception) else None
         except Exception:
             remote = None
-        raise remote if remote is not None else RuntimeError(f"process {i} of {len(failures)} failed: {name}: {message}")
+        raise (
+            remote if remote is not None else RuntimeError(f"process {i} of {len(failures)} failed: {name}: {message}")
+        )
 
 
 @contextlib.contextmanager
@@ -338,8 +348,9 @@ class IndexBatches(Sampler):
         return len(self.batches)
 
 
-def sequential_batches(n: int, batch_size: int, world: int | None = None, rank_: int | None = None,
-                       drop_last: bool = False) -> list[range]:
+def sequential_batches(
+    n: int, batch_size: int, world: int | None = None, rank_: int | None = None, drop_last: bool = False
+) -> list[range]:
     """This process's share of the batches ``[kB, (k+1)B)`` of the first ``n`` items: global batch k
     for every k in :func:`own_batches` (the last one partial unless ``drop_last``)."""
     if batch_size < 1:
@@ -349,8 +360,9 @@ def sequential_batches(n: int, batch_size: int, world: int | None = None, rank_:
     return [range(k * batch_size, min((k + 1) * batch_size, end)) for k in own_batches(count, world, rank_)]
 
 
-def shard_dataloader(loader: Any, limit: int | None = None, world: int | None = None,
-                     rank_: int | None = None) -> tuple[DataLoader, int] | None:
+def shard_dataloader(
+    loader: Any, limit: int | None = None, world: int | None = None, rank_: int | None = None
+) -> tuple[DataLoader, int] | None:
     """A DataLoader that loads only this process's batches of ``loader``, and the number of images
     of all processes' batches together; None when ``loader`` cannot be re-batched.
 
@@ -372,9 +384,14 @@ def shard_dataloader(loader: Any, limit: int | None = None, world: int | None = 
         end = min(end, int(limit))
     batches = sequential_batches(end, batch, world, rank_)
     kwargs: dict[str, Any] = dict(
-        batch_sampler=IndexBatches(batches), num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+        batch_sampler=IndexBatches(batches),
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
         persistent_workers=loader.persistent_workers and loader.num_workers > 0,
         pin_memory_device=getattr(loader, "pin_memory_device", ""),
     )

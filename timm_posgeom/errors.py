@@ -5,14 +5,24 @@ layers (docs/architecture.md). A user error means bad input, a refused operation
 dependency, never a bug: the command line catches :data:`USER_ERRORS` and prints :func:`one_line` of the
 error with exit status 2; anything else keeps its traceback.
 """
+
 from __future__ import annotations
 
 import errno
 import importlib
 from types import ModuleType
 
-__all__ = ["PosgeomError", "MissingDependencyError", "USER_ERRORS", "one_line", "require", "APP_MODULES",
-           "io_error_line", "NonFiniteWarning", "nonfinite_message"]
+__all__ = [
+    "PosgeomError",
+    "MissingDependencyError",
+    "USER_ERRORS",
+    "one_line",
+    "require",
+    "APP_MODULES",
+    "io_error_line",
+    "NonFiniteWarning",
+    "nonfinite_message",
+]
 
 
 class PosgeomError(Exception):
@@ -41,28 +51,59 @@ def require(module: str, needed_for: str, extra: str = "app") -> ModuleType:
         top = module.split(".")[0]
         if (e.name or "").split(".")[0] != top:
             raise
-        raise MissingDependencyError(f"{needed_for} needs {top}, which is not installed: it comes with the "
-                                     f"[{extra}] extra (pip install 'timm-posgeom[{extra}]')") from None
+        raise MissingDependencyError(
+            f"{needed_for} needs {top}, which is not installed: it comes with the "
+            f"[{extra}] extra (pip install 'timm-posgeom[{extra}]')"
+        ) from None
 
 
 # The builtins the library raises for bad input (a missing path, a bad value, an unwritable folder) are
 # user errors too: they carry a message written for the user.
-USER_ERRORS: tuple[type[BaseException], ...] = (PosgeomError, ValueError, FileNotFoundError, FileExistsError,
-                                                PermissionError)
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    PosgeomError,
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+)
 
 
 # What a file system answers about a path or a write: the user's disk, folders and paths, never our bug.
-_IO_ERRNOS = frozenset(getattr(errno, name) for name in (
-    "ENOSPC", "EDQUOT", "EFBIG", "EROFS", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "ELOOP", "EACCES", "EPERM",
-    "EEXIST", "ENOENT", "EXDEV", "EMLINK", "ETXTBSY", "EIO") if hasattr(errno, name))
-_IO_HINTS = {getattr(errno, k): v for k, v in (
-    ("ENOSPC", "the disk is full: free some space or write elsewhere"),
-    ("EDQUOT", "the disk quota is used up: free some space or write elsewhere"),
-    ("EFBIG", "the file would exceed the size this process may write (ulimit -f)"),
-    ("EROFS", "the file system is read-only: write elsewhere"),
-    ("ENOTDIR", "a path expected to be a folder is a file"),
-    ("EISDIR", "a path expected to be a file is a folder"),
-    ("ELOOP", "a symbolic link loop")) if hasattr(errno, k)}
+_IO_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ENOSPC",
+        "EDQUOT",
+        "EFBIG",
+        "EROFS",
+        "ENOTDIR",
+        "EISDIR",
+        "ENAMETOOLONG",
+        "ELOOP",
+        "EACCES",
+        "EPERM",
+        "EEXIST",
+        "ENOENT",
+        "EXDEV",
+        "EMLINK",
+        "ETXTBSY",
+        "EIO",
+    )
+    if hasattr(errno, name)
+)
+_IO_HINTS = {
+    getattr(errno, k): v
+    for k, v in (
+        ("ENOSPC", "the disk is full: free some space or write elsewhere"),
+        ("EDQUOT", "the disk quota is used up: free some space or write elsewhere"),
+        ("EFBIG", "the file would exceed the size this process may write (ulimit -f)"),
+        ("EROFS", "the file system is read-only: write elsewhere"),
+        ("ENOTDIR", "a path expected to be a folder is a file"),
+        ("EISDIR", "a path expected to be a file is a folder"),
+        ("ELOOP", "a symbolic link loop"),
+    )
+    if hasattr(errno, k)
+}
 
 
 def io_error_line(error: BaseException) -> str | None:

@@ -11,6 +11,7 @@ with ``image``/``img`` and ``label``/``labels`` keys: a :class:`~timm_posgeom.da
 without a length: ``datasets.load_dataset(..., streaming=True)``, a generator) is read as its first
 ``max_images`` items (:func:`first_items`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,8 +28,17 @@ from torch.utils.data import DataLoader, Dataset
 from .data import ImageSplit, RelabeledSplit
 from .transforms import class_index, resize_transform, resolve_config
 
-__all__ = ["split_item", "first_items", "check_split", "EvalImages", "eval_loader", "default_workers", "DecodedImages",
-           "resized_item", "prepare_shared"]
+__all__ = [
+    "split_item",
+    "first_items",
+    "check_split",
+    "EvalImages",
+    "eval_loader",
+    "default_workers",
+    "DecodedImages",
+    "resized_item",
+    "prepare_shared",
+]
 
 
 def split_item(item: Any) -> tuple[PIL.Image.Image, int]:
@@ -52,12 +62,16 @@ def first_items(data: Any, max_images: int | None) -> Any:
     a generator) its first ``max_images`` items, read into memory, which a stream needs to be given (it has no
     length). A Hugging Face stream becomes a ``datasets.Dataset`` of those rows with the stream's features
     (its class names stay, for the label check), its images as stored (not decoded and encoded again)."""
-    if (hasattr(data, "__len__") and hasattr(data, "__getitem__")) or isinstance(data, Mapping) \
-            or not hasattr(data, "__iter__"):
+    if (
+        (hasattr(data, "__len__") and hasattr(data, "__getitem__"))
+        or isinstance(data, Mapping)
+        or not hasattr(data, "__iter__")
+    ):
         return data
     if max_images is None:
-        raise ValueError("data is a stream (an iterable without a length): give max_images, the number of its "
-                         "first images to read")
+        raise ValueError(
+            "data is a stream (an iterable without a length): give max_images, the number of its first images to read"
+        )
     if max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
     if getattr(data, "features", None) is not None and hasattr(data, "take") and hasattr(data, "cast_column"):
@@ -70,8 +84,10 @@ def first_items(data: Any, max_images: int | None) -> Any:
 def check_split(data: Any, max_images: int | None = None) -> int:
     """Number of images to use: ``len(data)``, capped by ``max_images``; clear errors otherwise."""
     if not hasattr(data, "__len__") or not hasattr(data, "__getitem__"):
-        raise TypeError("data must be indexable with a length: a Hugging Face dataset or a sequence of "
-                        f"(PIL image, label) / {{'image', 'label'}}; got {type(data).__name__}")
+        raise TypeError(
+            "data must be indexable with a length: a Hugging Face dataset or a sequence of "
+            f"(PIL image, label) / {{'image', 'label'}}; got {type(data).__name__}"
+        )
     if isinstance(data, Mapping):
         raise TypeError(f"data is a mapping (keys {list(data)[:5]}): pass one split, e.g. data['validation']")
     n = len(data)
@@ -107,8 +123,14 @@ class DecodedImages(ImageSplit):
             labels.append(label)
         classes = list(getattr(data, "classes", None) or []) or [str(i) for i in range(max(labels) + 1)]
         fingerprint = f"{getattr(data, 'fingerprint', 'data')}-decoded-{n}"
-        super().__init__(images, classes, labels, fingerprint, lambda items, index: (items[index], labels[index]),
-                         getattr(data, "where", None))
+        super().__init__(
+            images,
+            classes,
+            labels,
+            fingerprint,
+            lambda items, index: (items[index], labels[index]),
+            getattr(data, "where", None),
+        )
         self.images = images
         self.keep = keep
         self._resized: dict[str, list[PIL.Image.Image]] = {}
@@ -167,15 +189,15 @@ def default_workers() -> int:
 
 
 def eval_loader(
-        model: nn.Module,
-        data: Any,
-        *,
-        max_images: int | None = None,
-        batch_size: int = 64,
-        resize: str = "paper",
-        num_workers: int | None = None,
-        pin_memory: bool = False,
-        img_size: int | tuple[int, int] | None = None,
+    model: nn.Module,
+    data: Any,
+    *,
+    max_images: int | None = None,
+    batch_size: int = 64,
+    resize: str = "paper",
+    num_workers: int | None = None,
+    pin_memory: bool = False,
+    img_size: int | tuple[int, int] | None = None,
 ) -> DataLoader:
     """Batches ``(images (B, 3, H, W) float, labels (B,) int64)`` of the first ``max_images`` items of
     ``data`` in order, under the model's clean eval transform (``resize`` = paper or timm).
@@ -194,5 +216,10 @@ def eval_loader(
     cfg = resolve_config(model, img_size)
     # eval_transform's steps in two parts: the geometry (PIL -> PIL, shareable across models) and the rest
     to_tensor = T.Compose([T.ToTensor(), T.Normalize(mean=cfg["mean"], std=cfg["std"])])
-    return DataLoader(EvalImages(data, n, resize_transform(cfg, resize), to_tensor), batch_size=batch_size,
-                      shuffle=False, num_workers=workers, pin_memory=pin_memory)
+    return DataLoader(
+        EvalImages(data, n, resize_transform(cfg, resize), to_tensor),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin_memory,
+    )

@@ -3,6 +3,7 @@
 Our own models are registered with timm by importing :mod:`timm_posgeom.models` (done here), so
 ``local-dir:`` exports of our runs and ``hf-hub:`` repos of them load like any timm model.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,14 @@ import torch.nn as nn
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 from .errors import PosgeomError
 
-__all__ = ["create_model", "unknown_model_message", "WEIGHTED_PREFIXES", "ModelLoadError", "check_patch_multiple",
-           "load_checkpoint_file"]
+__all__ = [
+    "create_model",
+    "unknown_model_message",
+    "WEIGHTED_PREFIXES",
+    "ModelLoadError",
+    "check_patch_multiple",
+    "load_checkpoint_file",
+]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
 WEIGHTED_PREFIXES = ("hf-hub:", "hf_hub:", "local-dir:")
@@ -29,18 +36,20 @@ def unknown_model_message(name: str) -> str:
 
     close = difflib.get_close_matches(name.split(".")[0], timm.list_models(), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return (f"unknown model {name!r}: {hint}(timm.list_models('*pattern*') lists timm's names, `posgeom models` "
-            "ours; hf-hub:ORG/NAME and local-dir:PATH load saved models)")
+    return (
+        f"unknown model {name!r}: {hint}(timm.list_models('*pattern*') lists timm's names, `posgeom models` "
+        "ours; hf-hub:ORG/NAME and local-dir:PATH load saved models)"
+    )
 
 
 def create_model(
-        name: str,
-        *,
-        pretrained: bool = False,
-        checkpoint: str | None = None,
-        img_size: int | None = None,
-        num_classes: int | None = None,
-        **kwargs: Any,
+    name: str,
+    *,
+    pretrained: bool = False,
+    checkpoint: str | None = None,
+    img_size: int | None = None,
+    num_classes: int | None = None,
+    **kwargs: Any,
 ) -> nn.Module:
     """``timm.create_model`` for a name, ``hf-hub:`` or ``local-dir:`` (those two load their weights).
 
@@ -68,8 +77,10 @@ def create_model(
     if name.startswith("local-dir:"):
         folder = Path(name.split(":", 1)[1]).expanduser()
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{name}: no config.json in {folder} (an exported run holds config.json and "
-                                    "model.safetensors, e.g. RUN_DIR/export)")
+            raise FileNotFoundError(
+                f"{name}: no config.json in {folder} (an exported run holds config.json and "
+                "model.safetensors, e.g. RUN_DIR/export)"
+            )
     elif not weighted and not timm.is_model(name):
         raise ValueError(unknown_model_message(name))
     if num_classes is not None:
@@ -121,9 +132,11 @@ def check_patch_multiple(model: nn.Module, img_size: int) -> None:
     if img_size % ph or img_size % pw:
         step = max(ph, pw)
         lower, upper = img_size // step * step, (img_size // step + 1) * step
-        raise ValueError(f"image size {img_size} is not a multiple of the patch size {ph}x{pw} of "
-                         f"{type(model).__name__}: the last {img_size % step} pixel rows and columns would be dropped "
-                         f"unseen; use {lower or upper} or {upper}")
+        raise ValueError(
+            f"image size {img_size} is not a multiple of the patch size {ph}x{pw} of "
+            f"{type(model).__name__}: the last {img_size % step} pixel rows and columns would be dropped "
+            f"unseen; use {lower or upper} or {upper}"
+        )
 
 
 def load_checkpoint_file(model: nn.Module, checkpoint: str | os.PathLike) -> None:
@@ -139,9 +152,13 @@ def load_checkpoint_file(model: nn.Module, checkpoint: str | os.PathLike) -> Non
             raise
         mismatch = isinstance(e, RuntimeError) and ("Missing key" in str(e) or "size mismatch" in str(e))
         if not mismatch:
-            raise ModelLoadError(f"{checkpoint} is not a checkpoint this model can load ({type(e).__name__}: "
-                                 f"{_first_line(e)}): pass a file written by torch.save or safetensors, such as a "
-                                 "run's checkpoints/*/model.safetensors or export/model.safetensors") from e
-        raise ModelLoadError(f"{checkpoint} holds the weights of another model than {type(model).__name__} "
-                             f"({_first_line(e)[:200]}): build the model it was trained as (name, --num-classes, "
-                             "--img-size)") from e
+            raise ModelLoadError(
+                f"{checkpoint} is not a checkpoint this model can load ({type(e).__name__}: "
+                f"{_first_line(e)}): pass a file written by torch.save or safetensors, such as a "
+                "run's checkpoints/*/model.safetensors or export/model.safetensors"
+            ) from e
+        raise ModelLoadError(
+            f"{checkpoint} holds the weights of another model than {type(model).__name__} "
+            f"({_first_line(e)[:200]}): build the model it was trained as (name, --num-classes, "
+            "--img-size)"
+        ) from e

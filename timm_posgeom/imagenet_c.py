@@ -27,6 +27,7 @@ Two sources of corrupted images:
   clean split (the released images are corrupted copies of the clean ones): otherwise FS would compare
   two different sets of images, and the run is refused.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -84,17 +85,30 @@ __all__ = [
 ]
 
 
-def _tables(counts: Mapping[str, Any], corruptions: Sequence[str], severities: Sequence[int],
-            clean_accuracy: float) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
-    accuracy = {c: {s: math.nan if counts[c][s].get("nonfinite") else counts[c][s]["correct"] / counts[c][s]["total"]
-                    for s in severities} for c in corruptions}
+def _tables(
+    counts: Mapping[str, Any], corruptions: Sequence[str], severities: Sequence[int], clean_accuracy: float
+) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, float]]]:
+    accuracy = {
+        c: {
+            s: math.nan if counts[c][s].get("nonfinite") else counts[c][s]["correct"] / counts[c][s]["total"]
+            for s in severities
+        }
+        for c in corruptions
+    }
     bad = [_spec(c, s) for c in corruptions for s in severities if counts[c][s].get("nonfinite")]
     if bad:
-        warnings.warn(nonfinite_message("the logits", sum(counts[c][s]["nonfinite"] for c in corruptions
-                                                          for s in severities if counts[c][s].get("nonfinite")),
-                                        sum(counts[c][s]["total"] for c in corruptions for s in severities),
-                                        f"top-1 and FS of {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are NaN"),
-                      NonFiniteWarning, stacklevel=3)
+        warnings.warn(
+            nonfinite_message(
+                "the logits",
+                sum(
+                    counts[c][s]["nonfinite"] for c in corruptions for s in severities if counts[c][s].get("nonfinite")
+                ),
+                sum(counts[c][s]["total"] for c in corruptions for s in severities),
+                f"top-1 and FS of {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} are NaN",
+            ),
+            NonFiniteWarning,
+            stacklevel=3,
+        )
     if clean_accuracy == 0:
         warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=3)
     with warnings.catch_warnings():
@@ -107,16 +121,16 @@ def _tables(counts: Mapping[str, Any], corruptions: Sequence[str], severities: S
 # generated on the fly
 # --------------------------------------------------------------------------------------------
 def imagenet_c_fragility(
-        model: nn.Module,
-        data: Any,
-        corruptions: str | Sequence[str] = "all",
-        severities: Sequence[int] = SEVERITIES,
-        *,
-        rpi: bool = False,
-        alpha: float | None = None,
-        labels: str = "check",
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    corruptions: str | Sequence[str] = "all",
+    severities: Sequence[int] = SEVERITIES,
+    *,
+    rpi: bool = False,
+    alpha: float | None = None,
+    labels: str = "check",
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> ImageNetCResult:
     """FS of every ImageNet-C corruption and severity, corrupting the clean split on the fly.
 
@@ -149,8 +163,16 @@ def imagenet_c_fragility(
     specs = imagenet_c_shifts(names, levels)
     shifts = [imagenet_c(name, s) for name in names for s in levels]
     step = max(1, settings.batch_size // (1 + len(specs)))
-    result = fragility(model, data, shifts, rpi=rpi, alpha=alpha, labels=labels,
-                       settings=settings.replace(batch_size=step), forward_size=settings.batch_size)
+    result = fragility(
+        model,
+        data,
+        shifts,
+        rpi=rpi,
+        alpha=alpha,
+        labels=labels,
+        settings=settings.replace(batch_size=step),
+        forward_size=settings.batch_size,
+    )
     assert result.shifts == specs, (result.shifts, specs)
     counts: dict[str, Any] = {"clean": dict(result.counts["clean"])}
     for c in names:
@@ -158,24 +180,34 @@ def imagenet_c_fragility(
     accuracy = {c: {s: result.accuracy[_spec(c, s)] for s in levels} for c in names}
     fs = {c: {s: result.fs[_spec(c, s)] for s in levels} for c in names}
     recorded = {**result.settings, "corruption_seed": "image_seed(seed, image index, corruption)"}
-    return ImageNetCResult(corruptions=names, severities=levels, num_images=result.num_images,
-                           clean_accuracy=result.clean_accuracy, accuracy=accuracy, fs=fs, counts=counts,
-                           source="generated", fragility=result, settings=recorded)
+    return ImageNetCResult(
+        corruptions=names,
+        severities=levels,
+        num_images=result.num_images,
+        clean_accuracy=result.clean_accuracy,
+        accuracy=accuracy,
+        fs=fs,
+        counts=counts,
+        source="generated",
+        fragility=result,
+        settings=recorded,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 
+
 def imagenet_c_released(
-        model: nn.Module,
-        data: Any,
-        root: str | os.PathLike,
-        corruptions: str | Sequence[str] = "all",
-        severities: Sequence[int] = SEVERITIES,
-        *,
-        rpi: bool = False,
-        alpha: float | None = None,
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    root: str | os.PathLike,
+    corruptions: str | Sequence[str] = "all",
+    severities: Sequence[int] = SEVERITIES,
+    *,
+    rpi: bool = False,
+    alpha: float | None = None,
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> ImageNetCResult:
     """FS of each corruption and severity from the released ImageNet-C images under ``root``.
 
@@ -219,8 +251,10 @@ def imagenet_c_released(
     """
     settings, own = MeasureSettings.resolve("imagenet_c_released", settings, options, _RELEASED_OPTIONS)
     if settings.max_images is not None:
-        raise ValueError("imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
-                         f"of it): max_images does not apply, got {settings.max_images}")
+        raise ValueError(
+            "imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
+            f"of it): max_images does not apply, got {settings.max_images}"
+        )
     names = _corruption_list(corruptions)
     levels = [_check_severity(s) for s in severities]
     matched, files = _released_files(model, data, root, names, levels, own)
@@ -232,13 +266,23 @@ def imagenet_c_released(
     counts = _released_counts(clean, correct, order, len(files))
     accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
     recorded = _released_settings(clean, root, own, counts, order)
-    return ImageNetCResult(corruptions=names, severities=levels, num_images=clean.num_images,
-                           clean_accuracy=clean.clean_accuracy, accuracy=accuracy, fs=fs, counts=counts,
-                           source="released", fragility=None, settings=recorded)
+    return ImageNetCResult(
+        corruptions=names,
+        severities=levels,
+        num_images=clean.num_images,
+        clean_accuracy=clean.clean_accuracy,
+        accuracy=accuracy,
+        fs=fs,
+        counts=counts,
+        source="released",
+        fragility=None,
+        settings=recorded,
+    )
 
 
-def _released_counts(clean: FragilityResult, correct: np.ndarray, order: list[tuple[str, int]],
-                     n_files: int) -> dict[str, Any]:
+def _released_counts(
+    clean: FragilityResult, correct: np.ndarray, order: list[tuple[str, int]], n_files: int
+) -> dict[str, Any]:
     """``"clean"`` and corruption -> severity -> ``{"correct": k, "total": n}`` (and ``"nonfinite"``: the
     images whose logits were not finite), from the clean run and ``correct`` (:func:`_evaluate_released`, the
     folders of ``order`` one after another, ``n_files`` images each)."""
@@ -251,26 +295,46 @@ def _released_counts(clean: FragilityResult, correct: np.ndarray, order: list[tu
     return counts
 
 
-def _released_settings(clean: FragilityResult, root: str | os.PathLike, own: dict[str, Any], counts: dict[str, Any],
-                       order: list[tuple[str, int]]) -> dict[str, Any]:
+def _released_settings(
+    clean: FragilityResult,
+    root: str | os.PathLike,
+    own: dict[str, Any],
+    counts: dict[str, Any],
+    order: list[tuple[str, int]],
+) -> dict[str, Any]:
     """How a released run's numbers were made: the clean run's settings, the tree (root, classes, framing) and
     the Wilson 95% interval of each folder's accuracy (NaN with non-finite logits) and of the clean one."""
     class_folders = own["class_folders"]
-    return {**clean.settings, "root": str(root), "extra_classes": own["extra_classes"],
-            "clean_framing": own["clean_framing"],
-            "class_folders": None if class_folders is None else list(class_folders),
-            "accuracy_interval": {_spec(c, s): list(wilson_interval(counts[c][s]["correct"], counts[c][s]["total"])
-                                                    if not counts[c][s].get("nonfinite") else (math.nan, math.nan))
-                                  for c, s in order},
-            "clean_interval": list(clean.clean_interval)}
+    return {
+        **clean.settings,
+        "root": str(root),
+        "extra_classes": own["extra_classes"],
+        "clean_framing": own["clean_framing"],
+        "class_folders": None if class_folders is None else list(class_folders),
+        "accuracy_interval": {
+            _spec(c, s): list(
+                wilson_interval(counts[c][s]["correct"], counts[c][s]["total"])
+                if not counts[c][s].get("nonfinite")
+                else (math.nan, math.nan)
+            )
+            for c, s in order
+        },
+        "clean_interval": list(clean.clean_interval),
+    }
 
 
-_RELEASED_OPTIONS = {"classes": None, "class_folders": None, "extra_classes": "error", "clean_framing": "imagenet-c",
-                     "labels": "check"}
+_RELEASED_OPTIONS = {
+    "classes": None,
+    "class_folders": None,
+    "extra_classes": "error",
+    "clean_framing": "imagenet-c",
+    "labels": "check",
+}
 
 
-def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names: list[str], levels: list[int],
-                    own: dict[str, Any]) -> tuple[Any, list[tuple[str, int]]]:
+def _released_files(
+    model: nn.Module, data: Any, root: str | os.PathLike, names: list[str], levels: list[int], own: dict[str, Any]
+) -> tuple[Any, list[tuple[str, int]]]:
     """(the clean split with its labels checked or mapped, the tree's [(CLASS/IMAGE, label)]), the tree
     checked against the split: its classes, and the same number of images of each class."""
     classes = own["classes"]
@@ -280,8 +344,9 @@ def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names:
             raise ValueError("the clean split has no class names (data.classes): pass classes=[...] in label order")
     classes = list(classes)
     matched = match_labels(model, data, own["labels"])  # a mismatch refused before the tree is read
-    files = check_imagenet_c_tree(root, classes, names, levels, class_folders=own["class_folders"],
-                                  extra_classes=own["extra_classes"])
+    files = check_imagenet_c_tree(
+        root, classes, names, levels, class_folders=own["class_folders"], extra_classes=own["extra_classes"]
+    )
     n = check_split(data)
     clean_counts = Counter(_split_labels(data, n))
     tree_counts = Counter(label for _, label in files)
@@ -291,7 +356,8 @@ def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names:
         raise ImageNetCTreeError(
             f"the clean split has {clean_counts.get(i, 0)} images of {classes[i]!r} but {root}/{names[0]}/{levels[0]} "
             f"has {tree_counts.get(i, 0)} ({len(differ)} class(es) differ): the released images are corrupted copies "
-            "of the clean ones, so FS needs the same images (the whole clean split, not a subset)")
+            "of the clean ones, so FS needs the same images (the whole clean split, not a subset)"
+        )
     if own["clean_framing"] not in CLEAN_FRAMINGS:
         raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
     if matched is not data:  # mapped by name: the released images' labels (indices of `classes`) map alike
@@ -300,14 +366,22 @@ def _released_files(model: nn.Module, data: Any, root: str | os.PathLike, names:
     return matched, files
 
 
-def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, rpi: bool,
-                       alpha: float | None) -> np.ndarray:
+def _evaluate_released(
+    model: nn.Module, tree: Any, settings: MeasureSettings, rpi: bool, alpha: float | None
+) -> np.ndarray:
     """(len(tree),) int8: whether each released image is classified right (1, else 0; -1: its logits are not
     finite), every process reading them all."""
     dev = _model_device(model, settings.device)
     assert settings.batch_size is not None  # fragility() on the clean images refused None first
-    loader = eval_loader(model, tree, batch_size=settings.batch_size, resize=settings.resize,
-                         num_workers=settings.num_workers, pin_memory=dev.type == "cuda", img_size=settings.img_size)
+    loader = eval_loader(
+        model,
+        tree,
+        batch_size=settings.batch_size,
+        resize=settings.resize,
+        num_workers=settings.num_workers,
+        pin_memory=dev.type == "cuda",
+        img_size=settings.img_size,
+    )
     correct = np.zeros(len(tree), dtype=np.int8)  # 1 right, 0 wrong, -1 logits not finite
     from tqdm.auto import tqdm
 
@@ -325,7 +399,7 @@ def _evaluate_released(model: nn.Module, tree: Any, settings: MeasureSettings, r
             logits = model(images.to(dev, non_blocking=True))
             check_labels(labels, logits.shape[-1])
             b = labels.shape[0]
-            correct[start:start + b] = score_logits(logits, labels)
+            correct[start : start + b] = score_logits(logits, labels)
             start += b
     if start != len(tree):
         raise RuntimeError(f"evaluated {start} released images, expected {len(tree)}")

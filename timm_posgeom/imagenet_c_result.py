@@ -3,6 +3,7 @@ their means (``FS_c``, ``mean FS``, mCE's average of fragility scores), FS norma
 (``rFS``), and the result as JSON and as a markdown table. The definitions are in :mod:`.imagenet_c` and
 docs/method.md#imagenet-c; :func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` and
 :func:`~timm_posgeom.imagenet_c.imagenet_c_released` measure it."""
+
 from __future__ import annotations
 
 import math
@@ -84,7 +85,9 @@ class ImageNetCResult:
     @property
     def complete(self) -> bool:
         """True when the result covers ImageNet-C's 15 corruptions at severities 1-5 (what mCE averages)."""
-        return sorted(self.corruptions) == sorted(IMAGENET_C_CORRUPTIONS) and sorted(self.severities) == list(SEVERITIES)
+        return sorted(self.corruptions) == sorted(IMAGENET_C_CORRUPTIONS) and sorted(self.severities) == list(
+            SEVERITIES
+        )
 
     def relative_fs(self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]]) -> dict[str, float]:
         """corruption -> ``rFS_c = sum_s FS[c][s] / sum_s FS_ref[c][s]`` (normalised like mCE's CE_c).
@@ -95,25 +98,32 @@ class ImageNetCResult:
         yardstick).
         """
         table = reference.fs if isinstance(reference, ImageNetCResult) else reference
-        missing = [_spec(c, s) for c in self.corruptions for s in self.severities
-                   if c not in table or s not in table[c]]
+        missing = [
+            _spec(c, s) for c in self.corruptions for s in self.severities if c not in table or s not in table[c]
+        ]
         if missing:
-            raise ValueError(f"the reference lacks {len(missing)} of this result's corruptions and severities "
-                             f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})")
+            raise ValueError(
+                f"the reference lacks {len(missing)} of this result's corruptions and severities "
+                f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})"
+            )
         out = {}
         for c in self.corruptions:
             own = sum(self.fs[c][s] for s in self.severities)
             ref = sum(float(table[c][s]) for s in self.severities)
             if math.isnan(ref) or ref <= 0:
-                warnings.warn(f"the reference's FS of {c} sums to {ref:.4g} over the severities: rFS is undefined "
-                              "(NaN)", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"the reference's FS of {c} sums to {ref:.4g} over the severities: rFS is undefined (NaN)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
                 out[c] = math.nan
             else:
                 out[c] = own / ref
         return out
 
-    def mean_relative_fs(self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]],
-                         defined_only: bool = False) -> float:
+    def mean_relative_fs(
+        self, reference: ImageNetCResult | Mapping[str, Mapping[int, float]], defined_only: bool = False
+    ) -> float:
         """The mean over the corruptions of :meth:`relative_fs` (mCE's normalised average).
 
         NaN when rFS is undefined for some corruption (the reference's FS sums to <= 0 there), unless
@@ -128,6 +138,7 @@ class ImageNetCResult:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready numbers; severities become string keys. The underlying fragility result (generated
         runs) is included under ``"fragility"``."""
+
         def by_sev(table: Mapping[str, Mapping[int, Any]]) -> dict[str, dict[str, Any]]:
             return {c: {str(s): table[c][s] for s in self.severities} for c in self.corruptions}
 
@@ -142,10 +153,12 @@ class ImageNetCResult:
             "corruption_fs": self.corruption_fs,
             "mean_fs": self.mean_fs,
             "complete": self.complete,
-            "counts": {"clean": dict(self.counts["clean"]),
-                       **{c: {str(s): dict(self.counts[c][s]) for s in self.severities} for c in self.corruptions}},
+            "counts": {
+                "clean": dict(self.counts["clean"]),
+                **{c: {str(s): dict(self.counts[c][s]) for s in self.severities} for c in self.corruptions},
+            },
             "definitions": "FS[c][s] = 1 - A[c][s] / A_clean; FS_c = mean over severities; mean_fs = mean over "
-                           "corruptions of FS_c",
+            "corruptions of FS_c",
             "settings": to_jsonable(self.settings),
             "fragility": self.fragility.to_dict() if self.fragility is not None else None,
         }
@@ -166,15 +179,27 @@ class ImageNetCResult:
             corruptions = list(d["corruptions"])
 
             def table(t: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-                return {c: {s: (math.nan if t[c][str(s)] is None else float(t[c][str(s)])) for s in severities}
-                        for c in corruptions}
+                return {
+                    c: {s: (math.nan if t[c][str(s)] is None else float(t[c][str(s)])) for s in severities}
+                    for c in corruptions
+                }
 
-            counts = {"clean": dict(d["counts"]["clean"]),
-                      **{c: {s: dict(d["counts"][c][str(s)]) for s in severities} for c in corruptions}}
+            counts = {
+                "clean": dict(d["counts"]["clean"]),
+                **{c: {s: dict(d["counts"][c][str(s)]) for s in severities} for c in corruptions},
+            }
             clean = d["clean_accuracy"]
-            return cls(corruptions=corruptions, severities=severities, num_images=int(d["num_images"]),
-                       clean_accuracy=math.nan if clean is None else float(clean), accuracy=table(d["accuracy"]),
-                       fs=table(d["fs"]), counts=counts, source=str(d["source"]), settings=dict(d.get("settings") or {}))
+            return cls(
+                corruptions=corruptions,
+                severities=severities,
+                num_images=int(d["num_images"]),
+                clean_accuracy=math.nan if clean is None else float(clean),
+                accuracy=table(d["accuracy"]),
+                fs=table(d["fs"]),
+                counts=counts,
+                source=str(d["source"]),
+                settings=dict(d.get("settings") or {}),
+            )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not an ImageNet-C result (imagenet_c.json): missing or malformed {e}") from None
 
@@ -213,17 +238,27 @@ class ImageNetCResult:
         if relative is not None:
             row.append(fmt(_nanmean(list(relative.values()))))
         lines.append("| " + " | ".join(row) + " |")
-        scope = ("ImageNet-C's 15 corruptions x severities 1-5" if self.complete else
-                 f"{len(self.corruptions)} corruption(s) x severities {','.join(map(str, self.severities))} "
-                 "(not all of ImageNet-C)")
-        lines += ["", f"clean top-1 {fmt(self.clean_accuracy)} on {self.num_images} images; {self.source} corruptions",
-                  f"mean FS over {scope}: {fmt(self.mean_fs)}"]
+        scope = (
+            "ImageNet-C's 15 corruptions x severities 1-5"
+            if self.complete
+            else f"{len(self.corruptions)} corruption(s) x severities {','.join(map(str, self.severities))} "
+            "(not all of ImageNet-C)"
+        )
+        lines += [
+            "",
+            f"clean top-1 {fmt(self.clean_accuracy)} on {self.num_images} images; {self.source} corruptions",
+            f"mean FS over {scope}: {fmt(self.mean_fs)}",
+        ]
         if relative is not None:
-            lines.append(f"mean rFS (normalised by the reference's FS per corruption, like mCE): "
-                         f"{fmt(_nanmean(list(relative.values())))}")
+            lines.append(
+                f"mean rFS (normalised by the reference's FS per corruption, like mCE): "
+                f"{fmt(_nanmean(list(relative.values())))}"
+            )
             undefined = [c for c, v in relative.items() if math.isnan(v)]
             defined = [v for v in relative.values() if not math.isnan(v)]
             if undefined and defined:
-                lines.append(f"mean rFS over the {len(defined)} corruption(s) where it is defined (left out, the "
-                             f"reference's FS sums to <= 0: {', '.join(undefined)}): {fmt(_nanmean(defined))}")
+                lines.append(
+                    f"mean rFS over the {len(defined)} corruption(s) where it is defined (left out, the "
+                    f"reference's FS sums to <= 0: {', '.join(undefined)}): {fmt(_nanmean(defined))}"
+                )
         return "\n".join(lines)

@@ -3,6 +3,7 @@ the clean split's classes (:func:`check_imagenet_c_tree`), read as a dataset, an
 the release framed the ones it corrupted (:func:`frame_like_imagenet_c`). Definitions: docs/method.md#imagenet-c;
 :func:`~timm_posgeom.imagenet_c.imagenet_c_released` measures on them.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,14 @@ from .eval_data import split_item
 from .shifts import _check_severity, _corruption_list
 from .transforms import to_rgb
 
-__all__ = ["check_imagenet_c_tree", "ImageNetCTreeError", "SEVERITIES", "IMAGE_EXTENSIONS", "CLEAN_FRAMINGS",
-           "frame_like_imagenet_c"]
+__all__ = [
+    "check_imagenet_c_tree",
+    "ImageNetCTreeError",
+    "SEVERITIES",
+    "IMAGE_EXTENSIONS",
+    "CLEAN_FRAMINGS",
+    "frame_like_imagenet_c",
+]
 
 SEVERITIES = (1, 2, 3, 4, 5)
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
@@ -41,13 +48,13 @@ def _image_files(folder: Path) -> list[str]:
 
 
 def check_imagenet_c_tree(
-        root: str | os.PathLike,
-        classes: Sequence[str],
-        corruptions: str | Sequence[str] = "all",
-        severities: Sequence[int] = SEVERITIES,
-        *,
-        class_folders: Sequence[str] | None = None,
-        extra_classes: str = "error",
+    root: str | os.PathLike,
+    classes: Sequence[str],
+    corruptions: str | Sequence[str] = "all",
+    severities: Sequence[int] = SEVERITIES,
+    *,
+    class_folders: Sequence[str] | None = None,
+    extra_classes: str = "error",
 ) -> list[tuple[str, int]]:
     """Check a released ImageNet-C tree ``ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE`` and list its images.
 
@@ -108,23 +115,30 @@ def _check_layout(root: Path, names: Sequence[str], levels: Sequence[int]) -> No
         raise ImageNetCTreeError(f"{root} lacks the severity folder(s) {_some(missing)} ({layout})")
 
 
-def _folder_files(here: Path, folders: Sequence[str], label_of: dict[str, int],
-                  extra_classes: str) -> dict[str, list[str]]:
+def _folder_files(
+    here: Path, folders: Sequence[str], label_of: dict[str, int], extra_classes: str
+) -> dict[str, list[str]]:
     """Class folder -> its image files (sorted) in one ``CORRUPTION/SEVERITY`` folder, checked: a folder
     for every class, no other (unless ``extra_classes="ignore"``), an image in each."""
     present = sorted(p.name for p in here.iterdir() if p.is_dir())
     present_set = set(present)
     absent = [f for f in folders if f not in present_set]
     if absent:
-        hint = (f"; its folders are {_some(present, 3)}: pass the class folders (e.g. wnids) if they are "
-                "named otherwise" if present else "")
-        raise ImageNetCTreeError(f"{here} has no folder for {len(absent)} of the {len(folders)} classes "
-                                 f"({_some(absent, 3)}){hint}")
+        hint = (
+            f"; its folders are {_some(present, 3)}: pass the class folders (e.g. wnids) if they are named otherwise"
+            if present
+            else ""
+        )
+        raise ImageNetCTreeError(
+            f"{here} has no folder for {len(absent)} of the {len(folders)} classes ({_some(absent, 3)}){hint}"
+        )
     extra = [f for f in present if f not in label_of]
     if extra and extra_classes == "error":
-        raise ImageNetCTreeError(f"{here} has {len(extra)} folder(s) that are none of the classes "
-                                 f"({_some(extra, 3)}); pass extra_classes='ignore' (posgeom: "
-                                 "--imagenet-c-extra-classes ignore) to read only the model's classes")
+        raise ImageNetCTreeError(
+            f"{here} has {len(extra)} folder(s) that are none of the classes "
+            f"({_some(extra, 3)}); pass extra_classes='ignore' (posgeom: "
+            "--imagenet-c-extra-classes ignore) to read only the model's classes"
+        )
     files = {}
     for f in folders:
         files[f] = _image_files(here / f)
@@ -133,8 +147,13 @@ def _folder_files(here: Path, folders: Sequence[str], label_of: dict[str, int],
     return files
 
 
-def _refuse_different(here: Path, where: str, files: dict[str, list[str]],
-                      reference: tuple[str, dict[str, list[str]]], folders: Sequence[str]) -> None:
+def _refuse_different(
+    here: Path,
+    where: str,
+    files: dict[str, list[str]],
+    reference: tuple[str, dict[str, list[str]]],
+    folders: Sequence[str],
+) -> None:
     """Raise: ``here`` and the first folder checked hold different images (named, a few of each)."""
     f = next(f for f in folders if files[f] != reference[1][f])
     only_here = sorted(set(files[f]) - set(reference[1][f]))
@@ -142,7 +161,8 @@ def _refuse_different(here: Path, where: str, files: dict[str, list[str]],
     raise ImageNetCTreeError(
         f"{here / f} and {reference[0]}/{f} hold different images ({len(files[f])} vs "
         f"{len(reference[1][f])}; only in {where}: {_some(only_here, 2) or 'none'}; only in "
-        f"{reference[0]}: {_some(only_there, 2) or 'none'}): an incomplete download or extraction?")
+        f"{reference[0]}: {_some(only_there, 2) or 'none'}): an incomplete download or extraction?"
+    )
 
 
 class _TreeImages(Dataset):

@@ -12,6 +12,7 @@
 
 Definitions and why these: docs/method.md#intervals. Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,15 +48,16 @@ def t_interval(replicates: np.ndarray | Sequence, axis: int = 0) -> tuple[np.nda
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(k > 0, filled.sum(0) / np.maximum(k, 1), np.nan)
         dev = np.where(finite, values - mean, 0.0)
-        std = np.sqrt((dev ** 2).sum(0) / np.maximum(k - 1, 1))
+        std = np.sqrt((dev**2).sum(0) / np.maximum(k - 1, 1))
         quant = np.vectorize(lambda df: t_quantile(int(df)), otypes=[float])(k - 1) if k.size else k.astype(float)
         half = quant * std / np.sqrt(np.maximum(k, 1))
         half = np.where(k >= 2, half, np.nan)
     return mean, mean - half, mean + half
 
 
-def jackknife_interval(full: np.ndarray | float, deleted: np.ndarray | Sequence, sizes: np.ndarray | Sequence[int]
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def jackknife_interval(
+    full: np.ndarray | float, deleted: np.ndarray | Sequence, sizes: np.ndarray | Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """(low, high): the delete-a-group jackknife 95% interval of a statistic.
 
     Args:

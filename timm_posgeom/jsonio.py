@@ -19,6 +19,7 @@ That replacement is the package's one atomic write: :func:`write_atomic` for tex
 figures, JSON), :func:`replacing` for what another library writes to a path of its own (a tensor cache
 by ``torch.save``, a Hub export folder by timm).
 """
+
 from __future__ import annotations
 
 import errno
@@ -32,8 +33,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_PREFIX", "tagged", "to_jsonable", "dumps", "dump_json", "write_json", "write_atomic", "replacing", "nan_if_none",
-           "write_errors"]
+__all__ = [
+    "SCHEMA_PREFIX",
+    "tagged",
+    "to_jsonable",
+    "dumps",
+    "dump_json",
+    "write_json",
+    "write_atomic",
+    "replacing",
+    "nan_if_none",
+    "write_errors",
+]
 
 
 def to_jsonable(value: Any) -> Any:

@@ -12,6 +12,7 @@ ImageNet-C functions) calls :func:`match_labels` with its ``labels`` parameter:
   recorded class names, or an ImageNet head's WordNet ids and class names);
 * ``"as-is"``: use the indices unchecked (the caller knows they match).
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,10 @@ __all__ = ["LABEL_POLICIES", "LabelMismatchError", "match_labels", "map_by_name"
 
 LABEL_POLICIES = ("check", "by-name", "as-is")
 _WNID = re.compile(r"n\d{8}")
-_REMEDY = ("labels='by-name' maps them onto the model's classes by name or WordNet id; labels='as-is' uses the "
-           "indices unchecked")
+_REMEDY = (
+    "labels='by-name' maps them onto the model's classes by name or WordNet id; labels='as-is' uses the "
+    "indices unchecked"
+)
 
 
 class LabelMismatchError(PosgeomError, ValueError):
@@ -89,8 +92,10 @@ def _map_onto_recorded_names(data: Any, classes: list[str], names: list[str], ou
         return data, "the model's recorded class names (the data's, in the same order)"
     missing = [c for c in classes if c not in names]
     if missing:
-        return None, (f"the model's recorded classes lack {len(missing)} of the data's "
-                      f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+        return None, (
+            f"the model's recorded classes lack {len(missing)} of the data's "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
     return relabel_by_name(data, names), "by name onto the model's recorded class names"
 
 
@@ -112,16 +117,19 @@ def _imagenet_matches(classes: list[str], wnids: list[str], descriptions: list[s
     return mapping, missing
 
 
-def _map_onto_imagenet(data: Any, classes: list[str], outputs: int, subset: str, wnids: list[str],
-                       descriptions: list[str]) -> tuple[Any | None, str]:
+def _map_onto_imagenet(
+    data: Any, classes: list[str], outputs: int, subset: str, wnids: list[str], descriptions: list[str]
+) -> tuple[Any | None, str]:
     """:func:`map_by_name`, step 2: the data's ``classes`` matched to an ImageNet head's classes."""
     from .data import RelabeledSplit
 
     mapping, missing = _imagenet_matches(classes, wnids, descriptions)
     if missing:
-        return None, (f"an {subset} head ({outputs} outputs), but {len(missing)} of the data's classes are neither "
-                      f"WordNet ids nor names of one {subset} class ({', '.join(missing[:3])}"
-                      f"{', ...' if len(missing) > 3 else ''})")
+        return None, (
+            f"an {subset} head ({outputs} outputs), but {len(missing)} of the data's classes are neither "
+            f"WordNet ids nor names of one {subset} class ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''})"
+        )
     if mapping == list(range(len(wnids))):
         return data, f"{subset} head: the data's classes are its WordNet ids, in its order"
     if not hasattr(data, "labels"):
@@ -156,7 +164,8 @@ def match_labels(model: Any, data: Any, labels: str = "check") -> Any:
         hint = "" if mapped is not None else f" (here by name cannot: {how})"
         raise LabelMismatchError(
             f"the model has {outputs} classes but the data has {len(data_names)}: accuracy and FS would count the "
-            f"data's labels as the model's first classes; {_REMEDY}{hint}")
+            f"data's labels as the model's first classes; {_REMEDY}{hint}"
+        )
     names = model_class_names(model)
     if names:
         if names == data_names:
@@ -164,11 +173,12 @@ def match_labels(model: Any, data: Any, labels: str = "check") -> Any:
         same_set = sorted(names) == sorted(data_names)
         raise LabelMismatchError(
             f"the model's class names differ from the data's ({', '.join(names[:3])}, ... vs "
-            f"{', '.join(data_names[:3])}, ...){': the same classes in another order' if same_set else ''}; "
-            + _REMEDY)
+            f"{', '.join(data_names[:3])}, ...){': the same classes in another order' if same_set else ''}; " + _REMEDY
+        )
     if all(_WNID.fullmatch(c) for c in data_names):  # WordNet ids on an ImageNet head: also in its order?
         imagenet = _imagenet(model)
         if imagenet is not None and imagenet[1] != data_names:
-            raise LabelMismatchError(f"the data's classes are WordNet ids in another order than the model's "
-                                     f"{imagenet[0]} classes; {_REMEDY}")
+            raise LabelMismatchError(
+                f"the data's classes are WordNet ids in another order than the model's {imagenet[0]} classes; {_REMEDY}"
+            )
     return data

@@ -10,6 +10,7 @@ keyword is a TypeError, as before. The settings are checked here, once, whicheve
 
 Nothing here imports torch: the object is a plain value (docs/architecture.md, rule 6).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,9 @@ class MeasureSettings:
         if self.max_images is not None and (not _is_int(self.max_images) or self.max_images < 1):
             problems.append(f"max_images must be >= 1, got {self.max_images!r}")
         if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            problems.append("batch_size must be an integer >= 1 (or None: the whole tensor at once), got "
-                            f"{self.batch_size!r}")
+            problems.append(
+                f"batch_size must be an integer >= 1 (or None: the whole tensor at once), got {self.batch_size!r}"
+            )
         if self.resize not in RESIZE_MODES:
             problems.append(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
         sizes = self.img_size if isinstance(self.img_size, tuple) else (self.img_size,) if self.img_size else ()
@@ -104,8 +106,9 @@ class MeasureSettings:
         if self.rpi_permutations is not None and (not _is_int(self.rpi_permutations) or self.rpi_permutations < 1):
             problems.append(f"rpi_permutations must be an integer >= 1 (or None: 10), got {self.rpi_permutations!r}")
         if self.distributed not in DISTRIBUTED_MODES:
-            problems.append(f"unknown distributed mode {self.distributed!r}; expected one of "
-                            f"{', '.join(DISTRIBUTED_MODES)}")
+            problems.append(
+                f"unknown distributed mode {self.distributed!r}; expected one of {', '.join(DISTRIBUTED_MODES)}"
+            )
         if not isinstance(self.progress, bool):
             problems.append(f"progress must be True or False, got {self.progress!r}")
         return problems
@@ -118,13 +121,21 @@ class MeasureSettings:
         """The fields as plain values (the device as its name), e.g. to record with a result."""
         out = dataclasses.asdict(self)
         out["device"] = None if self.device is None else str(self.device)
-        out["img_size"] = None if self.img_size is None else (
-            list(self.img_size) if isinstance(self.img_size, tuple) else self.img_size)
+        out["img_size"] = (
+            None
+            if self.img_size is None
+            else (list(self.img_size) if isinstance(self.img_size, tuple) else self.img_size)
+        )
         return out
 
     @classmethod
-    def resolve(cls, where: str, settings: MeasureSettings | None, options: Mapping[str, Any],
-                own: Mapping[str, Any] | None = None) -> tuple[MeasureSettings, dict[str, Any]]:
+    def resolve(
+        cls,
+        where: str,
+        settings: MeasureSettings | None,
+        options: Mapping[str, Any],
+        own: Mapping[str, Any] | None = None,
+    ) -> tuple[MeasureSettings, dict[str, Any]]:
         """The settings a call of ``where`` measures with, and its own options.
 
         ``settings`` (default: the defaults) with every keyword of ``options`` that names a field put

@@ -3,6 +3,7 @@ maps drawn one way (diagonal masked, with a colour bar).
 
 matplotlib is imported inside the functions (docs/architecture.md, rule 6).
 """
+
 from __future__ import annotations
 
 import io
@@ -30,7 +31,7 @@ def elide(text: str, width: int) -> str:
     width = max(width, 5)
     head = (width - 1) // 3
     tail = width - 1 - head
-    return text[:head] + "\u2026" + text[len(text) - tail:]
+    return text[:head] + "\u2026" + text[len(text) - tail :]
 
 
 def _renderer(fig: Any) -> Any:
@@ -88,8 +89,15 @@ def masked_map(m: Any) -> np.ndarray:
     return img
 
 
-def show_map(ax: Any, m: Any, *, vmin: float | None = None, vmax: float | None = None,
-             colorbar: bool = True, label: str = MAP_LABEL) -> Any:
+def show_map(
+    ax: Any,
+    m: Any,
+    *,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    colorbar: bool = True,
+    label: str = MAP_LABEL,
+) -> Any:
     """Draw a similarity map on ``ax`` (diagonal masked, viridis) with a colour bar unless ``colorbar`` is
     False (a caller sharing one bar across panels); return the image."""
     img = masked_map(m)

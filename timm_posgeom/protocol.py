@@ -4,10 +4,18 @@ Nothing here imports torch (or anything else of weight), so the command line can
 without loading the library: :mod:`timm_posgeom.shifts` and :mod:`timm_posgeom.robustness` re-export them.
 Definitions: docs/method.md.
 """
+
 from __future__ import annotations
 
-__all__ = ["PAPER_SHIFTS", "DEFAULT_ALPHAS", "PROBE_IMAGES", "RPI_PERMUTATIONS", "JACKKNIFE_GROUPS", "SPEC_FORMS",
-           "rpi_count"]
+__all__ = [
+    "PAPER_SHIFTS",
+    "DEFAULT_ALPHAS",
+    "PROBE_IMAGES",
+    "RPI_PERMUTATIONS",
+    "JACKKNIFE_GROUPS",
+    "SPEC_FORMS",
+    "rpi_count",
+]
 
 PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
 """The paper's two shifts: JPEG quality 5 and Gaussian blur sigma 2.5 with a 5x5 kernel."""

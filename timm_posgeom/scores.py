@@ -9,6 +9,7 @@
 :func:`~timm_posgeom.robustness.fragility` measures them; this module holds the formulas and the result,
 which need no model.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,11 @@ _Z95 = 1.959963984540054  # two-sided 95% normal quantile
 def fragility_score(shift_accuracy: float, clean_accuracy: float) -> float:
     """``FS = 1 - A_shift / A_clean``; NaN (with a RuntimeWarning) when ``A_clean`` is 0."""
     if clean_accuracy == 0 or math.isnan(clean_accuracy):
-        warnings.warn("clean accuracy is 0: the fragility score 1 - A_shift / A_clean is undefined (NaN)",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "clean accuracy is 0: the fragility score 1 - A_shift / A_clean is undefined (NaN)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return math.nan
     return 1.0 - shift_accuracy / clean_accuracy
 
@@ -55,8 +59,12 @@ def wilson_interval(correct: int, total: int, z: float = _Z95) -> tuple[float, f
 
 
 def paired_bootstrap_fs(
-        clean_correct: np.ndarray, shift_correct: np.ndarray, *, num_resamples: int = 2000,
-        confidence: float = 0.95, seed: int | None = 0,
+    clean_correct: np.ndarray,
+    shift_correct: np.ndarray,
+    *,
+    num_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int | None = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of FS over images, pairs (clean, shifted) resampled together.
 
@@ -73,8 +81,10 @@ def paired_bootstrap_fs(
     n = clean.size
     if n == 0 or not clean.any():
         return (math.nan, math.nan)
-    table = np.array([np.sum(~clean & ~shifted), np.sum(~clean & shifted),
-                      np.sum(clean & ~shifted), np.sum(clean & shifted)], dtype=np.int64)
+    table = np.array(
+        [np.sum(~clean & ~shifted), np.sum(~clean & shifted), np.sum(clean & ~shifted), np.sum(clean & shifted)],
+        dtype=np.int64,
+    )
     draws = np.random.default_rng(seed).multinomial(n, table / n, size=num_resamples)
     a_clean = draws[:, 2] + draws[:, 3]
     a_shift = draws[:, 1] + draws[:, 3]
@@ -121,8 +131,13 @@ class FragilityResult:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_correct(cls, correct: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None,
-                     seed: int | None = 0, nonfinite: Mapping[str, np.ndarray] | None = None) -> FragilityResult:
+    def from_correct(
+        cls,
+        correct: Mapping[str, np.ndarray],
+        settings: Mapping[str, Any] | None = None,
+        seed: int | None = 0,
+        nonfinite: Mapping[str, np.ndarray] | None = None,
+    ) -> FragilityResult:
         """Build the result from per-image correctness: ``correct["clean"]`` and one (n,) bool array
         per shift. All numbers are exact functions of these arrays.
 
@@ -148,9 +163,16 @@ class FragilityResult:
         accuracy = {s: counts[s]["correct"] / n if s not in bad else math.nan for s in shifts}
         if bad:
             images = int(np.logical_or.reduce(list(bad.values())).sum())
-            warnings.warn(nonfinite_message("the logits", images, n, f"top-1 of {', '.join(bad)} and the FS of "
-                                            f"{', '.join(sorted(undefined)) or 'no shift'} are NaN"),
-                          NonFiniteWarning, stacklevel=2)
+            warnings.warn(
+                nonfinite_message(
+                    "the logits",
+                    images,
+                    n,
+                    f"top-1 of {', '.join(bad)} and the FS of {', '.join(sorted(undefined)) or 'no shift'} are NaN",
+                ),
+                NonFiniteWarning,
+                stacklevel=2,
+            )
         elif n and clean_acc == 0 and shifts:
             warnings.warn("clean accuracy is 0: every fragility score is NaN", RuntimeWarning, stacklevel=2)
         with warnings.catch_warnings():
@@ -158,12 +180,19 @@ class FragilityResult:
             fs = {s: fragility_score(accuracy[s], clean_acc) for s in shifts}
         nan2 = (math.nan, math.nan)
         return cls(
-            shifts=shifts, num_images=n, clean_accuracy=clean_acc, accuracy=accuracy, fs=fs, counts=counts,
+            shifts=shifts,
+            num_images=n,
+            clean_accuracy=clean_acc,
+            accuracy=accuracy,
+            fs=fs,
+            counts=counts,
             clean_interval=wilson_interval(counts["clean"]["correct"], n) if "clean" not in bad else nan2,
             accuracy_interval={s: wilson_interval(counts[s]["correct"], n) if s not in bad else nan2 for s in shifts},
-            fs_interval={s: paired_bootstrap_fs(clean, arrays[s], seed=seed) if s not in undefined else nan2
-                         for s in shifts},
-            correct=arrays, settings=dict(settings or {}),
+            fs_interval={
+                s: paired_bootstrap_fs(clean, arrays[s], seed=seed) if s not in undefined else nan2 for s in shifts
+            },
+            correct=arrays,
+            settings=dict(settings or {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,14 +233,21 @@ class FragilityResult:
         intervals = [self.clean_interval, *(self.accuracy_interval[s] for s in self.shifts)]
         err = np.array([[max(v - lo, 0), max(hi - v, 0)] for v, (lo, hi) in zip(values, intervals)]).T
         bars = ax.bar(range(len(names)), values, color=["0.55", *[f"C{i}" for i in range(len(self.shifts))]])
-        ax.errorbar(range(len(names)), values, yerr=err, fmt="none", ecolor="k", capsize=4,
-                    label="top-1: Wilson 95% interval")
+        ax.errorbar(
+            range(len(names)), values, yerr=err, fmt="none", ecolor="k", capsize=4, label="top-1: Wilson 95% interval"
+        )
         for bar, s in zip(bars[1:], self.shifts):
             top = self.accuracy_interval[s][1]
             top = bar.get_height() if math.isnan(top) else top
             lo, hi = self.fs_interval.get(s, (math.nan, math.nan))
-            ax.annotate(f"FS {self.fs[s]:.3f}\n[{lo:.3f}, {hi:.3f}]", (bar.get_x() + bar.get_width() / 2, top),
-                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
+            ax.annotate(
+                f"FS {self.fs[s]:.3f}\n[{lo:.3f}, {hi:.3f}]",
+                (bar.get_x() + bar.get_width() / 2, top),
+                xytext=(0, 4),
+                textcoords="offset points",
+                ha="center",
+                fontsize=7,
+            )
         ax.set_xticks(range(len(names)), names)
         ax.set_ylabel("top-1 accuracy (fraction)")
         ax.set_ylim(0, min(1.0, max(values + [0.05]) * 1.25 + 0.1))

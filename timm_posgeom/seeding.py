@@ -1,5 +1,6 @@
 """Seeds made of (a seed, an image's index in the data): what makes a random choice per image reproducible and
 independent of batching, workers and processes (the RPI permutation of an image, its jackknife group)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

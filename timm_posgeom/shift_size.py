@@ -15,6 +15,7 @@ is left as it is, so at S = 224 the 224-px Imagenette images are shifted as stor
 model's own eval geometry (``resize="paper"`` or ``"timm"``). The clean copy takes the same two resizes as the
 shifted ones, so the pairs differ by the shift alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

@@ -46,6 +46,7 @@ Not reproduced from ImageNet-C: its release re-saves every corrupted image as JP
 here shifts are applied on the fly and the image goes straight to the model. The released images
 themselves can be evaluated with :func:`~timm_posgeom.imagenet_c.imagenet_c_released`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -95,10 +96,21 @@ IMAGENET_C: dict[str, tuple[float, ...]] = {
 implement ourselves (:class:`JPEG`, :class:`GaussianBlur`)."""
 
 IMAGENET_C_CORRUPTIONS: tuple[str, ...] = (
-    "gaussian_noise", "shot_noise", "impulse_noise",  # noise
-    "defocus_blur", "glass_blur", "motion_blur", "zoom_blur",  # blur
-    "snow", "frost", "fog", "brightness",  # weather
-    "contrast", "elastic_transform", "pixelate", "jpeg_compression",  # digital
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",  # noise
+    "defocus_blur",
+    "glass_blur",
+    "motion_blur",
+    "zoom_blur",  # blur
+    "snow",
+    "frost",
+    "fog",
+    "brightness",  # weather
+    "contrast",
+    "elastic_transform",
+    "pixelate",
+    "jpeg_compression",  # digital
 )
 """ImageNet-C's 15 corruptions, in its order (noise, blur, weather, digital): the ones mCE averages."""
 
@@ -196,8 +208,12 @@ def _check_sigma(sigma: Any) -> float:
 def _check_kernel_size(kernel_size: Any) -> int | None:
     if kernel_size is None:
         return None
-    if isinstance(kernel_size, bool) or not isinstance(kernel_size, (int, np.integer)) \
-            or kernel_size < 1 or kernel_size % 2 == 0:
+    if (
+        isinstance(kernel_size, bool)
+        or not isinstance(kernel_size, (int, np.integer))
+        or kernel_size < 1
+        or kernel_size % 2 == 0
+    ):
         raise ValueError(f"blur kernel size must be an odd positive integer, got {kernel_size!r}")
     return int(kernel_size)
 
@@ -206,7 +222,7 @@ def _skimage_kernel1d(sigma: float) -> np.ndarray:
     """scipy.ndimage's Gaussian taps for truncate 4.0: length 2r+1, r = int(4 sigma + 0.5), sum 1."""
     radius = int(_SKIMAGE_TRUNCATE * sigma + 0.5)
     x = np.arange(-radius, radius + 1)
-    phi = np.exp(-0.5 / (sigma * sigma) * x ** 2)
+    phi = np.exp(-0.5 / (sigma * sigma) * x**2)
     return phi / phi.sum()
 
 
@@ -320,21 +336,29 @@ def _corruption_functions() -> dict[str, Any]:
         module = importlib.import_module("imagecorruptions")
     except ModuleNotFoundError as e:
         if e.name == "imagecorruptions":
-            raise MissingDependencyError(f"ImageNet-C corruptions other than jpeg_compression and gaussian_blur "
-                                         f"need the imagecorruptions package: {fix}") from None
+            raise MissingDependencyError(
+                f"ImageNet-C corruptions other than jpeg_compression and gaussian_blur "
+                f"need the imagecorruptions package: {fix}"
+            ) from None
         if e.name == "pkg_resources":
-            raise MissingDependencyError(f"the installed imagecorruptions does not import ({e}): it is bethgelab's "
-                                         f"1.1.2, which needs an old setuptools, NumPy 1 and scikit-image < 0.21: "
-                                         f"pip uninstall imagecorruptions, then {fix}") from None
+            raise MissingDependencyError(
+                f"the installed imagecorruptions does not import ({e}): it is bethgelab's "
+                f"1.1.2, which needs an old setuptools, NumPy 1 and scikit-image < 0.21: "
+                f"pip uninstall imagecorruptions, then {fix}"
+            ) from None
         raise MissingDependencyError(f"imagecorruptions does not import here ({e}): {fix}") from None
     except ImportError as e:  # e.g. opencv-python without libGL: opencv-python-headless provides the same cv2
-        raise MissingDependencyError(f"imagecorruptions does not import here ({one_line(e, first_line=True)}); if OpenCV's "
-                                     "libraries are missing, pip install opencv-python-headless") from None
+        raise MissingDependencyError(
+            f"imagecorruptions does not import here ({one_line(e, first_line=True)}); if OpenCV's "
+            "libraries are missing, pip install opencv-python-headless"
+        ) from None
     functions = dict(getattr(module, "corruption_dict", {}))
     glass = functions.get("glass_blur")
     if glass is None or "seed" not in inspect.signature(glass).parameters:
-        raise MissingDependencyError("the installed imagecorruptions cannot be seeded (its glass_blur takes no "
-                                     f"seed; bethgelab's 1.1.2?): pip uninstall imagecorruptions, then {fix}")
+        raise MissingDependencyError(
+            "the installed imagecorruptions cannot be seeded (its glass_blur takes no "
+            f"seed; bethgelab's 1.1.2?): pip uninstall imagecorruptions, then {fix}"
+        )
     return functions
 
 
@@ -393,8 +417,10 @@ class Corruption(Shift):
 
     def _pil(self, image: PIL.Image.Image, seed: int) -> PIL.Image.Image:
         if min(image.size) < 32:
-            raise ValueError(f"ImageNet-C corruptions need images of at least 32 x 32 pixels (imagecorruptions' "
-                             f"limit), got {image.size[0]} x {image.size[1]}")
+            raise ValueError(
+                f"ImageNet-C corruptions need images of at least 32 x 32 pixels (imagecorruptions' "
+                f"limit), got {image.size[0]} x {image.size[1]}"
+            )
         out = PIL.Image.fromarray(_corrupt_array(np.asarray(image.convert("RGB")), self.name, self.severity, seed))
         return out if image.mode == "RGB" else out.convert(image.mode)
 
@@ -402,8 +428,9 @@ class Corruption(Shift):
         if images.dtype != torch.uint8:
             raise TypeError(f"ImageNet-C corruptions need uint8 images, got a tensor of dtype {images.dtype}")
         if images.ndim < 3 or images.shape[-3] not in (1, 3):
-            raise ValueError(f"ImageNet-C corruptions need images of shape (..., 1 or 3, H, W), got "
-                             f"{tuple(images.shape)}")
+            raise ValueError(
+                f"ImageNet-C corruptions need images of shape (..., 1 or 3, H, W), got {tuple(images.shape)}"
+            )
         flat = images.reshape((-1, *images.shape[-3:]))
         out = torch.empty_like(flat)
         for i, img in enumerate(flat):
@@ -461,8 +488,9 @@ def imagenet_c(name: str, severity: int) -> Shift:
     return shift
 
 
-def imagenet_c_shifts(corruptions: str | Sequence[str] = "all",
-                      severities: Sequence[int] = (1, 2, 3, 4, 5)) -> list[str]:
+def imagenet_c_shifts(
+    corruptions: str | Sequence[str] = "all", severities: Sequence[int] = (1, 2, 3, 4, 5)
+) -> list[str]:
     """The specs ``imagenet-c:NAME:SEVERITY`` of ``corruptions`` x ``severities``, corruption-major.
 
     ``corruptions``: ``"all"`` (ImageNet-C's 15, :data:`IMAGENET_C_CORRUPTIONS`), ``"extra"`` (its 4
@@ -494,8 +522,7 @@ def _corruption_list(corruptions: str | Sequence[str]) -> list[str]:
 
 
 def _bad_spec(spec: Any, why: str = "") -> ValueError:
-    return ValueError(
-        f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS))
+    return ValueError(f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS))
 
 
 def _to_int(text: str, spec: str, what: str) -> int:

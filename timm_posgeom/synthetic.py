@@ -46,6 +46,7 @@ left vs right), so the training recipes' flip augmentation never swaps labels. V
 no model more than 3% of its accuracy); version 1 had random shape colours and left/right classes 6 and 7,
 which a flip swapped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,10 +58,16 @@ from PIL import Image
 __all__ = ["SYNTHETIC_CLASSES", "SyntheticShapes", "grating", "pink_noise", "render_synthetic", "seed32"]
 
 SYNTHETIC_CLASSES: tuple[str, ...] = (
-    "disc_top", "disc_bottom", "square_top", "square_bottom",
-    "two_discs_side_by_side", "two_discs_stacked",
-    "disc_and_square_top", "disc_and_square_bottom",
-    "disc_above_square", "square_above_disc",
+    "disc_top",
+    "disc_bottom",
+    "square_top",
+    "square_bottom",
+    "two_discs_side_by_side",
+    "two_discs_stacked",
+    "disc_and_square_top",
+    "disc_and_square_bottom",
+    "disc_above_square",
+    "square_above_disc",
 )
 _SPLIT_IDS = {"train": 0, "validation": 1, "val": 1, "test": 2}
 
@@ -76,9 +83,9 @@ def pink_noise(size: int, channels: int, generator: torch.Generator, exponent: f
     white = torch.randn(channels, size, size, generator=generator)
     fy = torch.fft.fftfreq(size).abs()[:, None]
     fx = torch.fft.rfftfreq(size)[None, :]
-    freq = torch.sqrt(fy ** 2 + fx ** 2)
+    freq = torch.sqrt(fy**2 + fx**2)
     freq[0, 0] = 1.0
-    spectrum = torch.fft.rfft2(white) / freq ** exponent
+    spectrum = torch.fft.rfft2(white) / freq**exponent
     spectrum[..., 0, 0] = 0.0
     noise = torch.fft.irfft2(spectrum, s=(size, size))
     return noise / noise.flatten(1).std(dim=1).clamp_min(1e-8)[:, None, None]
@@ -188,7 +195,8 @@ class SyntheticShapes(torch.utils.data.Dataset):
         self.split = split
         order = torch.Generator().manual_seed(self._key(-1))
         self.labels: list[int] = (torch.arange(self.num_samples) % len(self.classes))[
-            torch.randperm(self.num_samples, generator=order)].tolist()
+            torch.randperm(self.num_samples, generator=order)
+        ].tolist()
 
     def _key(self, index: int) -> int:
         return seed32(self.seed, _SPLIT_IDS[self.split], index)

@@ -8,6 +8,7 @@ the uint8 image -> to tensor -> normalise with the model's mean / std. Two resiz
 * ``timm``: timm's eval geometry from the data config (resize by ``crop_pct``, ``crop_mode``,
   centre crop), exactly as ``timm.data.create_transform(**cfg, is_training=False)`` builds it.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,14 +27,24 @@ from timm.data.transforms_factory import transforms_imagenet_eval
 from .errors import PosgeomError
 from .shifts import Shift, parse_shift
 
-__all__ = ["eval_transform", "resize_transform", "resolve_config", "normalize_batch", "RESIZE_MODES", "to_rgb",
-           "class_index", "ImageModeError", "ALPHA_BACKGROUND"]
+__all__ = [
+    "eval_transform",
+    "resize_transform",
+    "resolve_config",
+    "normalize_batch",
+    "RESIZE_MODES",
+    "to_rgb",
+    "class_index",
+    "ImageModeError",
+    "ALPHA_BACKGROUND",
+]
 
 RESIZE_MODES = ("paper", "timm")
 
 
-def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module,
-                   img_size: int | Sequence[int] | None = None) -> dict[str, Any]:
+def resolve_config(
+    data_config_or_model: Mapping[str, Any] | nn.Module, img_size: int | Sequence[int] | None = None
+) -> dict[str, Any]:
     """A full timm data config (input_size, interpolation, mean, std, crop_pct, crop_mode).
 
     A model gives ``timm.data.resolve_model_data_config(model)``, with ``input_size`` taken from
@@ -53,15 +64,24 @@ def resolve_config(data_config_or_model: Mapping[str, Any] | nn.Module,
             patch_embed = embeds[0] if isinstance(embeds, nn.ModuleList) and len(embeds) else None
         fixed = getattr(patch_embed, "img_size", None)
         dynamic = bool(getattr(data_config_or_model, "dynamic_img_size", False))
-        if isinstance(fixed, (tuple, list)) and len(fixed) == 2 and all(isinstance(v, int) for v in fixed) \
-                and not dynamic:
+        if (
+            isinstance(fixed, (tuple, list))
+            and len(fixed) == 2
+            and all(isinstance(v, int) for v in fixed)
+            and not dynamic
+        ):
             cfg["input_size"] = (cfg["input_size"][0], *fixed)
-            if img_size is not None and getattr(patch_embed, "strict_img_size", False) \
-                    and _size_pair(img_size) != tuple(fixed):
+            if (
+                img_size is not None
+                and getattr(patch_embed, "strict_img_size", False)
+                and _size_pair(img_size) != tuple(fixed)
+            ):
                 name = type(data_config_or_model).__name__
-                raise ValueError(f"{name} takes only {fixed[0]}x{fixed[1]} images, not {_size_pair(img_size)}: "
-                                 f"build it for that size (timm.create_model(..., img_size=...), or --img-size on "
-                                 "the command line) or with dynamic_img_size=True")
+                raise ValueError(
+                    f"{name} takes only {fixed[0]}x{fixed[1]} images, not {_size_pair(img_size)}: "
+                    f"build it for that size (timm.create_model(..., img_size=...), or --img-size on "
+                    "the command line) or with dynamic_img_size=True"
+                )
     elif isinstance(data_config_or_model, Mapping):
         cfg = dict(resolve_data_config(dict(data_config_or_model)))
     else:
@@ -106,8 +126,10 @@ def to_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
     if mode in _SIXTEEN_BIT:
         values = np.asarray(image).astype(np.int64)
         if values.size and (values.min() < 0 or values.max() > 65535):
-            raise ImageModeError(f"a 32-bit integer image (mode I) with values {values.min()}..{values.max()}, "
-                                 "outside the 16-bit range: convert it to 8-bit RGB first")
+            raise ImageModeError(
+                f"a 32-bit integer image (mode I) with values {values.min()}..{values.max()}, "
+                "outside the 16-bit range: convert it to 8-bit RGB first"
+            )
         eight = ((values * 255 + 32767) // 65535).astype(np.uint8)  # round(v / 257)
         return PIL.Image.fromarray(eight, mode="L").convert("RGB")
     if mode == "F":
@@ -134,8 +156,9 @@ def class_index(label: Any) -> int:
         return int(label)
     if isinstance(label, torch.Tensor) and label.numel() == 1 and not label.is_floating_point():
         return int(label)
-    raise ValueError(f"label {label!r} is not a class index (an integer): the data's label column must hold "
-                     "whole numbers")
+    raise ValueError(
+        f"label {label!r} is not a class index (an integer): the data's label column must hold whole numbers"
+    )
 
 
 class _ToRGB:
@@ -171,9 +194,9 @@ def resize_transform(data_config_or_model: Mapping[str, Any] | nn.Module, resize
 
 
 def eval_transform(
-        data_config_or_model: Mapping[str, Any] | nn.Module,
-        resize: str = "paper",
-        shift: str | Shift | None = None,
+    data_config_or_model: Mapping[str, Any] | nn.Module,
+    resize: str = "paper",
+    shift: str | Shift | None = None,
 ) -> Callable[[PIL.Image.Image], torch.Tensor]:
     """PIL image -> normalised float tensor (3, H, W) for evaluation, with an optional shift.
 

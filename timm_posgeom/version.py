@@ -1,2 +1,3 @@
 """The package version: one place, read by pyproject.toml (setuptools ``attr``) and ``posgeom --version``."""
+
 __version__ = "0.1.0"

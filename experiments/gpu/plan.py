@@ -19,6 +19,7 @@ The weights stay in a scratch folder; ``--out`` receives four small files: ``pla
 timings), ``throughput.json``, ``ladder.jsonl`` (one record per run, with its training log) and ``log.txt``. A
 run still training at the deadline is stopped and recorded with what it logged (``finished: false``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,10 +41,27 @@ PERMUTATIONS, PROBE_IMAGES = 10, 1000
 PAPER_TRAIN_IMAGES, PAPER_EPOCHS, PAPER_VAL_IMAGES = 126_689, 60, 5_000
 # --tiny: two runs of a few steps of a width-32 model on synthetic images, and a few throughput steps on a tiny
 # ViT, on the CPU; the same code as the GPU plan with smaller numbers
-TINY_RUN = ["data=synthetic", "max_train_images=64", "max_val_images=12", "batch_size=16", "max_steps=3", "epochs=1", "eval_every=1",
-            "cache=true", "disk_cache=false", "probe_images=0", "checkpoint_every=100", "log_every=1"]
-TINY_MODEL = ["model_kwargs.embed_dim=32", "model_kwargs.depth=1", "model_kwargs.num_heads=2",
-              "model_kwargs.patch_size=8", "img_size=32"]
+TINY_RUN = [
+    "data=synthetic",
+    "max_train_images=64",
+    "max_val_images=12",
+    "batch_size=16",
+    "max_steps=3",
+    "epochs=1",
+    "eval_every=1",
+    "cache=true",
+    "disk_cache=false",
+    "probe_images=0",
+    "checkpoint_every=100",
+    "log_every=1",
+]
+TINY_MODEL = [
+    "model_kwargs.embed_dim=32",
+    "model_kwargs.depth=1",
+    "model_kwargs.num_heads=2",
+    "model_kwargs.patch_size=8",
+    "img_size=32",
+]
 
 
 def ladder_recipe(width: int, lr: float, seed: int, data: str | None, extra: tuple[str, ...] = ()):
@@ -52,8 +70,17 @@ def ladder_recipe(width: int, lr: float, seed: int, data: str | None, extra: tup
     order (the study's ``--set`` values, then init, seed and data), then ``extra``."""
     from timm_posgeom.app.recipe import load_recipe
 
-    overrides = [f"model_kwargs.embed_dim={width}", f"model_kwargs.num_heads={width // 32}", f"lr={lr}",
-                 "model_kwargs.init=paper", f"seed={seed}"] + ([f"data={data}"] if data else []) + list(extra)
+    overrides = (
+        [
+            f"model_kwargs.embed_dim={width}",
+            f"model_kwargs.num_heads={width // 32}",
+            f"lr={lr}",
+            "model_kwargs.init=paper",
+            f"seed={seed}",
+        ]
+        + ([f"data={data}"] if data else [])
+        + list(extra)
+    )
     return load_recipe(RECIPES / "imagenette_cpu_ape.yaml", overrides)
 
 
@@ -63,13 +90,26 @@ def rpi_ssdc(model, loader, permutations: int, device) -> dict:
     (layer 1 - layer 0) with its interval over the permutations."""
     from timm_posgeom import probe_ssdc
 
-    res = probe_ssdc(model, loader, rpi=True, seed=0, rpi_permutations=permutations, reduction="mean_map",
-                     device=device, progress=False)
+    res = probe_ssdc(
+        model,
+        loader,
+        rpi=True,
+        seed=0,
+        rpi_permutations=permutations,
+        reduction="mean_map",
+        device=device,
+        progress=False,
+    )
     two = len(res.per_layer) > 1
-    return dict(permutations=permutations, seeds=list(res.settings["permutation_seeds"]),
-                per_permutation=res.by_permutation, per_layer=list(res.per_layer),
-                per_layer_ci=[list(c) for c in res.per_layer_ci] if res.per_layer_ci else None,
-                delta=res.delta if two else None, delta_ci=list(res.delta_ci) if two else None)
+    return dict(
+        permutations=permutations,
+        seeds=list(res.settings["permutation_seeds"]),
+        per_permutation=res.by_permutation,
+        per_layer=list(res.per_layer),
+        per_layer_ci=[list(c) for c in res.per_layer_ci] if res.per_layer_ci else None,
+        delta=res.delta if two else None,
+        delta_ci=list(res.delta_ci) if two else None,
+    )
 
 
 def top1(model, loader, device) -> tuple[float, int]:
@@ -93,16 +133,22 @@ def measure(run_dir: Path, recipe, probe_images: int, permutations: int) -> dict
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = tp.create_model(f"local-dir:{run_dir / 'export'}").eval().to(device)
-    val = tp.load_split(recipe.data, recipe.val_split, img_size=recipe.img_size, seed=recipe.seed,
-                        synthetic_size=recipe.max_val_images)
+    val = tp.load_split(
+        recipe.data, recipe.val_split, img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_val_images
+    )
 
     def probe_loader():
         return tp.eval_loader(model, val, max_images=probe_images, batch_size=128, resize="paper", num_workers=0)
 
     acc, n = top1(model, tp.eval_loader(model, val, batch_size=256, resize="paper", num_workers=0), device)
     plain = tp.probe_ssdc(model, probe_loader(), seed=0, device=device, progress=False)
-    return dict(top1=acc, val_images=n, ssdc=list(plain.per_layer), probe_images=int(plain.settings["n_images"]),
-                rpi=rpi_ssdc(model, probe_loader(), permutations, device))
+    return dict(
+        top1=acc,
+        val_images=n,
+        ssdc=list(plain.per_layer),
+        probe_images=int(plain.settings["n_images"]),
+        rpi=rpi_ssdc(model, probe_loader(), permutations, device),
+    )
 
 
 def child(spec_path: Path) -> None:
@@ -119,10 +165,18 @@ def child(spec_path: Path) -> None:
     started = time.time()
     summary = train(recipe, run_dir, progress=False)
     trained = time.time()
-    record = dict(name=spec["name"], width=spec["width"], lr=spec["lr"], seed=spec["seed"], condition="ape",
-                  finished=True, train_s=round(trained - started, 1), steps=summary.steps,
-                  val_top1_training=summary.val_top1,
-                  **measure(run_dir, recipe, spec["probe_images"], spec["permutations"]))
+    record = dict(
+        name=spec["name"],
+        width=spec["width"],
+        lr=spec["lr"],
+        seed=spec["seed"],
+        condition="ape",
+        finished=True,
+        train_s=round(trained - started, 1),
+        steps=summary.steps,
+        val_top1_training=summary.val_top1,
+        **measure(run_dir, recipe, spec["probe_images"], spec["permutations"]),
+    )
     record["measure_s"] = round(time.time() - trained, 1)
     Path(spec["record"]).write_text(json.dumps(record))
 
@@ -177,14 +231,29 @@ def throughput(tiny: bool, seconds: float) -> dict:
     infer = _timed(infer_step, batch, warmup, min_steps, seconds / 3, sync)
     train_h = PAPER_EPOCHS * PAPER_TRAIN_IMAGES / train["images_per_s"] / 3600
     eval_h = PAPER_EPOCHS * PAPER_VAL_IMAGES / infer["images_per_s"] / 3600  # one evaluation an epoch
-    return dict(recipe="in100_paper_ape", model=recipe.model, model_kwargs=recipe.model_kwargs, img_size=recipe.img_size,
-                optimizer=type(optimizer).__name__, precision="bf16 autocast", device=str(device),
-                gpu=torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-                params=sum(p.numel() for p in model.parameters()), train=train, inference=infer,
-                peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-                paper_run=dict(epochs=PAPER_EPOCHS, train_images=PAPER_TRAIN_IMAGES, val_images=PAPER_VAL_IMAGES,
-                               train_gpu_hours=train_h, eval_gpu_hours=eval_h, gpu_hours=train_h + eval_h,
-                               study_gpu_hours_5_conditions_4_seeds=20 * (train_h + eval_h)))
+    return dict(
+        recipe="in100_paper_ape",
+        model=recipe.model,
+        model_kwargs=recipe.model_kwargs,
+        img_size=recipe.img_size,
+        optimizer=type(optimizer).__name__,
+        precision="bf16 autocast",
+        device=str(device),
+        gpu=torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+        params=sum(p.numel() for p in model.parameters()),
+        train=train,
+        inference=infer,
+        peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        paper_run=dict(
+            epochs=PAPER_EPOCHS,
+            train_images=PAPER_TRAIN_IMAGES,
+            val_images=PAPER_VAL_IMAGES,
+            train_gpu_hours=train_h,
+            eval_gpu_hours=eval_h,
+            gpu_hours=train_h + eval_h,
+            study_gpu_hours_5_conditions_4_seeds=20 * (train_h + eval_h),
+        ),
+    )
 
 
 def _specs(args, scratch: Path) -> list[dict]:
@@ -199,10 +268,19 @@ def _specs(args, scratch: Path) -> list[dict]:
             for seed in seeds:
                 name = f"w{width}_lr{lr:g}_s{seed}"
                 recipe = ladder_recipe(width, lr, seed, data, extra)
-                specs.append(dict(name=name, width=width, lr=lr, seed=seed, recipe=recipe.to_dict(),
-                                  run_dir=str(scratch / "runs" / name), record=str(scratch / "records" / f"{name}.json"),
-                                  probe_images=16 if args.tiny else PROBE_IMAGES,
-                                  permutations=2 if args.tiny else PERMUTATIONS))
+                specs.append(
+                    dict(
+                        name=name,
+                        width=width,
+                        lr=lr,
+                        seed=seed,
+                        recipe=recipe.to_dict(),
+                        run_dir=str(scratch / "runs" / name),
+                        record=str(scratch / "records" / f"{name}.json"),
+                        probe_images=16 if args.tiny else PROBE_IMAGES,
+                        permutations=2 if args.tiny else PERMUTATIONS,
+                    )
+                )
     return specs
 
 
@@ -212,8 +290,11 @@ def _history(run_dir: Path) -> list[dict]:
 
     path = run_dir / "metrics.jsonl"
     keep = ("kind", "step", "epoch", "loss", "lr", "pe_ssdc", "pe_norm_ratio", "time_s")
-    return [r if r.get("kind") == "eval" else {k: r[k] for k in keep if k in r}
-            for r in (read_metrics(path) if path.is_file() else []) if r.get("kind") in ("train", "eval")]
+    return [
+        r if r.get("kind") == "eval" else {k: r[k] for k in keep if k in r}
+        for r in (read_metrics(path) if path.is_file() else [])
+        if r.get("kind") in ("train", "eval")
+    ]
 
 
 def _stop(procs: dict[str, subprocess.Popen], log) -> None:
@@ -236,15 +317,21 @@ def ladder(args, scratch: Path, deadline: float, log) -> list[dict]:
     specs = _specs(args, scratch)
     (scratch / "records").mkdir(parents=True, exist_ok=True)
     (scratch / "logs").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCH_ALLOW_TF32_CUBLAS_OVERRIDE="1",
-               HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCH_ALLOW_TF32_CUBLAS_OVERRIDE="1", HF_HUB_OFFLINE="1"
+    )
     procs = {}
     for spec in specs:
         path = scratch / "records" / f"{spec['name']}.spec.json"
         path.write_text(json.dumps(spec))
         with open(scratch / "logs" / f"{spec['name']}.log", "w") as out:
-            procs[spec["name"]] = subprocess.Popen([sys.executable, __file__, "--child", str(path)], stdout=out,
-                                                   stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            procs[spec["name"]] = subprocess.Popen(
+                [sys.executable, __file__, "--child", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=ROOT,
+            )
     log(f"ladder: {len(procs)} runs started at once")
     while any(p.poll() is None for p in procs.values()) and time.time() < deadline:
         time.sleep(2)
@@ -252,12 +339,27 @@ def ladder(args, scratch: Path, deadline: float, log) -> list[dict]:
     records = []
     for spec in specs:
         path, p = Path(spec["record"]), procs[spec["name"]]
-        record = json.loads(path.read_text()) if path.is_file() else dict(
-            name=spec["name"], width=spec["width"], lr=spec["lr"], seed=spec["seed"], condition="ape", finished=False)
+        record = (
+            json.loads(path.read_text())
+            if path.is_file()
+            else dict(
+                name=spec["name"],
+                width=spec["width"],
+                lr=spec["lr"],
+                seed=spec["seed"],
+                condition="ape",
+                finished=False,
+            )
+        )
         record.update(exit_code=p.returncode, history=_history(Path(spec["run_dir"])))
-        log(f"{spec['name']}: exit {p.returncode}, " + (
-            f"top-1 {record['top1']:.3f}, delta SSDC under RPI {record['rpi']['delta']:.3f}" if "top1" in record
-            else "no measurement"))
+        log(
+            f"{spec['name']}: exit {p.returncode}, "
+            + (
+                f"top-1 {record['top1']:.3f}, delta SSDC under RPI {record['rpi']['delta']:.3f}"
+                if "top1" in record
+                else "no measurement"
+            )
+        )
         records.append(record)
     return records
 
@@ -289,9 +391,14 @@ def _versions() -> dict:
     import timm
     import torch
 
-    return dict(python=platform.python_version(), torch=torch.__version__, timm=timm.__version__,
-                accelerate=accelerate.__version__, cuda=torch.version.cuda,
-                gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+    return dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        timm=timm.__version__,
+        accelerate=accelerate.__version__,
+        cuda=torch.version.cuda,
+        gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    )
 
 
 def run(args) -> int:
@@ -308,16 +415,27 @@ def run(args) -> int:
         lines.append(line)
 
     deadline = args.deadline_s if args.deadline_s != float("inf") else None
-    plan = dict(issue=39, tiny=args.tiny, data=args.data, deadline_s=deadline, stages=args.stages,
-                widths=(32,) if args.tiny else WIDTHS, lrs=LRS, seeds=(0,) if args.tiny else SEEDS,
-                versions=_versions(), scratch=str(scratch))
+    plan = dict(
+        issue=39,
+        tiny=args.tiny,
+        data=args.data,
+        deadline_s=deadline,
+        stages=args.stages,
+        widths=(32,) if args.tiny else WIDTHS,
+        lrs=LRS,
+        seeds=(0,) if args.tiny else SEEDS,
+        versions=_versions(),
+        scratch=str(scratch),
+    )
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     if "throughput" in args.stages:
         result = throughput(args.tiny, seconds=0.0 if args.tiny else args.throughput_s)
         _free_device_memory()
         (out / "throughput.json").write_text(json.dumps(result, indent=1))
-        log(f"throughput: {result['train']['images_per_s']:.0f} training images/s (batch {result['train']['batch']}), "
-            f"one paper run {result['paper_run']['gpu_hours']:.2f} GPU-hours")
+        log(
+            f"throughput: {result['train']['images_per_s']:.0f} training images/s (batch {result['train']['batch']}), "
+            f"one paper run {result['paper_run']['gpu_hours']:.2f} GPU-hours"
+        )
     if "ladder" in args.stages:
         records = ladder(args, scratch, started + args.deadline_s - 30, log)
         with open(out / "ladder.jsonl", "w") as f:
@@ -338,8 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="data/imagenette64", help="the 64-px ImageFolder copy of Imagenette")
     parser.add_argument("--tiny", action="store_true", help="a few CPU steps on synthetic data (CI)")
     parser.add_argument("--stages", default="throughput,ladder", help="throughput, ladder or both")
-    parser.add_argument("--deadline-s", type=float, default=None,
-                        help="the ladder stops 30 s before then (seconds from the start; default 540, none with --tiny)")
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="the ladder stops 30 s before then (seconds from the start; default 540, none with --tiny)",
+    )
     parser.add_argument("--throughput-s", type=float, default=20.0, help="seconds of timed training steps")
     parser.add_argument("--scratch", default=None, help="weights and logs (default: a new temporary folder)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -354,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --stages takes throughput, ladder or both, got {','.join(args.stages)!r}", file=sys.stderr)
         return 2
     if "ladder" in args.stages and not args.tiny and not Path(args.data).is_dir():
-        print(f"error: --data {args.data} is not a folder: make it with experiments/scaling/make_imagenette64.py",
-              file=sys.stderr)
+        print(
+            f"error: --data {args.data} is not a folder: make it with experiments/scaling/make_imagenette64.py",
+            file=sys.stderr,
+        )
         return 2
     return run(args)
 

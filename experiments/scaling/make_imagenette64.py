@@ -10,6 +10,7 @@ Folders are named by WordNet id, which sorts in the parquet set's class order, s
 The ladder's records name this folder (``data/imagenette64``) and its content hash (``data.json``); the studies
 were measured here from the copy that the archive unpacks to (``tar`` keeps whole-second times: the same
 per-file keys, so the same uint8 cache)."""
+
 import sys
 from pathlib import Path
 
@@ -18,8 +19,18 @@ from PIL import Image
 
 from timm_posgeom.transforms import to_rgb
 
-WNIDS = ["n01440764", "n02102040", "n02979186", "n03000684", "n03028079", "n03394916", "n03417042",
-         "n03425413", "n03445777", "n03888605"]  # tench, English springer, ..., parachute: the parquet's order
+WNIDS = [
+    "n01440764",
+    "n02102040",
+    "n02979186",
+    "n03000684",
+    "n03028079",
+    "n03394916",
+    "n03417042",
+    "n03425413",
+    "n03445777",
+    "n03888605",
+]  # tench, English springer, ..., parachute: the parquet's order
 
 
 def main(src: str, out: Path) -> None:

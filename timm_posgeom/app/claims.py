@@ -22,6 +22,7 @@ S0 > 0; claim 3, RPT collapses; claim 4, FS differences; claim 5, the change fro
 smallest with every seed's trend agreeing. ``evaluate_claims(results, rule="2026-11")`` decides under the
 rule before issue 39 (:data:`~.verdicts.RULES`).
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,21 @@ from .verdicts import (
     spread_sp,
 )
 
-__all__ = ["Spread", "Verdict", "spread", "spread_sp", "rpi_cube", "evaluate_claims", "CLAIMS", "NEAR_ZERO",
-           "SUBSTANTIAL", "CHANCE_FACTOR", "LABELS", "RULES", "Rule"]
+__all__ = [
+    "Spread",
+    "Verdict",
+    "spread",
+    "spread_sp",
+    "rpi_cube",
+    "evaluate_claims",
+    "CLAIMS",
+    "NEAR_ZERO",
+    "SUBSTANTIAL",
+    "CHANCE_FACTOR",
+    "LABELS",
+    "RULES",
+    "Rule",
+]
 
 NEAR_ZERO = 0.1
 SUBSTANTIAL = 0.1
@@ -93,11 +107,16 @@ def _verdict(decisions: list[Decision], evidence: str, study: _Study) -> Verdict
     note = "" if study.seeds >= 2 else " (1 seed: no seed spread)"
     reason = ""
     if status == "undecided" and study.rule.holm:
-        reason = (f"within noise: a part's interval contains its threshold at the level Holm's procedure tested it "
-                  f"({level_text(ALPHA)} family-wise over the claim's {len(decisions)} parts)")
+        reason = (
+            f"within noise: a part's interval contains its threshold at the level Holm's procedure tested it "
+            f"({level_text(ALPHA)} family-wise over the claim's {len(decisions)} parts)"
+        )
     elif status == "undecided":
-        inside = ("its 95% interval over seeds (and RPI permutations)" if study.seeds >= 2 else
-                  "its 95% interval over the evaluation images or RPI permutations (1 seed: there is no seed spread)")
+        inside = (
+            "its 95% interval over seeds (and RPI permutations)"
+            if study.seeds >= 2
+            else "its 95% interval over the evaluation images or RPI permutations (1 seed: there is no seed spread)"
+        )
         reason = f"within noise: the difference is inside {inside}"
     return Verdict(status, evidence + note, reason)
 
@@ -114,8 +133,11 @@ def _deciding(decisions: list[Decision]) -> str:
 # --------------------------------------------------------------------------------------------
 def _per_seed_layers(runs: list[StudyRun], key: str) -> np.ndarray:
     """(seeds, layers) of an SSDC list of each run's evaluation (NaN for missing values)."""
-    rows = [[math.nan if v is None else v for v in getattr(r.eval.ssdc, key)] for r in runs
-            if r.eval.ssdc is not None and getattr(r.eval.ssdc, key)]
+    rows = [
+        [math.nan if v is None else v for v in getattr(r.eval.ssdc, key)]
+        for r in runs
+        if r.eval.ssdc is not None and getattr(r.eval.ssdc, key)
+    ]
     return np.array(rows, dtype=float) if rows else np.zeros((0, 0))
 
 
@@ -132,8 +154,9 @@ def rpi_cube(runs: list[StudyRun]) -> np.ndarray:
     if not rows:
         return np.zeros((0, 0, 0))
     p_n, l_n = min(len(p) for p in rows), min(len(layer) for p in rows for layer in p)
-    return np.array([[[math.nan if v is None else v for v in layer[:l_n]] for layer in p[:p_n]] for p in rows],
-                    dtype=float)
+    return np.array(
+        [[[math.nan if v is None else v for v in layer[:l_n]] for layer in p[:p_n]] for p in rows], dtype=float
+    )
 
 
 def _layer_spreads(runs: list[StudyRun], key: str, rule: Rule) -> list[Spread]:
@@ -167,8 +190,10 @@ def _chance_reason(by: dict[str, list[StudyRun]], conditions: Sequence[str], cla
     if not near:
         return ""
     names = ", ".join(f"{LABELS.get(c, c)} at top-1 {a:.3f}" for c, a in near)
-    return (f"near chance ({names}; chance {chance:.3f}, threshold {CHANCE_FACTOR:g}x): a model that has not "
-            "learned cannot show it")
+    return (
+        f"near chance ({names}; chance {chance:.3f}, threshold {CHANCE_FACTOR:g}x): a model that has not "
+        "learned cannot show it"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,18 +211,28 @@ def _builds(runs: list[StudyRun], rule: Rule) -> tuple[Test, str]:
     > 0; rule 2026-11: the trained mean SSDC > SUBSTANTIAL."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        trained = [float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer]))
-                   for r in runs if r.eval.ssdc is not None and r.eval.ssdc.per_layer]
+        trained = [
+            float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer]))
+            for r in runs
+            if r.eval.ssdc is not None and r.eval.ssdc.per_layer
+        ]
         if rule.builds == "threshold":
             plain = spread(trained)
             return above(plain, SUBSTANTIAL, rule), "mean SSDC"
-        pairs = [(float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer])),
-                  float(np.nanmean([math.nan if v is None else v for v in r.untrained.per_layer])))
-                 for r in runs if r.eval.ssdc is not None and r.eval.ssdc.per_layer and r.untrained.per_layer]
+        pairs = [
+            (
+                float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer])),
+                float(np.nanmean([math.nan if v is None else v for v in r.untrained.per_layer])),
+            )
+            for r in runs
+            if r.eval.ssdc is not None and r.eval.ssdc.per_layer and r.untrained.per_layer
+        ]
     diff = spread([t - u for t, u in pairs])
-    return above(diff, 0.0, rule), (f"mean SSDC {spread([t for t, _ in pairs]).mean:.3f} trained against "
-                                    f"{spread([u for _, u in pairs]).mean:.3f} untrained (same seeds), trained "
-                                    "- untrained")
+    return above(diff, 0.0, rule), (
+        f"mean SSDC {spread([t for t, _ in pairs]).mean:.3f} trained against "
+        f"{spread([u for _, u in pairs]).mean:.3f} untrained (same seeds), trained "
+        "- untrained"
+    )
 
 
 def _claim_collapse(study: _Study) -> Verdict:
@@ -208,12 +243,18 @@ def _claim_collapse(study: _Study) -> Verdict:
     builds, what = _builds(runs, study.rule)
     parts, rpi = _collapse_parts(runs, study.rule)
     ds = decide([("", builds)] + parts, study.rule)
-    return _verdict(ds, f"no PE: {what} {ds[0].text()} -> under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < "
-                    f"{NEAR_ZERO:g} at every layer? {_deciding(ds[1:])}", study)
+    return _verdict(
+        ds,
+        f"no PE: {what} {ds[0].text()} -> under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < "
+        f"{NEAR_ZERO:g} at every layer? {_deciding(ds[1:])}",
+        study,
+    )
 
 
-_SHAPE_WORDS = {"early": {"yes": "peaks early", "no": "peaks late", "noise": "early or late peak within noise"},
-                "accumulates": {"yes": "accumulates", "no": "does not accumulate", "noise": "flat within noise"}}
+_SHAPE_WORDS = {
+    "early": {"yes": "peaks early", "no": "peaks late", "noise": "early or late peak within noise"},
+    "accumulates": {"yes": "accumulates", "no": "does not accumulate", "noise": "flat within noise"},
+}
 
 
 def _shape(condition: str, cube: np.ndarray, rule: Rule) -> tuple[Spread, str, str]:
@@ -259,8 +300,10 @@ def _claim_anchor(study: _Study) -> Verdict:
         parts += [("mean", above(keeps, SUBSTANTIAL, study.rule)), (what, above(shape_q, 0.0, study.rule))]
         heads.append((f"{LABELS[c]} under RPI {_fmt(layers)}{_units(layers)}", kind))
     ds = decide(parts, study.rule)
-    evidence = [f"{head} ({ds[2 * i].text()}; {_SHAPE_WORDS[kind][ds[2 * i + 1].word]}: {ds[2 * i + 1].text()})"
-                for i, (head, kind) in enumerate(heads)]
+    evidence = [
+        f"{head} ({ds[2 * i].text()}; {_SHAPE_WORDS[kind][ds[2 * i + 1].word]}: {ds[2 * i + 1].text()})"
+        for i, (head, kind) in enumerate(heads)
+    ]
     return _verdict(ds, "; ".join(evidence), study)
 
 
@@ -270,8 +313,9 @@ def _claim_rpt(study: _Study) -> Verdict:
         return Verdict("not measured", "", "RPT condition not run")
     parts, rpi = _collapse_parts(study.by["rpt"], study.rule)
     ds = decide(parts, study.rule)
-    return _verdict(ds, f"RPT under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? "
-                    f"{_deciding(ds)}", study)
+    return _verdict(
+        ds, f"RPT under RPI {_fmt(rpi)}{_units(rpi)}, |SSDC| < {NEAR_ZERO:g} at every layer? {_deciding(ds)}", study
+    )
 
 
 def _fs_interval(runs: list[StudyRun], shift: str):
@@ -284,15 +328,24 @@ def _claim_fragility(study: _Study, shift: str = "jpeg:5") -> Verdict:
     fs = {c: spread([(r.eval.fs or {}).get(shift) for r in runs]) for c, runs in by.items()}
     missing = [LABELS[c] for c in _PE + _NON_PE if c not in fs or fs[c].n == 0]
     if missing:  # the claim compares every PE model with no PE and RPT
-        return Verdict("not measured", "", f"needs every condition with fragility results; missing: {', '.join(missing)}")
+        return Verdict(
+            "not measured", "", f"needs every condition with fragility results; missing: {', '.join(missing)}"
+        )
     below = [(a, b) for a in _PE for b in _NON_PE]  # PE models less fragile than no PE / RPT
     least = [("rope", c) for c in fs if c != "rope"]  # RoPE least fragile of all
-    parts = [(f"{LABELS.get(a, a)} < {LABELS.get(b, b)}",
-              less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift))) for a, b in below + least]
+    parts = [
+        (
+            f"{LABELS.get(a, a)} < {LABELS.get(b, b)}",
+            less(fs[a], fs[b], _fs_interval(by[a], shift), _fs_interval(by[b], shift)),
+        )
+        for a, b in below + least
+    ]
     ds = decide(parts, study.rule)
     order = ", ".join(f"{LABELS.get(c, c)} {s.text()}" for c, s in sorted(fs.items(), key=lambda kv: kv[1].mean))
-    halves = "; ".join(f"{name}: {_PART_WORDS[combine([d.word for d in part])]}{_failed(part)}"
-                       for name, part in (("PE below no PE / RPT", ds[:len(below)]), ("RoPE least", ds[len(below):])))
+    halves = "; ".join(
+        f"{name}: {_PART_WORDS[combine([d.word for d in part])]}{_failed(part)}"
+        for name, part in (("PE below no PE / RPT", ds[: len(below)]), ("RoPE least", ds[len(below) :]))
+    )
     return _verdict(ds, f"JPEG q5 FS (low to high): {order}; {halves}", study)
 
 
@@ -342,6 +395,7 @@ def _alpha_part(alphas: np.ndarray, curves: list, index: int, sign: int, interva
     def test(alpha: float) -> tuple[str, str]:
         word, why = moved(alpha)
         return (agree if agree == word else "noise"), f"{what}: {why}"
+
     return test, ", ".join(f"{r:+.2f}" for r in per_seed)
 
 
@@ -353,28 +407,44 @@ def _claim_alpha(study: _Study, shift: str = "jpeg:5") -> Verdict:
     alphas = np.array(sweeps[0].alphas, dtype=float)
     if len(set(alphas.tolist())) < 2 or any(list(s.alphas) != list(sweeps[0].alphas) for s in sweeps):
         return Verdict("not measured", "", "the APE alpha sweeps need the same 2 alphas or more in every seed")
-    curves = [(np.array([math.nan if v is None else v for v in s.delta_ssdc], dtype=float),
-               np.array([math.nan if v is None else v for v in (s.fs or {}).get(shift, [None] * len(alphas))],
-                        dtype=float)) for s in sweeps]
+    curves = [
+        (
+            np.array([math.nan if v is None else v for v in s.delta_ssdc], dtype=float),
+            np.array(
+                [math.nan if v is None else v for v in (s.fs or {}).get(shift, [None] * len(alphas))], dtype=float
+            ),
+        )
+        for s in sweeps
+    ]
     with warnings.catch_warnings():  # an alpha where every seed is NaN stays NaN: checked next
         warnings.simplefilter("ignore", RuntimeWarning)
         delta, fsj = np.nanmean([d for d, _ in curves], 0), np.nanmean([f for _, f in curves], 0)
-    head = f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS {np.round(fsj, 3).tolist()}"
+    head = (
+        f"APE: alpha {alphas.tolist()} -> delta SSDC {np.round(delta, 3).tolist()}, JPEG FS {np.round(fsj, 3).tolist()}"
+    )
     if not (np.isfinite(delta).all() and np.isfinite(fsj).all()):  # a trend of a curve with holes is not one
-        return Verdict("undecided", head, "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one "
-                       "block has no delta SSDC)")
+        return Verdict(
+            "undecided",
+            head,
+            "delta SSDC or FS is undefined (NaN) at some alpha (e.g. a model with one block has no delta SSDC)",
+        )
     intervals = sweeps[0].fs_interval and sweeps[0].fs_interval.get(shift)
     tests = [_alpha_part(alphas, curves, index, sign, intervals, study.rule) for index, sign in ((0, 1), (1, -1))]
     ds = decide([(name, test) for name, (test, _) in zip(("delta SSDC falls", "FS rises"), tests)], study.rule)
-    halves = [f"{d.name}: {_PART_WORDS[combine([d.word])]} (Spearman with alpha per seed {trends}; "
-              f"{d.text(named=False)})" for d, (_, trends) in zip(ds, tests)]
+    halves = [
+        f"{d.name}: {_PART_WORDS[combine([d.word])]} (Spearman with alpha per seed {trends}; {d.text(named=False)})"
+        for d, (_, trends) in zip(ds, tests)
+    ]
     return _verdict(ds, f"{head}; " + "; ".join(halves), study)
 
 
 CLAIMS: tuple[tuple[str, Callable, tuple[str, ...]], ...] = (
     ("No-PE models build content-driven structure that collapses to ~0 under RPI", _claim_collapse, ("nope",)),
-    ("APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE accumulates with depth)",
-     _claim_anchor, _PE),
+    (
+        "APE/sincos/RoPE keep substantial SSDC under RPI (APE/sincos peak early, RoPE accumulates with depth)",
+        _claim_anchor,
+        _PE,
+    ),
     ("RPT behaves like no PE (SSDC under RPI ~0)", _claim_rpt, ("rpt",)),
     ("PE models are less fragile than no-PE/RPT, RoPE least", _claim_fragility, _PE + _NON_PE),
     ("As alpha shrinks, delta SSDC falls and FS rises (APE)", _claim_alpha, ("ape",)),
@@ -404,13 +474,20 @@ def _qualified(verdict: Verdict, study: _Study, conditions: Sequence[str], class
         return Verdict("undecided", verdict.evidence, chance)
     counts = {LABELS.get(c, c): len(v) for c, v in study.by.items()}
     decided = verdict.status != "undecided" or verdict.reason.startswith("within noise")  # not a NaN's
-    if decided and not study.rule.one_seed_decides and min(
-            (len(study.by[c]) for c in conditions if c in study.by), default=0) == 1:
+    if (
+        decided
+        and not study.rule.one_seed_decides
+        and min((len(study.by[c]) for c in conditions if c in study.by), default=0) == 1
+    ):
         return Verdict("undecided", verdict.evidence, ONE_SEED)
     if verdict.status == "undecided" and len(set(counts.values())) > 1:
-        return Verdict("undecided", verdict.evidence, verdict.reason + "; the conditions have different seed "
-                       f"counts ({', '.join(f'{c} {n}' for c, n in counts.items())}), and a comparison across "
-                       "them is decided only where both sides have a spread")
+        return Verdict(
+            "undecided",
+            verdict.evidence,
+            verdict.reason + "; the conditions have different seed "
+            f"counts ({', '.join(f'{c} {n}' for c, n in counts.items())}), and a comparison across "
+            "them is decided only where both sides have a spread",
+        )
     return verdict
 
 
@@ -429,6 +506,14 @@ def evaluate_claims(results: StudyResults, rule: str | Rule = DEFAULT_RULE) -> l
     out = []
     for claim, check, conditions in CLAIMS:
         verdict = _qualified(check(study), study, conditions, classes)
-        out.append(dict(claim=claim, status=verdict.status, held=verdict.held, evidence=verdict.evidence,
-                        reason=verdict.reason, rule=rule.name))
+        out.append(
+            dict(
+                claim=claim,
+                status=verdict.status,
+                held=verdict.held,
+                evidence=verdict.evidence,
+                reason=verdict.reason,
+                rule=rule.name,
+            )
+        )
     return out

@@ -5,6 +5,7 @@ A run directory (what ``posgeom train`` writes) holds ``export/`` (``config.json
 ``eval.json`` (clean accuracy, fragility scores, SSDC) and figures. Cards are rendered from those
 files only: a number that no run recorded never appears on a card.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,21 +21,41 @@ from ..errors import PosgeomError
 from ..jsonio import replacing, write_errors
 from .records import RunEval, RunSummary
 
-__all__ = ["render_card", "push_run", "upload_plan", "export_for_hub", "architecture_args", "HubExportError",
-           "weights_sha1", "check_safetensors",
-           "card_template"]
+__all__ = [
+    "render_card",
+    "push_run",
+    "upload_plan",
+    "export_for_hub",
+    "architecture_args",
+    "HubExportError",
+    "weights_sha1",
+    "check_safetensors",
+    "card_template",
+]
 
 UPLOAD_FILES = ("config.json", "model.safetensors", "README.md")
 
 _PE_TEXT = {
-    "none": ("no positional encoding", "the patch tokens carry no position information, so the model is "
-             "equivariant to permutations of its patch tokens; any spatial structure it builds comes from content."),
-    "ape": ("a learned absolute position table", "one learned vector per token index (class-token row "
-            "included, as in the paper) is added after the patch embedding."),
-    "sincos": ("a fixed 2-D sine-cosine table", "a fixed table of sines and cosines of the row and column "
-               "index is added to the patch tokens; it is rebuilt (not interpolated) for other grids."),
-    "rope": ("2-D axial rotary position embedding (RoPE)", "queries and keys of the patch tokens are rotated "
-             "by angles proportional to their row and column index (base 10000); prefix tokens are not rotated."),
+    "none": (
+        "no positional encoding",
+        "the patch tokens carry no position information, so the model is "
+        "equivariant to permutations of its patch tokens; any spatial structure it builds comes from content.",
+    ),
+    "ape": (
+        "a learned absolute position table",
+        "one learned vector per token index (class-token row "
+        "included, as in the paper) is added after the patch embedding.",
+    ),
+    "sincos": (
+        "a fixed 2-D sine-cosine table",
+        "a fixed table of sines and cosines of the row and column "
+        "index is added to the patch tokens; it is rebuilt (not interpolated) for other grids.",
+    ),
+    "rope": (
+        "2-D axial rotary position embedding (RoPE)",
+        "queries and keys of the patch tokens are rotated "
+        "by angles proportional to their row and column index (base 10000); prefix tokens are not rotated.",
+    ),
 }
 
 
@@ -66,17 +87,27 @@ def architecture_args(model) -> dict[str, Any]:
         return {}
     patch, img = model.patch_embed.patch_size, model.patch_embed.img_size
     return dict(
-        pe=model.pe, alpha=model.alpha, token_shuffle=model.token_shuffle,
-        embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=model.blocks[0].attn.num_heads,
+        pe=model.pe,
+        alpha=model.alpha,
+        token_shuffle=model.token_shuffle,
+        embed_dim=model.embed_dim,
+        depth=len(model.blocks),
+        num_heads=model.blocks[0].attn.num_heads,
         patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
         img_size=int(img[0]) if img[0] == img[1] else list(img),
-        num_classes=model.num_classes, global_pool=model.global_pool, init=getattr(model, "init", "timm"),
+        num_classes=model.num_classes,
+        global_pool=model.global_pool,
+        init=getattr(model, "init", "timm"),
         layout=getattr(model, "layout", "timm"),
     )
 
 
-def export_for_hub(model, directory: str | os.PathLike, model_args: dict[str, Any] | None = None,
-                   pretrained_cfg: dict[str, Any] | None = None) -> Path:
+def export_for_hub(
+    model,
+    directory: str | os.PathLike,
+    model_args: dict[str, Any] | None = None,
+    pretrained_cfg: dict[str, Any] | None = None,
+) -> Path:
     """Write ``model`` in timm's Hub layout (config.json + model.safetensors, no pickle) into
     ``directory``, atomically: a temporary folder renamed into place, so a kill never leaves a
     half-written export. ``model_args`` extend :func:`architecture_args`."""
@@ -96,7 +127,8 @@ def _weights_dir(run_dir: Path, weights: str) -> Path:
     if not (d / "model.safetensors").is_file() or not (d / "config.json").is_file():
         raise HubExportError(
             f"{run_dir} has no exported weights: expected {d}/config.json and {d}/model.safetensors "
-            "(written by `posgeom train` at the end of a run; an interrupted run resumes with --resume)")
+            "(written by `posgeom train` at the end of a run; an interrupted run resumes with --resume)"
+        )
     return d
 
 
@@ -127,17 +159,30 @@ def _results_rows(summary: RunSummary | None, evals: RunEval | None, sha1: str) 
     another is not shown, and a row says so."""
     rows = []
     if evals is not None and evals.weights_sha1 != sha1:
-        rows.append(("robustness eval (eval.json)", "made on other weights than these: not shown"
-                     if evals.weights_sha1 is not None else "recorded without the weights' hash: not shown"))
+        rows.append(
+            (
+                "robustness eval (eval.json)",
+                "made on other weights than these: not shown"
+                if evals.weights_sha1 is not None
+                else "recorded without the weights' hash: not shown",
+            )
+        )
         evals = None
     raw = summary is not None and summary.export_sha1 == sha1
     ema = summary is not None and summary.export_ema_sha1 == sha1
-    recorded = summary is not None and any(v is not None for v in (summary.val_top1, summary.ema_val_top1,
-                                                                      summary.pe_ssdc))
+    recorded = summary is not None and any(
+        v is not None for v in (summary.val_top1, summary.ema_val_top1, summary.pe_ssdc)
+    )
     if recorded and not (raw or ema):
         hashed = summary.export_sha1 is not None or summary.export_ema_sha1 is not None
-        rows.append(("training results (summary.json)", "measured on other weights than these: not shown" if hashed
-                     else "recorded without the weights' hash: not shown"))
+        rows.append(
+            (
+                "training results (summary.json)",
+                "measured on other weights than these: not shown"
+                if hashed
+                else "recorded without the weights' hash: not shown",
+            )
+        )
     if raw and summary.val_top1 is not None:
         rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
     if ema and summary.ema_val_top1 is not None:
@@ -178,8 +223,10 @@ def check_safetensors(path: str | os.PathLike) -> None:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:  # not JSON, not the layout
         why = f"an unreadable header ({type(e).__name__})"
     if why is not None:
-        raise HubExportError(f"{path} is not a whole safetensors file ({why}): truncated or damaged; export the "
-                             "run again (posgeom train writes it at the end of a run)")
+        raise HubExportError(
+            f"{path} is not a whole safetensors file ({why}): truncated or damaged; export the "
+            "run again (posgeom train writes it at the end of a run)"
+        )
 
 
 def _fmt3(v: float | None) -> str:
@@ -200,22 +247,36 @@ def _recipe_data(path: Path) -> str | None:
     return data if isinstance(data, str) else None
 
 
-_CARD_ARGS = ("pe", "alpha", "token_shuffle", "embed_dim", "depth", "num_heads", "img_size", "patch_size",
-              "num_classes", "init")
+_CARD_ARGS = (
+    "pe",
+    "alpha",
+    "token_shuffle",
+    "embed_dim",
+    "depth",
+    "num_heads",
+    "img_size",
+    "patch_size",
+    "num_classes",
+    "init",
+)
 # card args an export may lack: exports made before the argument existed, with its value then
 _CARD_ARG_DEFAULTS = {"init": "timm", "layout": "timm"}
 
 _INIT_TEXT = {
     "timm": "",
-    "paper": (" Initialised as in the paper's code: PyTorch's defaults (Linear and Conv weights and biases "
-              "U(+-1/sqrt(fan_in)), position table and class token N(0, 1), LayerNorm 1 / 0)."),
+    "paper": (
+        " Initialised as in the paper's code: PyTorch's defaults (Linear and Conv weights and biases "
+        "U(+-1/sqrt(fan_in)), position table and class token N(0, 1), LayerNorm 1 / 0)."
+    ),
 }
 
 
 _LAYOUT_TEXT = {
     "timm": "",
-    "paper": (" Layers as in the paper's code: no final LayerNorm (the class token goes straight to the linear "
-              "head), dropout only on the embedding, inside attention and after the MLP's GELU."),
+    "paper": (
+        " Layers as in the paper's code: no final LayerNorm (the class token goes straight to the linear "
+        "head), dropout only on the embedding, inside attention and after the MLP's GELU."
+    ),
 }
 
 
@@ -224,10 +285,16 @@ def _card_args(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     :func:`export_for_hub` for every timm-posgeom model); a clear error for any other export."""
     args = dict(_CARD_ARG_DEFAULTS, **(config.get("model_args") or {}))
     missing = [k for k in _CARD_ARGS if k not in args]
-    if missing or args.get("pe") not in _PE_TEXT or args.get("init") not in _INIT_TEXT or \
-            args.get("layout") not in _LAYOUT_TEXT:
-        raise HubExportError(f"{path}: model_args lacks {', '.join(missing) or 'a known pe or init'}: not an export of a "
-                             "timm-posgeom model (posgeom train writes them)")
+    if (
+        missing
+        or args.get("pe") not in _PE_TEXT
+        or args.get("init") not in _INIT_TEXT
+        or args.get("layout") not in _LAYOUT_TEXT
+    ):
+        raise HubExportError(
+            f"{path}: model_args lacks {', '.join(missing) or 'a known pe or init'}: not an export of a "
+            "timm-posgeom model (posgeom train writes them)"
+        )
     return args
 
 
@@ -269,7 +336,9 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     config = _read_json(wdir / "config.json")
     summary = RunSummary.read(run / "summary.json") if (run / "summary.json").is_file() else None
     evals = RunEval.read(run / "eval.json") if (run / "eval.json").is_file() else None
-    recipe_text = (run / "recipe.yaml").read_text().strip() if (run / "recipe.yaml").is_file() else "(no recipe recorded)"
+    recipe_text = (
+        (run / "recipe.yaml").read_text().strip() if (run / "recipe.yaml").is_file() else "(no recipe recorded)"
+    )
     arch = config.get("architecture", "unknown")
     args = _card_args(wdir / "config.json", config)
     pe, token_shuffle = args["pe"], args["token_shuffle"]
@@ -280,15 +349,32 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     # the training's own numbers (steps, epochs, time) describe these weights only if the run exported them
     trained = summary if summary is not None and sha1 in (summary.export_sha1, summary.export_ema_sha1) else None
     card = ModelCard.from_template(
-        card_data, template_path=str(card_template()),
-        model_name=repo_id.split("/")[-1], repo_id=repo_id, architecture=arch,
-        pe=pe, pe_title=pe_title, pe_description=pe_description, alpha=args["alpha"],
-        token_shuffle=token_shuffle, init=args["init"], embed_dim=args["embed_dim"], depth=args["depth"],
-        num_heads=args["num_heads"], img_size=_side(args["img_size"]), patch_size=_side(args["patch_size"]),
-        num_classes=args["num_classes"], num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
-        dataset=dataset, steps=trained.steps if trained else "?", epochs=_fmt(trained.epochs) if trained else "?",
-        time_s=trained.time_s if trained else "?", processes=trained.processes if trained else "?",
-        recipe_yaml=recipe_text, figures=figures, results=_results_rows(summary, evals, sha1),
+        card_data,
+        template_path=str(card_template()),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        architecture=arch,
+        pe=pe,
+        pe_title=pe_title,
+        pe_description=pe_description,
+        alpha=args["alpha"],
+        token_shuffle=token_shuffle,
+        init=args["init"],
+        embed_dim=args["embed_dim"],
+        depth=args["depth"],
+        num_heads=args["num_heads"],
+        img_size=_side(args["img_size"]),
+        patch_size=_side(args["patch_size"]),
+        num_classes=args["num_classes"],
+        num_params=f"{_num_params(wdir / 'model.safetensors') / 1e6:.2f}M",
+        dataset=dataset,
+        steps=trained.steps if trained else "?",
+        epochs=_fmt(trained.epochs) if trained else "?",
+        time_s=trained.time_s if trained else "?",
+        processes=trained.processes if trained else "?",
+        recipe_yaml=recipe_text,
+        figures=figures,
+        results=_results_rows(summary, evals, sha1),
         posgeom_version=_made_with(trained),
     )
     return str(card)
@@ -299,15 +385,24 @@ def _card_data(args: dict[str, Any], dataset: str | None) -> Any:
     non-timm init or layout) and the dataset when it is a Hub id."""
     from huggingface_hub import ModelCardData
 
-    tags = ["image-classification", "timm", "timm-posgeom", "vision-transformer", "positional-encoding",
-            f"pe-{args['pe']}"]
+    tags = [
+        "image-classification",
+        "timm",
+        "timm-posgeom",
+        "vision-transformer",
+        "positional-encoding",
+        f"pe-{args['pe']}",
+    ]
     if args["token_shuffle"] == "train":
         tags.append("random-permutation-training")
     for key in ("init", "layout"):
         if args[key] != "timm":
             tags.append(f"{key}-{args[key]}")
     return ModelCardData(
-        library_name="timm", license="apache-2.0", tags=tags, pipeline_tag="image-classification",
+        library_name="timm",
+        license="apache-2.0",
+        tags=tags,
+        pipeline_tag="image-classification",
         # a Hub dataset id (ORG/NAME) goes into the metadata; local paths do not
         datasets=[dataset] if dataset and "/" in dataset and not dataset.startswith((".", "/", "~")) else None,
         metrics=["accuracy"],
@@ -331,13 +426,13 @@ def upload_plan(run_dir: str | os.PathLike, weights: str = "export") -> list[str
 
 
 def push_run(
-        run_dir: str | os.PathLike,
-        repo_id: str,
-        *,
-        private: bool = False,
-        dry_run: bool = False,
-        weights: str = "export",
-        token: str | None = None,
+    run_dir: str | os.PathLike,
+    repo_id: str,
+    *,
+    private: bool = False,
+    dry_run: bool = False,
+    weights: str = "export",
+    token: str | None = None,
 ) -> list[str]:
     """Upload a run's weights and its rendered card to ``repo_id`` on the Hub.
 
@@ -364,7 +459,9 @@ def push_run(
             api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
             api.upload_folder(repo_id=repo_id, folder_path=str(stage), commit_message="Add timm-posgeom model")
         except Exception as e:  # network, auth and Hub errors differ across huggingface_hub versions: one line
-            raise HubExportError(f"could not push to the Hub repo {repo_id}: {type(e).__name__}: {e} "
-                                 "(nothing or only part was uploaded; check the network and `hf auth login`, "
-                                 "then push again)") from e
+            raise HubExportError(
+                f"could not push to the Hub repo {repo_id}: {type(e).__name__}: {e} "
+                "(nothing or only part was uploaded; check the network and `hf auth login`, "
+                "then push again)"
+            ) from e
     return files

@@ -6,6 +6,7 @@ the versions of the invocation that wrote ``results.json`` are not necessarily t
 measured its runs. Each run records its own (``summary.json``: the process that finished the training;
 ``eval.json``: every set that measured a part of it), and reports name them all.
 """
+
 from __future__ import annotations
 
 import platform
@@ -35,8 +36,11 @@ def _fmt(versions: Mapping[str, str]) -> str:
     return ", ".join(f"{k} {v}" for k, v in versions.items())
 
 
-def describe_versions(current: Mapping[str, str], measured: Sequence[tuple[str, Sequence[Mapping[str, str] | None]]],
-                      label: str = "this invocation") -> str:
+def describe_versions(
+    current: Mapping[str, str],
+    measured: Sequence[tuple[str, Sequence[Mapping[str, str] | None]]],
+    label: str = "this invocation",
+) -> str:
     """One sentence (no final period) naming the versions the numbers were measured with.
 
     ``current``: the versions of the invocation that writes the report (``label`` names it). ``measured``: per run (or model),

@@ -6,6 +6,7 @@ A bare recipe name is one of the recipes shipped in the package (``posgeom recip
 key (in the file or an override) is an error that lists the valid keys; override values are
 parsed as YAML and coerced to the field's type (``none``/``null`` for optional fields).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,19 @@ from ..errors import PosgeomError
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
     from importlib.resources.abc import Traversable
 
-__all__ = ["Recipe", "RecipeError", "load_recipe", "upgrade_keys", "upgrade_overrides", "RENAMED_KEYS", "find_recipe", "apply_overrides", "shipped_recipes",
-           "accelerate_configs", "find_accelerate_config"]
+__all__ = [
+    "Recipe",
+    "RecipeError",
+    "load_recipe",
+    "upgrade_keys",
+    "upgrade_overrides",
+    "RENAMED_KEYS",
+    "find_recipe",
+    "apply_overrides",
+    "shipped_recipes",
+    "accelerate_configs",
+    "find_accelerate_config",
+]
 
 
 # the resampling filters both PIL (the uint8 cache) and timm's transforms know
@@ -138,14 +150,27 @@ def _need(ok: bool, message: str) -> None:
 
 def _check_choices_and_counts(r: Recipe) -> None:
     """The keys with a list of choices, and the counts."""
-    choices = {"augment": ("none", "crop_flip", "timm"), "eval_resize": ("paper", "timm"),
-               "mixed_precision": (None, "no", "fp16", "bf16"), "interpolation": INTERPOLATIONS,
-               "bad_images": ("error", "skip")}
+    choices = {
+        "augment": ("none", "crop_flip", "timm"),
+        "eval_resize": ("paper", "timm"),
+        "mixed_precision": (None, "no", "fp16", "bf16"),
+        "interpolation": INTERPOLATIONS,
+        "bad_images": ("error", "skip"),
+    }
     for key, allowed in choices.items():
-        _need(getattr(r, key) in allowed,
-              f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(r, key)!r}")
-    for key in ("img_size", "batch_size", "grad_accum", "epochs", "checkpoint_every", "keep_checkpoints",
-                "eval_every", "log_every"):
+        _need(
+            getattr(r, key) in allowed, f"{key} must be one of {', '.join(map(str, allowed))}, got {getattr(r, key)!r}"
+        )
+    for key in (
+        "img_size",
+        "batch_size",
+        "grad_accum",
+        "epochs",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "eval_every",
+        "log_every",
+    ):
         _need(getattr(r, key) >= 1, f"{key} must be >= 1, got {getattr(r, key)}")
     for key in ("max_steps", "max_train_images", "max_val_images", "eval_batch_size"):
         value = getattr(r, key)
@@ -176,20 +201,28 @@ def _check_numbers(r: Recipe) -> None:
     _need(r.color_jitter is None or r.color_jitter >= 0, f"color_jitter must be >= 0, got {r.color_jitter}")
     _need(0 < r.crop_pct <= 1, f"crop_pct must be in (0, 1], got {r.crop_pct}")
     _need(r.opt_eps is None or r.opt_eps > 0, f"opt_eps must be > 0, got {r.opt_eps}")
-    _need(r.opt_betas is None or (len(r.opt_betas) == 2 and all(0 <= b < 1 for b in r.opt_betas)),
-          f"opt_betas must be two values in [0, 1), got {r.opt_betas}")
+    _need(
+        r.opt_betas is None or (len(r.opt_betas) == 2 and all(0 <= b < 1 for b in r.opt_betas)),
+        f"opt_betas must be two values in [0, 1), got {r.opt_betas}",
+    )
 
 
 def _check_combinations(r: Recipe) -> None:
     """Values that exclude each other, or that the run sets itself."""
-    _need(not (r.cache and r.augment == "timm"),
-          "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm")
-    _need(not r.streaming or (r.max_train_images is not None and r.max_val_images is not None),
-          "streaming reads the first N images of each split: give their number (max_train_images and "
-          "max_val_images, or --max-images)")
+    _need(
+        not (r.cache and r.augment == "timm"),
+        "cache: true keeps pre-resized uint8 images and supports augment none or crop_flip, not timm",
+    )
+    _need(
+        not r.streaming or (r.max_train_images is not None and r.max_val_images is not None),
+        "streaming reads the first N images of each split: give their number (max_train_images and "
+        "max_val_images, or --max-images)",
+    )
     for key in ("img_size", "num_classes", "pretrained"):
-        _need(key not in r.model_kwargs,
-              f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)")
+        _need(
+            key not in r.model_kwargs,
+            f"model_kwargs.{key} is set by the run (img_size from the recipe, num_classes from the data)",
+        )
 
 
 # Recipe keys renamed to the flags' names: accepted for one release, with a one-line notice
@@ -200,8 +233,11 @@ OLD_SYNTHETIC_SIZE = "synthetic_size"
 
 
 def _renamed_notice(old: str, new: str) -> None:
-    warnings.warn(f"recipe key {old} is deprecated and will be removed in the next release: use {new} (the same)",
-                  FutureWarning, stacklevel=4)
+    warnings.warn(
+        f"recipe key {old} is deprecated and will be removed in the next release: use {new} (the same)",
+        FutureWarning,
+        stacklevel=4,
+    )
 
 
 def upgrade_keys(values: dict[str, Any], warn: bool = True) -> dict[str, Any]:
@@ -363,15 +399,21 @@ def recipe_from_dict(values: dict[str, Any]) -> Recipe:
 def shipped_recipes() -> dict[str, Traversable]:
     """The recipes shipped inside the package (``timm_posgeom.recipes``): name -> file, sorted by name."""
     root = files("timm_posgeom.recipes")
-    return {entry.name[:-len(".yaml")]: entry for entry in sorted(root.iterdir(), key=lambda e: e.name)
-            if entry.is_file() and entry.name.endswith(".yaml")}
+    return {
+        entry.name[: -len(".yaml")]: entry
+        for entry in sorted(root.iterdir(), key=lambda e: e.name)
+        if entry.is_file() and entry.name.endswith(".yaml")
+    }
 
 
 def accelerate_configs() -> dict[str, Traversable]:
     """The accelerate launcher configs shipped inside the package: name (e.g. ``1gpu``) -> file."""
     root = files("timm_posgeom.recipes") / "accelerate"
-    return {entry.name[:-len(".yaml")]: entry for entry in sorted(root.iterdir(), key=lambda e: e.name)
-            if entry.is_file() and entry.name.endswith(".yaml")}
+    return {
+        entry.name[: -len(".yaml")]: entry
+        for entry in sorted(root.iterdir(), key=lambda e: e.name)
+        if entry.is_file() and entry.name.endswith(".yaml")
+    }
 
 
 def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
@@ -383,8 +425,10 @@ def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
     name = Path(name_or_path).name.removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
-                            f"shipped configs: {', '.join(shipped) or 'none'})")
+    raise FileNotFoundError(
+        f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
+        f"shipped configs: {', '.join(shipped) or 'none'})"
+    )
 
 
 def packaged_path(entry: Traversable) -> Path:
@@ -404,8 +448,10 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path).removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
-                            f"recipes: {', '.join(shipped) or 'none'})")
+    raise FileNotFoundError(
+        f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
+        f"recipes: {', '.join(shipped) or 'none'})"
+    )
 
 
 def _data_relative_to_repo(data: str | None, recipe_path: Path) -> str | None:

@@ -44,6 +44,7 @@ Files are written through
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
 back into NaN.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,10 +60,23 @@ from ..errors import PosgeomError
 from ..jsonio import tagged as with_schema_tags
 from ..jsonio import to_jsonable, write_json
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "RecordError", "Record", "RunSummary", "SSDCSummary", "SweepSummary", "AttentionSummary",
-           "FragilityAtSize",
-           "RunEval",
-           "HistoryPoint", "StudyRun", "StudyResults", "ZooModel", "ZooIndex"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "READABLE_VERSIONS",
+    "RecordError",
+    "Record",
+    "RunSummary",
+    "SSDCSummary",
+    "SweepSummary",
+    "AttentionSummary",
+    "FragilityAtSize",
+    "RunEval",
+    "HistoryPoint",
+    "StudyRun",
+    "StudyResults",
+    "ZooModel",
+    "ZooIndex",
+]
 
 SCHEMA_VERSION = 6
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # older versions whose records this one reads (new keys take their defaults)
@@ -94,16 +108,21 @@ class Record:
         if schema is not None and schema != f"timm-posgeom/{cls.KIND}":
             raise RecordError(f"{source}: a {schema!r} record, not timm-posgeom/{cls.KIND}")
         if version is not None and version not in READABLE_VERSIONS:
-            raise RecordError(f"{source}: schema version {version}, this timm-posgeom reads versions "
-                              f"{', '.join(map(str, READABLE_VERSIONS))} (re-run the command that wrote it with "
-                              "this version)")
+            raise RecordError(
+                f"{source}: schema version {version}, this timm-posgeom reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))} (re-run the command that wrote it with "
+                "this version)"
+            )
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(fields))
         if unknown:
             raise RecordError(f"{source}: unknown keys {unknown} for {cls.__name__}")
-        missing = [n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING]
+        missing = [
+            n
+            for n, f in fields.items()
+            if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         if missing:
             raise RecordError(f"{source}: missing keys {missing} for {cls.__name__}")
         return cls(**{k: _build(hints[k], v, f"{source}: {k}") for k, v in values.items()})
@@ -123,8 +142,10 @@ class Record:
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RecordError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(values, dict) or "schema" not in values:
-            raise RecordError(f"{path}: not a timm-posgeom {cls.KIND} record (no schema tag; written by another "
-                              "program or an older timm-posgeom)")
+            raise RecordError(
+                f"{path}: not a timm-posgeom {cls.KIND} record (no schema tag; written by another "
+                "program or an older timm-posgeom)"
+            )
         return cls.from_dict(values, source=str(path))
 
 

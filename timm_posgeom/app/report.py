@@ -3,6 +3,7 @@
 Everything here is derived from ``results.json`` (``posgeom report RUN_DIR`` regenerates it), so a
 report can be rebuilt, restyled or re-thresholded without re-running a model.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,11 @@ __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
 # The paper's ViT-S/16 on ImageNet-100 (4 seeds, 60 epochs): clean top-1, JPEG q5 FS, blur FS.
 PAPER = {
-    "ape": (0.641, 0.435, 0.184), "sincos": (0.657, 0.435, 0.208), "rope": (0.690, 0.299, 0.147),
-    "nope": (0.568, 0.646, 0.298), "rpt": (0.560, 0.630, 0.243),
+    "ape": (0.641, 0.435, 0.184),
+    "sincos": (0.657, 0.435, 0.208),
+    "rope": (0.690, 0.299, 0.147),
+    "nope": (0.568, 0.646, 0.298),
+    "rpt": (0.560, 0.630, 0.243),
 }
 
 
@@ -55,14 +59,21 @@ def _floor_line(results: StudyResults, delta: bool = False) -> str:
     """One line stating the no-PE floor under RPI, to stand next to every SSDC-under-RPI table."""
     floor = no_pe_floor(results)
     if floor is None:
-        return ("No-PE floor under RPI (the structure a permuted model shows by chance): not measured, the study "
-                "has no no-PE run.")
+        return (
+            "No-PE floor under RPI (the structure a permuted model shows by chance): not measured, the study "
+            "has no no-PE run."
+        )
     layers, mean, d = floor
     perms = mean.permutations
-    what = (f"delta SSDC {d.text()}" if delta else
-            f"per layer {', '.join(f'{s.mean:.3f}' for s in layers)}; mean over layers {mean.text()}")
-    return (f"No-PE floor under RPI (the structure a permuted model shows by chance: this study's no-PE runs under "
-            f"the same {perms} permutation{'s' if perms != 1 else ''}, over seeds x permutations): {what}.")
+    what = (
+        f"delta SSDC {d.text()}"
+        if delta
+        else f"per layer {', '.join(f'{s.mean:.3f}' for s in layers)}; mean over layers {mean.text()}"
+    )
+    return (
+        f"No-PE floor under RPI (the structure a permuted model shows by chance: this study's no-PE runs under "
+        f"the same {perms} permutation{'s' if perms != 1 else ''}, over seeds x permutations): {what}."
+    )
 
 
 def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
@@ -79,7 +90,9 @@ def _monitor_split(results: StudyResults) -> str:
     monitors = {h.monitor or "validation" for r in results.runs for h in r.history or []}
     if monitors == {"heldout"}:
         return "the part of the training split held out from training (`heldout_fraction`)"
-    return "the validation split" if monitors <= {"validation"} else "the validation split or a held-out part of training"
+    return (
+        "the validation split" if monitors <= {"validation"} else "the validation split or a held-out part of training"
+    )
 
 
 def _training_table(results: StudyResults) -> list[str]:
@@ -94,18 +107,28 @@ def _training_table(results: StudyResults) -> list[str]:
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
         at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
-        rows.append(f"| {LABELS.get(c, c)} | " + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
-                    + f" | {'never' if formed is None else f'{formed:g}'} | "
-                    + _short(spread(_floats(r.monitor_top1 for r in records[-1]))) + " |")
+        rows.append(
+            f"| {LABELS.get(c, c)} | "
+            + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
+            + f" | {'never' if formed is None else f'{formed:g}'} | "
+            + _short(spread(_floats(r.monitor_top1 for r in records[-1])))
+            + " |"
+        )
     if not rows:
         return []
-    return ["", "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)", "",
-            f"Logged by the training loop on the first images of {_monitor_split(results)} (`probe_images` in the "
-            "recipe), as is top-1 at end: when the index anchor forms, and whether it is still moving at the end of "
-            "training.", "",
-            _floor_line(results) + " Measured at the end, by the study's probe.", "",
-            "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
-            "|---|---|---|---|---|---|---|"] + rows
+    return [
+        "",
+        "## During training: SSDC under RPI (mean over layers; training log, mean ± std over seeds)",
+        "",
+        f"Logged by the training loop on the first images of {_monitor_split(results)} (`probe_images` in the "
+        "recipe), as is top-1 at end: when the index anchor forms, and whether it is still moving at the end of "
+        "training.",
+        "",
+        _floor_line(results) + " Measured at the end, by the study's probe.",
+        "",
+        "| condition | 1/4 | 1/2 | 3/4 | end | stays above " + f"{SUBSTANTIAL} from epoch | top-1 at end |",
+        "|---|---|---|---|---|---|---|",
+    ] + rows
 
 
 def _attention_table(results: StudyResults) -> list[str]:
@@ -115,19 +138,26 @@ def _attention_table(results: StudyResults) -> list[str]:
     for c, runs in _by_condition(results).items():
         summaries = [r.eval.attention for r in runs if r.eval.attention is not None]
         for k, layer in enumerate(summaries[0].layers if summaries else []):
-            cells = [_head_range([getattr(a, key)[k] for a in summaries if getattr(a, key)])
-                     for key in ("mean_distance", "rpi_mean_distance", "entropy", "ssdc")]
+            cells = [
+                _head_range([getattr(a, key)[k] for a in summaries if getattr(a, key)])
+                for key in ("mean_distance", "rpi_mean_distance", "entropy", "ssdc")
+            ]
             rows.append(f"| {LABELS.get(c, c)} | {layer} | " + " | ".join(cells) + " |")
     if not rows:
         return []
     images = sorted({r.eval.attention.n_images for r in results.runs if r.eval.attention is not None})
-    return ["", "## Attention per head (mean over heads and seeds [min, max])", "",
-            f"Measured at a few layers on the first {'/'.join(map(str, images))} images of the SSDC probe, without "
-            "and under RPI (one permutation; distances on the index grid): mean attention distance in patch units, "
-            "attention entropy in nats, SSDC of each head's symmetrised mean attention map "
-            "(docs/attention.md in the timm-posgeom repository).", "",
-            "| condition | layer | mean distance | mean distance under RPI | entropy | attention SSDC |",
-            "|---|---|---|---|---|---|"] + rows
+    return [
+        "",
+        "## Attention per head (mean over heads and seeds [min, max])",
+        "",
+        f"Measured at a few layers on the first {'/'.join(map(str, images))} images of the SSDC probe, without "
+        "and under RPI (one permutation; distances on the index grid): mean attention distance in patch units, "
+        "attention entropy in nats, SSDC of each head's symmetrised mean attention map "
+        "(docs/attention.md in the timm-posgeom repository).",
+        "",
+        "| condition | layer | mean distance | mean distance under RPI | entropy | attention SSDC |",
+        "|---|---|---|---|---|---|",
+    ] + rows
 
 
 def _head_range(rows: list[list[float | None]]) -> str:
@@ -147,23 +177,33 @@ def _tables(results: StudyResults) -> list[str]:
 
 def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[str]:
     """Clean top-1 and FS under the paper's shifts against the paper's numbers; FS under any other shift."""
-    lines = ["## Accuracy and fragility (mean ± std [95% interval] over seeds)", "",
-             "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Accuracy and fragility (mean ± std [95% interval] over seeds)",
+        "",
+        "| condition | seeds | clean top-1 | JPEG q5 FS | blur σ2.5 FS | paper top-1 | paper JPEG FS | paper blur FS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c, runs in by.items():
         acc = spread([r.eval.clean_accuracy for r in runs]).text()
         fj = spread([_fs(r, "jpeg:5") for r in runs]).text()
         fb = spread([_fs(r, "blur:2.5:5") for r in runs]).text()
         pa = PAPER.get(c, (math.nan,) * 3)
-        lines.append(f"| {LABELS.get(c, c)} | {len(runs)} | {acc} | {fj} | {fb} | "
-                     f"{pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |")
+        lines.append(
+            f"| {LABELS.get(c, c)} | {len(runs)} | {acc} | {fj} | {fb} | {pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |"
+        )
     extra = sorted({s for r in results.runs for s in r.eval.fs or {}} - set(PAPER_SHIFTS))
     if extra:
-        lines += ["", "Other shifts (FS):", "", "| condition | " + " | ".join(extra) + " |",
-                  "|---|" + "---|" * len(extra)]
+        lines += [
+            "",
+            "Other shifts (FS):",
+            "",
+            "| condition | " + " | ".join(extra) + " |",
+            "|---|" + "---|" * len(extra),
+        ]
         for c, runs in by.items():
-            lines.append(f"| {LABELS.get(c, c)} | " + " | ".join(
-                spread([_fs(r, s) for r in runs]).text() for s in extra) + " |")
+            lines.append(
+                f"| {LABELS.get(c, c)} | " + " | ".join(spread([_fs(r, s) for r in runs]).text() for s in extra) + " |"
+            )
     lines += fragility_at_size_lines(results)
     return lines
 
@@ -176,21 +216,30 @@ def _ssdc_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[st
         from scipy.stats import t
 
         factors = ", ".join(f"{float(t.ppf(0.975, n - 1)) / math.sqrt(n):.2f} with {n} seeds" for n in ns)
-        lines += [f"Per layer: mean ± std over seeds; its 95% interval is mean ± k·std (k = t(0.975, n-1)/√n: "
-                  f"{factors}). Delta SSDC gives mean ± std [95% interval].", ""]
+        lines += [
+            f"Per layer: mean ± std over seeds; its 95% interval is mean ± k·std (k = t(0.975, n-1)/√n: "
+            f"{factors}). Delta SSDC gives mean ± std [95% interval].",
+            "",
+        ]
     perms = sorted({len(r.eval.ssdc.rpi_by_permutation or [None]) for r in results.runs if r.eval.ssdc})
-    lines += [f"Under RPI: the mean over {'/'.join(map(str, perms)) or '1'} permutation(s) per model (seeds 0, 1, ..., "
-              "the same for every model); the mean over layers and delta SSDC under RPI give mean ± seed std "
-              "(permutations ± the std over permutations) [95% interval over seeds x permutations].",
-              "", _floor_line(results), "",
-              "| condition | SSDC per layer | under RPI (index grid) | mean under RPI | delta SSDC under RPI | untrained |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        f"Under RPI: the mean over {'/'.join(map(str, perms)) or '1'} permutation(s) per model (seeds 0, 1, ..., "
+        "the same for every model); the mean over layers and delta SSDC under RPI give mean ± seed std "
+        "(permutations ± the std over permutations) [95% interval over seeds x permutations].",
+        "",
+        _floor_line(results),
+        "",
+        "| condition | SSDC per layer | under RPI (index grid) | mean under RPI | delta SSDC under RPI | untrained |",
+        "|---|---|---|---|---|---|",
+    ]
     for c, runs in by.items():
         cube = rpi_cube(runs)
         mean = spread_sp(np.nanmean(cube, 2)).text() if cube.size else "n/a"
         d = spread_sp(cube[:, :, 1] - cube[:, :, 0]).text() if cube.size and cube.shape[2] >= 2 else "n/a"
-        lines.append(f"| {LABELS.get(c, c)} | {_layer_text(runs, 'per_layer')} | {_layer_text(runs, 'rpi_per_layer')} | "
-                     f"{mean} | {d} | {_layer_text(runs, 'per_layer', 'untrained')} |")
+        lines.append(
+            f"| {LABELS.get(c, c)} | {_layer_text(runs, 'per_layer')} | {_layer_text(runs, 'rpi_per_layer')} | "
+            f"{mean} | {d} | {_layer_text(runs, 'per_layer', 'untrained')} |"
+        )
     return lines
 
 
@@ -200,19 +249,30 @@ def _alpha_sweep_tables(results: StudyResults, by: dict[str, list[StudyRun]]) ->
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if swept:
-        for title, value in (("delta SSDC under RPI", lambda s, i: s.delta_ssdc[i]),
-                             ("JPEG q5 FS", lambda s, i: s.fs["jpeg:5"][i])):
+        for title, value in (
+            ("delta SSDC under RPI", lambda s, i: s.delta_ssdc[i]),
+            ("JPEG q5 FS", lambda s, i: s.fs["jpeg:5"][i]),
+        ):
             lines += ["", f"## Alpha sweep: {title} (mean ± std [95% interval] over seeds)", ""]
             if title.startswith("delta"):
-                lines += [_sweep_protocol([s for _, sweeps in swept for s in sweeps]) + " "
-                          + _floor_line(results, delta=True), ""]
-            lines += ["| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
-                      "|---|" + "---|" * len(swept)]
+                lines += [
+                    _sweep_protocol([s for _, sweeps in swept for s in sweeps])
+                    + " "
+                    + _floor_line(results, delta=True),
+                    "",
+                ]
+            lines += [
+                "| alpha | " + " | ".join(LABELS.get(c, c) for c, _ in swept) + " |",
+                "|---|" + "---|" * len(swept),
+            ]
             alphas = swept[0][1][0].alphas
             for i in _sweep_order(alphas):  # alpha upwards, as in the figure
                 a = alphas[i]
-                lines.append(f"| {a:g} | " + " | ".join(
-                    spread([value(s, i) for s in sweeps]).text() for _, sweeps in swept) + " |")
+                lines.append(
+                    f"| {a:g} | "
+                    + " | ".join(spread([value(s, i) for s in sweeps]).text() for _, sweeps in swept)
+                    + " |"
+                )
     return lines
 
 
@@ -220,9 +280,13 @@ def _sweep_protocol(sweeps: list[Any]) -> str:
     """How the recorded sweeps permuted under RPI (each record says; a record before schema 5 drew one
     permutation, seed 0, at every alpha)."""
     counts = sorted({s.rpi_permutations for s in sweeps}, key=lambda k: (k is None, k or 0))
-    texts = [f"the mean over {k} RPI permutations drawn afresh for each alpha (seeds jK .. jK + K - 1 for the j-th "
-             "alpha)" if k else "one RPI permutation, the first, the same at every alpha (recorded before the "
-             "protocol of fresh permutations per alpha)" for k in counts]
+    texts = [
+        f"the mean over {k} RPI permutations drawn afresh for each alpha (seeds jK .. jK + K - 1 for the j-th alpha)"
+        if k
+        else "one RPI permutation, the first, the same at every alpha (recorded before the "
+        "protocol of fresh permutations per alpha)"
+        for k in counts
+    ]
     return "Delta SSDC at each alpha is " + "; in some runs ".join(texts) + ", per run."
 
 
@@ -241,24 +305,29 @@ def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
 
 
 def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
-    lines = ["## The paper's five claims in this run", "",
-             f"Thresholds: 'builds structure' = the trained no-PE model's mean SSDC over layers above its untrained "
-             f"start's (the same seed), paired over seeds; 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under "
-             f"RPI; 'substantial' = mean SSDC under RPI > {SUBSTANTIAL}; peaks early = the rise over block 1 minus "
-             "the rise after it, (S1 - S0) - (S_last - S1) > 0; accumulates = last layer minus first > 0; a trend "
-             "with alpha = every seed's Spearman correlation with the claimed sign and the change from the largest "
-             "to the smallest alpha > 0 in the claimed direction. One rule decides every part "
-             "(docs/method.md#verdicts): yes when it holds beyond its interval, no when its opposite holds beyond "
-             "it, within noise otherwise; the interval is over seeds, and over seeds x RPI permutations for SSDC "
-             "under RPI, on seeds - 1 degrees of freedom. Each claim is corrected for its number of parts by "
-             "Holm's step-down procedure (family-wise 95%): the part with the k-th smallest p-value of m is tested "
-             "at level 1 - 0.05 / (m - k + 1), and from the first part not decided on, every remaining one is "
-             "within noise. One seed never decides: such a claim reads 'one seed: not decided', its evidence "
-             "(intervals over RPI permutations, or from each run's bootstrap interval for fragility, MOVER) still "
-             f"shown. A claim that involves a model whose clean top-1 is below {CHANCE_FACTOR:g}x chance is "
-             "undecided. The evidence shows, for each part that decided, its interval at the level it was tested, "
-             "that level, its p-value and the threshold.", "",
-             "| # | claim | held here | evidence |", "|---|---|---|---|"]
+    lines = [
+        "## The paper's five claims in this run",
+        "",
+        f"Thresholds: 'builds structure' = the trained no-PE model's mean SSDC over layers above its untrained "
+        f"start's (the same seed), paired over seeds; 'collapses' = |SSDC| < {NEAR_ZERO} at every layer under "
+        f"RPI; 'substantial' = mean SSDC under RPI > {SUBSTANTIAL}; peaks early = the rise over block 1 minus "
+        "the rise after it, (S1 - S0) - (S_last - S1) > 0; accumulates = last layer minus first > 0; a trend "
+        "with alpha = every seed's Spearman correlation with the claimed sign and the change from the largest "
+        "to the smallest alpha > 0 in the claimed direction. One rule decides every part "
+        "(docs/method.md#verdicts): yes when it holds beyond its interval, no when its opposite holds beyond "
+        "it, within noise otherwise; the interval is over seeds, and over seeds x RPI permutations for SSDC "
+        "under RPI, on seeds - 1 degrees of freedom. Each claim is corrected for its number of parts by "
+        "Holm's step-down procedure (family-wise 95%): the part with the k-th smallest p-value of m is tested "
+        "at level 1 - 0.05 / (m - k + 1), and from the first part not decided on, every remaining one is "
+        "within noise. One seed never decides: such a claim reads 'one seed: not decided', its evidence "
+        "(intervals over RPI permutations, or from each run's bootstrap interval for fragility, MOVER) still "
+        f"shown. A claim that involves a model whose clean top-1 is below {CHANCE_FACTOR:g}x chance is "
+        "undecided. The evidence shows, for each part that decided, its interval at the level it was tested, "
+        "that level, its p-value and the threshold.",
+        "",
+        "| # | claim | held here | evidence |",
+        "|---|---|---|---|",
+    ]
     for i, c in enumerate(claims, 1):
         held = {"held": "yes", "not held": "**no**"}.get(c["status"], f"{c['status']}: {c['reason']}")
         lines.append(f"| {i} | {_cell(c['claim'])} | {_cell(held)} | {_cell(c['evidence'])} |")
@@ -318,10 +387,21 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None) ->
         raise ValueError(f"{out / 'results.json'} has no finished runs yet")
     drawn = _draw_figures(out, results)
     title, varied = report_header(results)
-    body = _with_figures(_claims_table(evaluate_claims(results)) + _tables(results) + _training_table(results)
-                         + _attention_table(results), drawn)
-    tail = ["", "## Provenance", "", f"Versions: {versions_text(results)}.", "",
-            "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page."]
+    body = _with_figures(
+        _claims_table(evaluate_claims(results))
+        + _tables(results)
+        + _training_table(results)
+        + _attention_table(results),
+        drawn,
+    )
+    tail = [
+        "",
+        "## Provenance",
+        "",
+        f"Versions: {versions_text(results)}.",
+        "",
+        "Every number above is in `results.json`; `posgeom report " + str(out) + "` rebuilds this page.",
+    ]
     lines = report_intro(results, title) + varied + [""] + _contents(varied + body + tail) + body + tail
     md = "\n".join(lines) + "\n"
     (out / "report.md").write_text(md)
@@ -336,8 +416,11 @@ def _draw_figures(out: Path, results: StudyResults) -> set[str]:
     fig_ssdc_depth(results, figs / "ssdc_depth.png")
     fig_fragility(results, figs / "fragility.png")
     drawn = {"ssdc_depth", "fragility"}
-    for name, draw in (("alpha_sweep", fig_alpha_sweep), ("training", fig_training),
-                       ("attention_heads", fig_attention_heads)):
+    for name, draw in (
+        ("alpha_sweep", fig_alpha_sweep),
+        ("training", fig_training),
+        ("attention_heads", fig_attention_heads),
+    ):
         if draw(results, figs / f"{name}.png"):
             drawn.add(name)
     if fig_similarity_maps(out, results, figs / "similarity_maps.png"):
@@ -348,28 +431,52 @@ def _draw_figures(out: Path, results: StudyResults) -> set[str]:
 _SEEDS = "mean ± std over seeds (zero width with one seed)"
 # (section heading, figure file, alt text, caption), in the order the figures are numbered
 _FIGURES = (
-    ("Accuracy and fragility", "fragility", "Fragility per shift",
-     "Fragility score FS = 1 - A_shift / A_clean per shift and condition: bars the mean over seeds, error bars "
-     "± std over seeds (none with one seed); the table gives the 95% intervals."),
-    ("SSDC across depth", "ssdc_depth", "SSDC across depth",
-     f"SSDC of the mean similarity map per layer, without RPI (left) and under RPI against the index grid "
-     f"(right): lines the mean over seeds, bands {_SEEDS}; dotted, the same models untrained."),
-    ("SSDC across depth", "similarity_maps", "Similarity maps",
-     "Mean token-similarity maps of each condition's first seed, layers 0 and 1, without and under "
-     "RPI (token slot order, row-major). The diagonal (each token with itself) is masked; each row "
-     "has its own colour scale and colour bar."),
-    ("Alpha sweep", "alpha_sweep", "Alpha sweep",
-     f"Delta SSDC under RPI (left) and JPEG q5 FS (right) against the PE scale alpha (increasing to the "
-     f"right, as in the tables): lines the mean over seeds, bands {_SEEDS}; with one seed the FS band is "
-     f"the paired-bootstrap 95% interval over images."),
-    ("During training", "training", "SSDC under RPI during training",
-     f"SSDC under RPI per layer (colour: depth) and validation top-1 (dashed) across training, from "
-     f"the training log: lines the mean over seeds, bands {_SEEDS}; dotted line: the 'substantial' "
-     f"threshold {SUBSTANTIAL}."),
-    ("Attention per head", "attention_heads", "Mean attention distance per head",
-     "Mean attention distance (patch units) of each head at the measured layers, one panel per condition: "
-     "filled dots without RPI, open circles under RPI (distances on the index grid), every seed's heads; "
-     "lines the mean over heads and seeds. Dotted: uniform attention over the grid."),
+    (
+        "Accuracy and fragility",
+        "fragility",
+        "Fragility per shift",
+        "Fragility score FS = 1 - A_shift / A_clean per shift and condition: bars the mean over seeds, error bars "
+        "± std over seeds (none with one seed); the table gives the 95% intervals.",
+    ),
+    (
+        "SSDC across depth",
+        "ssdc_depth",
+        "SSDC across depth",
+        f"SSDC of the mean similarity map per layer, without RPI (left) and under RPI against the index grid "
+        f"(right): lines the mean over seeds, bands {_SEEDS}; dotted, the same models untrained.",
+    ),
+    (
+        "SSDC across depth",
+        "similarity_maps",
+        "Similarity maps",
+        "Mean token-similarity maps of each condition's first seed, layers 0 and 1, without and under "
+        "RPI (token slot order, row-major). The diagonal (each token with itself) is masked; each row "
+        "has its own colour scale and colour bar.",
+    ),
+    (
+        "Alpha sweep",
+        "alpha_sweep",
+        "Alpha sweep",
+        f"Delta SSDC under RPI (left) and JPEG q5 FS (right) against the PE scale alpha (increasing to the "
+        f"right, as in the tables): lines the mean over seeds, bands {_SEEDS}; with one seed the FS band is "
+        f"the paired-bootstrap 95% interval over images.",
+    ),
+    (
+        "During training",
+        "training",
+        "SSDC under RPI during training",
+        f"SSDC under RPI per layer (colour: depth) and validation top-1 (dashed) across training, from "
+        f"the training log: lines the mean over seeds, bands {_SEEDS}; dotted line: the 'substantial' "
+        f"threshold {SUBSTANTIAL}.",
+    ),
+    (
+        "Attention per head",
+        "attention_heads",
+        "Mean attention distance per head",
+        "Mean attention distance (patch units) of each head at the measured layers, one panel per condition: "
+        "filled dots without RPI, open circles under RPI (distances on the index grid), every seed's heads; "
+        "lines the mean over heads and seeds. Dotted: uniform attention over the grid.",
+    ),
 )
 
 
@@ -421,8 +528,10 @@ def render_html(md: str, figures: Path) -> str:
     body = re.sub(r'(<img [^>]*src="(figures/[^"]+\.png)"[^>]*>)', r'<a href="\2">\1</a>', body)  # click: full size
     body = re.sub(r"<td>yes</td>", '<td class="verdict-yes">yes</td>', body)
     body = re.sub(r"<td>(undecided: [^<]*)</td>", r'<td class="verdict-undecided">\1</td>', body)
-    return (f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
-            f"<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f"<!doctype html>\n<html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{_CSS}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )
 
 
 def _write_html(out: Path, md: str) -> None:

@@ -1,6 +1,7 @@
 """The figures of a study's report (PNG), drawn from its results: SSDC across depth, fragility, the alpha
 sweep, the similarity maps, training curves and attention per head; and what they share with the report's
 tables (runs by condition, the no-PE floor, training curves averaged over seeds)."""
+
 from __future__ import annotations
 
 import math
@@ -13,10 +14,19 @@ from ..shifts import PAPER_SHIFTS
 from .claims import LABELS, SUBSTANTIAL, Spread, rpi_cube, spread, spread_sp
 from .records import HistoryPoint, StudyResults, StudyRun
 
-__all__ = ["COLORS", "no_pe_floor", "fig_ssdc_depth", "fig_fragility", "fig_alpha_sweep", "fig_similarity_maps",
-           "fig_training", "fig_attention_heads"]
+__all__ = [
+    "COLORS",
+    "no_pe_floor",
+    "fig_ssdc_depth",
+    "fig_fragility",
+    "fig_alpha_sweep",
+    "fig_similarity_maps",
+    "fig_training",
+    "fig_attention_heads",
+]
 
 COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
+
 
 def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
     out: dict[str, list[StudyRun]] = {}
@@ -64,7 +74,6 @@ def no_pe_floor(results: StudyResults) -> tuple[list[Spread], Spread, Spread] | 
         mean = spread_sp(np.nanmean(cube, 2))
     delta = spread_sp(cube[:, :, 1] - cube[:, :, 0]) if cube.shape[2] >= 2 else spread([])
     return layers, mean, delta
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,22 +149,27 @@ def fig_fragility(results: StudyResults, path: Path) -> None:
     """FS per shift and condition: bars the mean over seeds, error bars ± std over seeds (none with one)."""
     plt = _plt()
     by = _by_condition(results)
-    shifts = sorted({s for r in results.runs for s in r.eval.fs or {}},
-                    key=lambda s: (s not in PAPER_SHIFTS, s))
+    shifts = sorted({s for r in results.runs for s in r.eval.fs or {}}, key=lambda s: (s not in PAPER_SHIFTS, s))
     fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(shifts) + 3.5), 3.8), layout="constrained")
     width = 0.8 / max(1, len(by))
     for i, (c, runs) in enumerate(by.items()):
         stats = [spread([_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
-        ax.bar(np.arange(len(shifts)) + i * width, [s.mean for s in stats], width,
-               yerr=[0.0 if s.n < 2 else s.std for s in stats],
-               color=COLORS.get(c), label=LABELS.get(c, c))
+        ax.bar(
+            np.arange(len(shifts)) + i * width,
+            [s.mean for s in stats],
+            width,
+            yerr=[0.0 if s.n < 2 else s.std for s in stats],
+            color=COLORS.get(c),
+            label=LABELS.get(c, c),
+        )
     ax.set_xticks(np.arange(len(shifts)) + 0.4 - width / 2)
     ax.set_xticklabels(shifts, rotation=20 if len(shifts) > 3 else 0, fontsize=8)
     ax.set_ylabel("fragility score 1 - A_shift / A_clean")
     ax.set_title("Fragility per shift (mean over seeds)", fontsize=10)
     n = {len(runs) for runs in by.values()}
-    ax.legend(fontsize=8, title="error bars: ± std over seeds" + (" (none with 1 seed)" if 1 in n else ""),
-              title_fontsize=7)
+    ax.legend(
+        fontsize=8, title="error bars: ± std over seeds" + (" (none with 1 seed)" if 1 in n else ""), title_fontsize=7
+    )
     _save(fig, path)
 
 
@@ -183,8 +197,14 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
         for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
             arr = np.array([_floats(row) for row in rows], dtype=float)[:, order]
             m = np.nanmean(arr, 0)
-            ax.plot(alphas, m, "-o", color=color, ms=4, label=f"{LABELS.get(c, c)} ({len(sweeps)} seed"
-                    f"{'s' if len(sweeps) > 1 else ''})")
+            ax.plot(
+                alphas,
+                m,
+                "-o",
+                color=color,
+                ms=4,
+                label=f"{LABELS.get(c, c)} ({len(sweeps)} seed{'s' if len(sweeps) > 1 else ''})",
+            )
             if len(sweeps) > 1:
                 sd = np.nanstd(arr, 0, ddof=1)
                 ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
@@ -227,8 +247,12 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
         return False
     fig, axes = plt.subplots(len(rows), 4, figsize=(9, 2.2 * len(rows) + 0.4), squeeze=False, layout="constrained")
     for r, (c, maps) in enumerate(rows):
-        panels = [(maps["normal"][0], "layer 0"), (maps["normal"][1], "layer 1"),
-                  (maps["rpi"][0], "layer 0, RPI"), (maps["rpi"][1], "layer 1, RPI")]
+        panels = [
+            (maps["normal"][0], "layer 0"),
+            (maps["normal"][1], "layer 1"),
+            (maps["rpi"][0], "layer 0, RPI"),
+            (maps["rpi"][1], "layer 1, RPI"),
+        ]
         imgs = [m.numpy().astype(float) for m, _ in panels]
         off = np.concatenate([img[~np.eye(len(img), dtype=bool)] for img in imgs])
         vmin, vmax = float(np.nanmin(off)), float(np.nanmax(off))
@@ -268,12 +292,15 @@ def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
 
 def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndarray]:
     """Per epoch, the std over seeds of SSDC under RPI per layer (E, L) and of top-1 (E,); 0 with one seed."""
+
     def sd(rows):
         rows = np.asarray(rows, dtype=float)
         return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
-    return (np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
-            np.array([sd(_floats(r.monitor_top1 for r in recs)) for recs in records]))
 
+    return (
+        np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
+        np.array([sd(_floats(r.monitor_top1 for r in recs)) for recs in records]),
+    )
 
 
 def fig_training(results: StudyResults, path: Path) -> bool:
@@ -283,18 +310,27 @@ def fig_training(results: StudyResults, path: Path) -> bool:
     curves = [(c, h) for c, h in curves if h[0].size]
     if not curves:
         return False
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.4 * len(curves), 3.6), sharey=True, squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(curves), figsize=(3.4 * len(curves), 3.6), sharey=True, squeeze=False, layout="constrained"
+    )
     cmap = plt.get_cmap("viridis")
     for ax, (c, (epochs, ssdc_l, top1, records)) in zip(axes[0], curves):
         L = ssdc_l.shape[1]
         ssdc_sd, top1_sd = _history_std(records)  # bands: mean ± std over seeds (none with one seed)
         for layer in range(L):
             color = cmap(layer / max(1, L - 1))
-            ax.plot(epochs, ssdc_l[:, layer], color=color, lw=1.3,
-                    label=f"layer {layer}" if layer in (0, L - 1) else None)
-            ax.fill_between(epochs, ssdc_l[:, layer] - ssdc_sd[:, layer], ssdc_l[:, layer] + ssdc_sd[:, layer],
-                            color=color, alpha=0.15, lw=0, label="_band")
+            ax.plot(
+                epochs, ssdc_l[:, layer], color=color, lw=1.3, label=f"layer {layer}" if layer in (0, L - 1) else None
+            )
+            ax.fill_between(
+                epochs,
+                ssdc_l[:, layer] - ssdc_sd[:, layer],
+                ssdc_l[:, layer] + ssdc_sd[:, layer],
+                color=color,
+                alpha=0.15,
+                lw=0,
+                label="_band",
+            )
         held = any(rec.monitor == "heldout" for recs in records for rec in recs)
         ax.plot(epochs, top1, "--", color="0.45", lw=1, label="held-out top-1" if held else "val top-1")
         ax.fill_between(epochs, top1 - top1_sd, top1 + top1_sd, color="0.45", alpha=0.12, lw=0, label="_band")
@@ -312,8 +348,6 @@ def fig_training(results: StudyResults, path: Path) -> bool:
     return True
 
 
-
-
 def uniform_distance(grid: tuple[int, int] | list[int]) -> float:
     """The mean attention distance (patch units) of uniform attention over the patch keys of a ``grid``: the
     mean Euclidean distance between two patches, a patch with itself included (docs/attention.md#the-measures)."""
@@ -328,25 +362,36 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
     line; dotted, uniform attention over the grid. False (nothing drawn) when no run has attention per head
     (results recorded before it was measured)."""
     plt = _plt()
-    panels = [(c, [r.eval.attention for r in runs if r.eval.attention is not None])
-              for c, runs in _by_condition(results).items()]
+    panels = [
+        (c, [r.eval.attention for r in runs if r.eval.attention is not None])
+        for c, runs in _by_condition(results).items()
+    ]
     panels = [(c, a) for c, a in panels if a]
     if not panels:
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels) + 0.6, 3.6), sharey=True, squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.2 * len(panels) + 0.6, 3.6), sharey=True, squeeze=False, layout="constrained"
+    )
     for ax, (c, summaries) in zip(axes[0], panels):
         color = COLORS.get(c)
-        for key, shift, style in (("mean_distance", -0.08, dict(color=color)),
-                                  ("rpi_mean_distance", 0.08, dict(facecolors="none", edgecolors=color))):
+        for key, shift, style in (
+            ("mean_distance", -0.08, dict(color=color)),
+            ("rpi_mean_distance", 0.08, dict(facecolors="none", edgecolors=color)),
+        ):
             rows = [np.array(_floats_2d(getattr(a, key)), dtype=float) for a in summaries if getattr(a, key)]
             if not rows:
                 continue
             x = np.asarray(summaries[0].layers, dtype=float)
             for v in rows:  # (layers, heads)
                 ax.scatter(np.repeat(x + shift, v.shape[1]), v.ravel(), s=14, alpha=0.8, lw=0.8, **style)
-            ax.plot(x + shift, np.nanmean(np.concatenate(rows, 1), 1), "-" if shift < 0 else "--", color=color, lw=1,
-                    label="without RPI" if shift < 0 else "under RPI")
+            ax.plot(
+                x + shift,
+                np.nanmean(np.concatenate(rows, 1), 1),
+                "-" if shift < 0 else "--",
+                color=color,
+                lw=1,
+                label="without RPI" if shift < 0 else "under RPI",
+            )
         ax.axhline(uniform_distance(summaries[0].grid), color="0.4", lw=0.8, ls=":", label="uniform attention")
         ax.set_xticks(summaries[0].layers)
         ax.set_title(LABELS.get(c, c))

@@ -13,6 +13,7 @@
 
 Files are written with :func:`timm_posgeom.jsonio.write_atomic` (the one atomic writer).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,19 @@ __all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "LEGACY_KEYS", "settings_ch
 # runs a study holds), never its weights or its numbers; a change of any other setting is a change of result.
 NEUTRAL_KEYS: dict[str, frozenset[str]] = {
     # the recipe of a training run (recipe.yaml)
-    "recipe": frozenset({"checkpoint_every", "keep_checkpoints", "log_every", "workers", "notes", "disk_cache",
-                         "eval_batch_size", "log_with", "tracker_project"}),
+    "recipe": frozenset(
+        {
+            "checkpoint_every",
+            "keep_checkpoints",
+            "log_every",
+            "workers",
+            "notes",
+            "disk_cache",
+            "eval_batch_size",
+            "log_with",
+            "tracker_project",
+        }
+    ),
     # the StudyConfig of a study (plan.json) and the evaluation settings of its runs (eval.json)
     "study": frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"}),
     # the ZooConfig of a zoo (zoo.json and each model's record): these are not even recorded
@@ -47,8 +59,14 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
 # model's no_weight_decay() parameters (timm's behaviour), so resuming it is no change; one written before
 # ``heldout_fraction`` existed monitored on the validation split (fraction 0).
 LEGACY_KEYS: dict[str, dict[str, Any]] = {
-    "recipe": {"wd_exclude_model": True, "data_config": None, "revision": None, "streaming": False,
-               "heldout_fraction": 0.0, "heldout_seed": 0},
+    "recipe": {
+        "wd_exclude_model": True,
+        "data_config": None,
+        "revision": None,
+        "streaming": False,
+        "heldout_fraction": 0.0,
+        "heldout_seed": 0,
+    },
     # a zoo measured before --labels and --bad-images matched labels by name and refused bad images
     "zoo": {"labels": "by-name", "bad_images": "error"},
 }
@@ -180,15 +198,19 @@ class RunLock:
                 continue
             holder = self._parse(text)
             if holder is None or (holder.get("host") == me["host"] and not _alive(int(holder.get("pid", -1)))):
-                say(f"taking over the lock of {self.file.parent}: its holder "
-                    f"{'(unreadable)' if holder is None else 'process ' + str(holder.get('pid'))} is gone")
+                say(
+                    f"taking over the lock of {self.file.parent}: its holder "
+                    f"{'(unreadable)' if holder is None else 'process ' + str(holder.get('pid'))} is gone"
+                )
                 self._remove_stale(text)
                 continue
             elsewhere = holder.get("host") != me["host"]
-            raise RunDirError(f"{self.file.parent} is in use by process {holder.get('pid')} on "
-                              f"{'another host, ' if elsewhere else ''}{holder.get('host')} (since {holder.get('started')}"
-                              f"{'; whether it still runs cannot be told from here' if elsewhere else ''}): wait for it, "
-                              f"or choose another --out; if that process is gone, remove {self.file} and run again")
+            raise RunDirError(
+                f"{self.file.parent} is in use by process {holder.get('pid')} on "
+                f"{'another host, ' if elsewhere else ''}{holder.get('host')} (since {holder.get('started')}"
+                f"{'; whether it still runs cannot be told from here' if elsewhere else ''}): wait for it, "
+                f"or choose another --out; if that process is gone, remove {self.file} and run again"
+            )
         raise RunDirError(f"could not lock {self.file.parent}")
 
     def release(self) -> None:

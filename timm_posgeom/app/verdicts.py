@@ -18,6 +18,7 @@ Two rules are kept (:data:`RULES`), so that a verdict can be recomputed under th
   seeds x permutations; a one-seed point value decides; "builds" is mean SSDC > 0.1; "peaks early" is the
   maximum over the first half of the layers against the maximum over the rest.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,13 +27,32 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Spread", "spread", "spread_sp", "Rule", "RULES", "DEFAULT_RULE", "ALPHA", "Test", "Decision",
-           "p_value", "decide", "shown", "combine", "above", "near_zero", "less", "level_text"]
+__all__ = [
+    "Spread",
+    "spread",
+    "spread_sp",
+    "Rule",
+    "RULES",
+    "DEFAULT_RULE",
+    "ALPHA",
+    "Test",
+    "Decision",
+    "p_value",
+    "decide",
+    "shown",
+    "combine",
+    "above",
+    "near_zero",
+    "less",
+    "level_text",
+]
 
 ALPHA = 0.05  # the family-wise error of a claim (Holm), or of each part (rule 2026-11)
 P_FLOOR = 1e-12  # p-values below it are reported as below it
 _P_MIN = 1e-100  # the smallest p-value computed (it still orders parts far beyond any level)
-Test = Callable[[float], tuple[str, str]]  # alpha -> ('yes' | 'no' | 'noise', the interval at 1 - alpha and the threshold)
+Test = Callable[
+    [float], tuple[str, str]
+]  # alpha -> ('yes' | 'no' | 'noise', the interval at 1 - alpha and the threshold)
 
 
 def _t_isf(alpha: float, df: float) -> float:
@@ -112,7 +132,7 @@ def spread(values: Sequence[float | None]) -> Spread:
         return Spread(mean, math.nan, mean, mean, 1)
     std = float(np.std(vals, ddof=1))
     half = _t_isf(ALPHA, n - 1) * std / math.sqrt(n)
-    return Spread(mean, std, mean - half, mean + half, n, var=std ** 2 / n, df=float(n - 1))
+    return Spread(mean, std, mean - half, mean + half, n, var=std**2 / n, df=float(n - 1))
 
 
 def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]], df: str = "seeds") -> Spread:
@@ -142,9 +162,9 @@ def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]], df: str = "s
     v_perm = float(np.var(perm_means, ddof=1)) / p_n
     if s_n >= 2:
         std = float(np.std(seed_means, ddof=1))
-        v_seed = std ** 2 / s_n
+        v_seed = std**2 / s_n
         dof = float(s_n - 1)
-        den = v_seed ** 2 / (s_n - 1) + v_perm ** 2 / (p_n - 1)
+        den = v_seed**2 / (s_n - 1) + v_perm**2 / (p_n - 1)
         if df == "welch" and den > 0:
             dof = (v_seed + v_perm) ** 2 / den
     else:
@@ -152,8 +172,17 @@ def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]], df: str = "s
     var = v_seed + v_perm
     half = _t_isf(ALPHA, dof) * math.sqrt(var)
     mean = float(arr.mean())
-    return Spread(mean, std, mean - half, mean + half, s_n, perm_std=float(np.std(perm_means, ddof=1)),
-                  permutations=p_n, var=var, df=dof)
+    return Spread(
+        mean,
+        std,
+        mean - half,
+        mean + half,
+        s_n,
+        perm_std=float(np.std(perm_means, ddof=1)),
+        permutations=p_n,
+        var=var,
+        df=dof,
+    )
 
 
 @dataclass(frozen=True)
@@ -244,7 +273,9 @@ def decide(parts: Sequence[tuple[str, Test]], rule: Rule, alpha: float = ALPHA) 
     from the first that is not, every remaining part is 'noise', shown at that step's level (at which none of
     them is decided either, their p-values being no smaller)."""
     if not rule.holm:
-        return [Decision(name, *test(alpha), alpha=alpha, p=p_value(test), leaning=test(1.0)[0]) for name, test in parts]
+        return [
+            Decision(name, *test(alpha), alpha=alpha, p=p_value(test), leaning=test(1.0)[0]) for name, test in parts
+        ]
     m = len(parts)
     ps = [p_value(test) for _, test in parts]
     out: list[Decision | None] = [None] * m
@@ -255,8 +286,9 @@ def decide(parts: Sequence[tuple[str, Test]], rule: Rule, alpha: float = ALPHA) 
         at = stop_alpha if stop else alpha / (m - k)
         name, test = parts[i]
         word, why = test(at)
-        out[i] = Decision(name, "noise" if stop else word, why, at, p=ps[i], step=k + 1, m=m,
-                          leaning=test(1.0)[0], stop=stop)
+        out[i] = Decision(
+            name, "noise" if stop else word, why, at, p=ps[i], step=k + 1, m=m, leaning=test(1.0)[0], stop=stop
+        )
     return [d for d in out if d is not None]
 
 
@@ -286,6 +318,7 @@ def _ends_text(s: Spread, lo: float, hi: float) -> str:
 
 def above(s: Spread, threshold: float, rule: Rule) -> Test:
     """value > threshold: 'yes' when the interval is above it, 'no' when below, 'noise' when it contains it."""
+
     def test(alpha: float) -> tuple[str, str]:
         lo, hi = rule.ends(s, alpha)
         if math.isnan(lo):
@@ -296,12 +329,14 @@ def above(s: Spread, threshold: float, rule: Rule) -> Test:
         if hi < threshold:
             return "no", f"{text} < {threshold:g}"
         return "noise", f"{text} contains {threshold:g}"
+
     return test
 
 
 def near_zero(s: Spread, bound: float, rule: Rule) -> Test:
     """|value| < bound: 'yes' when the interval lies inside (-bound, bound), 'no' when it lies outside, 'noise'
     when it crosses -bound or bound."""
+
     def test(alpha: float) -> tuple[str, str]:
         lo, hi = rule.ends(s, alpha)
         if math.isnan(lo):
@@ -312,6 +347,7 @@ def near_zero(s: Spread, bound: float, rule: Rule) -> Test:
         if lo >= bound or hi <= -bound:
             return "no", f"{text} outside ±{bound:g}"
         return "noise", f"{text} crosses ±{bound:g}"
+
     return test
 
 
@@ -346,4 +382,5 @@ def less(a: Spread, b: Spread, a_interval=None, b_interval=None) -> Test:
             return "noise", f"difference {diff:+.3f} without an interval"
         word = "yes" if lower > 0 else "no" if upper < 0 else "noise"
         return word, f"difference {diff:+.3f} [{lower:+.3f}, {upper:+.3f}]"
+
     return test

@@ -4,6 +4,7 @@ application (:mod:`timm_posgeom.app`) and the library. Nothing below imports it 
     posgeom COMMAND ...                       # the console script: timm_posgeom.cli:main
     python -m timm_posgeom.cli COMMAND ...    # the same, e.g. under `accelerate launch` or `torchrun`
 """
+
 from .main import main
 
 __all__ = ["main"]

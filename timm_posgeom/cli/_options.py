@@ -26,6 +26,7 @@ The same model and data flags, with the same defaults, and one loader (:func:`lo
 every measuring command accepts the same data sources (a Hub id, a parquet folder, an ImageFolder
 tree, ``synthetic``) and preprocesses the same model the same way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,21 +40,31 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="timm model name, hf-hub:ORG/NAME or local-dir:PATH")
     p.add_argument("--checkpoint", default=None, help="a checkpoint file to load into the model")
     add_pretrained_arg(p, default=False, help=PRETRAINED_HELP + "Default: random init")
-    p.add_argument("--num-classes", type=int, default=None,
-                   help="classifier size (default with --checkpoint: the dataset's number of classes)")
+    p.add_argument(
+        "--num-classes",
+        type=int,
+        default=None,
+        help="classifier size (default with --checkpoint: the dataset's number of classes)",
+    )
     add_img_size_arg(p)
 
 
 def add_img_size_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--img-size", type=int, default=None,
-                   help="input size S: the model is built for S x S where it has a fixed grid, and the images are "
-                        "resized to S x S (dynamic-size ViTs and CNNs run at S; default: the model's own size)")
+    p.add_argument(
+        "--img-size",
+        type=int,
+        default=None,
+        help="input size S: the model is built for S x S where it has a fixed grid, and the images are "
+        "resized to S x S (dynamic-size ViTs and CNNs run at S; default: the model's own size)",
+    )
 
 
 MAX_IMAGES_HELP = "use at most the first N images of the split, for all the work; default: the whole split"
 
-PRETRAINED_HELP = ("--pretrained loads a timm name's weights (a name without any fails); --no-pretrained builds it at "
-                   "random init (seeded by --seed); hf-hub: and local-dir: always load theirs. ")
+PRETRAINED_HELP = (
+    "--pretrained loads a timm name's weights (a name without any fails); --no-pretrained builds it at "
+    "random init (seeded by --seed); hf-hub: and local-dir: always load theirs. "
+)
 
 
 def add_pretrained_arg(p: argparse.ArgumentParser, default: bool | None, help: str) -> None:
@@ -80,8 +91,16 @@ def add_renamed_arg(p: argparse.ArgumentParser, old: str, new: str, **kwargs: An
     """Accept ``old``, the former name of ``new`` (already added to ``p``), for one release: hidden from
     --help; ``kwargs`` (type, nargs...) as ``new``'s. A flag taking no value: ``nargs=0``."""
     new_dest = next(a.dest for a in p._actions if new in a.option_strings)
-    p.add_argument(old, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, action=_Renamed, new_flag=new,
-                   new_dest=new_dest, help=argparse.SUPPRESS, **kwargs)
+    p.add_argument(
+        old,
+        dest=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+        action=_Renamed,
+        new_flag=new,
+        new_dest=new_dest,
+        help=argparse.SUPPRESS,
+        **kwargs,
+    )
 
 
 def apply_renamed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -90,33 +109,48 @@ def apply_renamed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     for old, (new, dest, value) in (getattr(args, "renamed_flags", None) or {}).items():
         if getattr(args, dest, None) != parser.get_default(dest) and getattr(args, dest, None) != value:
             raise ValueError(f"{old} is the old name of {new}: give only {new}")
-        print(f"posgeom {args.command}: warning: {old} is deprecated and will be removed in the next release: "
-              f"use {new} (the same)", file=sys.stderr)
+        print(
+            f"posgeom {args.command}: warning: {old} is deprecated and will be removed in the next release: "
+            f"use {new} (the same)",
+            file=sys.stderr,
+        )
         setattr(args, dest, value)
 
 
 def add_source_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     """--data, --split, and a Hub or parquet set's --data-config, --revision and --streaming."""
-    p.add_argument("--data", required=required,
-                   help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'")
+    p.add_argument(
+        "--data",
+        required=required,
+        help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic'",
+    )
     add_split_args(p)
 
 
 def add_split_args(p: argparse.ArgumentParser) -> None:
     """--split and the Hub options (:func:`add_hub_data_args`)."""
-    p.add_argument("--split", default="validation",
-                   help="dataset split (default: validation); only this split is downloaded and prepared")
+    p.add_argument(
+        "--split",
+        default="validation",
+        help="dataset split (default: validation); only this split is downloaded and prepared",
+    )
     add_hub_data_args(p)
 
 
 def add_hub_data_args(p: argparse.ArgumentParser) -> None:
     """The options of a Hub (or parquet) data set: configuration, revision, streaming."""
-    p.add_argument("--data-config", default=None, metavar="NAME",
-                   help="the data set's configuration (Hub and parquet sets with several)")
+    p.add_argument(
+        "--data-config",
+        default=None,
+        metavar="NAME",
+        help="the data set's configuration (Hub and parquet sets with several)",
+    )
     p.add_argument("--revision", default=None, help="a branch, tag or commit of a Hub data set")
-    p.add_argument("--streaming", action="store_true",
-                   help="stream the first --max-images images of the split instead of downloading it (needs "
-                        "--max-images)")
+    p.add_argument(
+        "--streaming",
+        action="store_true",
+        help="stream the first --max-images images of the split instead of downloading it (needs --max-images)",
+    )
 
 
 def hub_data_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -131,15 +165,23 @@ def add_max_images_arg(p: argparse.ArgumentParser) -> None:
 
 def add_probe_images_arg(p: argparse.ArgumentParser) -> None:
     """--probe-images: the SSDC probe's own count, inside a command that also measures fragility."""
-    p.add_argument("--probe-images", type=int, default=None, metavar="N",
-                   help=f"images for SSDC under RPI (default: {PROBE_IMAGES}, the paper's count, or --max-images "
-                        "if fewer)")
+    p.add_argument(
+        "--probe-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"images for SSDC under RPI (default: {PROBE_IMAGES}, the paper's count, or --max-images if fewer)",
+    )
 
 
 def add_loader_args(p: argparse.ArgumentParser) -> None:
     """--resize, --batch-size and --num-workers."""
-    p.add_argument("--resize", default="paper", choices=("paper", "timm"),
-                   help="paper: straight to the input size (default); timm: timm's resize + centre crop")
+    p.add_argument(
+        "--resize",
+        default="paper",
+        choices=("paper", "timm"),
+        help="paper: straight to the input size (default); timm: timm's resize + centre crop",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="images per batch (default 64)")
     p.add_argument("--num-workers", type=int, default=None, help="DataLoader workers (default min(4, cpus - 1))")
 
@@ -148,10 +190,11 @@ BAD_IMAGES = ("error", "skip")
 BAD_IMAGES_HELP = "an image that cannot be decoded: error (named) or skip (checked first, left out, listed)"
 
 
-def add_bad_images_arg(p: argparse.ArgumentParser, default: str | None = "error",
-                       default_help: str = "error") -> None:
+def add_bad_images_arg(p: argparse.ArgumentParser, default: str | None = "error", default_help: str = "error") -> None:
     """--bad-images error|skip (``default`` None: the recipe's, in train and study)."""
-    p.add_argument("--bad-images", default=default, choices=BAD_IMAGES, help=f"{BAD_IMAGES_HELP}; default: {default_help}")
+    p.add_argument(
+        "--bad-images", default=default, choices=BAD_IMAGES, help=f"{BAD_IMAGES_HELP}; default: {default_help}"
+    )
 
 
 def add_data_args(p: argparse.ArgumentParser) -> None:
@@ -162,18 +205,26 @@ def add_data_args(p: argparse.ArgumentParser) -> None:
     add_bad_images_arg(p)
 
 
-LABELS_HELP = ("how the data's labels meet the model's classes: check (refuse a different number of classes or "
-               "different class names), by-name (map the data's classes onto the model's by its recorded class "
-               "names, or an ImageNet head's WordNet ids and names), as-is (use the indices unchecked)")
+LABELS_HELP = (
+    "how the data's labels meet the model's classes: check (refuse a different number of classes or "
+    "different class names), by-name (map the data's classes onto the model's by its recorded class "
+    "names, or an ImageNet head's WordNet ids and names), as-is (use the indices unchecked)"
+)
 
 
 def add_labels_arg(p: argparse.ArgumentParser, default: str = "check", default_help: str = "check") -> None:
-    p.add_argument("--labels", default=default, choices=("check", "by-name", "as-is"),
-                   help=f"{LABELS_HELP}; default: {default_help}")
+    p.add_argument(
+        "--labels",
+        default=default,
+        choices=("check", "by-name", "as-is"),
+        help=f"{LABELS_HELP}; default: {default_help}",
+    )
 
 
-SEED_HELP = ("seed of everything random (default 0): torch before a model is built (random init), the RPI "
-             "permutation, the bootstrap, random corruptions")
+SEED_HELP = (
+    "seed of everything random (default 0): torch before a model is built (random init), the RPI "
+    "permutation, the bootstrap, random corruptions"
+)
 
 
 class _Refused(argparse.Action):
@@ -190,13 +241,22 @@ class _Refused(argparse.Action):
 def add_imagenet_c_jpeg_blur_arg(p: argparse.ArgumentParser) -> None:
     """--imagenet-c-jpeg-blur (zoo, study). ``--imagenet-c`` is fragility's alone (every ImageNet-C
     corruption): its former use here for JPEG and blur only is refused with a pointer to the new name."""
-    p.add_argument("--imagenet-c-jpeg-blur", action="store_true",
-                   help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts; posgeom "
-                        "fragility --imagenet-c runs every ImageNet-C corruption)")
-    p.add_argument("--imagenet-c", dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs="?", action=_Refused,
-                   help=argparse.SUPPRESS,
-                   message="--imagenet-c is fragility's (every ImageNet-C corruption); ImageNet-C's JPEG and blur "
-                           "here is --imagenet-c-jpeg-blur")
+    p.add_argument(
+        "--imagenet-c-jpeg-blur",
+        action="store_true",
+        help="also ImageNet-C's JPEG and blur corruptions at severities 1-5 (10 more shifts; posgeom "
+        "fragility --imagenet-c runs every ImageNet-C corruption)",
+    )
+    p.add_argument(
+        "--imagenet-c",
+        dest=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+        nargs="?",
+        action=_Refused,
+        help=argparse.SUPPRESS,
+        message="--imagenet-c is fragility's (every ImageNet-C corruption); ImageNet-C's JPEG and blur "
+        "here is --imagenet-c-jpeg-blur",
+    )
 
 
 def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
@@ -204,11 +264,15 @@ def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
     return bool(args.imagenet_c_jpeg_blur)
 
 
-RPI_PERMUTATIONS_HELP = (f"RPI permutations (default {RPI_PERMUTATIONS}): every SSDC and attention number under RPI is "
-                         "the mean over K seeded permutations (seeds SEED .. SEED+K-1; an alpha sweep draws K afresh "
-                         "for each alpha), with a 95%% interval over them; 1 gives no interval")
-RPI_HELP = ("random permutation of the patch tokens at inference, before any PE: SSDC and attention average over "
-            "--rpi-permutations shared permutations; accuracy (fragility) gives each image a permutation of its own")
+RPI_PERMUTATIONS_HELP = (
+    f"RPI permutations (default {RPI_PERMUTATIONS}): every SSDC and attention number under RPI is "
+    "the mean over K seeded permutations (seeds SEED .. SEED+K-1; an alpha sweep draws K afresh "
+    "for each alpha), with a 95%% interval over them; 1 gives no interval"
+)
+RPI_HELP = (
+    "random permutation of the patch tokens at inference, before any PE: SSDC and attention average over "
+    "--rpi-permutations shared permutations; accuracy (fragility) gives each image a permutation of its own"
+)
 
 
 def add_rpi_permutations_arg(p: argparse.ArgumentParser) -> None:
@@ -227,9 +291,12 @@ def add_intervention_args(p: argparse.ArgumentParser, shared: bool = True) -> No
 
 
 def add_distance_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--distance", default="manhattan", choices=("manhattan", "euclidean", "chebyshev"),
-                   help="grid distance of SSDC (default manhattan; attention's mean attention distance is always "
-                        "Euclidean)")
+    p.add_argument(
+        "--distance",
+        default="manhattan",
+        choices=("manhattan", "euclidean", "chebyshev"),
+        help="grid distance of SSDC (default manhattan; attention's mean attention distance is always Euclidean)",
+    )
 
 
 def add_seed_arg(p: argparse.ArgumentParser) -> None:
@@ -253,21 +320,39 @@ def add_run_args(p: argparse.ArgumentParser, out: str) -> None:
 
 
 def add_shift_arg(p: argparse.ArgumentParser, default_help: str) -> None:
-    p.add_argument("--shift", action="append", default=None, metavar="SPEC",
-                   help=f"a shift, repeatable (default: {default_help}); forms: " + "; ".join(SPEC_FORMS))
+    p.add_argument(
+        "--shift",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help=f"a shift, repeatable (default: {default_help}); forms: " + "; ".join(SPEC_FORMS),
+    )
 
 
 def add_site_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--site", default="auto", choices=("auto", "attn_input", "block_output", "stage_output"),
-                   help="probe site: auto (default: attn_input for a flat ViT, stage_output otherwise), the input of "
-                        "each block's attention (the paper's), each block's output, or each stage's feature map "
-                        "(hierarchical ViTs, CNNs: each on its own grid)")
+    p.add_argument(
+        "--site",
+        default="auto",
+        choices=("auto", "attn_input", "block_output", "stage_output"),
+        help="probe site: auto (default: attn_input for a flat ViT, stage_output otherwise), the input of "
+        "each block's attention (the paper's), each block's output, or each stage's feature map "
+        "(hierarchical ViTs, CNNs: each on its own grid)",
+    )
 
 
 def check_counts(args: argparse.Namespace) -> None:
     """Refuse counts no run could use (one line, before anything is loaded)."""
-    for flag in ("batch_size", "max_images", "num_workers", "img_size", "num_classes", "probe_images", "images",
-                 "rpi_permutations", "num_seeds"):
+    for flag in (
+        "batch_size",
+        "max_images",
+        "num_workers",
+        "img_size",
+        "num_classes",
+        "probe_images",
+        "images",
+        "rpi_permutations",
+        "num_seeds",
+    ):
         value = getattr(args, flag, None)
         # train's --probe-images 0: no SSDC at its evaluations (the recipe's probe_images: 0)
         low = 0 if flag == "num_workers" or (flag == "probe_images" and getattr(args, "command", "") == "train") else 1
@@ -291,16 +376,24 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
     if args.bad_images == "skip":
         data = check_images(data, "skip", progress=not args.no_progress)
         if data.skipped:
-            print(f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
-                  f"{' ...' if len(data.skipped) > 5 else ''}", file=sys.stderr)
+            print(
+                f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
+                f"{' ...' if len(data.skipped) > 5 else ''}",
+                file=sys.stderr,
+            )
     if len(data) == 0:
         raise ValueError(f"the {args.split!r} split of {args.data} is empty")
     num_classes = args.num_classes
     if num_classes is None and args.checkpoint is not None:
         num_classes = data.num_classes
     torch.manual_seed(args.seed)
-    model = create_model(args.model, pretrained=args.pretrained, checkpoint=args.checkpoint,
-                         img_size=args.img_size, num_classes=num_classes)
+    model = create_model(
+        args.model,
+        pretrained=args.pretrained,
+        checkpoint=args.checkpoint,
+        img_size=args.img_size,
+        num_classes=num_classes,
+    )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return model, data, device

@@ -9,6 +9,7 @@ once), every process measures its share with the same :class:`~timm_posgeom.meas
 ``to_json`` and ``plot`` write atomically, tables through :func:`~timm_posgeom.jsonio.write_atomic`).
 Like every ``cli/`` module, nothing heavy is imported before :func:`run_measurement` runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,16 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
     among them: the loaded split is cut to it already (a command that cuts it itself adds it)."""
     from ..measuring import MeasureSettings
 
-    return MeasureSettings(batch_size=args.batch_size, resize=args.resize, img_size=args.img_size, device=device,
-                           num_workers=args.num_workers, seed=args.seed, progress=not args.no_progress,
-                           rpi_permutations=getattr(args, "rpi_permutations", None))
+    return MeasureSettings(
+        batch_size=args.batch_size,
+        resize=args.resize,
+        img_size=args.img_size,
+        device=device,
+        num_workers=args.num_workers,
+        seed=args.seed,
+        progress=not args.no_progress,
+        rpi_permutations=getattr(args, "rpi_permutations", None),
+    )
 
 
 def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:
@@ -37,12 +45,24 @@ def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:
     that read transformed batches (``probe``, ``attention``)."""
     from ..eval_data import eval_loader
 
-    return eval_loader(model, data, max_images=args.max_images, batch_size=args.batch_size, resize=args.resize,
-                       num_workers=args.num_workers, img_size=args.img_size)
+    return eval_loader(
+        model,
+        data,
+        max_images=args.max_images,
+        batch_size=args.batch_size,
+        resize=args.resize,
+        num_workers=args.num_workers,
+        img_size=args.img_size,
+    )
 
 
-def run_measurement(args: argparse.Namespace, measure: Callable[[Any, Any, Any], Any],
-                    report: Callable[[argparse.Namespace, Any, Path], None], *, subset: bool = True) -> int:
+def run_measurement(
+    args: argparse.Namespace,
+    measure: Callable[[Any, Any, Any], Any],
+    report: Callable[[argparse.Namespace, Any, Path], None],
+    *,
+    subset: bool = True,
+) -> int:
     """Set up, ``measure(model, data, settings)`` on every process, then on the main process only: the run's
     settings recorded in ``result.settings`` and ``report(args, result, out)`` (writes and prints) with the
     ``--out`` folder made. ``subset``: the split cut to ``--max-images`` on loading (False: the command's

@@ -6,6 +6,7 @@ table (mean over heads and the range over heads) and writes ``attention.json`` a
 ``attention.png`` under ``--out``. Launched as several processes, each measures its share of the batches
 and the sums are reduced; the main process alone writes and prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,9 @@ from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("attention", help="mean attention distance, entropy and SSDC per block and head of a "
-                                                "flat timm ViT on a dataset")
+    p = subparsers.add_parser(
+        "attention", help="mean attention distance, entropy and SSDC per block and head of a flat timm ViT on a dataset"
+    )
     add_model_args(p)
     add_data_args(p)
     add_intervention_args(p)
@@ -34,8 +36,9 @@ def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> 
     from ..probes import attention_measures
 
     loader = eval_batches(args, model, data)
-    result = attention_measures(model, loader, rpi=args.rpi, alpha=args.alpha, distance=args.distance,
-                                settings=settings)
+    result = attention_measures(
+        model, loader, rpi=args.rpi, alpha=args.alpha, distance=args.distance, settings=settings
+    )
     result.settings.update(resize=args.resize)
     return result
 
@@ -44,7 +47,9 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.to_json(out / "attention.json")
     result.plot(out / "attention.png")
     md = result.settings
-    print(f"{args.model}  rpi={args.rpi}  alpha={args.alpha}  images={md['n_images']}  "
-          f"grid={'x'.join(map(str, md['grid_size']))}  heads={md['num_heads']}")
+    print(
+        f"{args.model}  rpi={args.rpi}  alpha={args.alpha}  images={md['n_images']}  "
+        f"grid={'x'.join(map(str, md['grid_size']))}  heads={md['num_heads']}"
+    )
     print(result.table())
     print(f"wrote {out / 'attention.json'} and {out / 'attention.png'}")

@@ -1,4 +1,5 @@
 """``posgeom card RUN_DIR``: render a run's model card from its recorded results."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,12 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("card", help="render the model card (README.md) of a training or study run")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--repo-id", default="ORG/NAME", help="the Hub repo the card will live in")
-    p.add_argument("--export", default="export", metavar="DIR",
-                   help="the run's export folder to use: export (default) or export_ema, or a path")
+    p.add_argument(
+        "--export",
+        default="export",
+        metavar="DIR",
+        help="the run's export folder to use: export (default) or export_ema, or a path",
+    )
     add_renamed_arg(p, "--weights", "--export")
     p.add_argument("--out", type=Path, default=None, help="write here (default: print)")
 

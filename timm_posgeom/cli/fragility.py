@@ -12,6 +12,7 @@ generated on the fly in one pass over the clean images, or read from the release
 fragility scores; normalised by a ``--reference`` run's FS if given) and writes ``imagenet_c.json`` and
 ``imagenet_c.md`` (and, generated, ``fragility.json``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,9 @@ from ._runner import run_measurement
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts "
-                                                "or all of ImageNet-C")
+    p = subparsers.add_parser(
+        "fragility", help="accuracy and fragility score (FS) of a model under JPEG / blur shifts or all of ImageNet-C"
+    )
     add_model_args(p)
     add_labels_arg(p)
     add_data_args(p)
@@ -42,26 +44,50 @@ def add_parser(subparsers) -> None:
     p.add_argument("--blur-on-device", action="store_true", help="run blur shifts batched on the device")
     add_shift_size_arg(p)
     g = p.add_argument_group("ImageNet-C")
-    g.add_argument("--imagenet-c", nargs="?", const="all", default=None, metavar="CORRUPTIONS",
-                   help="ImageNet-C instead of --shift: all (its 15 corruptions, the default), extra (its 4 extras) or "
-                        "NAME,NAME,...; prints FS per corruption and severity and the mean FS (needs the extra "
-                        "timm-posgeom[imagenet-c] unless --imagenet-c-root). --batch-size counts every copy per "
-                        "forward here")
+    g.add_argument(
+        "--imagenet-c",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="CORRUPTIONS",
+        help="ImageNet-C instead of --shift: all (its 15 corruptions, the default), extra (its 4 extras) or "
+        "NAME,NAME,...; prints FS per corruption and severity and the mean FS (needs the extra "
+        "timm-posgeom[imagenet-c] unless --imagenet-c-root). --batch-size counts every copy per "
+        "forward here",
+    )
     g.add_argument("--severities", default="1,2,3,4,5", help="ImageNet-C severities (default 1,2,3,4,5)")
-    g.add_argument("--imagenet-c-root", default=None, metavar="ROOT",
-                   help="read the released images ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE instead of generating them "
-                        "(checked against the data's classes; the data must be the whole clean split they come from)")
-    g.add_argument("--imagenet-c-class-folders", default=None, metavar="FILE",
-                   help="the tree's folder name of each class, one a line in label order (e.g. wnids; default: the "
-                        "class names)")
-    g.add_argument("--imagenet-c-clean-framing", default="imagenet-c", choices=("imagenet-c", "as-is"),
-                   help="with --imagenet-c-root: frame the clean images as the release framed its own (short side "
-                        "256, centre 224 crop; default), or use them as they are (already framed so)")
-    g.add_argument("--imagenet-c-extra-classes", default="error", choices=("error", "ignore"),
-                   help="class folders under ROOT that are none of the data's classes: error (default) or ignore")
-    g.add_argument("--reference", default=None, metavar="JSON",
-                   help="a reference model's imagenet_c.json: also print FS normalised by its FS per corruption "
-                        "(like mCE)")
+    g.add_argument(
+        "--imagenet-c-root",
+        default=None,
+        metavar="ROOT",
+        help="read the released images ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE instead of generating them "
+        "(checked against the data's classes; the data must be the whole clean split they come from)",
+    )
+    g.add_argument(
+        "--imagenet-c-class-folders",
+        default=None,
+        metavar="FILE",
+        help="the tree's folder name of each class, one a line in label order (e.g. wnids; default: the class names)",
+    )
+    g.add_argument(
+        "--imagenet-c-clean-framing",
+        default="imagenet-c",
+        choices=("imagenet-c", "as-is"),
+        help="with --imagenet-c-root: frame the clean images as the release framed its own (short side "
+        "256, centre 224 crop; default), or use them as they are (already framed so)",
+    )
+    g.add_argument(
+        "--imagenet-c-extra-classes",
+        default="error",
+        choices=("error", "ignore"),
+        help="class folders under ROOT that are none of the data's classes: error (default) or ignore",
+    )
+    g.add_argument(
+        "--reference",
+        default=None,
+        metavar="JSON",
+        help="a reference model's imagenet_c.json: also print FS normalised by its FS per corruption (like mCE)",
+    )
     add_run_args(p, out="fragility_out")
 
 
@@ -87,11 +113,22 @@ def run(args: argparse.Namespace) -> int:
         parse_shift(spec)  # fail on a bad spec before loading anything
     size = shift_size(args)
     if size and args.blur_on_device:
-        raise ValueError("--blur-on-device blurs the batch at the model's input: it cannot apply a shift at --shift-size")
+        raise ValueError(
+            "--blur-on-device blurs the batch at the model's input: it cannot apply a shift at --shift-size"
+        )
 
     def measure(model: Any, data: Any, settings: Any) -> Any:
-        return fragility(model, data, shifts, labels=args.labels, rpi=args.rpi, alpha=args.alpha,
-                         blur_on_device=args.blur_on_device, settings=settings, shift_size=size)
+        return fragility(
+            model,
+            data,
+            shifts,
+            labels=args.labels,
+            rpi=args.rpi,
+            alpha=args.alpha,
+            blur_on_device=args.blur_on_device,
+            settings=settings,
+            shift_size=size,
+        )
 
     return run_measurement(args, measure, _report)
 
@@ -105,8 +142,10 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     print(f"{'':{w}s} {'top-1':>7s} {'95% CI (Wilson)':>17s} {'FS':>7s} {'95% CI (bootstrap)':>19s}")
     print(f"{'clean':{w}s} {result.clean_accuracy:7.3f} {_fmt_interval(*result.clean_interval):>17s}")
     for s in result.shifts:
-        print(f"{s:{w}s} {result.accuracy[s]:7.3f} {_fmt_interval(*result.accuracy_interval[s]):>17s} "
-              f"{result.fs[s]:7.3f} {_fmt_interval(*result.fs_interval[s]):>19s}")
+        print(
+            f"{s:{w}s} {result.accuracy[s]:7.3f} {_fmt_interval(*result.accuracy_interval[s]):>17s} "
+            f"{result.fs[s]:7.3f} {_fmt_interval(*result.fs_interval[s]):>19s}"
+        )
     print(f"wrote {out / 'fragility.json'} and {out / 'fragility.png'}")
 
 
@@ -119,9 +158,17 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
         common = dict(labels=args.labels, rpi=args.rpi, alpha=args.alpha, settings=settings)
         if args.imagenet_c_root is None:
             return imagenet_c_fragility(model, data, names, severities, **common)
-        return imagenet_c_released(model, data, args.imagenet_c_root, names, severities, class_folders=folders,
-                                   extra_classes=args.imagenet_c_extra_classes,
-                                   clean_framing=args.imagenet_c_clean_framing, **common)
+        return imagenet_c_released(
+            model,
+            data,
+            args.imagenet_c_root,
+            names,
+            severities,
+            class_folders=folders,
+            extra_classes=args.imagenet_c_extra_classes,
+            clean_framing=args.imagenet_c_clean_framing,
+            **common,
+        )
 
     return run_measurement(args, measure, lambda a, result, out: _report_imagenet_c(a, result, out, reference))
 
@@ -144,8 +191,9 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
     reference = ImageNetCResult.from_json(args.reference) if args.reference else None
     folders = None
     if args.imagenet_c_class_folders:
-        folders = [line.strip() for line in Path(args.imagenet_c_class_folders).read_text().splitlines()
-                   if line.strip()]
+        folders = [
+            line.strip() for line in Path(args.imagenet_c_class_folders).read_text().splitlines() if line.strip()
+        ]
     if args.imagenet_c_root is None:
         for name in names:  # the imagecorruptions package: a clear line now rather than after loading the model
             imagenet_c(name, severities[0])
@@ -156,8 +204,10 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
     if reference is not None:
         missing = [f"{c}:{s}" for c in names for s in severities if c not in reference.fs or s not in reference.fs[c]]
         if missing:
-            raise ValueError(f"the reference {args.reference} lacks {', '.join(missing[:4])}"
-                             f"{' ...' if len(missing) > 4 else ''}: run it with the same corruptions and severities")
+            raise ValueError(
+                f"the reference {args.reference} lacks {', '.join(missing[:4])}"
+                f"{' ...' if len(missing) > 4 else ''}: run it with the same corruptions and severities"
+            )
     return names, severities, reference, folders
 
 
@@ -174,7 +224,9 @@ def _report_imagenet_c(args: argparse.Namespace, result: Any, out: Path, referen
         result.fragility.settings.update(model=args.model, data=args.data, split=args.split)
         result.fragility.to_json(out / "fragility.json")
         written.append(out / "fragility.json")
-    print(f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}  "
-          f"ImageNet-C {result.source}{'' if args.imagenet_c_root is None else ' from ' + args.imagenet_c_root}")
+    print(
+        f"{args.model}  images={result.num_images}  resize={args.resize}  rpi={args.rpi}  alpha={args.alpha}  "
+        f"ImageNet-C {result.source}{'' if args.imagenet_c_root is None else ' from ' + args.imagenet_c_root}"
+    )
     print(table)
     print("wrote " + ", ".join(map(str, written)))

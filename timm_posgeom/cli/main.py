@@ -1,4 +1,5 @@
 """posgeom: probe, stress, train and report on positional encodings in timm ViTs."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,30 @@ from ..labels import LabelMismatchError
 from ._options import apply_renamed, check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
-COMMANDS = ("models", "recipes", "probe", "attention", "fragility", "sweep", "train", "study", "zoo", "report", "card", "push")
+COMMANDS = (
+    "models",
+    "recipes",
+    "probe",
+    "attention",
+    "fragility",
+    "sweep",
+    "train",
+    "study",
+    "zoo",
+    "report",
+    "card",
+    "push",
+)
 # What each command needs of the [app] extra (errors.APP_MODULES), checked before it runs: the measuring
 # commands write figures (matplotlib), the application's commands need all of it. `posgeom models` needs none.
 _FIGURES = ("matplotlib",)
-NEEDS_APP = {"probe": _FIGURES, "attention": _FIGURES, "fragility": _FIGURES, "sweep": _FIGURES,
-             **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES)}
+NEEDS_APP = {
+    "probe": _FIGURES,
+    "attention": _FIGURES,
+    "fragility": _FIGURES,
+    "sweep": _FIGURES,
+    **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES),
+}
 
 
 def _command_modules():
@@ -58,8 +77,11 @@ class Parser(argparse.ArgumentParser):
     def _get_values(self, action: argparse.Action, arg_strings: list[str]):
         if action.nargs != argparse.PARSER and any(s == "" for s in arg_strings):
             what = "/".join(action.option_strings) or action.metavar or action.dest
-            self.exit(2, f"{self.prog}: error: argument {what}: an empty value was given (an unset variable?); "
-                         "give a value or leave the flag out\n")
+            self.exit(
+                2,
+                f"{self.prog}: error: argument {what}: an empty value was given (an unset variable?); "
+                "give a value or leave the flag out\n",
+            )
         return super()._get_values(action, arg_strings)
 
 
@@ -86,16 +108,20 @@ def missing_app_modules(command: str) -> list[str]:
 
 
 def _app_extra_line(command: str, missing: list[str]) -> str:
-    return (f"posgeom {command}: error: needs the [app] extra ({', '.join(missing)} not installed): "
-            "pip install 'timm-posgeom[app]'\n")
+    return (
+        f"posgeom {command}: error: needs the [app] extra ({', '.join(missing)} not installed): "
+        "pip install 'timm-posgeom[app]'\n"
+    )
 
 
 def _one_line_warning(command: str):
     """A ``warnings.showwarning`` that says a warning on one line of stderr, ``posgeom CMD: warning: ...``
     (Python's own shows two, the second a line of our source)."""
+
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         text = " ".join(str(message).split()) or category.__name__
         print(f"posgeom {command}: warning: {text}", file=file or sys.stderr)
+
     return show
 
 

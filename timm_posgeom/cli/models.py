@@ -1,4 +1,5 @@
 """``posgeom models [PATTERN]``: list the models this plugin registers with timm."""
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ processes (``accelerate launch ... -m timm_posgeom.cli probe ...``), each probes
 the sums are reduced, and the main process alone writes and prints (see :mod:`timm_posgeom.distributed`).
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ from ._runner import eval_batches, run_measurement
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("probe", help="SSDC per layer (ViTs) or per stage (hierarchical ViTs, CNNs) of a timm model on a dataset")
+    p = subparsers.add_parser(
+        "probe", help="SSDC per layer (ViTs) or per stage (hierarchical ViTs, CNNs) of a timm model on a dataset"
+    )
     add_model_args(p)
     add_data_args(p)
     add_site_arg(p)
@@ -41,8 +44,16 @@ def _measure(args: argparse.Namespace, model: Any, data: Any, settings: Any) -> 
     from ..probes import probe_ssdc
 
     loader = eval_batches(args, model, data)
-    result = probe_ssdc(model, loader, site=args.site, rpi=args.rpi, reduction=args.reduction,
-                        distance=args.distance, alpha=args.alpha, settings=settings)
+    result = probe_ssdc(
+        model,
+        loader,
+        site=args.site,
+        rpi=args.rpi,
+        reduction=args.reduction,
+        distance=args.distance,
+        alpha=args.alpha,
+        settings=settings,
+    )
     result.settings.update(resize=args.resize)
     return result
 
@@ -52,7 +63,9 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
     result.plot(out / "ssdc.png")
     grids = sorted({tuple(g) for g in result.settings["grid_sizes"]}, reverse=True)
     perms = f" ({result.settings['rpi_permutations']} permutations)" if args.rpi else ""
-    print(f"{args.model}  site={result.settings['site']}  rpi={args.rpi}{perms}  alpha={args.alpha}  "
-          f"images={result.settings['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}")
+    print(
+        f"{args.model}  site={result.settings['site']}  rpi={args.rpi}{perms}  alpha={args.alpha}  "
+        f"images={result.settings['n_images']}  grid={', '.join('x'.join(map(str, g)) for g in grids)}"
+    )
     print(result.table())
     print(f"wrote {out / 'ssdc.json'} and {out / 'ssdc.png'}")

@@ -1,4 +1,5 @@
 """``posgeom push RUN_DIR --repo-id ORG/NAME``: upload weights, config and card to the Hub."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--repo-id", required=True, help="ORG/NAME")
     p.add_argument("--private", action="store_true")
-    p.add_argument("--export", default="export", metavar="DIR",
-                   help="the run's export folder to use: export (default) or export_ema, or a path")
+    p.add_argument(
+        "--export",
+        default="export",
+        metavar="DIR",
+        help="the run's export folder to use: export (default) or export_ema, or a path",
+    )
     add_renamed_arg(p, "--weights", "--export")
     p.add_argument("--dry-run", action="store_true", help="list exactly what would be uploaded; send nothing")
 

@@ -1,4 +1,5 @@
 """``posgeom recipes``: the training recipes and accelerate configs shipped with the package."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,10 @@ def run(args: argparse.Namespace) -> int:
     print("recipes (posgeom train --recipe NAME; --set key=value overrides any key):")
     for name, entry in recipes.items():
         values = yaml.safe_load(entry.read_text()) or {}
-        print(f"  {name:{width}s}  {values.get('model', '?')} on {values.get('data') or 'synthetic'}, "
-              f"{values.get('epochs', '?')} epochs, {values.get('img_size', '?')} px")
+        print(
+            f"  {name:{width}s}  {values.get('model', '?')} on {values.get('data') or 'synthetic'}, "
+            f"{values.get('epochs', '?')} epochs, {values.get('img_size', '?')} px"
+        )
     print("accelerate configs (posgeom study --preset in100, or accelerate launch --config_file PATH):")
     for name, entry in accelerate_configs().items():
         print(f"  {name:{width}s}  {entry}")

@@ -1,4 +1,5 @@
 """``posgeom report RUN_DIR``: regenerate a study's report and figures from its results.json."""
+
 from __future__ import annotations
 
 import argparse

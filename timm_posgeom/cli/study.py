@@ -1,4 +1,5 @@
 """``posgeom study``: the whole study in one command (train, probe, stress, sweep, report)."""
+
 from __future__ import annotations
 
 import argparse
@@ -24,17 +25,28 @@ RECIPE_FLAGS = ("train_split", "val_split", "data_config", "revision", "streamin
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "study", help="run the paper's full analysis and write a report (default: the embedded demo)",
+        "study",
+        help="run the paper's full analysis and write a report (default: the embedded demo)",
         description="Train (or reuse) every condition x seed, probe SSDC (normal and under RPI), measure "
-                    "fragility, sweep alpha, and write report.md + figures. Restartable with --resume.")
-    p.add_argument("--preset", default="demo", choices=["demo", "imagenette-cpu", "imagenette-cpu-14", "in100"],
-                   help="demo: synthetic data, CPU, minutes; imagenette-cpu: real images at 64 px (8 x 8 tokens), "
-                        "CPU, about 90 minutes; imagenette-cpu-14: the same at 112 px (the paper's 14 x 14 tokens), "
-                        "width 64, CPU, about 45 minutes a model; in100: the paper's protocol on GPUs")
+        "fragility, sweep alpha, and write report.md + figures. Restartable with --resume.",
+    )
+    p.add_argument(
+        "--preset",
+        default="demo",
+        choices=["demo", "imagenette-cpu", "imagenette-cpu-14", "in100"],
+        help="demo: synthetic data, CPU, minutes; imagenette-cpu: real images at 64 px (8 x 8 tokens), "
+        "CPU, about 90 minutes; imagenette-cpu-14: the same at 112 px (the paper's 14 x 14 tokens), "
+        "width 64, CPU, about 45 minutes a model; in100: the paper's protocol on GPUs",
+    )
     p.add_argument("--data", default=None, help="dataset: Hub id or local folder (overrides the preset)")
     _add_data_args(p)
-    p.add_argument("--num-seeds", type=int, default=None, metavar="N",
-                   help="training runs per condition, seeds 0 .. N-1 (default 1)")
+    p.add_argument(
+        "--num-seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="training runs per condition, seeds 0 .. N-1 (default 1)",
+    )
     add_renamed_arg(p, "--seeds", "--num-seeds", type=int)
     p.add_argument("--conditions", default=None, help="comma-separated subset of nope,ape,sincos,rope,rpt")
     add_rpi_permutations_arg(p)
@@ -44,25 +56,46 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", default=None, help=DEVICE_HELP)
     p.add_argument("--out", type=Path, default=None, help="study directory (default: runs/study-<preset>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted study in --out")
-    p.add_argument("--allow-changes", action="store_true",
-                   help="with --resume: accept settings that differ from the study's; what they affect is recomputed")
+    p.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="with --resume: accept settings that differ from the study's; what they affect is recomputed",
+    )
     p.add_argument("--dry-run", action="store_true", help="validate recipes and print the plan; run nothing")
-    p.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE",
-                   help="recipe override for every training run (repeatable), e.g. --set epochs=10; seed, data and "
-                        "model_kwargs.init are the study's own: --num-seeds, --data, --init")
-    p.add_argument("--init", default=None, choices=["timm", "paper"],
-                   help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
-                        "model_kwargs.init of every run, after --set). Default: what each recipe says "
-                        "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="recipe override for every training run (repeatable), e.g. --set epochs=10; seed, data and "
+        "model_kwargs.init are the study's own: --num-seeds, --data, --init",
+    )
+    p.add_argument(
+        "--init",
+        default=None,
+        choices=["timm", "paper"],
+        help="initialise every model with timm's init or the paper's (PyTorch defaults; sets "
+        "model_kwargs.init of every run, after --set). Default: what each recipe says "
+        "(in100 and demo: paper, imagenette-cpu: timm). Recorded: a resume with another is refused",
+    )
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     """The data flags: the training runs' (:func:`add_recipe_data_args`) and the SSDC probe's count."""
-    add_recipe_data_args(p, max_images_help="use at most the first N images of each split, for all the work: the "
-                                            "training runs' (recipe keys max_train_images and max_val_images) and "
-                                            "every measurement; default: the preset's")
-    p.add_argument("--probe-images", type=int, default=None, metavar="N",
-                   help="images of each SSDC probe (default: the preset's, at most --max-images)")
+    add_recipe_data_args(
+        p,
+        max_images_help="use at most the first N images of each split, for all the work: the "
+        "training runs' (recipe keys max_train_images and max_val_images) and "
+        "every measurement; default: the preset's",
+    )
+    p.add_argument(
+        "--probe-images",
+        type=int,
+        default=None,
+        metavar="N",
+        help="images of each SSDC probe (default: the preset's, at most --max-images)",
+    )
 
 
 def _terminated(signum, frame) -> None:
@@ -89,14 +122,25 @@ def _config(args: argparse.Namespace) -> Any:
     if args.max_images is not None:  # all the work: the training runs' splits and every measurement
         preset = PRESETS.get(args.preset, {})
         probe = args.probe_images or preset.get("probe_images") or 1000
-        images = dict(eval_images=args.max_images, probe_images=min(probe, args.max_images),
-                      sweep_images=min(preset.get("sweep_images") or args.max_images, args.max_images))
+        images = dict(
+            eval_images=args.max_images,
+            probe_images=min(probe, args.max_images),
+            sweep_images=min(preset.get("sweep_images") or args.max_images, args.max_images),
+        )
     elif args.probe_images is not None:
         images = dict(probe_images=args.probe_images)
-    config = preset_config(args.preset, data=args.data, seeds=args.num_seeds, conditions=conditions,
-                           imagenet_c=imagenet_c_jpeg_blur(args) or None, init=args.init,
-                           rpi_permutations=args.rpi_permutations, device=args.device, heldout_fraction=args.heldout,
-                           **images)
+    config = preset_config(
+        args.preset,
+        data=args.data,
+        seeds=args.num_seeds,
+        conditions=conditions,
+        imagenet_c=imagenet_c_jpeg_blur(args) or None,
+        init=args.init,
+        rpi_permutations=args.rpi_permutations,
+        device=args.device,
+        heldout_fraction=args.heldout,
+        **images,
+    )
     _protocol_settings(config, args)
     # the study sets these after --set
     owned = {"seed": "--num-seeds", "data": "--data", "model_kwargs.init": "--init", "heldout_fraction": "--heldout"}
@@ -119,16 +163,19 @@ def run(args: argparse.Namespace) -> int:
         plan = dry_run(config, out)
         print(f"preset {args.preset}: {len(plan)} runs, every recipe valid")
         for item in plan:
-            print(f"  {item['condition']:7s} seed {item['seed']}: {item['model']} on {item['data']}, "
-                  f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px, {item['init']} init")
+            print(
+                f"  {item['condition']:7s} seed {item['seed']}: {item['model']} on {item['data']}, "
+                f"{item['epochs']} epochs, batch {item['batch_size']}, {item['img_size']} px, {item['init']} init"
+            )
             print(f"    {item['command']}")
         return 0
     previous = signal.signal(signal.SIGTERM, _terminated)  # a scheduler's or `kill`'s stop ends the study cleanly
     try:
         results = run_study(config, out, resume=args.resume, allow_changes=args.allow_changes)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: what finished is kept in {out}; the same command with --resume continues",
-              file=sys.stderr)
+        print(
+            f"\ninterrupted: what finished is kept in {out}; the same command with --resume continues", file=sys.stderr
+        )
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -5,6 +5,7 @@ Per alpha: delta SSDC and per-layer SSDC under RPI, clean accuracy, FS per shift
 Launched as several processes (``accelerate launch ... -m timm_posgeom.cli sweep ...``), each alpha's
 probe and evaluation are shared by batch; the main process alone writes and prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,19 @@ def add_parser(subparsers) -> None:
     add_labels_arg(p)
     add_data_args(p)
     add_shift_arg(p, default_help="jpeg:5")
-    p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
-                   help="comma-separated PE scales (default 1,0.9,...,0.1)")
+    p.add_argument(
+        "--alphas",
+        default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
+        help="comma-separated PE scales (default 1,0.9,...,0.1)",
+    )
     add_probe_images_arg(p)
     add_rpi_permutations_arg(p)
     add_site_arg(p)
-    p.add_argument("--patch-only", action="store_true",
-                   help="scale only patch rows of an APE table (default: class row too, as the paper)")
+    p.add_argument(
+        "--patch-only",
+        action="store_true",
+        help="scale only patch rows of an APE table (default: class row too, as the paper)",
+    )
     add_run_args(p, out="sweep_out")
 
 
@@ -62,9 +69,17 @@ def run(args: argparse.Namespace) -> int:
 
     def measure(model: Any, data: Any, settings: Any) -> Any:
         # the whole split: alpha_sweep applies --max-images to all its work, and --probe-images (when given) to SSDC
-        return alpha_sweep(model, data, alphas, shifts, labels=args.labels, probe_images=args.probe_images,
-                           site=args.site, include_prefix=not args.patch_only,
-                           settings=settings.replace(max_images=args.max_images))
+        return alpha_sweep(
+            model,
+            data,
+            alphas,
+            shifts,
+            labels=args.labels,
+            probe_images=args.probe_images,
+            site=args.site,
+            include_prefix=not args.patch_only,
+            settings=settings.replace(max_images=args.max_images),
+        )
 
     return run_measurement(args, measure, _report, subset=False)
 

@@ -5,6 +5,7 @@ top-1 and FS under the paper's shifts (where the data's labels match the model's
 an alpha sweep. Writes ``DIR/models/<name>.json`` as each model finishes, then ``zoo.csv``, ``zoo.md``
 and ``figures/``. A rerun into the same DIR skips the models already measured with the same settings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,20 +34,33 @@ from ._options import (
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "zoo", help="measure many models (SSDC normal and under RPI, delta SSDC, fragility) and compare them",
+        "zoo",
+        help="measure many models (SSDC normal and under RPI, delta SSDC, fragility) and compare them",
         description="Measure every model the same way and write zoo.csv (one row per model, as timm's "
-                    "results/*.csv), zoo.md and figures. Resumable: a rerun into the same --out skips the models "
-                    "already measured with the same settings and retries the failed ones.")
+        "results/*.csv), zoo.md and figures. Resumable: a rerun into the same --out skips the models "
+        "already measured with the same settings and retries the failed ones.",
+    )
     _add_model_list_args(p)
-    p.add_argument("--data", default=None,
-                   help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic' (required "
-                        "unless --merge)")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="a Hugging Face Hub id, a local parquet folder, an ImageFolder tree, or 'synthetic' (required "
+        "unless --merge)",
+    )
     add_split_args(p)
     p.add_argument("--out", default="zoo_out", help="output folder (default: zoo_out); a rerun into it resumes")
-    add_pretrained_arg(p, default=None, help=PRETRAINED_HELP + "Default: weights for every timm name that has them, "
-                                              "random init (marked in the weights column) for those that have none")
-    add_labels_arg(p, default="by-name", default_help="by-name (a model whose classes cannot be matched gets no "
-                                                      "top-1 and FS, with the reason, rather than an error)")
+    add_pretrained_arg(
+        p,
+        default=None,
+        help=PRETRAINED_HELP + "Default: weights for every timm name that has them, "
+        "random init (marked in the weights column) for those that have none",
+    )
+    add_labels_arg(
+        p,
+        default="by-name",
+        default_help="by-name (a model whose classes cannot be matched gets no "
+        "top-1 and FS, with the reason, rather than an error)",
+    )
     add_bad_images_arg(p)
     add_max_images_arg(p)
     add_probe_images_arg(p)
@@ -54,8 +68,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--images", type=int, default=None, help=argparse.SUPPRESS)
     add_img_size_arg(p)
     add_site_arg(p)
-    p.add_argument("--alphas", default=None,
-                   help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)")
+    p.add_argument(
+        "--alphas",
+        default=None,
+        help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)",
+    )
     add_imagenet_c_jpeg_blur_arg(p)
     add_loader_args(p)
     add_seed_arg(p)
@@ -66,40 +83,64 @@ def add_parser(subparsers: Any) -> None:
 
 def _add_model_list_args(p: argparse.ArgumentParser) -> None:
     """The models: names, --models-file, --filter."""
-    p.add_argument("models", nargs="*", metavar="MODEL",
-                   help="timm model names (ours included), hf-hub:ORG/NAME or local-dir:PATH")
-    p.add_argument("--models-file", default=None, metavar="FILE",
-                   help="a file with one model per line ('#' starts a comment)")
-    p.add_argument("--filter", default=None, metavar="PATTERN",
-                   help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained")
+    p.add_argument(
+        "models", nargs="*", metavar="MODEL", help="timm model names (ours included), hf-hub:ORG/NAME or local-dir:PATH"
+    )
+    p.add_argument(
+        "--models-file", default=None, metavar="FILE", help="a file with one model per line ('#' starts a comment)"
+    )
+    p.add_argument(
+        "--filter",
+        default=None,
+        metavar="PATTERN",
+        help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained",
+    )
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
     """How the zoo runs: --allow-changes, --shard, --extras, --decode-per-model, --merge."""
-    p.add_argument("--allow-changes", action="store_true",
-                   help="accept settings that differ from those DIR was measured with: its models are measured "
-                        "again (former records kept as .replaced-N)")
-    p.add_argument("--shard", default=None, metavar="K/N",
-                   help="measure only the zoo's models K, K+N, K+2N, ... (0 <= K < N): one shard of a job array or "
-                        "of one job per node; shards may run at once into one --out (a lock per model), and each "
-                        "writes the table of every record present when it ends")
-    p.add_argument("--extras", default="attention,position",
-                   help="measures beyond SSDC and fragility, comma-separated: attention (mean attention distance and "
-                        "entropy per block and head), position (the linear row/col position probe, normal and under "
-                        "RPI); 'none' for neither (default: attention,position; flat ViTs only)")
-    p.add_argument("--decode-per-model", action="store_true",
-                   help="decode and resize the images again for every model (default: once for the zoo, and once per "
-                        "input configuration; the same numbers either way, this is slower; for benchmarks)")
-    p.add_argument("--merge", action="store_true",
-                   help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
-                        "its shards wrote, and name the models not measured yet")
+    p.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="accept settings that differ from those DIR was measured with: its models are measured "
+        "again (former records kept as .replaced-N)",
+    )
+    p.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="measure only the zoo's models K, K+N, K+2N, ... (0 <= K < N): one shard of a job array or "
+        "of one job per node; shards may run at once into one --out (a lock per model), and each "
+        "writes the table of every record present when it ends",
+    )
+    p.add_argument(
+        "--extras",
+        default="attention,position",
+        help="measures beyond SSDC and fragility, comma-separated: attention (mean attention distance and "
+        "entropy per block and head), position (the linear row/col position probe, normal and under "
+        "RPI); 'none' for neither (default: attention,position; flat ViTs only)",
+    )
+    p.add_argument(
+        "--decode-per-model",
+        action="store_true",
+        help="decode and resize the images again for every model (default: once for the zoo, and once per "
+        "input configuration; the same numbers either way, this is slower; for benchmarks)",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="measure nothing: write zoo.csv, zoo.md and the figures of --out again from every record "
+        "its shards wrote, and name the models not measured yet",
+    )
 
 
 def _merge(args: argparse.Namespace) -> int:
     from ..app.zoo import merge_zoo
 
     if args.models or args.models_file or args.filter or args.shard:
-        raise ValueError("--merge measures nothing: give only --out (and no models, --models-file, --filter or --shard)")
+        raise ValueError(
+            "--merge measures nothing: give only --out (and no models, --models-file, --filter or --shard)"
+        )
     summary, missing = merge_zoo(args.out)
     print(f"{len(summary.records)} models: {args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/")
     if missing:
@@ -114,8 +155,11 @@ def _legacy_images(args: argparse.Namespace) -> None:
         return
     if args.max_images is not None:
         raise ValueError("--images is the old name of --max-images: give only --max-images")
-    print("posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
-          "--max-images N (the same: SSDC and fragility on the first N images)", file=sys.stderr)
+    print(
+        "posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
+        "--max-images N (the same: SSDC and fragility on the first N images)",
+        file=sys.stderr,
+    )
     args.max_images = args.images
     if args.probe_images is None:
         args.probe_images = args.images
@@ -139,16 +183,33 @@ def _config(args: argparse.Namespace, pretrained: str) -> Any:
     from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
     from .sweep import parse_alphas
 
-    shifts = list(PAPER_SHIFTS) + (imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else [])  # its JPEG and blur, severities 1-5
-    return ZooConfig(data=args.data, split=args.split, max_images=args.max_images, probe_images=args.probe_images,
-                     site=args.site, resize=args.resize,
-                     img_size=args.img_size, pretrained=pretrained, shifts=tuple(shifts),
-                     alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None, seed=args.seed,
-                     **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
-                     batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
-                     shared_decode=not args.decode_per_model, data_config=args.data_config, revision=args.revision,
-                     streaming=args.streaming, labels=args.labels, bad_images=args.bad_images,
-                     extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"))
+    shifts = list(PAPER_SHIFTS) + (
+        imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else []
+    )  # its JPEG and blur, severities 1-5
+    return ZooConfig(
+        data=args.data,
+        split=args.split,
+        max_images=args.max_images,
+        probe_images=args.probe_images,
+        site=args.site,
+        resize=args.resize,
+        img_size=args.img_size,
+        pretrained=pretrained,
+        shifts=tuple(shifts),
+        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None,
+        seed=args.seed,
+        **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        device=args.device,
+        shared_decode=not args.decode_per_model,
+        data_config=args.data_config,
+        revision=args.revision,
+        streaming=args.streaming,
+        labels=args.labels,
+        bad_images=args.bad_images,
+        extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,21 +225,34 @@ def run(args: argparse.Namespace) -> int:
     names = _names(args, pretrained)
     config = _config(args, pretrained)
     try:
-        summary = run_zoo(names, config, args.out, allow_changes=args.allow_changes, progress=not args.no_progress,
-                          shard=parse_shard(args.shard) if args.shard else None)
+        summary = run_zoo(
+            names,
+            config,
+            args.out,
+            allow_changes=args.allow_changes,
+            progress=not args.no_progress,
+            shard=parse_shard(args.shard) if args.shard else None,
+        )
     except KeyboardInterrupt:
         if is_main_process():
-            print(f"\ninterrupted: the finished models are kept in {args.out}/models; the same command continues",
-                  file=sys.stderr)
+            print(
+                f"\ninterrupted: the finished models are kept in {args.out}/models; the same command continues",
+                file=sys.stderr,
+            )
         return 130
     if not is_main_process():
         return 1 if summary.failed else 0
-    print(f"{len(summary.records)} models ({len(summary.measured)} measured now, {len(summary.skipped)} kept): "
-          f"{args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/")
+    print(
+        f"{len(summary.records)} models ({len(summary.measured)} measured now, {len(summary.skipped)} kept): "
+        f"{args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/"
+    )
     if summary.locked:  # never counted as measured: another process holds them (or held them and is gone)
-        print(f"{len(summary.locked)} model(s) not measured here, locked by another process (see above for how to "
-              f"clear a lock whose process is gone): {', '.join(summary.locked[:5])}"
-              f"{' ...' if len(summary.locked) > 5 else ''}", file=sys.stderr)
+        print(
+            f"{len(summary.locked)} model(s) not measured here, locked by another process (see above for how to "
+            f"clear a lock whose process is gone): {', '.join(summary.locked[:5])}"
+            f"{' ...' if len(summary.locked) > 5 else ''}",
+            file=sys.stderr,
+        )
     if summary.failed:
         print(f"{len(summary.failed)} model(s) failed:", file=sys.stderr)
         for r in summary.failed:

@@ -30,6 +30,7 @@ Modules: :mod:`.splits` (a split, its subsets and relabelling, image checks, ide
 sets, streaming), :mod:`.augment` (training transforms), :mod:`.cache` (the uint8 cache, in memory and on
 disk) and :mod:`.sampling` (batch sampler, loader). Every public name is importable from here.
 """
+
 from __future__ import annotations
 
 from .augment import AUGMENTATIONS, TimmAugment, TransformDataset, crop_flip, eval_config, train_transform
@@ -56,12 +57,36 @@ from .splits import (
 
 __all__ = [
     "AUGMENTATIONS",
-    "ImageSplit", "RelabeledSplit", "relabel_by_name", "SubsetSplit", "BadImageError", "DataSourceError", "check_images",
-    "BAD_IMAGE_POLICIES", "load_split", "data_identity", "content_fingerprint", "identity_change", "resolve_source", "find_columns", "split_name",
+    "ImageSplit",
+    "RelabeledSplit",
+    "relabel_by_name",
+    "SubsetSplit",
+    "BadImageError",
+    "DataSourceError",
+    "check_images",
+    "BAD_IMAGE_POLICIES",
+    "load_split",
+    "data_identity",
+    "content_fingerprint",
+    "identity_change",
+    "resolve_source",
+    "find_columns",
+    "split_name",
     "SPLIT_ALIASES",
-    "train_transform", "eval_config", "crop_flip",
-    "CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "TransformDataset",
-    "EpochBatchSampler", "make_loader", "default_cache_dir",
-    "HubOptions", "TimmAugment",
-    "carve_heldout", "heldout_indices", "HeldoutError",
+    "train_transform",
+    "eval_config",
+    "crop_flip",
+    "CachedSplit",
+    "cache_uint8",
+    "CachedTrainDataset",
+    "CachedEvalDataset",
+    "TransformDataset",
+    "EpochBatchSampler",
+    "make_loader",
+    "default_cache_dir",
+    "HubOptions",
+    "TimmAugment",
+    "carve_heldout",
+    "heldout_indices",
+    "HeldoutError",
 ]

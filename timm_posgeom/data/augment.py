@@ -1,6 +1,7 @@
 """Training transforms, PIL -> normalised tensor (``augment``: ``none``, ``crop_flip`` or ``timm``; see
 :mod:`timm_posgeom.data`), the crop-and-flip on tensors that the uint8 cache shares, and
 :class:`TransformDataset`, which draws each item's randomness from ``(seed, epoch, index)``."""
+
 from __future__ import annotations
 
 import random
@@ -40,8 +41,13 @@ class TimmAugment(TypedDict, total=False):
 
 def _pil_interp(name: str) -> int:
     modes = Image.Resampling
-    return {"bicubic": modes.BICUBIC, "bilinear": modes.BILINEAR, "nearest": modes.NEAREST,
-            "lanczos": modes.LANCZOS, "box": modes.BOX}[name]
+    return {
+        "bicubic": modes.BICUBIC,
+        "bilinear": modes.BILINEAR,
+        "nearest": modes.NEAREST,
+        "lanczos": modes.LANCZOS,
+        "box": modes.BOX,
+    }[name]
 
 
 def _resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
@@ -58,8 +64,9 @@ def _reflect(index: torch.Tensor, n: int) -> torch.Tensor:
     return torch.where(index > n - 1, 2 * (n - 1) - index, index)
 
 
-def crop_flip(image: torch.Tensor, pad: int = 4, hflip: float = 0.5,
-              generator: torch.Generator | None = None) -> torch.Tensor:
+def crop_flip(
+    image: torch.Tensor, pad: int = 4, hflip: float = 0.5, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Random crop of the original size after ``pad``-pixel reflect padding, then a random flip.
 
     image: (C, H, W) tensor of any dtype; the result has the same shape and dtype. Equal to
@@ -97,27 +104,33 @@ class _CropFlipTransform:
 
 
 def eval_config(
-        img_size: int,
-        mean: Sequence[float] = (0.485, 0.456, 0.406),
-        std: Sequence[float] = (0.229, 0.224, 0.225),
-        interpolation: str = "bicubic",
-        crop_pct: float = 0.875,
+    img_size: int,
+    mean: Sequence[float] = (0.485, 0.456, 0.406),
+    std: Sequence[float] = (0.229, 0.224, 0.225),
+    interpolation: str = "bicubic",
+    crop_pct: float = 0.875,
 ) -> dict[str, Any]:
     """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.transforms.eval_transform`
     (the one owner of evaluation transforms): ``eval_transform(eval_config(64), resize="paper")``."""
-    return dict(input_size=(3, img_size, img_size), interpolation=interpolation, mean=tuple(mean),
-                std=tuple(std), crop_pct=crop_pct, crop_mode="center")
+    return dict(
+        input_size=(3, img_size, img_size),
+        interpolation=interpolation,
+        mean=tuple(mean),
+        std=tuple(std),
+        crop_pct=crop_pct,
+        crop_mode="center",
+    )
 
 
 def train_transform(
-        img_size: int,
-        augment: str = "crop_flip",
-        mean: Sequence[float] = (0.485, 0.456, 0.406),
-        std: Sequence[float] = (0.229, 0.224, 0.225),
-        interpolation: str = "bicubic",
-        crop_pad: int = 4,
-        hflip: float = 0.5,
-        **timm: Unpack[TimmAugment],
+    img_size: int,
+    augment: str = "crop_flip",
+    mean: Sequence[float] = (0.485, 0.456, 0.406),
+    std: Sequence[float] = (0.229, 0.224, 0.225),
+    interpolation: str = "bicubic",
+    crop_pad: int = 4,
+    hflip: float = 0.5,
+    **timm: Unpack[TimmAugment],
 ) -> Callable[[Image.Image], torch.Tensor]:
     """PIL -> normalised tensor for training (see :mod:`timm_posgeom.data` for ``augment``); ``timm``: the
     settings of timm's pipeline (:class:`TimmAugment`), used by ``augment="timm"`` only."""
@@ -134,10 +147,16 @@ def train_transform(
 
     low, high = timm.get("scale", (0.08, 1.0))
     return create_transform(
-        (3, img_size, img_size), is_training=True, scale=(float(low), float(high)), hflip=hflip,
+        (3, img_size, img_size),
+        is_training=True,
+        scale=(float(low), float(high)),
+        hflip=hflip,
         color_jitter=timm.get("color_jitter") or None,  # type: ignore[arg-type]  # None: no jitter (timm's annotation omits it)
         auto_augment=timm.get("auto_augment"),
-        interpolation=interpolation, mean=tuple(mean), std=tuple(std), re_prob=timm.get("reprob", 0.0),
+        interpolation=interpolation,
+        mean=tuple(mean),
+        std=tuple(std),
+        re_prob=timm.get("reprob", 0.0),
     )
 
 
@@ -178,4 +197,3 @@ class TransformDataset(Dataset):
             random.setstate(states[0])
             np.random.set_state(states[1])
             torch.set_rng_state(states[2])
-

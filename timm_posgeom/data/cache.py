@@ -1,6 +1,7 @@
 """The uint8 cache for small-resolution CPU runs: a split decoded and resized once into an
 ``(N, 3, S, S)`` uint8 tensor (optionally kept on disk, keyed by the split's fingerprint), and datasets that
 augment and normalise those tensors directly, so training is not bound by JPEG decoding."""
+
 from __future__ import annotations
 
 import hashlib
@@ -58,12 +59,12 @@ def default_cache_dir() -> Path:
 
 
 def cache_uint8(
-        split: ImageSplit,
-        img_size: int,
-        interpolation: str = "bicubic",
-        workers: int = 0,
-        cache_dir: str | os.PathLike | None = None,
-        progress: bool = False,
+    split: ImageSplit,
+    img_size: int,
+    interpolation: str = "bicubic",
+    workers: int = 0,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
 ) -> CachedSplit:
     """Decode and resize ``split`` once (straight to ``img_size``) into a uint8 tensor.
 
@@ -81,10 +82,15 @@ def cache_uint8(
                     return CachedSplit(blob["images"], blob["labels"], split.classes)
                 raise ValueError(f"it holds {len(blob['images'])} images, the split {len(split)}")
             except Exception as e:  # a damaged cache file (cut by a full disk, written by hand): made again
-                warnings.warn(f"the image cache {file} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]}): "
-                              "decoding the images again", RuntimeWarning, stacklevel=2)
-    loader = DataLoader(_ResizeItems(split, img_size, interpolation), batch_size=256, num_workers=workers,
-                        generator=torch.Generator())
+                warnings.warn(
+                    f"the image cache {file} cannot be read ({type(e).__name__}: {' '.join(str(e).split())[:200]}): "
+                    "decoding the images again",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+    loader = DataLoader(
+        _ResizeItems(split, img_size, interpolation), batch_size=256, num_workers=workers, generator=torch.Generator()
+    )
     chunks = loader
     if progress:
         from tqdm.auto import tqdm
@@ -104,8 +110,16 @@ class CachedTrainDataset(Dataset):
     then normalisation. The randomness of item ``i`` in epoch ``e`` comes from a generator seeded
     with ``(seed, e, i)``. Call :meth:`set_epoch` before each epoch."""
 
-    def __init__(self, cache: CachedSplit, mean: Sequence[float], std: Sequence[float],
-                 crop_pad: int = 4, hflip: float = 0.5, seed: int = 0, augment: str = "crop_flip"):
+    def __init__(
+        self,
+        cache: CachedSplit,
+        mean: Sequence[float],
+        std: Sequence[float],
+        crop_pad: int = 4,
+        hflip: float = 0.5,
+        seed: int = 0,
+        augment: str = "crop_flip",
+    ):
         if augment not in ("none", "crop_flip"):
             raise ValueError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
         self.cache, self.crop_pad, self.hflip, self.seed, self.epoch = cache, crop_pad, hflip, seed, 0

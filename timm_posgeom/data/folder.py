@@ -1,5 +1,6 @@
 """ImageFolder trees (``root/<split>/<class>/<image>``) as a split: one class numbering for every split
 folder, a fixed order mixed across classes, and a fingerprint that changes when any file does."""
+
 from __future__ import annotations
 
 import hashlib
@@ -90,16 +91,16 @@ def is_image_folder(root: Path) -> bool:
     """Whether ``root`` is an ImageFolder tree: folders of class folders, and no parquet set."""
     if any(root.glob("*.parquet")) or any(root.glob("*/*.parquet")) or (root / "dataset_info.json").exists():
         return False
-    return any(
-        p.is_dir() and any(q.is_dir() for q in p.iterdir()) for p in root.iterdir())
+    return any(p.is_dir() and any(q.is_dir() for q in p.iterdir()) for p in root.iterdir())
 
 
 def _folder_classes(root: Path, split_dir: str) -> list[str]:
     """The classes of an ImageFolder tree, sorted: the union of the class folders of every split folder
     (``train`` / ``validation`` and their aliases, and ``split_dir``), so an index means one class in all."""
     splits = {a for group in SPLIT_ALIASES.values() for a in group} | {split_dir}
-    return sorted({c.name for d in root.iterdir() if d.is_dir() and d.name in splits
-                   for c in d.iterdir() if c.is_dir()})
+    return sorted(
+        {c.name for d in root.iterdir() if d.is_dir() and d.name in splits for c in d.iterdir() if c.is_dir()}
+    )
 
 
 def load_folder_split(root: Path, split: str, subset: int | None) -> ImageSplit:
@@ -108,8 +109,11 @@ def load_folder_split(root: Path, split: str, subset: int | None) -> ImageSplit:
     folder = _image_folder(str(root / name))
     if folder.left_out:
         shown = "; ".join(folder.left_out[:5]) + (" ..." if len(folder.left_out) > 5 else "")
-        warnings.warn(f"left out {len(folder.left_out)} file(s) or folder(s) of {root / name}: {shown}",
-                      LeftOutFilesWarning, stacklevel=3)
+        warnings.warn(
+            f"left out {len(folder.left_out)} file(s) or folder(s) of {root / name}: {shown}",
+            LeftOutFilesWarning,
+            stacklevel=3,
+        )
     # One class numbering for every split: ImageFolder numbers each split's own class folders, so a
     # class missing from one split would shift the labels of every class after it (silently wrong).
     classes = _folder_classes(root, name)
@@ -120,15 +124,22 @@ def load_folder_split(root: Path, split: str, subset: int | None) -> ImageSplit:
     # A fixed, class-mixed order (by a hash of each file's path in the split), as the parquet sets'
     # rows are pre-shuffled: ImageFolder's is sorted by class, so "the first n" (subset, max_images,
     # the study's probe and eval images) would be the first classes only.
-    folder.samples.sort(key=lambda item: hashlib.sha1(
-        os.path.relpath(item[0], root / name).encode()).hexdigest())
+    folder.samples.sort(key=lambda item: hashlib.sha1(os.path.relpath(item[0], root / name).encode()).hexdigest())
     n = min(len(folder), subset) if subset else len(folder)
     folder.samples = folder.samples[:n]
     folder.imgs = folder.samples
     folder.targets = [t for _, t in folder.samples]
     # the cache key must change when any file changes (path, size and modification time of each) and
     # when the class numbering does
-    digest = hashlib.sha1("\n".join([_file_key(p) for p, _ in folder.samples] + ["classes:"] + classes)
-                          .encode()).hexdigest()[:16]
-    return ImageSplit(folder, folder.classes, folder.targets, f"folder-{digest}-{n}", _folder_getter,
-                      lambda index: folder.samples[index][0], lambda index: Path(folder.samples[index][0]).read_bytes())
+    digest = hashlib.sha1(
+        "\n".join([_file_key(p) for p, _ in folder.samples] + ["classes:"] + classes).encode()
+    ).hexdigest()[:16]
+    return ImageSplit(
+        folder,
+        folder.classes,
+        folder.targets,
+        f"folder-{digest}-{n}",
+        _folder_getter,
+        lambda index: folder.samples[index][0],
+        lambda index: Path(folder.samples[index][0]).read_bytes(),
+    )

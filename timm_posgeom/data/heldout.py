@@ -8,6 +8,7 @@ Per class c with n_c images, ``round(fraction * n_c)`` of them (at most n_c - 1:
 image) are drawn without replacement by a generator seeded with ``(seed, c)``, so the draw of one class does not
 depend on the others, on the order of the classes, or on the training seed. Both parts keep the split's order.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -51,12 +52,19 @@ def carve_heldout(split: ImageSplit, fraction: float, seed: int = 0) -> tuple[Su
     Raises :class:`HeldoutError` when the fraction holds out no image (too small for the classes' sizes)."""
     held = heldout_indices(split.labels, fraction, seed)
     if not len(held):
-        raise HeldoutError(f"a held-out fraction of {fraction} holds out no image of this split ({len(split)} images in "
-                           f"{split.num_classes} classes): raise it, or set it to 0 to monitor on the validation split")
+        raise HeldoutError(
+            f"a held-out fraction of {fraction} holds out no image of this split ({len(split)} images in "
+            f"{split.num_classes} classes): raise it, or set it to 0 to monitor on the validation split"
+        )
     mask = np.zeros(len(split), dtype=bool)
     mask[held] = True
     counts = np.bincount(np.asarray(split.labels, dtype=np.int64)[held], minlength=split.num_classes)
-    record = dict(fraction=float(fraction), seed=int(seed), images=int(len(held)), per_class=counts.tolist(),
-                  train_images=int((~mask).sum()),
-                  indices_sha1=hashlib.sha1(",".join(map(str, held.tolist())).encode()).hexdigest()[:16])
+    record = dict(
+        fraction=float(fraction),
+        seed=int(seed),
+        images=int(len(held)),
+        per_class=counts.tolist(),
+        train_images=int((~mask).sum()),
+        indices_sha1=hashlib.sha1(",".join(map(str, held.tolist())).encode()).hexdigest()[:16],
+    )
     return SubsetSplit(split, np.flatnonzero(~mask).tolist()), SubsetSplit(split, held.tolist()), record

@@ -1,6 +1,7 @@
 """Hugging Face datasets as a split: a Hub id (``owner/name``) or a local folder in the same parquet layout,
 loading the asked split alone (its data files only, or, streaming, its first rows), with the image and
 label columns found from the features."""
+
 from __future__ import annotations
 
 from typing import Any, TypedDict
@@ -40,13 +41,17 @@ def find_columns(features: Any) -> tuple[str, str]:
     if len(class_labels) > 1:  # e.g. CIFAR-100's fine_label and coarse_label: the usual name, else refuse
         label = next((n for n in _LABEL_NAMES if n in class_labels), None)
         if label is None:
-            raise ValueError(f"several label columns ({', '.join(class_labels)}) and none of the usual names "
-                             f"{_LABEL_NAMES}: which one is the class is not guessed")
+            raise ValueError(
+                f"several label columns ({', '.join(class_labels)}) and none of the usual names "
+                f"{_LABEL_NAMES}: which one is the class is not guessed"
+            )
     else:
         label = class_labels[0] if class_labels else next((n for n in _LABEL_NAMES if n in names), None)
     if image is None or label is None:
-        raise ValueError(f"cannot find the image and label columns among {names}: expected an Image "
-                         f"feature (or one of {_IMAGE_NAMES}) and a ClassLabel (or one of {_LABEL_NAMES})")
+        raise ValueError(
+            f"cannot find the image and label columns among {names}: expected an Image "
+            f"feature (or one of {_IMAGE_NAMES}) and a ClassLabel (or one of {_LABEL_NAMES})"
+        )
     return image, label
 
 
@@ -54,6 +59,7 @@ def _hf_getter(image_col: str, label_col: str):
     def get(ds, index):
         row = ds[int(index)]
         return row[image_col], class_index(row[label_col])
+
     return get
 
 
@@ -61,8 +67,11 @@ def _hf_stored(ds: Any, image_col: str):
     """``index -> bytes``: a row's image as stored (its encoded bytes, or the file its path names), not decoded."""
     datasets = require("datasets", "reading a Hub or parquet data set")
 
-    raw = ds.cast_column(image_col, datasets.Image(decode=False)) if isinstance(ds.features[image_col], datasets.Image) \
+    raw = (
+        ds.cast_column(image_col, datasets.Image(decode=False))
+        if isinstance(ds.features[image_col], datasets.Image)
         else ds
+    )
 
     def stored(index: int) -> bytes:
         value = raw[int(index)][image_col]
@@ -72,11 +81,11 @@ def _hf_stored(ds: Any, image_col: str):
             with open(value["path"], "rb") as f:
                 return f.read()
         return value if isinstance(value, bytes) else repr(value).encode()
+
     return stored
 
 
-def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int | None,
-                   hub: HubOptions) -> ImageSplit:
+def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int | None, hub: HubOptions) -> ImageSplit:
     """The ``split`` of a Hub (``kind="hub"``) or parquet (``"local"``) set at ``where``, its first ``subset``
     items; ``source`` as the user named it, for messages. A Hub out of reach raises :class:`DataSourceError`."""
     datasets = require("datasets", "reading a Hub or parquet data set")
@@ -86,9 +95,11 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
     except OSError as e:  # ConnectionError and the Hub's HTTP errors: offline, or the Hub unreachable
         if kind != "hub" or isinstance(e, FileNotFoundError):
             raise
-        raise DataSourceError(f"cannot reach the Hugging Face Hub for the dataset {source!r} ({type(e).__name__}: "
-                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): download it while online "
-                              "(it is then cached), or pass a local folder") from None
+        raise DataSourceError(
+            f"cannot reach the Hugging Face Hub for the dataset {source!r} ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}): download it while online "
+            "(it is then cached), or pass a local folder"
+        ) from None
     image_col, label_col = find_columns(ds.features)
     ds = ds.select_columns([image_col, label_col])
     if subset and subset < len(ds):
@@ -104,8 +115,15 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
         classes = feature.names
     else:
         classes = [str(i) for i in range(max(labels, default=-1) + 1)]
-    return ImageSplit(ds, classes, labels, f"hf-{ds._fingerprint}-{len(ds)}", _hf_getter(image_col, label_col),
-                      lambda index: f"row {index} of the {split!r} split of {source}", _hf_stored(ds, image_col))
+    return ImageSplit(
+        ds,
+        classes,
+        labels,
+        f"hf-{ds._fingerprint}-{len(ds)}",
+        _hf_getter(image_col, label_col),
+        lambda index: f"row {index} of the {split!r} split of {source}",
+        _hf_stored(ds, image_col),
+    )
 
 
 def take_stream(stream: Any, n: int) -> Any:
@@ -120,8 +138,16 @@ def take_stream(stream: Any, n: int) -> Any:
     return datasets.Dataset.from_list(list(stream.take(n)), features=stream.features).cast(features)
 
 
-def _load_hf_split(where: str, source: Any, split: str, *, subset: int | None, config: str | None = None,
-                   revision: str | None = None, streaming: bool = False) -> Any:
+def _load_hf_split(
+    where: str,
+    source: Any,
+    split: str,
+    *,
+    subset: int | None,
+    config: str | None = None,
+    revision: str | None = None,
+    streaming: bool = False,
+) -> Any:
     """One split of a Hub or parquet set as a ``datasets.Dataset``, loading that split alone: its data files
     only (read from the builder's configuration), or, streaming, its first ``subset`` rows."""
     datasets = require("datasets", "reading a Hub or parquet data set")

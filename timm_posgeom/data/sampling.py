@@ -1,5 +1,6 @@
 """Sampling and loading: :class:`EpochBatchSampler` orders each epoch from ``seed + epoch`` and shards global
 batches across processes; :func:`make_loader` never draws from the global RNG."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -20,8 +21,16 @@ class EpochBatchSampler(Sampler[list[int]]):
     instead split into ``num_replicas`` contiguous, disjoint shards that cover the set once.
     """
 
-    def __init__(self, num_samples: int, batch_size: int, num_replicas: int = 1, rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = True,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.num_samples, self.batch_size = int(num_samples), int(batch_size)
@@ -41,15 +50,17 @@ class EpochBatchSampler(Sampler[list[int]]):
         order = self._order()
         if self.drop_last:
             step = self.batch_size * self.num_replicas
-            mine = [order[i + self.rank * self.batch_size: i + (self.rank + 1) * self.batch_size].tolist()
-                    for i in range(0, self.num_samples - step + 1, step)]
+            mine = [
+                order[i + self.rank * self.batch_size : i + (self.rank + 1) * self.batch_size].tolist()
+                for i in range(0, self.num_samples - step + 1, step)
+            ]
         else:
             shard = order.tensor_split(self.num_replicas)[self.rank].tolist()
-            mine = [shard[i:i + self.batch_size] for i in range(0, len(shard), self.batch_size)]
+            mine = [shard[i : i + self.batch_size] for i in range(0, len(shard), self.batch_size)]
         return mine
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self._batches()[self.start_batch:]
+        yield from self._batches()[self.start_batch :]
 
     def __len__(self) -> int:
         if self.drop_last:
@@ -68,6 +79,10 @@ def make_loader(dataset: Dataset, batch_sampler: Sampler, workers: int = 0, pin_
     """A DataLoader that never draws from the global torch RNG (it has its own generator) and
     re-creates workers each epoch (so :meth:`set_epoch` on the dataset reaches them)."""
     return DataLoader(
-        dataset, batch_sampler=batch_sampler, num_workers=workers, pin_memory=pin_memory,
-        generator=torch.Generator(), persistent_workers=False,
+        dataset,
+        batch_sampler=batch_sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        generator=torch.Generator(),
+        persistent_workers=False,
     )

@@ -1,5 +1,6 @@
 """Where a split comes from: :func:`resolve_source` classifies a source (the synthetic set, a local folder, a
 Hub id) and :func:`load_split` loads one split of it (see :mod:`timm_posgeom.data` for the sources)."""
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,10 @@ def resolve_source(source: str | os.PathLike | None) -> tuple[str, str | None]:
     if path.exists():
         return "local", str(path)
     looks_like_path = (
-        text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or text in (".", "..")
-        or text.count("/") != 1 or os.sep in text.replace("/", "")
+        text.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+        or text in (".", "..")
+        or text.count("/") != 1
+        or os.sep in text.replace("/", "")
     )
     if looks_like_path:
         raise FileNotFoundError(f"data path {text!r} does not exist (resolved to {path.resolve()})")
@@ -46,14 +49,14 @@ def _synthetic_getter(ds, index):
 
 
 def load_split(
-        source: str | os.PathLike | None,
-        split: str = "train",
-        *,
-        subset: int | None = None,
-        img_size: int = 64,
-        seed: int = 0,
-        synthetic_size: int | None = None,
-        **hub: Unpack[HubOptions],
+    source: str | os.PathLike | None,
+    split: str = "train",
+    *,
+    subset: int | None = None,
+    img_size: int = 64,
+    seed: int = 0,
+    synthetic_size: int | None = None,
+    **hub: Unpack[HubOptions],
 ) -> ImageSplit:
     """Load one split of a classification set (see :mod:`timm_posgeom.data` for the sources).
 
@@ -82,8 +85,10 @@ def load_split(
     if unknown:
         raise TypeError(f"load_split() got an unexpected keyword argument {unknown[0]!r}")
     if hub.get("streaming") and not subset:
-        raise ValueError("streaming reads the first N items of a split: give their number (subset, or "
-                         "--max-images on the command line)")
+        raise ValueError(
+            "streaming reads the first N items of a split: give their number (subset, or "
+            "--max-images on the command line)"
+        )
     kind, where = resolve_source(source)
     if kind == "synthetic":
         if any(hub.values()):

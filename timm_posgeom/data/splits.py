@@ -1,6 +1,7 @@
 """One split of an image-classification set and what is done to it whole: its split names, the split
 itself (:class:`ImageSplit`, ``split[i] -> (PIL RGB image, label)``), a subset of it, its labels mapped to
 another class list, every image decoded once (:func:`check_images`) and what identifies its content."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,21 @@ from ..errors import PosgeomError
 from ..synthetic import SyntheticShapes
 from ..transforms import class_index, to_rgb
 
-__all__ = ["SPLIT_ALIASES", "split_name", "ImageSplit", "BadImageError", "SubsetSplit", "BAD_IMAGE_POLICIES",
-           "check_images", "RelabeledSplit", "relabel_by_name", "data_identity", "identity_change",
-           "content_fingerprint", "as_image"]
+__all__ = [
+    "SPLIT_ALIASES",
+    "split_name",
+    "ImageSplit",
+    "BadImageError",
+    "SubsetSplit",
+    "BAD_IMAGE_POLICIES",
+    "check_images",
+    "RelabeledSplit",
+    "relabel_by_name",
+    "data_identity",
+    "identity_change",
+    "content_fingerprint",
+    "as_image",
+]
 
 SPLIT_ALIASES = {
     "train": ("train", "training"),
@@ -50,9 +63,16 @@ class ImageSplit(Dataset):
 
     skipped: list[str]  # set by check_images: where each image it left out was
 
-    def __init__(self, items: Any, classes: Sequence[str], labels: Sequence[int], fingerprint: str,
-                 getter: Callable[[Any, int], tuple[Image.Image, int]],
-                 where: Callable[[int], str] | None = None, stored: Callable[[int], bytes] | None = None):
+    def __init__(
+        self,
+        items: Any,
+        classes: Sequence[str],
+        labels: Sequence[int],
+        fingerprint: str,
+        getter: Callable[[Any, int], tuple[Image.Image, int]],
+        where: Callable[[int], str] | None = None,
+        stored: Callable[[int], bytes] | None = None,
+    ):
         self.items = items
         self.classes = list(classes)
         self.labels = [class_index(v) for v in labels]
@@ -117,10 +137,15 @@ class SubsetSplit(ImageSplit):
 
     def __init__(self, split: ImageSplit, indices: Sequence[int]):
         self.split, self.indices = split, list(indices)
-        super().__init__(split.items, split.classes, [split.labels[i] for i in self.indices],
-                         f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
-                         split._get, lambda index: split.where(self.indices[index]),
-                         lambda index: split.stored(self.indices[index]))
+        super().__init__(
+            split.items,
+            split.classes,
+            [split.labels[i] for i in self.indices],
+            f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
+            split._get,
+            lambda index: split.where(self.indices[index]),
+            lambda index: split.stored(self.indices[index]),
+        )
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         return self.split[self.indices[index]]
@@ -150,8 +175,10 @@ def check_images(split: ImageSplit, policy: str = "error", progress: bool = Fals
         except BadImageError as e:
             bad.append(str(e).removeprefix("cannot decode "))
     if bad and policy == "error":
-        raise BadImageError(f"{len(bad)} image(s) cannot be decoded: {'; '.join(bad[:5])}"
-                            f"{' ...' if len(bad) > 5 else ''} (bad_images=skip leaves them out, listed)")
+        raise BadImageError(
+            f"{len(bad)} image(s) cannot be decoded: {'; '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''} (bad_images=skip leaves them out, listed)"
+        )
     checked = SubsetSplit(split, good) if bad else split
     checked.skipped = bad
     return checked
@@ -162,8 +189,15 @@ class RelabeledSplit(ImageSplit):
 
     def __init__(self, split: ImageSplit, classes: Sequence[str], mapping: Sequence[int]):
         self.split, self.mapping = split, list(mapping)
-        super().__init__(split.items, classes, [self.mapping[v] for v in split.labels],
-                         f"{split.fingerprint}-relabeled", split._get, split.where, split.stored)
+        super().__init__(
+            split.items,
+            classes,
+            [self.mapping[v] for v in split.labels],
+            f"{split.fingerprint}-relabeled",
+            split._get,
+            split.where,
+            split.stored,
+        )
 
     def __getitem__(self, index: int) -> tuple[Image.Image, int]:
         image, label = self.split[index]
@@ -176,8 +210,10 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
     index = {name: i for i, name in enumerate(classes)}
     missing = [c for c in split.classes if c not in index]
     if missing:
-        raise ValueError(f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
-                         f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name")
+        raise ValueError(
+            f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name"
+        )
     return RelabeledSplit(split, classes, [index[c] for c in split.classes])
 
 
@@ -192,8 +228,7 @@ def content_fingerprint(split: ImageSplit, progress: bool = False) -> str:
         return digest.hexdigest()[:16]
     from tqdm.auto import tqdm
 
-    for index in tqdm(range(len(split)), desc="fingerprinting the data", unit="img", disable=not progress,
-                      leave=False):
+    for index in tqdm(range(len(split)), desc="fingerprinting the data", unit="img", disable=not progress, leave=False):
         blob = split.stored(index)
         digest.update(len(blob).to_bytes(8, "little"))
         digest.update(blob)

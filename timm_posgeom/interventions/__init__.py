@@ -7,6 +7,7 @@ Modules: :mod:`.permutation` (token_permutation and its checks), :mod:`.scaling`
 :mod:`.pe_search` (the PEs of a model), :mod:`.pe_scalers` (how each kind is scaled and restored) and
 :mod:`.modes` (eval_mode), :mod:`.draws` (the permutations of the RPI protocol, drawn reproducibly). Every public name is importable from here.
 """
+
 from __future__ import annotations
 
 from .draws import draw_permutations, image_permutations, permutation_seeds
@@ -23,6 +24,21 @@ from .permutation import (
 )
 from .scaling import AlphaOverflowError, PEScaleError, pe_inventory, pe_scale
 
-__all__ = ["token_permutation", "TokenPermutation", "TokenPermutationError", "TokenPermutationUnsupported",
-           "active_permutations", "check_unpermuted", "pe_scale", "PEScaleError", "find_embed_module", "eval_mode",
-           "pe_inventory", "PEEntry", "AlphaOverflowError", "draw_permutations", "image_permutations", "permutation_seeds"]
+__all__ = [
+    "token_permutation",
+    "TokenPermutation",
+    "TokenPermutationError",
+    "TokenPermutationUnsupported",
+    "active_permutations",
+    "check_unpermuted",
+    "pe_scale",
+    "PEScaleError",
+    "find_embed_module",
+    "eval_mode",
+    "pe_inventory",
+    "PEEntry",
+    "AlphaOverflowError",
+    "draw_permutations",
+    "image_permutations",
+    "permutation_seeds",
+]

@@ -9,6 +9,7 @@
 
 Nothing here applies a permutation: :func:`~timm_posgeom.interventions.token_permutation` does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

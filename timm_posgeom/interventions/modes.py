@@ -1,4 +1,5 @@
 """The model's train / eval modes around a measurement."""
+
 from __future__ import annotations
 
 import contextlib

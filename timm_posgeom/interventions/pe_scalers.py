@@ -2,6 +2,7 @@
 restores it exactly: a tensor times alpha, a module's output times alpha (a forward hook), a shadowed
 ``get_bias``, RoPE angles (bands or periods, caches rebuilt), swinv2's continuous position bias
 (docs/method.md#pe-scaling-alpha)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -24,10 +25,12 @@ def _run_undo(undo: _Undo) -> None:
 
 def _scale_tensor(t: torch.Tensor, rows: slice | None = None) -> _Apply:
     """``t`` (or its rows ``t[:, rows]``) times alpha, in place; restored from a saved copy."""
+
     def apply(alpha: float, undo: _Undo) -> None:
         original = t.detach().clone()
         undo.append(lambda: t.copy_(original))
         (t if rows is None else t[:, rows]).mul_(alpha)
+
     return apply
 
 
@@ -38,14 +41,17 @@ def _undo_with(scale, module: Any) -> _Apply:
 
 def _scale_output(module: Any) -> _Apply:
     """A forward hook multiplying ``module``'s output by alpha (none at alpha = 1: bit-identical)."""
+
     def apply(alpha: float, undo: _Undo) -> None:
         if alpha != 1.0:
             undo.append(module.register_forward_hook(lambda m, args, out: out * alpha).remove)
+
     return apply
 
 
 def _shadow_get_bias(module: Any) -> _Apply:
     """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
+
     def apply(alpha: float, undo: _Undo) -> None:
         previous = vars(module).get("get_bias")  # an outer pe_scale's shadow, kept for its own exit
         original = module.get_bias
@@ -56,7 +62,9 @@ def _shadow_get_bias(module: Any) -> _Apply:
                 del module.get_bias
             else:
                 module.get_bias = previous
+
         undo.append(restore)
+
     return apply
 
 
@@ -65,8 +73,9 @@ def _scale_axial_rope(module: Any, alpha: float):
     if alpha == 1.0:  # exact no-op (a rebuilt cache can differ from the stored one in the last bits)
         return lambda: None
     bands = module.bands.detach().clone()
-    cache_names = [n for n in ("pos_embed", "pos_embed_sin", "pos_embed_cos")
-                   if isinstance(getattr(module, n, None), torch.Tensor)]
+    cache_names = [
+        n for n in ("pos_embed", "pos_embed_sin", "pos_embed_cos") if isinstance(getattr(module, n, None), torch.Tensor)
+    ]
     caches = {n: getattr(module, n).detach().clone() for n in cache_names}
     with torch.no_grad():
         module.bands.mul_(alpha)
@@ -75,14 +84,17 @@ def _scale_axial_rope(module: Any, alpha: float):
             module.pos_embed = module._build_embed_cat(module.feat_shape, module.bands).to(caches["pos_embed"])
         else:
             sin, cos = module._build_embed(module.feat_shape, module.bands)
-            module.pos_embed_sin, module.pos_embed_cos = sin.to(caches["pos_embed_sin"]), cos.to(
-                caches["pos_embed_cos"])
+            module.pos_embed_sin, module.pos_embed_cos = (
+                sin.to(caches["pos_embed_sin"]),
+                cos.to(caches["pos_embed_cos"]),
+            )
 
     def restore():
         with torch.no_grad():
             module.bands.copy_(bands)
         for n, v in caches.items():
             setattr(module, n, v)
+
     return restore
 
 
@@ -103,13 +115,17 @@ def _scale_dinov3_rope(module: Any, alpha: float):
             module.periods.copy_(periods)
         if cache is not None:
             module.pos_embed_cached = cache
+
     return restore
 
 
 def _is_swinv2_attention(module: nn.Module) -> bool:
     """timm swinv2's WindowAttention: adds 16 * sigmoid(cpb_mlp(...)) to its logits, then calls ``softmax``."""
-    return isinstance(getattr(module, "cpb_mlp", None), nn.Module) and isinstance(
-        getattr(module, "softmax", None), nn.Softmax) and hasattr(module, "relative_position_index")
+    return (
+        isinstance(getattr(module, "cpb_mlp", None), nn.Module)
+        and isinstance(getattr(module, "softmax", None), nn.Softmax)
+        and hasattr(module, "relative_position_index")
+    )
 
 
 def _swinv2_bias(attn: Any) -> torch.Tensor:
@@ -123,11 +139,14 @@ def _swinv2_bias(attn: Any) -> torch.Tensor:
 def _scale_swinv2_bias(attn: Any) -> _Apply:
     """The logits reach ``attn.softmax`` with the bias b added: a pre-hook adds (alpha - 1) * b, so they carry
     alpha * b. (b = 16 * sigmoid(.) is in (0, 16): no output of cpb_mlp gives alpha * b for alpha > 1.)"""
+
     def apply(alpha: float, undo: _Undo) -> None:
         if alpha == 1.0:
             return
 
         def pre_hook(softmax: nn.Module, args: tuple) -> tuple:
             return (args[0] + (alpha - 1.0) * _swinv2_bias(attn), *args[1:])
+
         undo.append(attn.softmax.register_forward_pre_hook(pre_hook).remove)
+
     return apply

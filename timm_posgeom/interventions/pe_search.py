@@ -2,6 +2,7 @@
 :func:`~timm_posgeom.interventions.pe_scale` scales them: known PE modules (by class), absolute and relative
 position tables (by name, on any module), convolutional PEs (no scale) and what only looks like a PE
 (reported, never guessed at)."""
+
 from __future__ import annotations
 
 import re
@@ -68,7 +69,8 @@ _LOOKED_FOR = (
     "RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3), relative position tables "
     "(`relative_position_bias_table`, `rel_pos_h` / `rel_pos_w`), RelPosMlp, convit's GPSA, the continuous "
     "position bias of swinv2 and swinv2-cr, PositionalEncodingFourier, convolutional position encodings "
-    f"({', '.join(_CONV_PES)}) and any other position-like module or tensor")
+    f"({', '.join(_CONV_PES)}) and any other position-like module or tensor"
+)
 
 
 def _under(name: str, prefixes: list[str]) -> bool:
@@ -109,22 +111,32 @@ def _module_scaler(module: Any, kind: str) -> tuple[str, _Apply] | None:
     if kind == "RotaryEmbeddingMixed":
         return "mixed RoPE (alpha scales the rotation angles: learned frequencies)", _scale_tensor(module.freqs)
     if kind == "RotaryEmbeddingDinoV3":
-        return ("DINOv3 RoPE (alpha scales the rotation angles: periods / alpha)",
-                _undo_with(_scale_dinov3_rope, module))
+        return (
+            "DINOv3 RoPE (alpha scales the rotation angles: periods / alpha)",
+            _undo_with(_scale_dinov3_rope, module),
+        )
     if kind == "RelPosMlp":
         return "a relative position MLP, RelPosMlp (alpha scales its bias)", _shadow_get_bias(module)
     if kind == "GPSA" and isinstance(getattr(module, "pos_proj", None), nn.Module):
-        return ("GPSA positional attention (alpha scales its logits pos_proj(rel_indices): uniform at 0)",
-                _scale_output(module.pos_proj))
+        return (
+            "GPSA positional attention (alpha scales its logits pos_proj(rel_indices): uniform at 0)",
+            _scale_output(module.pos_proj),
+        )
     if _is_swinv2_attention(module):
-        return ("a continuous position bias, swinv2 (alpha scales 16 * sigmoid(cpb_mlp), the bias added to the "
-                "logits)", _scale_swinv2_bias(module))
+        return (
+            "a continuous position bias, swinv2 (alpha scales 16 * sigmoid(cpb_mlp), the bias added to the logits)",
+            _scale_swinv2_bias(module),
+        )
     if isinstance(getattr(module, "meta_mlp", None), nn.Module) and hasattr(module, "relative_coordinates_log"):
-        return ("a continuous position bias, swinv2-cr (alpha scales meta_mlp's output, the bias added to the "
-                "logits)", _scale_output(module.meta_mlp))
+        return (
+            "a continuous position bias, swinv2-cr (alpha scales meta_mlp's output, the bias added to the logits)",
+            _scale_output(module.meta_mlp),
+        )
     if kind == "PositionalEncodingFourier":
-        return ("a Fourier position encoding, PositionalEncodingFourier (alpha scales its output)",
-                _scale_output(module))
+        return (
+            "a Fourier position encoding, PositionalEncodingFourier (alpha scales its output)",
+            _scale_output(module),
+        )
     return None
 
 
@@ -140,8 +152,11 @@ def _table_pes(model: nn.Module, name: str, module: nn.Module, include_prefix: b
     for leaf, t in _direct_tensors(module):
         if id(t) in seen or not t.is_floating_point():
             continue
-        kind = "an absolute position table (alpha scales the table, added to the tokens)" \
-            if _ABS_TABLE.fullmatch(leaf) else _TABLE_KINDS.get(leaf)
+        kind = (
+            "an absolute position table (alpha scales the table, added to the tokens)"
+            if _ABS_TABLE.fullmatch(leaf)
+            else _TABLE_KINDS.get(leaf)
+        )
         if kind is None:
             continue
         seen.add(id(t))

@@ -1,6 +1,7 @@
 """Random token permutation on any timm ViT (RPI / RPT; docs/method.md#rpi-and-rpt): a forward hook on the
 patch embedding permutes the token contents before any positional encoding, in whichever layout the model
 emits them; nested contexts on one model, and forwards the permutation did not reach, are refused."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,15 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import PosgeomError
 
-__all__ = ["token_permutation", "TokenPermutation", "TokenPermutationError", "TokenPermutationUnsupported",
-           "active_permutations", "check_unpermuted", "find_embed_module"]
+__all__ = [
+    "token_permutation",
+    "TokenPermutation",
+    "TokenPermutationError",
+    "TokenPermutationUnsupported",
+    "active_permutations",
+    "check_unpermuted",
+    "find_embed_module",
+]
 
 
 def find_embed_module(model: nn.Module) -> nn.Module:
@@ -32,9 +40,11 @@ def find_embed_module(model: nn.Module) -> nn.Module:
         return embeds.norm
     patch_embed = getattr(model, "patch_embed", None)
     if isinstance(patch_embed, (nn.ModuleList, nn.ModuleDict)):
-        raise TokenPermutationUnsupported(f"{type(model).__name__}.patch_embed is a {type(patch_embed).__name__} of "
-                        f"{len(patch_embed)} branches (a multi-branch model such as crossvit), never called as one "
-                        "module: token permutation does not support it")
+        raise TokenPermutationUnsupported(
+            f"{type(model).__name__}.patch_embed is a {type(patch_embed).__name__} of "
+            f"{len(patch_embed)} branches (a multi-branch model such as crossvit), never called as one "
+            "module: token permutation does not support it"
+        )
     if isinstance(patch_embed, nn.Module):
         return patch_embed
     stem = getattr(model, "stem", None)
@@ -43,7 +53,8 @@ def find_embed_module(model: nn.Module) -> nn.Module:
     raise TokenPermutationUnsupported(
         f"{type(model).__name__} has no `patch_embed` (nor naflexvit `embeds.norm`, nor a PatchEmbed `stem`): token "
         "permutation (RPI) needs the module that embeds the patches, which CNNs and hybrid models do not have; probe "
-        "it without RPI")
+        "it without RPI"
+    )
 
 
 def _embed_channels(module: nn.Module) -> int | None:
@@ -62,8 +73,9 @@ def _token_layout(x: torch.Tensor, module: nn.Module) -> str:
             raise ValueError(f"the patch embedding emits {tuple(x.shape)}, not (B, N, {channels}) tokens")
         return "NLC"
     if x.ndim != 4:
-        raise ValueError(f"cannot permute tokens of a tensor of shape {tuple(x.shape)}: expected (B,N,C), (B,H,W,C) "
-                         "or (B,C,H,W)")
+        raise ValueError(
+            f"cannot permute tokens of a tensor of shape {tuple(x.shape)}: expected (B,N,C), (B,H,W,C) or (B,C,H,W)"
+        )
     last, second = x.shape[-1] == channels, x.shape[1] == channels
     if channels is not None and last != second:
         return "NHWC" if last else "NCHW"
@@ -106,8 +118,9 @@ def _check_grid(n: int, module: nn.Module, model: nn.Module) -> None:
         return  # models that accept other input sizes (pit, dynamic_img_size) have no one grid to check against
     expected = int(grid[0]) * int(grid[1])
     if n != expected:
-        raise ValueError(f"{n} tokens found but the patch grid {tuple(grid)} has {expected}: the token layout was "
-                         "not understood")
+        raise ValueError(
+            f"{n} tokens found but the patch grid {tuple(grid)} has {expected}: the token layout was not understood"
+        )
 
 
 class TokenPermutationError(PosgeomError, RuntimeError):
@@ -144,7 +157,8 @@ def check_unpermuted(model: nn.Module, what: str) -> None:
         raise TokenPermutationError(
             f"{what} ran inside token_permutation(seed={active[-1].seed}) on {type(model).__name__}: its tokens would "
             "be permuted by a permutation the result does not report; leave that context and ask the measurement "
-            "for the permutation itself (rpi=True, seed=...)")
+            "for the permutation itself (rpi=True, seed=...)"
+        )
 
 
 @dataclass
@@ -180,18 +194,21 @@ class TokenPermutation:
     def _draw(self, n: int, device: torch.device) -> torch.Tensor:
         if self.per == "given":
             if self.given is None:
-                raise TokenPermutationError("token_permutation(per='given'): a forward pass ran before give() set "
-                                            "its permutation")
+                raise TokenPermutationError(
+                    "token_permutation(per='given'): a forward pass ran before give() set its permutation"
+                )
             given = self.given if isinstance(self.given, torch.Tensor) else self.given(n)
             if given.ndim not in (1, 2) or given.shape[-1] != n:
-                raise ValueError(f"the given permutations have shape {tuple(given.shape)} but the patch embedding "
-                                 f"emitted {n} tokens")
+                raise ValueError(
+                    f"the given permutations have shape {tuple(given.shape)} but the patch embedding emitted {n} tokens"
+                )
             return given.long().to(device)
         if self.per == "call" and self.permutation is not None:
             if self.permutation.numel() != n:
                 raise ValueError(
                     f"the token count changed inside one token_permutation(per='call') context "
-                    f"({self.permutation.numel()} -> {n}); use per='batch' for inputs of several sizes")
+                    f"({self.permutation.numel()} -> {n}); use per='batch' for inputs of several sizes"
+                )
             return self.permutation.to(device)
         if self._generator is None:
             return torch.randperm(n, device=device)  # global RNG: reproducible under accelerate/torch seeding
@@ -200,10 +217,10 @@ class TokenPermutation:
 
 @contextlib.contextmanager
 def token_permutation(
-        model: nn.Module,
-        seed: int | None = None,
-        mode: str = "inference",
-        per: str | None = None,
+    model: nn.Module,
+    seed: int | None = None,
+    mode: str = "inference",
+    per: str | None = None,
 ) -> Iterator[TokenPermutation]:
     """Permute patch-token contents after the patch embedding and before any PE, on any timm ViT.
 
@@ -233,8 +250,10 @@ def token_permutation(
     _refuse_nesting(model, target, seed, mode)
     generator = None if seed is None else torch.Generator().manual_seed(int(seed))
     handle = TokenPermutation(seed=seed, per=per, mode=mode, _generator=generator)
-    removables = [target.register_forward_hook(_permuting_hook(model, target, handle)),
-                  *_register_call_check(model, target, handle)]
+    removables = [
+        target.register_forward_hook(_permuting_hook(model, target, handle)),
+        *_register_call_check(model, target, handle),
+    ]
     _ACTIVE.setdefault(target, []).append(handle)
     try:
         yield handle
@@ -266,7 +285,8 @@ def _refuse_nesting(model: nn.Module, target: nn.Module, seed: int | None, mode:
             f"token_permutation(seed={seed}) inside another token_permutation(seed={clash[-1].seed}, mode={mode!r}) "
             f"on the same {type(model).__name__}: both permutations would apply (slot i holding p1[p2[i]]) while each "
             "reports only its own; use one context (a probe's rpi=True draws its own permutation: do not wrap it "
-            "in token_permutation)")
+            "in token_permutation)"
+        )
 
 
 def _permuting_hook(model: nn.Module, target: nn.Module, handle: TokenPermutation) -> Callable:
@@ -282,7 +302,8 @@ def _permuting_hook(model: nn.Module, target: nn.Module, handle: TokenPermutatio
         if others:  # an inference context inside a training one (or the reverse), in a training-mode forward
             raise TokenPermutationError(
                 f"two token permutations (seeds {others[0].seed} and {seed}) would both apply to this forward pass "
-                f"of {type(model).__name__}: nested token_permutation contexts are refused")
+                f"of {type(model).__name__}: nested token_permutation contexts are refused"
+            )
         x = output[0] if isinstance(output, tuple) else output
         layout = _token_layout(x, module)
         n = _num_tokens(x, layout)
@@ -292,6 +313,7 @@ def _permuting_hook(model: nn.Module, target: nn.Module, handle: TokenPermutatio
         handle.num_calls += 1
         x = _permute_tokens(x, perm, layout)
         return (x, *output[1:]) if isinstance(output, tuple) else x
+
     return hook
 
 
@@ -306,7 +328,10 @@ def _register_call_check(model: nn.Module, target: nn.Module, handle: TokenPermu
 
     def after(module, args, output):
         if calls_before.pop() == handle.num_calls and (mode == "inference" or model.training):
-            raise TokenPermutationError(f"a forward pass of {type(model).__name__} ran without calling "
-                                        f"{type(target).__name__}, where the permutation is applied: its outputs "
-                                        "would not be permuted")
+            raise TokenPermutationError(
+                f"a forward pass of {type(model).__name__} ran without calling "
+                f"{type(target).__name__}, where the permutation is applied: its outputs "
+                "would not be permuted"
+            )
+
     return [model.register_forward_pre_hook(before), model.register_forward_hook(after)]

@@ -1,6 +1,7 @@
 """PE scaling (alpha) on any timm ViT (docs/method.md#pe-scaling-alpha): :func:`pe_scale`, the context that
 scales every positional encoding of a model and restores it exactly, and :func:`pe_inventory`, the list of
 what it scales and what it cannot."""
+
 from __future__ import annotations
 
 import contextlib
@@ -114,9 +115,11 @@ def _check_finite(model: nn.Module, alpha: float, before: set[int]) -> None:
                 scaled.add(id(table))
     if scaled:
         dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        raise AlphaOverflowError(f"alpha={alpha:g} overflows the positional encoding of {type(model).__name__}: the "
-                                 f"scaled PE is not finite in {str(dtype).removeprefix('torch.')} (inf or NaN), so "
-                                 "every number measured with it would be NaN; use a smaller alpha")
+        raise AlphaOverflowError(
+            f"alpha={alpha:g} overflows the positional encoding of {type(model).__name__}: the "
+            f"scaled PE is not finite in {str(dtype).removeprefix('torch.')} (inf or NaN), so "
+            "every number measured with it would be NaN; use a smaller alpha"
+        )
 
 
 def _is_posgeom(model: nn.Module) -> bool:
@@ -127,8 +130,9 @@ def _apply_pe_scale(model: Any, alpha: float, include_prefix: bool, strict: bool
     """Scale every scalable PE of ``model`` in place; return the function that restores them exactly."""
     if _is_posgeom(model):
         if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
-            raise PEScaleError(f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is "
-                               "nothing to scale")
+            raise PEScaleError(
+                f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is nothing to scale"
+            )
         table = getattr(model, "pos_embed", None)
         prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 0))
         if not include_prefix and table is not None and prefix:  # APE with prefix rows: only the patch rows
@@ -161,13 +165,16 @@ def _check_scalable(model: nn.Module, entries: list[PEEntry], strict: bool) -> N
     if not entries:
         raise PEScaleError(f"pe_scale found no positional encoding in {cls}: looked for {_LOOKED_FOR}")
     if not scalable:
-        raise PEScaleError(f"pe_scale cannot scale the positional encoding of {cls}: it has {_describe(unscalable)}, "
-                           f"which cannot be scaled ({_why(unscalable)})")
+        raise PEScaleError(
+            f"pe_scale cannot scale the positional encoding of {cls}: it has {_describe(unscalable)}, "
+            f"which cannot be scaled ({_why(unscalable)})"
+        )
     if unscalable and strict:
         raise PEScaleError(
             f"pe_scale would scale only part of the positional encoding of {cls}: {_describe(unscalable)} cannot "
             f"be scaled ({_why(unscalable)}); it would scale {_describe(scalable)}. Pass strict=False to scale only "
-            "those (pe_inventory(model) lists what is scaled and what is not)")
+            "those (pe_inventory(model) lists what is scaled and what is not)"
+        )
 
 
 def _why(unscalable: list[PEEntry]) -> str:

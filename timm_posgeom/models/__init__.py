@@ -1,4 +1,5 @@
 """PE-variant ViTs registered with timm (importing this module registers them)."""
+
 from .vision_transformer_pe import PosGeomViT
 
 __all__ = ["PosGeomViT", "list_models"]

@@ -11,6 +11,7 @@ timm's ViT and ``PosGeomViT`` (timm's ``Eva``) hold the same layers under the sa
 The class token, the position table (class-token row included, as in both), patch embedding, norms, MLPs and
 head share names. A position table of another grid is resampled as timm's own filters do.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,15 +33,15 @@ def adapt_state_dict(state_dict: dict[str, torch.Tensor], model: Any) -> dict[st
     own = set(model.state_dict())
     out: dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
-        if key.endswith("attn.qkv.bias") and key not in own and key[:-len("qkv.bias")] + "q_bias" in own:
-            prefix = key[:-len("qkv.bias")]
+        if key.endswith("attn.qkv.bias") and key not in own and key[: -len("qkv.bias")] + "q_bias" in own:
+            prefix = key[: -len("qkv.bias")]
             q_bias, k_bias, v_bias = value.chunk(3)
             _check_key_bias(model.get_submodule(prefix.rstrip(".")), model, k_bias, key)
             out[prefix + "q_bias"], out[prefix + "v_bias"] = q_bias, v_bias
             continue
         for theirs, ours in _LAYER_SCALE:
             if key.endswith(theirs) and key not in own:
-                key = key[:-len(theirs)] + ours
+                key = key[: -len(theirs)] + ours
         if key == "pos_embed" and model.pos_embed is not None and value.shape != model.pos_embed.shape:
             num_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
             value = resample_abs_pos_embed(value, new_size=model.patch_embed.grid_size, num_prefix_tokens=num_prefix)
@@ -53,6 +54,8 @@ def _check_key_bias(attn: nn.Module, model: Any, k_bias: torch.Tensor, key: str)
     rotated = getattr(model, "pe", None) == "rope"
     normed = not isinstance(getattr(attn, "k_norm", None), (nn.Identity, type(None)))
     if (rotated or normed) and bool(k_bias.any()):
-        raise ValueError(f"{key}: a non-zero key bias cannot be dropped from a model whose keys are "
-                         f"{'rotated (RoPE)' if rotated else 'normalised (qk_norm)'} after it; load it into an "
-                         "APE or sincos model, or one without qk_norm")
+        raise ValueError(
+            f"{key}: a non-zero key bias cannot be dropped from a model whose keys are "
+            f"{'rotated (RoPE)' if rotated else 'normalised (qk_norm)'} after it; load it into an "
+            "APE or sincos model, or one without qk_norm"
+        )

@@ -23,6 +23,7 @@ key bias, and drop path rising linearly from 0 to ``drop_path_rate`` over the bl
 Everything else is timm's ``Eva`` with the kwargs set here: this module writes code only for what timm's
 kwargs cannot express (per-site dropout in the MLP and attention output, the paper's drop path rule).
 """
+
 from __future__ import annotations
 
 from functools import partial
@@ -36,10 +37,24 @@ __all__ = ["LAYOUTS", "eva_layout_kwargs", "apply_layout"]
 LAYOUTS = ("timm", "paper")
 
 # Eva kwargs the paper's layout sets itself: a different value would build another model
-_PAPER_EVA = dict(attn_type="rope", qkv_fused=True, qkv_bias=True, use_post_transformer_norm=False, use_fc_norm=False,
-                  use_pre_transformer_norm=False, use_post_norm=False, init_values=None, scale_attn_inner=False,
-                  scale_mlp=False, swiglu_mlp=False, qk_norm=False, class_token=True, no_embed_class=False,
-                  num_reg_tokens=0, norm_layer=partial(LayerNorm, eps=1e-5))
+_PAPER_EVA = dict(
+    attn_type="rope",
+    qkv_fused=True,
+    qkv_bias=True,
+    use_post_transformer_norm=False,
+    use_fc_norm=False,
+    use_pre_transformer_norm=False,
+    use_post_norm=False,
+    init_values=None,
+    scale_attn_inner=False,
+    scale_mlp=False,
+    swiglu_mlp=False,
+    qk_norm=False,
+    class_token=True,
+    no_embed_class=False,
+    num_reg_tokens=0,
+    norm_layer=partial(LayerNorm, eps=1e-5),
+)
 # dropout sites the paper's model does not have
 _PAPER_NO_DROP = {"proj_drop_rate": "after attn.proj and mlp.fc2", "drop_rate": "on the head"}
 
@@ -59,9 +74,11 @@ def eva_layout_kwargs(layout: str, kwargs: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"layout='paper' sets {key}={shown}; got {kwargs[key]!r}")
     for key, where in _PAPER_NO_DROP.items():
         if kwargs.get(key, 0.0):
-            raise ValueError(f"layout='paper' has no dropout {where} ({key}={kwargs[key]}): the paper's model "
-                             "drops only on the embedding (pos_drop_rate), inside attention (attn_drop_rate) and "
-                             "after the MLP's GELU (mlp_drop_rate)")
+            raise ValueError(
+                f"layout='paper' has no dropout {where} ({key}={kwargs[key]}): the paper's model "
+                "drops only on the embedding (pos_drop_rate), inside attention (attn_drop_rate) and "
+                "after the MLP's GELU (mlp_drop_rate)"
+            )
     return dict(kwargs, **_PAPER_EVA)
 
 

@@ -15,21 +15,50 @@ other widths (64, 192, 256, 384) need other constructor arguments than their nam
 cannot carry: they load as ``hf-hub:<HUB_ORG>/posgeom-<study>-<condition>-s<seed>`` (their ``config.json``
 holds the arguments). The bare names stay untrained (1000 classes, timm's random init): a tag names the weights.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HUB_ORG", "IMAGENETTE_CLASSES", "IMAGENETTE_WNIDS", "TRAINED_MICRO", "hub_repo", "pretrained_name", "micro_pretrained_cfgs"]
+__all__ = [
+    "HUB_ORG",
+    "IMAGENETTE_CLASSES",
+    "IMAGENETTE_WNIDS",
+    "TRAINED_MICRO",
+    "hub_repo",
+    "pretrained_name",
+    "micro_pretrained_cfgs",
+]
 
 # The Hub organisation the exports are published under (experiments/README.md's ORG).
 HUB_ORG = "timm-posgeom"
 
 # Imagenette's classes in label order, as the exports' config.json record them (``label_names``): by name (the
 # Hub's parquet copy) or by WordNet id (the ImageFolder copy the GPU study read).
-IMAGENETTE_CLASSES = ("tench", "English springer", "cassette player", "chain saw", "church", "French horn",
-                      "garbage truck", "gas pump", "golf ball", "parachute")
-IMAGENETTE_WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079", "n03394916", "n03417042",
-                    "n03425413", "n03445777", "n03888605")
+IMAGENETTE_CLASSES = (
+    "tench",
+    "English springer",
+    "cassette player",
+    "chain saw",
+    "church",
+    "French horn",
+    "garbage truck",
+    "gas pump",
+    "golf ball",
+    "parachute",
+)
+IMAGENETTE_WNIDS = (
+    "n01440764",
+    "n02102040",
+    "n02979186",
+    "n03000684",
+    "n03028079",
+    "n03394916",
+    "n03417042",
+    "n03425413",
+    "n03445777",
+    "n03888605",
+)
 
 # study -> (conditions, number of seeds): every finished run of the studies trained at the registered micro
 # architecture (width 128, 4 heads, 64 px), with the initialisation the study's name says.
@@ -40,8 +69,11 @@ TRAINED_MICRO: dict[str, tuple[tuple[str, ...], int]] = {
 }
 
 _VARIANTS = {"nope": "nope", "ape": "ape", "sincos": "sincos", "rope": "rope", "rpt": "ape_rpt"}  # condition -> name
-_TRAINING = {"8x8-paper": "the paper's initialisation", "8x8-timm": "timm's initialisation",
-             "8x8-w128-paper-gpu": "the paper's initialisation, on a GPU from an ImageFolder copy"}
+_TRAINING = {
+    "8x8-paper": "the paper's initialisation",
+    "8x8-timm": "timm's initialisation",
+    "8x8-w128-paper-gpu": "the paper's initialisation, on a GPU from an ImageFolder copy",
+}
 _LABELS = {"8x8-w128-paper-gpu": IMAGENETTE_WNIDS}  # the others: IMAGENETTE_CLASSES
 
 
@@ -63,10 +95,12 @@ def micro_pretrained_cfgs() -> dict[str, dict[str, Any]]:
         for condition in conditions:
             for seed in range(seeds):
                 cfgs[pretrained_name(study, condition, seed)] = dict(
-                    hf_hub_id=hub_repo(study, condition, seed), num_classes=len(IMAGENETTE_CLASSES),
-                    label_names=_LABELS.get(study, IMAGENETTE_CLASSES), crop_mode="squash",
+                    hf_hub_id=hub_repo(study, condition, seed),
+                    num_classes=len(IMAGENETTE_CLASSES),
+                    label_names=_LABELS.get(study, IMAGENETTE_CLASSES),
+                    crop_mode="squash",
                     description=f"Imagenette at 64 px, {_TRAINING[study]}, seed {seed} "
-                                f"(study {study}, run {condition}_s{seed})",
+                    f"(study {study}, run {condition}_s{seed})",
                     paper_ids="arXiv:2606.00124",
                 )
     return cfgs

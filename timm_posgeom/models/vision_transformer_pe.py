@@ -1,4 +1,4 @@
-""" Vision Transformers that differ only in their positional encoding
+"""Vision Transformers that differ only in their positional encoding
 
 One architecture (timm's pre-norm ViT, built on timm's ``Eva`` class and its blocks) whose only
 variable is the positional encoding (PE):
@@ -24,6 +24,7 @@ Papers:
 List every model of the plugin: ``timm.list_models(module='vision_transformer_pe')``
 (or ``timm_posgeom.list_models()``).
 """
+
 import math
 from collections.abc import Callable
 from typing import Any, Optional, cast
@@ -79,16 +80,16 @@ class PosGeomViT(Eva):
     sincos_embed: Optional[torch.Tensor]  # a buffer (registered in __init__), None unless pe == 'sincos'
 
     def __init__(
-            self,
-            pe: str = "ape",
-            alpha: float = 1.0,
-            token_shuffle: str = "none",
-            rope_temperature: float = 10000.0,
-            global_pool: str = "token",
-            init: str = "timm",
-            layout: str = "timm",
-            mlp_drop_rate: Optional[float] = None,
-            **kwargs: Any,
+        self,
+        pe: str = "ape",
+        alpha: float = 1.0,
+        token_shuffle: str = "none",
+        rope_temperature: float = 10000.0,
+        global_pool: str = "token",
+        init: str = "timm",
+        layout: str = "timm",
+        mlp_drop_rate: Optional[float] = None,
+        **kwargs: Any,
     ):
         _check_args(type(self).__name__, pe, token_shuffle, init, layout, global_pool, kwargs)
         alpha = check_alpha(alpha)
@@ -193,8 +194,12 @@ class PosGeomViT(Eva):
         if self.pos_embed is not None:
             self.pos_embed.normal_(0.0, 1.0)
         else:  # the paper's unused nn.Embedding: same draws, so later layers match it
-            torch.empty(num_pos, self.embed_dim, device=self.patch_embed.proj.weight.device,
-                        dtype=self.patch_embed.proj.weight.dtype).normal_(0.0, 1.0)
+            torch.empty(
+                num_pos,
+                self.embed_dim,
+                device=self.patch_embed.proj.weight.device,
+                dtype=self.patch_embed.proj.weight.dtype,
+            ).normal_(0.0, 1.0)
 
     def init_non_persistent_buffers(self) -> None:
         """Rebuild the computed (non-persistent) sincos table, e.g. after ``to_empty()``."""
@@ -246,8 +251,10 @@ class PosGeomViT(Eva):
             x = x + (sincos if scale == 1.0 else scale * sincos)
         if self.rope is not None:
             # Eva types self.rope as a plain Module; TorchScript (which scripts this) takes no typing.cast
-            rope = (self.rope.get_embed(shape=[grid[0], grid[1]]) if self.dynamic_img_size  # type: ignore[operator]
-                    else self.rope.get_embed())  # type: ignore[operator]
+            if self.dynamic_img_size:
+                rope = self.rope.get_embed(shape=[grid[0], grid[1]])  # type: ignore[operator]
+            else:
+                rope = self.rope.get_embed()  # type: ignore[operator]
         x = self._prefix_and_ape(x, grid[0], grid[1], same_grid)
         x = self.pos_drop(x)
         return x, rope
@@ -266,8 +273,11 @@ class PosGeomViT(Eva):
             return torch.cat(prefix + [x], dim=1) if len(prefix) > 0 else x
         if not same_grid:
             table = resample_abs_pos_embed(
-                table, new_size=[grid_h, grid_w], old_size=self.patch_embed.grid_size,
-                num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens)
+                table,
+                new_size=[grid_h, grid_w],
+                old_size=self.patch_embed.grid_size,
+                num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens,
+            )
         if self.alpha != 1.0:
             table = self.alpha * table
         if self.no_embed_class:
@@ -289,11 +299,16 @@ class PosGeomViT(Eva):
         return f"pe={self.pe!r}, alpha={self.alpha}, token_shuffle={self.token_shuffle!r}{init}{layout}"
 
 
-def _check_args(cls: str, pe: str, token_shuffle: str, init: str, layout: str, global_pool: str,
-                kwargs: dict[str, Any]) -> None:
+def _check_args(
+    cls: str, pe: str, token_shuffle: str, init: str, layout: str, global_pool: str, kwargs: dict[str, Any]
+) -> None:
     """ValueError (one line) for a constructor argument ``PosGeomViT`` cannot take."""
-    for name, value, allowed in (("init", init, INIT_TYPES), ("positional encoding", pe, PE_TYPES),
-                                 ("token_shuffle", token_shuffle, TOKEN_SHUFFLE_MODES), ("layout", layout, LAYOUTS)):
+    for name, value, allowed in (
+        ("init", init, INIT_TYPES),
+        ("positional encoding", pe, PE_TYPES),
+        ("token_shuffle", token_shuffle, TOKEN_SHUFFLE_MODES),
+        ("layout", layout, LAYOUTS),
+    ):
         if value not in allowed:
             raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
     for key in ("use_abs_pos_emb", "use_rot_pos_emb", "rope_type"):
@@ -315,8 +330,9 @@ def _init_attention_paper(attn: Any, reset: Callable[[Optional[nn.Module]], None
         reset(attn.qkv)  # timm's AttentionRope (layout='paper'): the whole bias, as the paper's
         if getattr(attn, "q_bias", None) is not None:  # eva's EvaAttention: q and v biases outside the Linear
             bound = 1.0 / math.sqrt(attn.qkv.in_features)
-            bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device,
-                               dtype=attn.q_bias.dtype).uniform_(-bound, bound)
+            bias = torch.empty(3 * attn.q_bias.numel(), device=attn.q_bias.device, dtype=attn.q_bias.dtype).uniform_(
+                -bound, bound
+            )
             q, _, v = bias.chunk(3)
             attn.q_bias.copy_(q)
             attn.v_bias.copy_(v)
@@ -346,7 +362,9 @@ def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: PosGeomViT)
 def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> PosGeomViT:
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
-        PosGeomViT, variant, pretrained,
+        PosGeomViT,
+        variant,
+        pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **kwargs,
@@ -356,10 +374,16 @@ def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> Pos
 def _cfg(url: str = "", **kwargs) -> dict[str, Any]:
     return {
         "url": url,
-        "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
-        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
-        "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
-        "first_conv": "patch_embed.proj", "classifier": "head",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 0.9,
+        "interpolation": "bicubic",
+        "fixed_input_size": True,
+        "mean": (0.485, 0.456, 0.406),
+        "std": (0.229, 0.224, 0.225),
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
         "license": "apache-2.0",
         **kwargs,
     }

@@ -2,6 +2,7 @@
 
 Every encoding here takes an ``alpha`` that scales it at inference (see ``timm_posgeom.pe_scale``).
 """
+
 # timm first, before any module of this package starts: importing timm registers our models (the import
 # hook of timm_posgeom/__init__.py), and the models import pos.rope, which must not be half-imported then
 import timm  # noqa: F401,I001

@@ -1,4 +1,5 @@
 """Names and argument checks shared by the positional encodings."""
+
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ angle(pos, k) = alpha * pos * w_k, so alpha = 0 is no rotation at all (identity)
 standard RoPE with base ``temperature`` (10000, as in the paper). Everything else is timm's
 ``RotaryEmbeddingCat`` (index grid, interleaved rotation, cached table for a fixed grid).
 """
+
 from __future__ import annotations
 
 import torch

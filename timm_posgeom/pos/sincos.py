@@ -1,4 +1,5 @@
 """Fixed 2-D sine-cosine position table (MoCo v3 / MAE style), built by timm."""
+
 from __future__ import annotations
 
 import torch
@@ -6,10 +7,10 @@ from timm.layers import build_sincos2d_pos_embed
 
 
 def sincos_2d(
-        grid_size: tuple[int, int],
-        dim: int,
-        temperature: float = 10000.0,
-        device: torch.device | None = None,
+    grid_size: tuple[int, int],
+    dim: int,
+    temperature: float = 10000.0,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """The 2-D sincos table for a (H, W) grid of patch tokens in row-major order.
 

@@ -12,6 +12,7 @@
   minibatch CKA between the blocks of two models (both built on :func:`run_measures`).
 * :func:`find_sites` - the blocks, probe sites, prefix tokens and token grid of a timm ViT.
 """
+
 from .attention_measures import AttentionMeasure, AttentionResult, attention_measures
 from .cka import CKAResult, cka
 from .measures import LayerView, Measure, MeasureResult, run_measures

@@ -4,6 +4,7 @@
 layer's tokens (B, N, C) into unit vectors, their cosine maps (B, N, N), and keeps only running sums, so
 memory does not grow with the number of images (docs/method.md#similarity-maps-and-probe-sites).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,7 @@ from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
 
 MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks need tens of GB: refused, not OOM-killed
-_DEFER_BYTES = 256 * 2 ** 20  # per batch, the pairs of all layers kept for one SSDC call after the forward
+_DEFER_BYTES = 256 * 2**20  # per batch, the pairs of all layers kept for one SSDC call after the forward
 
 
 class _Moments:
@@ -84,8 +85,17 @@ class _Accumulator:
     (pairs (S, M), diagonal (S, N)) float64 with slot ``replica * G + group`` (G = max(groups, 1)).
     """
 
-    def __init__(self, layers: list[int], reduction: str, distance: str, num_prefix_tokens: int = 0, *,
-                 permutation_seeds: list[int] | None = None, groups: int = 0, group_seed: int = 0) -> None:
+    def __init__(
+        self,
+        layers: list[int],
+        reduction: str,
+        distance: str,
+        num_prefix_tokens: int = 0,
+        *,
+        permutation_seeds: list[int] | None = None,
+        groups: int = 0,
+        group_seed: int = 0,
+    ) -> None:
         self.layers, self.distance, self.num_prefix_tokens = layers, distance, num_prefix_tokens
         self.want_map = reduction in ("mean_map", "both")
         self.want_images = reduction in ("per_image", "both")
@@ -112,8 +122,9 @@ class _Accumulator:
     def slots(self) -> int:
         return self.num_replicas * max(self.groups, 1)
 
-    def start_batch(self, grid: tuple[int, int] | None = None, replicas: list[int] | None = None,
-                    offset: int = 0, batch: int = 0) -> None:
+    def start_batch(
+        self, grid: tuple[int, int] | None = None, replicas: list[int] | None = None, offset: int = 0, batch: int = 0
+    ) -> None:
         """A new forward pass of ``batch`` images (the first at index ``offset`` in the data), stacked once
         per replica of ``replicas`` (default [0]); ``grid`` is the image's patch grid where one grid serves
         every layer (flat ViTs)."""
@@ -161,7 +172,8 @@ class _Accumulator:
             raise ValueError(
                 f"layer {layer} carries {tokens.shape[1]} tokens but the {H}x{W} patch grid has {n} (+ "
                 f"{self.num_prefix_tokens} prefix tokens): the model changes its token count between blocks; "
-                "probe it per stage with site='stage_output'")
+                "probe it per stage with site='stage_output'"
+            )
         return tokens[:, prefix:]
 
     def __call__(self, layer: int, tokens: torch.Tensor) -> None:
@@ -187,12 +199,16 @@ class _Accumulator:
         batch to replica ``replicas[r]``)."""
         known = self.grids.setdefault(layer, grid)
         if known != grid and self.want_map:
-            raise ValueError(f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
-                             "mean map needs one image size (resize the data, or use reduction='per_image')")
+            raise ValueError(
+                f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
+                "mean map needs one image size (resize the data, or use reduction='per_image')"
+            )
         if grid[0] * grid[1] > MAX_GRID_TOKENS:
-            raise ValueError(f"layer {layer}'s grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]:,} tokens, more than the "
-                             f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
-                             "tens of GB): probe the other layers (layers=...) or smaller images")
+            raise ValueError(
+                f"layer {layer}'s grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]:,} tokens, more than the "
+                f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
+                "tens of GB): probe the other layers (layers=...) or smaller images"
+            )
         if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return
@@ -244,17 +260,17 @@ class _Accumulator:
             L, R = len(waiting), len(self._replicas)
             B = RB // R
             for r, replica in enumerate(self._replicas):
-                pairs = self._pairs[grid][:L, r * B:(r + 1) * B].reshape(L * B, M)
+                pairs = self._pairs[grid][:L, r * B : (r + 1) * B].reshape(L * B, M)
                 rhos = ssdc_pairs(pairs, self.distance_targets(grid, replica, pairs.device))
                 for k, layer in enumerate(waiting):
-                    self._update(layer, replica, [rho[k * B:(k + 1) * B] for rho in rhos])
+                    self._update(layer, replica, [rho[k * B : (k + 1) * B] for rho in rhos])
         self._batch = {}
 
     def _score(self, layer: int, pairs: torch.Tensor, grid: tuple[int, int]) -> None:
         """Per-image SSDC of one layer's pairs (R * B, M) now (maps too large to defer)."""
         B = pairs.shape[0] // len(self._replicas)
         for r, replica in enumerate(self._replicas):
-            chunk = pairs[r * B:(r + 1) * B]
+            chunk = pairs[r * B : (r + 1) * B]
             self._update(layer, replica, ssdc_pairs(chunk, self.distance_targets(grid, replica, chunk.device)))
 
     def _update(self, layer: int, replica: int, rhos: list[torch.Tensor]) -> None:
@@ -284,8 +300,10 @@ class _Accumulator:
 
     def _sums(self, layer: int, m: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if layer not in self.map_sum:
-            self.map_sum[layer] = (torch.zeros(self.slots, m, dtype=torch.float64, device=device),
-                                   torch.zeros(self.slots, n, dtype=torch.float64, device=device))
+            self.map_sum[layer] = (
+                torch.zeros(self.slots, m, dtype=torch.float64, device=device),
+                torch.zeros(self.slots, n, dtype=torch.float64, device=device),
+            )
         return self.map_sum[layer]
 
     def _add_slot(self, layer: int, replica: int, pair_sum: torch.Tensor, diag_sum: torch.Tensor) -> None:

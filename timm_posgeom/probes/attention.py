@@ -20,6 +20,7 @@ the unfused path's own formula with the module's ``scale`` (= d_head^-1/2, SDPA'
 only read tensors, so the model's outputs are bit-for-bit those without the probe. An attention mask
 or causal attention is refused (flat ViTs on whole images pass neither).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,13 +59,15 @@ def attention_modules(sites: ProbeSites, layers: list[int]) -> list[nn.Module]:
             raise UnsupportedModelError(
                 f"cannot capture the attention of {type(sites.model).__name__} block {layer} ({what}): attention "
                 "measures support timm's Attention and AttentionRope (vision_transformer, deit) and EvaAttention "
-                "(eva incl. RoPE, timm_posgeom PosGeomViT)")
+                "(eva incl. RoPE, timm_posgeom PosGeomViT)"
+            )
         out.append(attn)
     return out
 
 
-def attention_weights(attn: nn.Module, q: torch.Tensor, k: torch.Tensor,
-                      rope: torch.Tensor | None = None) -> torch.Tensor:
+def attention_weights(
+    attn: nn.Module, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor | None = None
+) -> torch.Tensor:
     """softmax((q * scale) k^T) of one supported attention module, float32 (B, heads, T, T).
 
     q, k: the outputs of ``attn.q_norm`` / ``attn.k_norm``, (B, heads, T, d_head) (k may have fewer,
@@ -98,16 +101,20 @@ class _Capture:
         self.rope: torch.Tensor | None = None
 
     def register(self) -> list:
-        return [self.attn.register_forward_pre_hook(self.before, with_kwargs=True),
-                cast(nn.Module, self.attn.q_norm).register_forward_hook(self.take_q),
-                cast(nn.Module, self.attn.k_norm).register_forward_hook(self.take_k),
-                self.attn.register_forward_hook(self.after)]
+        return [
+            self.attn.register_forward_pre_hook(self.before, with_kwargs=True),
+            cast(nn.Module, self.attn.q_norm).register_forward_hook(self.take_q),
+            cast(nn.Module, self.attn.k_norm).register_forward_hook(self.take_k),
+            self.attn.register_forward_hook(self.after),
+        ]
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         given = dict(zip(_params(module), args)) | kwargs
         if given.get("attn_mask") is not None or given.get("is_causal"):
-            raise UnsupportedModelError(f"block {self.layer}'s attention got an attention mask or causal flag: the "
-                                        "attention measures are defined for full attention over whole images")
+            raise UnsupportedModelError(
+                f"block {self.layer}'s attention got an attention mask or causal flag: the "
+                "attention measures are defined for full attention over whole images"
+            )
         self.rope = given.get("rope")
         self.q = self.k = None
 
@@ -119,8 +126,10 @@ class _Capture:
 
     def after(self, module: nn.Module, args: tuple, out: torch.Tensor) -> None:
         if self.q is None or self.k is None:
-            raise RuntimeError(f"block {self.layer}'s {type(module).__name__} ran without calling q_norm / k_norm: "
-                               "its attention weights cannot be recomputed")
+            raise RuntimeError(
+                f"block {self.layer}'s {type(module).__name__} ran without calling q_norm / k_norm: "
+                "its attention weights cannot be recomputed"
+            )
         q, k, rope = self.q, self.k, self.rope
         self.q = self.k = self.rope = None
         self.callback(self.layer, attention_weights(module, q, k, rope))
@@ -137,8 +146,9 @@ def _params(module: nn.Module) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def capture_attention(sites: ProbeSites, layers: list[int],
-                      callback: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+def capture_attention(
+    sites: ProbeSites, layers: list[int], callback: Callable[[int, torch.Tensor], None]
+) -> Iterator[None]:
     """Inside the block, every forward pass of the model calls ``callback(layer, A)`` once per probed
     block, in depth order, with ``A`` (B, heads, T, T) float32 its attention weights (see the module
     docstring). Raises UnsupportedModelError for an attention module it cannot read. The hooks are

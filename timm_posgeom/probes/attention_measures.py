@@ -19,6 +19,7 @@ The measures are :class:`~.measures.Measure`\ s of the source ``attention`` (:cl
 new ones are passed as ``measures=[...]``, and :func:`~.measures.run_measures` also runs measures of
 the blocks' tokens in the same pass.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,8 +34,16 @@ from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
-__all__ = ["attention_measures", "AttentionResult", "AttentionMeasure", "AttentionView", "MeanAttentionDistance",
-           "AttentionEntropy", "AttentionSSDC", "default_measures"]
+__all__ = [
+    "attention_measures",
+    "AttentionResult",
+    "AttentionMeasure",
+    "AttentionView",
+    "MeanAttentionDistance",
+    "AttentionEntropy",
+    "AttentionSSDC",
+    "default_measures",
+]
 
 
 AttentionView = LayerView  # what an attention measure gets with the weights: layer, grid, prefix count
@@ -102,7 +111,7 @@ class AttentionEntropy(AttentionMeasure):
     names = ("entropy",)
 
     def update(self, attn: torch.Tensor, view: AttentionView) -> None:
-        rows = attn[:, :, view.prefix:, :]  # (B, h, N, T) patch queries, every key
+        rows = attn[:, :, view.prefix :, :]  # (B, h, N, T) patch queries, every key
         _per_image_mean("entropy", self, view.layer, -torch.special.xlogy(rows, rows).sum(-1))
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
@@ -194,7 +203,9 @@ class AttentionResult(MeasureResult):
                 row.append(f"{np.nanmean(v):.3f}" if finite else "nan")
                 if shared:
                     interval = self.head_mean_interval(c)
-                    row.append(f"[{interval[0][k]:.3f}, {interval[1][k]:.3f}]" if interval is not None else "[nan, nan]")
+                    row.append(
+                        f"[{interval[0][k]:.3f}, {interval[1][k]:.3f}]" if interval is not None else "[nan, nan]"
+                    )
                 row.append(f"[{np.nanmin(v):.3f}, {np.nanmax(v):.3f}]" if finite else "[nan, nan]")
             rows.append(row)
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -212,8 +223,12 @@ class AttentionResult(MeasureResult):
         from ..plotting import save_figure
 
         cols = [f for f in FIELDS[:4] if f in self.values]
-        labels = {"mean_distance": "mean attention distance (patches)", "entropy": "attention entropy (nats)",
-                  "ssdc": "attention SSDC (symmetrised)", "prefix_attention": "attention on prefix tokens"}
+        labels = {
+            "mean_distance": "mean attention distance (patches)",
+            "entropy": "attention entropy (nats)",
+            "ssdc": "attention SSDC (symmetrised)",
+            "prefix_attention": "attention on prefix tokens",
+        }
         fig = Figure(figsize=(3.6 * len(cols), 3.4), layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, len(cols), squeeze=False)[0]
@@ -227,24 +242,27 @@ class AttentionResult(MeasureResult):
             ax.set_ylabel(labels.get(c, c))
         md = self.settings
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{md.get('model', '')}{' RPI' if md.get('rpi') else ''}"
-                     f"{'' if md.get('alpha') is None else ' alpha=' + str(md['alpha'])}", fontsize=9)
+        fig.suptitle(
+            f"{md.get('model', '')}{' RPI' if md.get('rpi') else ''}"
+            f"{'' if md.get('alpha') is None else ' alpha=' + str(md['alpha'])}",
+            fontsize=9,
+        )
         if path is not None:
             save_figure(fig, path, dpi=120)
         return fig
 
 
 def attention_measures(
-        model: nn.Module,
-        data: Any,
-        *,
-        rpi: bool = False,
-        alpha: float | None = None,
-        layers: list[int] | None = None,
-        distance: str = "manhattan",
-        measures: list[AttentionMeasure] | None = None,
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    *,
+    rpi: bool = False,
+    alpha: float | None = None,
+    layers: list[int] | None = None,
+    distance: str = "manhattan",
+    measures: list[AttentionMeasure] | None = None,
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> AttentionResult:
     """Mean attention distance, attention entropy and attention SSDC, per block and head, over ``data``.
 
@@ -280,8 +298,15 @@ def attention_measures(
     """
     settings, own = MeasureSettings.resolve("attention_measures", settings, options, {"forward_size": None})
     measures = default_measures(distance) if measures is None else list(measures)
-    result = run_measures(model, data, measures, rpi=rpi, alpha=alpha, layers=layers, settings=settings,
-                          forward_size=own["forward_size"])
+    result = run_measures(
+        model, data, measures, rpi=rpi, alpha=alpha, layers=layers, settings=settings, forward_size=own["forward_size"]
+    )
     result.settings.update({"distance": "euclidean, patch units", "definitions": "docs/attention.md"})
-    return AttentionResult(layers=result.layers, values=result.values, permutation=result.permutation,
-                           settings=result.settings, intervals=result.intervals, replicates=result.replicates)
+    return AttentionResult(
+        layers=result.layers,
+        values=result.values,
+        permutation=result.permutation,
+        settings=result.settings,
+        intervals=result.intervals,
+        replicates=result.replicates,
+    )

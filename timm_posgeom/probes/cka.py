@@ -13,6 +13,7 @@ size as the biased one does. With ``unbiased=False`` and one batch it is the lin
 The two models read the same batches in the same order; one process (the Grams of a batch are kept, not
 summed, until both models have run).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,13 @@ def hsic(K: torch.Tensor, L: torch.Tensor, unbiased: bool = True) -> torch.Tenso
     return (K @ H * (L @ H).T).sum() / (n - 1) ** 2
 
 
-def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbiased: bool = True,
-                  constant_a: list[bool] | None = None, constant_b: list[bool] | None = None) -> float:
+def minibatch_cka(
+    grams_a: list[torch.Tensor],
+    grams_b: list[torch.Tensor],
+    unbiased: bool = True,
+    constant_a: list[bool] | None = None,
+    constant_b: list[bool] | None = None,
+) -> float:
     """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring).
 
     ``constant_a`` / ``constant_b``: per batch, whether that representation is the same for every image of
@@ -59,8 +65,10 @@ def minibatch_cka(grams_a: list[torch.Tensor], grams_b: list[torch.Tensor], unbi
     sign). A representation with no variance across images in every batch gives 0 / 0: NaN, as does a Gram
     matrix that is not finite."""
     if len(grams_a) != len(grams_b) or not grams_a:
-        raise ValueError(f"the two representations have {len(grams_a)} and {len(grams_b)} batches: they must "
-                         "read the same, non-empty, batches")
+        raise ValueError(
+            f"the two representations have {len(grams_a)} and {len(grams_b)} batches: they must "
+            "read the same, non-empty, batches"
+        )
     flat_a = constant_a or [False] * len(grams_a)
     flat_b = constant_b or [False] * len(grams_b)
     if not all(bool(torch.isfinite(g).all()) for g in [*grams_a, *grams_b]):
@@ -86,7 +94,7 @@ class _Grams(Measure):
         self.constant: dict[int, list[bool]] = {}  # per block and batch: the same features for every image
 
     def update(self, x: torch.Tensor, view: LayerView) -> None:
-        flat = x[:, view.prefix:].reshape(x.shape[0], -1)  # (B, N * C)
+        flat = x[:, view.prefix :].reshape(x.shape[0], -1)  # (B, N * C)
         self.constant.setdefault(view.layer, []).append(bool((flat == flat[:1]).all()))  # exactly, in its dtype
         flat = flat.to(torch.float64)
         self.grams.setdefault(view.layer, []).append((flat @ flat.T).cpu())
@@ -102,11 +110,19 @@ def _grams_of(result: MeasureResult) -> list[_Grams]:
 
 def _say_constant(ra: Any, rb: Any) -> None:
     """A warning naming the blocks whose representation is the same for every image (their CKA is NaN)."""
-    flat = [f"{which} block {layer}" for which, r in (("model_a", ra), ("model_b", rb))
-            for layer in r.layers if all(all(g[0].constant[layer]) for g in r.replica_measures)]
+    flat = [
+        f"{which} block {layer}"
+        for which, r in (("model_a", ra), ("model_b", rb))
+        for layer in r.layers
+        if all(all(g[0].constant[layer]) for g in r.replica_measures)
+    ]
     if flat:
-        warnings.warn(f"CKA is undefined (0 / 0, NaN) where a representation has no variance across the images "
-                      f"(every image's features the same): {', '.join(flat)}", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"CKA is undefined (0 / 0, NaN) where a representation has no variance across the images "
+            f"(every image's features the same): {', '.join(flat)}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 @dataclass
@@ -123,16 +139,29 @@ class CKAResult:
     matrix_ci: tuple[np.ndarray, np.ndarray] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"layers_a": self.layers_a, "layers_b": self.layers_b, "matrix": self.matrix.tolist(),
-               "settings": self.settings}
+        out = {
+            "layers_a": self.layers_a,
+            "layers_b": self.layers_b,
+            "matrix": self.matrix.tolist(),
+            "settings": self.settings,
+        }
         if self.matrix_ci is not None:
             out["matrix_ci_low"], out["matrix_ci_high"] = (m.tolist() for m in self.matrix_ci)
         return out
 
 
-def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: str = "attn_input",
-        layers_a: list[int] | None = None, layers_b: list[int] | None = None, unbiased: bool = True,
-        rpi: bool = False, **options: Any) -> CKAResult:
+def cka(
+    model_a: torch.nn.Module,
+    model_b: torch.nn.Module,
+    data: Any,
+    *,
+    site: str = "attn_input",
+    layers_a: list[int] | None = None,
+    layers_b: list[int] | None = None,
+    unbiased: bool = True,
+    rpi: bool = False,
+    **options: Any,
+) -> CKAResult:
     """Linear minibatch CKA between every probed block of ``model_a`` and of ``model_b`` on ``data``.
 
     Args:
@@ -158,14 +187,32 @@ def cka(model_a: torch.nn.Module, model_b: torch.nn.Module, data: Any, *, site: 
     rb = run_measures(model_b, data, [_Grams(site)], rpi=rpi, layers=layers_b, settings=settings)
     if ra.settings["n_images"] != rb.settings["n_images"]:
         raise ValueError("the two models read different numbers of images: give data that reads the same twice")
-    matrices = np.stack([  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
-        np.array([[minibatch_cka(ga.grams[i], gb.grams[j], unbiased, ga.constant[i], gb.constant[j])
-                   for j in rb.layers] for i in ra.layers])
-        for ga, gb in zip(_grams_of(ra), _grams_of(rb))])
+    matrices = np.stack(
+        [  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
+            np.array(
+                [
+                    [
+                        minibatch_cka(ga.grams[i], gb.grams[j], unbiased, ga.constant[i], gb.constant[j])
+                        for j in rb.layers
+                    ]
+                    for i in ra.layers
+                ]
+            )
+            for ga, gb in zip(_grams_of(ra), _grams_of(rb))
+        ]
+    )
     _say_constant(ra, rb)
-    described = dict(model_a=ra.settings["model"], model_b=rb.settings["model"], site=site, unbiased=unbiased,
-                     rpi=rpi, n_images=ra.settings["n_images"], rpi_permutations=ra.settings["rpi_permutations"],
-                     permutation_seeds=ra.settings["permutation_seeds"], interval=ra.settings["interval"])
+    described = dict(
+        model_a=ra.settings["model"],
+        model_b=rb.settings["model"],
+        site=site,
+        unbiased=unbiased,
+        rpi=rpi,
+        n_images=ra.settings["n_images"],
+        rpi_permutations=ra.settings["rpi_permutations"],
+        permutation_seeds=ra.settings["permutation_seeds"],
+        interval=ra.settings["interval"],
+    )
     if not rpi:
         return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrices[0], settings=described)
     mean, low, high = t_interval(matrices, axis=0)

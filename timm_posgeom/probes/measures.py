@@ -8,6 +8,7 @@ measure what it asked for, stops the forward pass after the last block any measu
 :class:`MeasureResult` of each measure's fields. The attention measures (docs/attention.md) are built on
 it: :mod:`.attention_measures`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -152,8 +153,11 @@ class MeasureResult(SettingsRecord):
             out[f"{k}_ci_low"], out[f"{k}_ci_high"] = np.asarray(low).tolist(), np.asarray(high).tolist()
         if self.replicates:
             out["replicates"] = {k: np.asarray(v).tolist() for k, v in self.replicates.items()}
-        return {**out, "permutation": self.permutation.tolist() if self.permutation is not None else None,
-                **self._settings_json()}
+        return {
+            **out,
+            "permutation": self.permutation.tolist() if self.permutation is not None else None,
+            **self._settings_json(),
+        }
 
     def to_json(self, path: str | Path | None = None, indent: int = 2) -> str:
         """:meth:`to_dict` as JSON (NaN written as null); also written to ``path`` when given (atomically)."""
@@ -182,8 +186,10 @@ class _Router:
         tokens = x.shape[-1] if source == "attention" else x.shape[1]
         prefix = tokens - n
         if prefix not in (0, self.prefix):
-            raise ValueError(f"block {layer}'s {source} covers {tokens} tokens but the {self.grid[0]}x{self.grid[1]} "
-                             f"grid has {n} patches (+ {self.prefix} prefix tokens)")
+            raise ValueError(
+                f"block {layer}'s {source} covers {tokens} tokens but the {self.grid[0]}x{self.grid[1]} "
+                f"grid has {n} patches (+ {self.prefix} prefix tokens)"
+            )
         if source == "attention":
             self.heads[layer] = int(x.shape[1])
         view = LayerView(layer=layer, grid=self.grid, prefix=prefix)
@@ -205,16 +211,16 @@ RPI_PER = ("call", "image")
 
 
 def run_measures(
-        model: nn.Module,
-        data: Any,
-        measures: Sequence[Measure],
-        *,
-        rpi: bool = False,
-        alpha: float | None = None,
-        layers: list[int] | None = None,
-        rpi_per: str = "call",
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    measures: Sequence[Measure],
+    *,
+    rpi: bool = False,
+    alpha: float | None = None,
+    layers: list[int] | None = None,
+    rpi_per: str = "call",
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> MeasureResult:
     """Run ``measures`` on every (or the chosen) block of a flat timm ViT over ``data``, in one pass.
 
@@ -256,11 +262,12 @@ def run_measures(
     k = rpi_count(settings.rpi_permutations) if rpi and rpi_per == "call" else 1
     agreed = (rpi, rpi_per, k, alpha, layer_ids, [(type(m).__name__, m.metadata()) for m in measures])
     stream = open_stream(model, data, settings, rpi, agreed, "run_measures")  # several processes: the same call
-    seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2 ** 31, ()).item())
+    seed = stream.seed if stream.seed is not None or not rpi else int(torch.randint(2**31, ()).item())
     replicas = [measures] + [copy.deepcopy(measures) for _ in range(k - 1)]
     router = _Router(replicas, (max(layer_ids), sources[-1]), sites.num_prefix_tokens)
-    plan = _RPIPlan(rpi_per if rpi else None, permutation_seeds(seed, k) if rpi and seed is not None else [],
-                    own["forward_size"])
+    plan = _RPIPlan(
+        rpi_per if rpi else None, permutation_seeds(seed, k) if rpi and seed is not None else [], own["forward_size"]
+    )
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with stream.together(), scale:
         grid, perm = _stream(model, sites, layer_ids, sources, router, plan, stream)
@@ -269,18 +276,26 @@ def run_measures(
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
     if n_images == 0 or image_size is None or grid is None:
         raise ValueError("data yielded no images")
-    values, intervals, replicates = _finish_replicas(replicas, layer_ids, n_images, grid, plan.per == "call",
-                                                     router.nonfinite)
+    values, intervals, replicates = _finish_replicas(
+        replicas, layer_ids, n_images, grid, plan.per == "call", router.nonfinite
+    )
     recorded: dict[str, Any] = {
-        "model": _model_name(model), "family": sites.family, **_rpi_settings(plan, seed),
-        "alpha": alpha, "n_images": n_images, "image_size": list(image_size), "grid_size": list(grid),
-        "num_prefix_tokens": sites.num_prefix_tokens, "patch_size": _patch_size(model),
+        "model": _model_name(model),
+        "family": sites.family,
+        **_rpi_settings(plan, seed),
+        "alpha": alpha,
+        "n_images": n_images,
+        "image_size": list(image_size),
+        "grid_size": list(grid),
+        "num_prefix_tokens": sites.num_prefix_tokens,
+        "patch_size": _patch_size(model),
         **_router_settings(router, n_images),
     }
     for m in measures:
         recorded.update(m.metadata())
-    result = MeasureResult(layers=layer_ids, values=values, permutation=perm, settings=recorded,
-                           intervals=intervals, replicates=replicates)
+    result = MeasureResult(
+        layers=layer_ids, values=values, permutation=perm, settings=recorded, intervals=intervals, replicates=replicates
+    )
     result.replica_measures = replicas  # each permutation's measures (not written): cka reads their Grams
     return result
 
@@ -290,10 +305,14 @@ def _rpi_settings(plan: _RPIPlan, seed: int | None) -> dict[str, Any]:
     count, seeds and the interval over them (None where they do not apply)."""
     rpi, shared, k = plan.per is not None, plan.per == "call", len(plan.seeds)
     return {
-        "rpi": rpi, "seed": seed if rpi else None, "rpi_per": plan.per,
-        "rpi_permutations": k if shared else None, "permutation_seeds": plan.seeds if shared else None,
+        "rpi": rpi,
+        "seed": seed if rpi else None,
+        "rpi_per": plan.per,
+        "rpi_permutations": k if shared else None,
+        "permutation_seeds": plan.seeds if shared else None,
         "interval": (f"over {k} RPI permutations (Student t, {k - 1} df)" if k >= 2 else "none (one RPI permutation)")
-        if shared else None,
+        if shared
+        else None,
     }
 
 
@@ -302,9 +321,16 @@ def _router_settings(router: _Router, n_images: int) -> dict[str, Any]:
     NonFiniteWarning: their measures are NaN) and, when attention was read, the heads per block."""
     recorded: dict[str, Any] = {"nonfinite_layers": sorted({layer for layer, _ in router.nonfinite})}
     if router.nonfinite:
-        warnings.warn(nonfinite_message(f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
-                                        max(router.nonfinite.values()), n_images, "their measures are NaN"),
-                      NonFiniteWarning, stacklevel=3)
+        warnings.warn(
+            nonfinite_message(
+                f"the inputs of block(s) {', '.join(map(str, recorded['nonfinite_layers']))}",
+                max(router.nonfinite.values()),
+                n_images,
+                "their measures are NaN",
+            ),
+            NonFiniteWarning,
+            stacklevel=3,
+        )
     if router.heads:
         heads = sorted(set(router.heads.values()))
         recorded["num_heads"] = heads[0] if len(heads) == 1 else heads
@@ -335,9 +361,14 @@ class _RPIPlan:
         return max(1, min(len(self.seeds), limit // max(batch, 1)))
 
 
-def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images: int, grid: tuple[int, int],
-                     shared: bool, nonfinite: dict[tuple[int, int], int] | None = None
-                     ) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
+def _finish_replicas(
+    replicas: list[list[Measure]],
+    layers: list[int],
+    n_images: int,
+    grid: tuple[int, int],
+    shared: bool,
+    nonfinite: dict[tuple[int, int], int] | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]], dict[str, np.ndarray]]:
     """(values, intervals, replicates): each replica's fields; with shared permutations their mean, its
     interval over them and the (K, ...) stacks; else the one replica's fields alone. A block whose input was
     not finite in a replica (``nonfinite``: (layer, replica) -> images) has NaN fields there."""
@@ -361,13 +392,18 @@ def _finish_replicas(replicas: list[list[Measure]], layers: list[int], n_images:
     return values, intervals, replicates
 
 
-def _check_measures(measures: Sequence[Measure], rpi_per: str,
-                    alpha: float | None) -> tuple[list[Measure], list[str], str]:
+def _check_measures(
+    measures: Sequence[Measure], rpi_per: str, alpha: float | None
+) -> tuple[list[Measure], list[str], str]:
     """The call's own settings checked; (the measures, their sources in the order they happen in a block,
     rpi_per with its old name ``batch`` read as ``image``)."""
     if rpi_per == "batch":
-        warnings.warn("run_measures(rpi_per='batch') is now rpi_per='image' (one permutation per image, from the "
-                      "seed and the image's index: the same whatever the batch size)", DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            "run_measures(rpi_per='batch') is now rpi_per='image' (one permutation per image, from the "
+            "seed and the image's index: the same whatever the batch size)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         rpi_per = "image"
     if rpi_per not in RPI_PER:
         raise ValueError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
@@ -387,8 +423,15 @@ def _patch_size(model: nn.Module) -> list[int] | None:
     return [int(s) for s in size] if size is not None else None
 
 
-def _stream(model: nn.Module, sites: ProbeSites, layers: list[int], sources: list[str], router: _Router,
-            plan: _RPIPlan, stream: Stream) -> tuple[tuple[int, int] | None, Any]:
+def _stream(
+    model: nn.Module,
+    sites: ProbeSites,
+    layers: list[int],
+    sources: list[str],
+    router: _Router,
+    plan: _RPIPlan,
+    stream: Stream,
+) -> tuple[tuple[int, int] | None, Any]:
     """This process's batches through the model (under each shared permutation, stacked as chunks of a forward
     pass, or under one permutation per image); returns (grid, the first permutation) (the stream counts the
     images and keeps their size)."""
@@ -398,16 +441,21 @@ def _stream(model: nn.Module, sites: ProbeSites, layers: list[int], sources: lis
         check_unpermuted(model, "run_measures without rpi")
     try:
         rpi_ctx = token_permutation(model, per="given") if plan.per else contextlib.nullcontext()
-        capture = (capture_attention(sites, layers, router.hook("attention")) if "attention" in sources
-                   else contextlib.nullcontext())
+        capture = (
+            capture_attention(sites, layers, router.hook("attention"))
+            if "attention" in sources
+            else contextlib.nullcontext()
+        )
         with stream.placed(model), torch.no_grad(), eval_mode(model), rpi_ctx as handle, capture:
             for source in sources:
                 if source != "attention":
                     handles += sites.register(source, layers, router.hook(source))
             for images, hw, offset in stream.images():
                 if hw != stream.image_size:
-                    raise ValueError(f"the image size changed from {stream.image_size} to {hw}: the measures "
-                                     "average over one grid (resize the data)")
+                    raise ValueError(
+                        f"the image size changed from {stream.image_size} to {hw}: the measures "
+                        "average over one grid (resize the data)"
+                    )
                 grid = router.grid = sites.grid_size(hw)
                 _forward_replicas(model, images, offset, router, plan, handle)
     finally:
@@ -419,8 +467,9 @@ def _stream(model: nn.Module, sites: ProbeSites, layers: list[int], sources: lis
     return grid, perm
 
 
-def _forward_replicas(model: nn.Module, images: torch.Tensor, offset: int, router: _Router, plan: _RPIPlan,
-                      handle: Any) -> None:
+def _forward_replicas(
+    model: nn.Module, images: torch.Tensor, offset: int, router: _Router, plan: _RPIPlan, handle: Any
+) -> None:
     """One batch through the model under every replica (its permutations stacked, ``plan.per_forward`` at a
     time) or, per image, under each image's permutation."""
     step = plan.per_forward(len(images))
@@ -440,20 +489,35 @@ def _forward_replicas(model: nn.Module, images: torch.Tensor, offset: int, route
             pass
 
 
-def _reduce(replicas: list[list[Measure]], router: _Router, n_images: int, image_size: tuple[int, int] | None,
-            grid: tuple[int, int] | None,
-            seen: int | None) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
+def _reduce(
+    replicas: list[list[Measure]],
+    router: _Router,
+    n_images: int,
+    image_size: tuple[int, int] | None,
+    grid: tuple[int, int] | None,
+    seen: int | None,
+) -> tuple[int, tuple[int, int] | None, tuple[int, int] | None]:
     """Sum every measure's float64 sums (of every replica), and the image counts, across processes (a process
     without images adds zeros of the shapes the others report)."""
     measures = [m for replica in replicas for m in replica]
-    states = _dist.all_gather_objects({"n": n_images, "seen": seen, "image_size": image_size, "grid": grid,
-                                       "heads": dict(router.heads), "nonfinite": dict(router.nonfinite),
-                                       "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures]})
+    states = _dist.all_gather_objects(
+        {
+            "n": n_images,
+            "seen": seen,
+            "image_size": image_size,
+            "grid": grid,
+            "heads": dict(router.heads),
+            "nonfinite": dict(router.nonfinite),
+            "shapes": [{k: tuple(v.shape) for k, v in m.sums.items()} for m in measures],
+        }
+    )
     total = sum(s["n"] for s in states)
     seens = [s["seen"] for s in states]
     if any(v != seens[0] for v in seens) or (seens[0] is not None and total != seens[0]):
-        raise RuntimeError(f"the processes read different data (images seen: {seens}): an iterable of batches "
-                           "must yield the same batches in the same order on every process")
+        raise RuntimeError(
+            f"the processes read different data (images seen: {seens}): an iterable of batches "
+            "must yield the same batches in the same order on every process"
+        )
     grids = {tuple(s["grid"]) for s in states if s["grid"] is not None}
     if len(grids) > 1:
         raise ValueError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
@@ -468,7 +532,8 @@ def _reduce(replicas: list[list[Measure]], router: _Router, n_images: int, image
             shapes.update(s["shapes"][k])
         for key in sorted(shapes, key=repr):  # the same keys in the same order on every process
             local = m.sums.get(key)
-            m.sums[key] = _dist.all_reduce_sum(local if local is not None
-                                               else torch.zeros(shapes[key], dtype=torch.float64))
+            m.sums[key] = _dist.all_reduce_sum(
+                local if local is not None else torch.zeros(shapes[key], dtype=torch.float64)
+            )
     image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
     return total, image_size, next(iter(grids), None)

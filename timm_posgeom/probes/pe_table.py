@@ -1,4 +1,5 @@
 """The SSDC of a learned absolute position table itself: a cheap signal that a reference frame forms."""
+
 from __future__ import annotations
 
 import math

@@ -13,6 +13,7 @@ never share one and no number depends on the batch size: a model without PE is e
 token at slot k depends on the content of a random patch, and the probe falls to chance; a model whose
 PE survives in the tokens is read by it.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,7 @@ __all__ = ["position_probe", "PositionProbeResult"]
 
 def _features(x: torch.Tensor, view: LayerView) -> torch.Tensor:
     """(B, T, C) tokens -> (B * N, C + 1) float64 patch tokens with a trailing 1 (the bias)."""
-    patches = x[:, view.prefix:].reshape(-1, x.shape[-1]).to(torch.float64)
+    patches = x[:, view.prefix :].reshape(-1, x.shape[-1]).to(torch.float64)
     return torch.cat([patches, patches.new_ones(patches.shape[0], 1)], dim=1)
 
 
@@ -115,14 +116,28 @@ class PositionProbeResult:
     settings: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layers": self.layers, "row_accuracy": self.row_accuracy.tolist(),
-                "col_accuracy": self.col_accuracy.tolist(), "accuracy": self.accuracy.tolist(),
-                "chance": self.chance, "settings": self.settings}
+        return {
+            "layers": self.layers,
+            "row_accuracy": self.row_accuracy.tolist(),
+            "col_accuracy": self.col_accuracy.tolist(),
+            "accuracy": self.accuracy.tolist(),
+            "chance": self.chance,
+            "settings": self.settings,
+        }
 
 
-def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str = "attn_input", rpi: bool = False,
-                   seed: int = 0, ridge: float = 1e-3, layers: list[int] | None = None, **options: Any
-                   ) -> PositionProbeResult:
+def position_probe(
+    model: torch.nn.Module,
+    train: Any,
+    test: Any,
+    *,
+    site: str = "attn_input",
+    rpi: bool = False,
+    seed: int = 0,
+    ridge: float = 1e-3,
+    layers: list[int] | None = None,
+    **options: Any,
+) -> PositionProbeResult:
     """Fit a linear (row, col) classifier of the patch tokens on ``train``, score it on ``test``, per block.
 
     Args:
@@ -143,23 +158,40 @@ def position_probe(model: torch.nn.Module, train: Any, test: Any, *, site: str =
     if not ridge >= 0:
         raise ValueError(f"ridge must be >= 0, got {ridge}")
     fit = _Fit(site)
-    fitted: MeasureResult = run_measures(model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image",
-                                         **options)
+    fitted: MeasureResult = run_measures(
+        model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image", **options
+    )
     weights = {layer: _solve(fit.sums[("xtx", layer)], fit.sums[("xty", layer)], ridge) for layer in fitted.layers}
     score = _Score(site, {k: w.to(torch.float64) for k, w in weights.items()})
-    scored = run_measures(model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="image",
-                          **options)
+    scored = run_measures(
+        model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="image", **options
+    )
     H, W = scored.settings["grid_size"]
     values = {k: np.array(scored.values[k], dtype=float) for k in _Score.names}
     # a block whose tokens were not finite (fit or score), or whose map is not: no reading, NaN (an arg-max of
     # NaN scores would read row 0 and column 0 for every token)
-    blank = [i for i, layer in enumerate(scored.layers) if layer in fitted.settings["nonfinite_layers"]
-             or not bool(torch.isfinite(weights[layer]).all())]
+    blank = [
+        i
+        for i, layer in enumerate(scored.layers)
+        if layer in fitted.settings["nonfinite_layers"] or not bool(torch.isfinite(weights[layer]).all())
+    ]
     for k in values:
         values[k][blank] = math.nan
-    settings = dict(model=scored.settings["model"], site=site, rpi=rpi, seed=seed, ridge=ridge,
-                    train_images=fitted.settings["n_images"], test_images=scored.settings["n_images"],
-                    grid_size=[H, W])
-    return PositionProbeResult(layers=scored.layers, row_accuracy=values["row_accuracy"],
-                               col_accuracy=values["col_accuracy"], accuracy=values["accuracy"],
-                               chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)}, settings=settings)
+    settings = dict(
+        model=scored.settings["model"],
+        site=site,
+        rpi=rpi,
+        seed=seed,
+        ridge=ridge,
+        train_images=fitted.settings["n_images"],
+        test_images=scored.settings["n_images"],
+        grid_size=[H, W],
+    )
+    return PositionProbeResult(
+        layers=scored.layers,
+        row_accuracy=values["row_accuracy"],
+        col_accuracy=values["col_accuracy"],
+        accuracy=values["accuracy"],
+        chance={"row": 1 / H, "col": 1 / W, "both": 1 / (H * W)},
+        settings=settings,
+    )

@@ -14,6 +14,7 @@ mean with a Student t interval over permutations. Without RPI the summed map is 
 images, and the SSDC of the mean map gets the interval of a delete-a-group jackknife over images
 (:mod:`~timm_posgeom.intervals`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,16 +64,16 @@ REDUCTIONS = ("mean_map", "per_image", "both")
 
 
 def probe_ssdc(
-        model: nn.Module,
-        data: Any,
-        *,
-        site: str = "auto",
-        rpi: bool = False,
-        reduction: str = "mean_map",
-        distance: str = "manhattan",
-        layers: Sequence[int] | None = None,
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    *,
+    site: str = "auto",
+    rpi: bool = False,
+    reduction: str = "mean_map",
+    distance: str = "manhattan",
+    layers: Sequence[int] | None = None,
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> SSDCResult:
     """SSDC of every (or the chosen) block or stage of a timm model, streamed over ``data``.
 
@@ -148,13 +149,18 @@ def probe_ssdc(
         An :class:`SSDCResult`.
     """
     settings, own = MeasureSettings.resolve("probe_ssdc", settings, options, {"forward_size": None, "alpha": None})
-    probe = _check_probe(model, site, rpi, reduction, distance, layers, settings.rpi_permutations,
-                         own["forward_size"])
+    probe = _check_probe(model, site, rpi, reduction, distance, layers, settings.rpi_permutations, own["forward_size"])
     alpha = own["alpha"]
     _check_alpha(alpha)
-    stream = open_stream(model, data, settings, True,
-                         (probe.site, rpi, probe.permutations, alpha, reduction, distance, probe.layers), "probe_ssdc")
-    seed = stream.seed if stream.seed is not None else int(torch.randint(2 ** 31, ()).item())
+    stream = open_stream(
+        model,
+        data,
+        settings,
+        True,
+        (probe.site, rpi, probe.permutations, alpha, reduction, distance, probe.layers),
+        "probe_ssdc",
+    )
+    seed = stream.seed if stream.seed is not None else int(torch.randint(2**31, ()).item())
     acc = _accumulator(probe, seed)
     scale = pe_scale(model, alpha) if alpha is not None else contextlib.nullcontext()
     with stream.together(), scale:
@@ -174,8 +180,16 @@ def _check_alpha(alpha: float | None) -> None:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
 
 
-def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distance: str,
-                 layers: Sequence[int] | None, permutations: int | None, forward_size: int | None) -> _Probe:
+def _check_probe(
+    model: nn.Module,
+    site: str,
+    rpi: bool,
+    reduction: str,
+    distance: str,
+    layers: Sequence[int] | None,
+    permutations: int | None,
+    forward_size: int | None,
+) -> _Probe:
     """The call's own settings checked (before any data is read) and its probe sites found."""
     site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
@@ -183,8 +197,9 @@ def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distanc
     if distance not in DISTANCES:
         raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     count = rpi_count(permutations)
-    if forward_size is not None and (isinstance(forward_size, bool) or not isinstance(forward_size, int)
-                                     or forward_size < 1):
+    if forward_size is not None and (
+        isinstance(forward_size, bool) or not isinstance(forward_size, int) or forward_size < 1
+    ):
         raise ValueError(f"forward_size must be an integer >= 1, got {forward_size!r}")
     if rpi:
         find_embed_module(model)  # a model without a patch embedding (CNNs): refused before any data is read
@@ -192,8 +207,9 @@ def _check_probe(model: nn.Module, site: str, rpi: bool, reduction: str, distanc
         check_unpermuted(model, "probe_ssdc(rpi=False)")
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
     depth = len(sites.names) if isinstance(sites, StageSites) else len(sites.blocks)
-    return _Probe(site, sites, _resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1,
-                  forward_size)
+    return _Probe(
+        site, sites, _resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1, forward_size
+    )
 
 
 def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
@@ -201,8 +217,15 @@ def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
     else one replica with the jackknife's groups of images (from ``seed``)."""
     prefix = probe.num_prefix_tokens
     seeds = permutation_seeds(seed, probe.permutations) if probe.rpi else None
-    return _Accumulator(probe.layers, probe.reduction, probe.distance, prefix, permutation_seeds=seeds,
-                        groups=0 if probe.rpi else JACKKNIFE_GROUPS, group_seed=seed)
+    return _Accumulator(
+        probe.layers,
+        probe.reduction,
+        probe.distance,
+        prefix,
+        permutation_seeds=seeds,
+        groups=0 if probe.rpi else JACKKNIFE_GROUPS,
+        group_seed=seed,
+    )
 
 
 def _per_forward(probe: _Probe, batch: int) -> int:
@@ -228,8 +251,9 @@ def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) 
                     x = images if len(replicas) == 1 else images.repeat(len(replicas), 1, 1, 1)
                     if handle is not None:  # chunk r of the forward under permutation replicas[r]
                         handle.give(_chunk_permutations(acc, replicas))
-                    acc.start_batch(sites.grid_size(hw) if isinstance(sites, ProbeSites) else None, replicas, offset,
-                                    len(images))
+                    acc.start_batch(
+                        sites.grid_size(hw) if isinstance(sites, ProbeSites) else None, replicas, offset, len(images)
+                    )
                     if isinstance(sites, StageSites):
                         _forward_stages(sites, acc, x, probe.layers, handle)
                     else:
@@ -249,8 +273,9 @@ def _chunk_permutations(acc: _Accumulator, replicas: list[int]) -> Callable[[int
     return lambda n: acc.permutations_for(n)[replicas]
 
 
-def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None,
-                             seen: int | None) -> tuple[int, tuple[int, int] | None]:
+def _reduce_across_processes(
+    acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None, seen: int | None
+) -> tuple[int, tuple[int, int] | None]:
     """Make every process's accumulator hold the sums of all processes; returns (images, image size).
 
     Reduced: the image count (summed, exact); each layer's grid (the first process's that has one, as
@@ -260,18 +285,26 @@ def _reduce_across_processes(acc: _Accumulator, n_images: int, image_size: tuple
     jackknife group's), their diagonals and the groups' image counts (all-reduced sums: a process without
     images adds zeros). The permutations are drawn from the shared seed: the same everywhere.
     """
-    states = _dist.all_gather_objects({
-        "n": n_images, "seen": seen, "image_size": image_size, "grids": dict(acc.grids),
-        "too_small": sorted(acc.too_small), "nonfinite": dict(acc.nonfinite),
-        "index": {key: m.state() for key, m in acc.index_moments.items()},
-        "content": {key: m.state() for key, m in acc.content_moments.items()},
-    })
+    states = _dist.all_gather_objects(
+        {
+            "n": n_images,
+            "seen": seen,
+            "image_size": image_size,
+            "grids": dict(acc.grids),
+            "too_small": sorted(acc.too_small),
+            "nonfinite": dict(acc.nonfinite),
+            "index": {key: m.state() for key, m in acc.index_moments.items()},
+            "content": {key: m.state() for key, m in acc.content_moments.items()},
+        }
+    )
     seens = [s["seen"] for s in states]
     total = sum(s["n"] for s in states)
     if any(v != seens[0] for v in seens) or (seens[0] is not None and total != seens[0]):
-        raise RuntimeError(f"the processes read different data (images seen: {seens}, probed: "
-                           f"{[s['n'] for s in states]}): an iterable of batches must yield the same batches in the "
-                           "same order on every process, or be sharded by the caller (distributed='presharded')")
+        raise RuntimeError(
+            f"the processes read different data (images seen: {seens}, probed: "
+            f"{[s['n'] for s in states]}): an iterable of batches must yield the same batches in the "
+            "same order on every process, or be sharded by the caller (distributed='presharded')"
+        )
     image_size = next((s["image_size"] for s in states if s["image_size"] is not None), None)
     acc.grids = grids = _merged_grids(states, acc.want_map)
     acc.too_small = set().union(*(s["too_small"] for s in states))
@@ -298,8 +331,10 @@ def _merged_grids(states: list[dict[str, Any]], want_map: bool) -> dict[int, tup
         for layer, grid in s["grids"].items():
             known = grids.setdefault(layer, grid)
             if known != grid and want_map:
-                raise ValueError(f"the token grid of layer {layer} differs between processes ({known} vs {grid}): "
-                                 "the mean map needs one image size (resize the data, or use reduction='per_image')")
+                raise ValueError(
+                    f"the token grid of layer {layer} differs between processes ({known} vs {grid}): "
+                    "the mean map needs one image size (resize the data, or use reduction='per_image')"
+                )
     return grids
 
 
@@ -317,13 +352,16 @@ def _sum_maps(acc: _Accumulator, grids: dict[int, tuple[int, int]]) -> None:
         acc.map_sum[layer] = (flat[:, :m], flat[:, m:])
 
 
-def _forward_stages(sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int],
-                    handle: Any | None) -> None:
+def _forward_stages(
+    sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int], handle: Any | None
+) -> None:
     """One batch through ``forward_intermediates``; each feature map goes to the accumulator on its grid."""
     calls = handle.num_calls if handle is not None else 0
     fmaps = sites.forward(images, layers)
     if handle is not None and handle.num_calls == calls:
-        raise TokenPermutationError(f"{type(sites.model).__name__}.forward_intermediates did not call the patch "
-                                    "embedding where the permutation is applied: its outputs would not be permuted")
+        raise TokenPermutationError(
+            f"{type(sites.model).__name__}.forward_intermediates did not call the patch "
+            "embedding where the permutation is applied: its outputs would not be permuted"
+        )
     for layer, fmap in zip(layers, fmaps):
         acc.add_feature_map(layer, fmap)

@@ -3,6 +3,7 @@
 Every result of the package names how its numbers were made ``settings`` (attribute and JSON key);
 :class:`SettingsRecord` keeps the old name ``metadata`` of the probes' results readable and writable.
 """
+
 from __future__ import annotations
 
 import math
@@ -161,9 +162,12 @@ class SSDCResult(SettingsRecord):
         permutation's rise; its interval: :attr:`delta_ci`). Without RPI it is not defined: the rise of a probe
         without RPI is :attr:`rise` (read here, it is returned with a DeprecationWarning, for one release)."""
         if not self.rpi:
-            warnings.warn("SSDCResult.delta is delta SSDC under RPI; without RPI, SSDC(layer 1) - SSDC(layer 0) is "
-                          "SSDCResult.rise (delta will be NaN without RPI in the next release)", DeprecationWarning,
-                          stacklevel=2)
+            warnings.warn(
+                "SSDCResult.delta is delta SSDC under RPI; without RPI, SSDC(layer 1) - SSDC(layer 0) is "
+                "SSDCResult.rise (delta will be NaN without RPI in the next release)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         return self.rise
 
     def interval_of(self, statistic: Callable[[np.ndarray], float]) -> tuple[float, float, float]:
@@ -198,6 +202,7 @@ class SSDCResult(SettingsRecord):
         reader compares has its interval beside it under the same name + ``_ci`` ([low, high]): ``per_layer``,
         ``content_per_layer``, ``delta`` (under RPI only: None without) and ``rise`` (SSDC(layer 1) - SSDC(layer
         0), any probe)."""
+
         def pairs(ci):
             return [list(c) for c in ci] if ci is not None else None
 
@@ -212,8 +217,9 @@ class SSDCResult(SettingsRecord):
             "per_image": [asdict(s) for s in self.per_image] if self.per_image is not None else None,
             "content_per_layer": list(self.content_per_layer) if self.content_per_layer is not None else None,
             "content_per_layer_ci": pairs(self.content_per_layer_ci),
-            "content_per_image": ([asdict(s) for s in self.content_per_image]
-                                  if self.content_per_image is not None else None),
+            "content_per_image": (
+                [asdict(s) for s in self.content_per_image] if self.content_per_image is not None else None
+            ),
             "by_permutation": self.by_permutation,
             "jackknife": self.jackknife,
             "content_by_permutation": self.content_by_permutation,
@@ -259,8 +265,10 @@ class SSDCResult(SettingsRecord):
             ci = _ci_text([self.rise_ci] if self.rise_ci is not None else None, 0)
             name = "delta SSDC under RPI" if self.rpi else "rise without RPI"
             lines.append(f"{name} ({unit} 1 - {unit} 0): {self.rise:.4f} {ci}")
-        lines.append(f"intervals: 95%, ssdc {self.settings.get('interval', 'not recorded')}"
-                     + (f"; img_mean over {self.per_image[0].over}" if self.per_image else ""))
+        lines.append(
+            f"intervals: 95%, ssdc {self.settings.get('interval', 'not recorded')}"
+            + (f"; img_mean over {self.per_image[0].over}" if self.per_image else "")
+        )
         return "\n".join(lines)
 
     def _unit(self) -> str:
@@ -293,23 +301,40 @@ class SSDCResult(SettingsRecord):
         headline = "SSDC of the mean map" if md_reduction(self) != "per_image" else "per-image SSDC, mean"
         ax.plot(self.layers, self.per_layer, "o-", color="C0", label=f"{headline}{grid}")
         if self.per_layer_ci is not None and not all(math.isnan(lo) for lo, _ in self.per_layer_ci):
-            ax.fill_between(self.layers, [lo for lo, _ in self.per_layer_ci], [hi for _, hi in self.per_layer_ci],
-                            color="C0", alpha=0.2, lw=0,
-                            label=f"its 95% interval, {self.settings.get('interval', '')}")
+            ax.fill_between(
+                self.layers,
+                [lo for lo, _ in self.per_layer_ci],
+                [hi for _, hi in self.per_layer_ci],
+                color="C0",
+                alpha=0.2,
+                lw=0,
+                label=f"its 95% interval, {self.settings.get('interval', '')}",
+            )
         if self.per_image is not None and md_reduction(self) != "per_image":
-            ax.plot(self.layers, [s.mean for s in self.per_image], "^:", color="C2", ms=4,
-                    label=f"per-image SSDC, mean{grid}")
-            ax.fill_between(self.layers, [s.ci_low for s in self.per_image], [s.ci_high for s in self.per_image],
-                            color="C2", alpha=0.2, lw=0,
-                            label=f"per-image SSDC, 95% interval of its mean over {self.per_image[0].over}")
+            ax.plot(
+                self.layers,
+                [s.mean for s in self.per_image],
+                "^:",
+                color="C2",
+                ms=4,
+                label=f"per-image SSDC, mean{grid}",
+            )
+            ax.fill_between(
+                self.layers,
+                [s.ci_low for s in self.per_image],
+                [s.ci_high for s in self.per_image],
+                color="C2",
+                alpha=0.2,
+                lw=0,
+                label=f"per-image SSDC, 95% interval of its mean over {self.per_image[0].over}",
+            )
         if self.content_per_layer is not None:
             ax.plot(self.layers, self.content_per_layer, "s--", color="C1", label="SSDC of the mean map (content grid)")
         ax.axhline(0.0, color="0.6", lw=0.8)
         ax.set_xlabel(self._unit())
         ax.set_ylabel("SSDC")
         md = self.settings
-        ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(),
-                     fontsize=9)
+        ax.set_title(f"{md.get('model', '')} {md.get('site', '')}{' RPI' if md.get('rpi') else ''}".strip(), fontsize=9)
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))  # under the panel, off the lines
         for a, k in zip(axes[1:], idx):
             if mean_maps is not None:  # idx is empty without them

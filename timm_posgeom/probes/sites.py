@@ -22,6 +22,7 @@ Sites:
     ``block_output`` the output of each block (the residual stream);
     ``stage_output`` each feature map of ``forward_intermediates`` (NCHW), on its own grid.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -34,12 +35,31 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import PosgeomError
 
-__all__ = ["SITES", "SUPPORTED_FAMILIES", "ProbeSites", "StageSites", "find_sites", "find_stages", "resolve_site",
-           "UnsupportedModelError"]
+__all__ = [
+    "SITES",
+    "SUPPORTED_FAMILIES",
+    "ProbeSites",
+    "StageSites",
+    "find_sites",
+    "find_stages",
+    "resolve_site",
+    "UnsupportedModelError",
+]
 
 SITES = ("attn_input", "block_output", "stage_output")
-SUPPORTED_FAMILIES = ("vision_transformer", "deit", "eva (incl. RoPE, dinov3)", "beit", "vit_relpos", "cait",
-                      "naflexvit", "convit", "xcit", "samvit", "timm_posgeom PosGeomViT")
+SUPPORTED_FAMILIES = (
+    "vision_transformer",
+    "deit",
+    "eva (incl. RoPE, dinov3)",
+    "beit",
+    "vit_relpos",
+    "cait",
+    "naflexvit",
+    "convit",
+    "xcit",
+    "samvit",
+    "timm_posgeom PosGeomViT",
+)
 
 
 class UnsupportedModelError(PosgeomError, TypeError):
@@ -50,7 +70,8 @@ def _unsupported(model: nn.Module, why: str) -> UnsupportedModelError:
     return UnsupportedModelError(
         f"cannot probe {type(model).__name__}: {why}. probe_ssdc supports flat timm ViTs whose blocks all "
         f"see one token grid: {', '.join(SUPPORTED_FAMILIES)}. Hierarchical models (swin, hiera, mvit, pit, "
-        "...), CNNs and MLP models are probed per stage: site='stage_output' (or 'auto')")
+        "...), CNNs and MLP models are probed per stage: site='stage_output' (or 'auto')"
+    )
 
 
 @dataclass
@@ -79,7 +100,8 @@ class ProbeSites:
         if fixed is not None and getattr(embed, "strict_img_size", False) and (h, w) != tuple(fixed):
             raise ValueError(
                 f"{type(self.model).__name__} expects {tuple(fixed)[0]}x{tuple(fixed)[1]} images, got {h}x{w}: "
-                "resize the data, or create the model with img_size=... (or dynamic_img_size=True)")
+                "resize the data, or create the model with img_size=... (or dynamic_img_size=True)"
+            )
         if not isinstance(embed, nn.Module):
             raise _unsupported(self.model, "it has no patch embedding module to give its token grid")
         feat_size = getattr(embed, "dynamic_feat_size", None)  # the grid of any input size, where timm has it
@@ -89,8 +111,9 @@ class ProbeSites:
             raise ValueError(f"an image of {h}x{w} gives an empty token grid {grid}")
         return grid
 
-    def register(self, site: str, layers: list[int],
-                 callback: Callable[[int, torch.Tensor], None]) -> list[RemovableHandle]:
+    def register(
+        self, site: str, layers: list[int], callback: Callable[[int, torch.Tensor], None]
+    ) -> list[RemovableHandle]:
         """Hook ``site`` of the blocks ``layers``; ``callback(layer, tokens)`` gets (B, T, C) tokens."""
         if site not in SITES:
             raise ValueError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
@@ -117,17 +140,26 @@ def _hook(block: nn.Module, site: str, layer: int, callback, model: nn.Module) -
     if getattr(block, "window_size", 0) and isinstance(norm1, nn.Module):  # samvit: norm1 -> window partition -> attn
         return norm1.register_forward_hook(lambda m, args, out: callback(layer, _first_tensor(out)))
     attns = getattr(block, "attns", None)  # parallel blocks: (norm -> attn) branches; the first one's input
-    attn = attns[0].attn if isinstance(attns, nn.ModuleList) and hasattr(attns[0], "attn") else getattr(block, "attn", None)
+    attn = (
+        attns[0].attn
+        if isinstance(attns, nn.ModuleList) and hasattr(attns[0], "attn")
+        else getattr(block, "attn", None)
+    )
     if isinstance(attn, nn.Module):
+
         def pre_hook(m, args, kwargs):
             callback(layer, args[0] if args else kwargs["x"])
+
         return attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
     for norm_name in ("norm1", "in_norm"):  # pre-norm blocks with a fused attention (ParallelScalingBlock)
         norm = getattr(block, norm_name, None)
         if isinstance(norm, nn.Module):
             return norm.register_forward_hook(lambda m, args, out: callback(layer, _first_tensor(out)))
-    raise _unsupported(model, f"block {layer} ({type(block).__name__}) has no `attn`, `attns`, `norm1` or `in_norm` "
-                              "to take the attention input from; use site='block_output'")
+    raise _unsupported(
+        model,
+        f"block {layer} ({type(block).__name__}) has no `attn`, `attns`, `norm1` or `in_norm` "
+        "to take the attention input from; use site='block_output'",
+    )
 
 
 def find_sites(model: nn.Module) -> ProbeSites:
@@ -152,7 +184,9 @@ def find_sites(model: nn.Module) -> ProbeSites:
         raise _unsupported(model, "it has no `patch_embed` (or naflexvit `embeds`)")
     reductions = _reductions(model)
     if len(set(reductions)) > 1:
-        raise _unsupported(model, f"its grid changes between blocks (feature reductions {', '.join(map(str, reductions))})")
+        raise _unsupported(
+            model, f"its grid changes between blocks (feature reductions {', '.join(map(str, reductions))})"
+        )
     num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
     return ProbeSites(model=model, blocks=list(blocks), num_prefix_tokens=num_prefix, family=family)
 
@@ -181,8 +215,10 @@ class StageSites:
         forward = cast(Callable[..., list[torch.Tensor]], self.model.forward_intermediates)  # timm's method
         out = forward(images, indices=list(layers), intermediates_only=True, stop_early=True, output_fmt="NCHW")
         if len(out) != len(layers):
-            raise RuntimeError(f"{type(self.model).__name__}.forward_intermediates returned {len(out)} feature maps "
-                               f"for {len(layers)} indices")
+            raise RuntimeError(
+                f"{type(self.model).__name__}.forward_intermediates returned {len(out)} feature maps "
+                f"for {len(layers)} indices"
+            )
         return list(out)
 
 
@@ -194,7 +230,8 @@ def find_stages(model: nn.Module) -> StageSites:
     if not callable(getattr(model, "forward_intermediates", None)) or not info:
         raise UnsupportedModelError(
             f"cannot probe {type(model).__name__} per stage: it has no timm `forward_intermediates` and "
-            "`feature_info` (every timm ViT, hierarchical model and CNN of timm 1.0 has them)")
+            "`feature_info` (every timm ViT, hierarchical model and CNN of timm 1.0 has them)"
+        )
     names = [str(f.get("module", i)) for i, f in enumerate(info)]
     return StageSites(model=model, names=names, family=type(model).__name__)
 

@@ -16,6 +16,7 @@ pair, or its index when several distance vectors share the sort), so one values-
 processed in chunks of bounded size over a small thread pool. On other devices ``torch.sort`` is used.
 Ties among similarities are averaged exactly; Spearman is then a dot product with the distance ranks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -93,8 +94,12 @@ def _scratch(b: int, M: int) -> tuple[np.ndarray, ...]:
     """
     bufs = getattr(_BUFFERS, "arrays", None)
     if bufs is None or bufs[0].shape[1] != M or bufs[0].shape[0] < b:
-        bufs = (np.empty((b, M), np.float32), np.empty((b, M), np.float64), np.empty((b, max(M - 1, 0)), bool),
-                np.empty((b, M), np.float64))
+        bufs = (
+            np.empty((b, M), np.float32),
+            np.empty((b, M), np.float64),
+            np.empty((b, max(M - 1, 0)), bool),
+            np.empty((b, M), np.float64),
+        )
         _BUFFERS.arrays = bufs
     return tuple(x[:b] for x in bufs)
 
@@ -121,8 +126,9 @@ def _rank_payload(d: np.ndarray) -> np.ndarray | None:
     return payload.astype(np.int64)
 
 
-def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: np.ndarray | None = None,
-                       payload: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _spearman_chunk_np(
+    vals: np.ndarray, targets: list[np.ndarray], pair_index: np.ndarray | None = None, payload: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Spearman numerators and rank norms of a few rows on CPU.
 
     vals: (b, M) float32 or float64, or with ``pair_index`` (M,) whole maps (b, N * N) whose entries
@@ -156,7 +162,9 @@ def _spearman_chunk_np(vals: np.ndarray, targets: list[np.ndarray], pair_index: 
         # +-inf and NaN turn into NaN keys (inf with payload bits is a NaN), which sort last; -inf with
         # payload 0 stays first. A finite chunk therefore has finite first and last columns.
         if not (np.isfinite(keys[:, 0]).all() and np.isfinite(keys[:, -1]).all()):
-            return _spearman_chunk_generic(vals, targets)  # reads vals (this thread's scratch) before anything reuses it
+            return _spearman_chunk_generic(
+                vals, targets
+            )  # reads vals (this thread's scratch) before anything reuses it
         # back to float32 (vals is not read again): rounding to nearest drops the payload, which is
         # below half a float32 ulp, so each sorted key gives back exactly its float
         np.copyto(pairs, keys, casting="same_kind")
@@ -189,8 +197,9 @@ def _spearman_chunk_generic(vals: np.ndarray, targets: list[np.ndarray]) -> tupl
     return nums, norms, nan_rows
 
 
-def _tie_correct(nums: np.ndarray, equal_next: np.ndarray,
-                 d_at: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def _tie_correct(
+    nums: np.ndarray, equal_next: np.ndarray, d_at: Callable[[np.ndarray, np.ndarray], list[np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray]:
     """Turn ordinal-rank numerators (T, b) into tie-averaged ones; return them and the rank norms (b,).
 
     equal_next: (b, M - 1), sorted positions k and k + 1 of a row hold one value. d_at(rows, pos): the T
@@ -213,7 +222,7 @@ def _tie_correct(nums: np.ndarray, equal_next: np.ndarray,
         for t, d in enumerate(d_at(el_row, el_pos)):
             nums[t] += np.bincount(el_row, weights=shift * d, minlength=b)
         size = (g_end - g_start + 1).astype(np.float64)
-        norm2 -= np.bincount(g_row, weights=(size ** 3 - size) / 12, minlength=b)
+        norm2 -= np.bincount(g_row, weights=(size**3 - size) / 12, minlength=b)
     return nums, np.sqrt(np.maximum(norm2, 0.0))
 
 
@@ -267,7 +276,7 @@ def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, f
         d_np = [d.cpu().numpy() for d, _ in targets]
         payload = _rank_payload(d_np[0]) if len(d_np) == 1 and vals_np.dtype == np.float32 else None
         rows = _rows_per_chunk(d_np[0].shape[0])
-        chunks = [vals_np[i:i + rows] for i in range(0, B, rows)]
+        chunks = [vals_np[i : i + rows] for i in range(0, B, rows)]
         if len(chunks) > 1 and torch.get_num_threads() > 1:
             parts = list(_pool().map(lambda c: _spearman_chunk_np(c, d_np, pair_index, payload), chunks))
         else:
@@ -332,8 +341,9 @@ def _distance_ranks_cached(key: tuple, distance: str, device: str) -> tuple[torc
         return centred.to(device), float(centred.square().sum().sqrt())
 
 
-def _distance_ranks(grid_size: Sequence[int], distance: str, positions: torch.Tensor | None,
-                    device: torch.device) -> tuple[torch.Tensor, float]:
+def _distance_ranks(
+    grid_size: Sequence[int], distance: str, positions: torch.Tensor | None, device: torch.device
+) -> tuple[torch.Tensor, float]:
     """Centred tie-averaged ranks of {-D_ij} (M,) float64 on ``device`` and their norm (cached)."""
     key: tuple[str, tuple[Any, ...]]
     if positions is None:
@@ -384,10 +394,10 @@ def upper_pairs(similarity: torch.Tensor, out: torch.Tensor | None = None) -> to
 
 
 def ssdc(
-        similarity: torch.Tensor,
-        grid_size: Sequence[int],
-        distance: str = "manhattan",
-        positions: torch.Tensor | None = None,
+    similarity: torch.Tensor,
+    grid_size: Sequence[int],
+    distance: str = "manhattan",
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Spatial-structure / distance correlation (SSDC) of one similarity map or a batch of maps.
 
@@ -423,8 +433,11 @@ def ssdc(
         return torch.empty(0, dtype=out_dtype, device=similarity.device)
     d_centred, d_norm = _distance_ranks(grid_size, distance, positions, maps.device)
     if d_norm == 0:
-        warnings.warn("the grid distance is constant over the pairs i < j: SSDC is undefined (NaN)",
-                      ConstantMapWarning, stacklevel=2)
+        warnings.warn(
+            "the grid distance is constant over the pairs i < j: SSDC is undefined (NaN)",
+            ConstantMapWarning,
+            stacklevel=2,
+        )
     (rho,) = ssdc_pairs(maps, [(d_centred, d_norm)])
     if d_norm > 0:
         _warn_constant(rho, maps)
@@ -436,5 +449,9 @@ def _warn_constant(rho: torch.Tensor, maps: torch.Tensor) -> None:
     nan = torch.isnan(rho)
     if bool(nan.any()):
         n_nan = int(nan.sum())
-        warnings.warn(f"{n_nan} of {rho.numel()} similarity maps are constant over the pairs i < j or "
-                      "not finite: their SSDC is NaN", ConstantMapWarning, stacklevel=3)
+        warnings.warn(
+            f"{n_nan} of {rho.numel()} similarity maps are constant over the pairs i < j or "
+            "not finite: their SSDC is NaN",
+            ConstantMapWarning,
+            stacklevel=3,
+        )

@@ -7,6 +7,7 @@ left NaN (too small a grid, a near-constant mean map, non-finite tokens), and th
 holds them. The running sums are :mod:`.accumulator`'s; the formula :mod:`.spearman`'s. Definitions:
 docs/method.md#similarity-maps-and-probe-sites and docs/method.md#intervals.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,7 +52,6 @@ class _Probe:
         return self.sites.num_prefix_tokens if isinstance(self.sites, ProbeSites) else 0
 
 
-
 # The similarities are float32 dot products of unit vectors (relative error ~1e-6 and below); a map whose
 # pairs spread less than this, relative to their size, holds no ranking but rounding noise.
 _CONSTANT_RTOL = 1e-5
@@ -69,39 +69,55 @@ def _near_constant(pairs: torch.Tensor) -> bool:
     return spread <= _CONSTANT_RTOL * max(float(pairs.abs().mean()), 1e-12)
 
 
-def _finish(acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_size: tuple[int, int],
-            model: nn.Module) -> SSDCResult:
+def _finish(
+    acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_size: tuple[int, int], model: nn.Module
+) -> SSDCResult:
     """The result from the (reduced) sums: per-layer SSDC of the mean maps and / or the per-image statistics,
     each with its interval (over permutations under RPI, over images without)."""
     layers = probe.layers
     grids = [acc.grids[layer] for layer in layers]
     if acc.too_small:
         names = ", ".join(f"{layer} ({'x'.join(map(str, acc.grids[layer]))})" for layer in sorted(acc.too_small))
-        warnings.warn(f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger "
-                      "images", ConstantMapWarning, stacklevel=3)
-    maps = (_map_ssdc(acc, probe, n_images, grids) if acc.want_map
-            else _MapStats(layers, np.full((1, len(layers)), np.nan)))  # filled by the per-image reduction
+        warnings.warn(
+            f"SSDC is undefined (NaN) where the grid has fewer than 2 tokens: layer(s) {names}; use larger images",
+            ConstantMapWarning,
+            stacklevel=3,
+        )
+    maps = (
+        _map_ssdc(acc, probe, n_images, grids) if acc.want_map else _MapStats(layers, np.full((1, len(layers)), np.nan))
+    )  # filled by the per-image reduction
     stats = _image_stats(acc, probe) if acc.want_images else None
     bad, count = acc.nonfinite_layers()
     if bad:  # non-finite tokens: those layers' numbers NaN, said once
         _blank_layers(maps, stats, [layers.index(layer) for layer in bad], probe)
-        warnings.warn(nonfinite_message(f"the tokens of layer(s) {', '.join(map(str, bad))}", count, n_images,
-                                        "their SSDC is NaN"), NonFiniteWarning, stacklevel=3)
+        warnings.warn(
+            nonfinite_message(
+                f"the tokens of layer(s) {', '.join(map(str, bad))}", count, n_images, "their SSDC is NaN"
+            ),
+            NonFiniteWarning,
+            stacklevel=3,
+        )
     if not acc.want_map and stats is not None:  # the per-image reduction alone: its means are the numbers
         _per_image_numbers(maps, stats, probe)
     n_tokens = grids[0][0] * grids[0][1] if grids else 0
     perms = acc.permutations.get(n_tokens) if probe.rpi else None
     return SSDCResult(
-        per_layer=_mean_rows(maps.index), layers=list(layers),
+        per_layer=_mean_rows(maps.index),
+        layers=list(layers),
         per_image=stats[0] if stats else None,
         content_per_layer=_mean_rows(maps.content) if maps.content is not None else None,  # under RPI
         content_per_image=stats[1] if stats and probe.rpi else None,
-        mean_maps=maps.mean_maps, permutation=perms[0].clone() if perms is not None else None,
+        mean_maps=maps.mean_maps,
+        permutation=perms[0].clone() if perms is not None else None,
         settings=_recorded(acc, probe, maps, seed, n_images, image_size, model),
-        per_layer_ci=maps.index_ci, content_per_layer_ci=maps.content_ci if probe.rpi else None,
+        per_layer_ci=maps.index_ci,
+        content_per_layer_ci=maps.content_ci if probe.rpi else None,
         by_permutation=maps.index.tolist() if probe.rpi else None,
         content_by_permutation=maps.content.tolist() if probe.rpi and maps.content is not None else None,
-        permutations=perms.clone() if perms is not None else None, rise_ci=maps.rise_ci, jackknife=maps.jackknife)
+        permutations=perms.clone() if perms is not None else None,
+        rise_ci=maps.rise_ci,
+        jackknife=maps.jackknife,
+    )
 
 
 def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> None:
@@ -118,19 +134,35 @@ def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> No
         maps.rise_ci = (float(low), float(high))
 
 
-def _recorded(acc: _Accumulator, probe: _Probe, maps: _MapStats, seed: int, n_images: int,
-              image_size: tuple[int, int], model: nn.Module) -> dict[str, Any]:
+def _recorded(
+    acc: _Accumulator,
+    probe: _Probe,
+    maps: _MapStats,
+    seed: int,
+    n_images: int,
+    image_size: tuple[int, int],
+    model: nn.Module,
+) -> dict[str, Any]:
     """The result's ``settings``: what was measured, how, on what."""
     staged = probe.staged
     grids = [acc.grids[layer] for layer in probe.layers]
     settings = {
-        "model": _model_name(model), "site": probe.site, "reduction": probe.reduction, "rpi": probe.rpi,
-        "seed": seed, "rpi_permutations": acc.num_replicas if probe.rpi else None,
+        "model": _model_name(model),
+        "site": probe.site,
+        "reduction": probe.reduction,
+        "rpi": probe.rpi,
+        "seed": seed,
+        "rpi_permutations": acc.num_replicas if probe.rpi else None,
         "permutation_seeds": list(acc.permutation_seeds) if acc.permutation_seeds is not None else None,
-        "jackknife_groups": acc.groups or None, "interval": maps.interval,
-        "distance": probe.distance, "n_images": n_images,
-        "image_size": list(image_size), "grid_size": list(grids[0]), "grid_sizes": [list(g) for g in grids],
-        "num_prefix_tokens": probe.num_prefix_tokens, "family": probe.sites.family,
+        "jackknife_groups": acc.groups or None,
+        "interval": maps.interval,
+        "distance": probe.distance,
+        "n_images": n_images,
+        "image_size": list(image_size),
+        "grid_size": list(grids[0]),
+        "grid_sizes": [list(g) for g in grids],
+        "num_prefix_tokens": probe.num_prefix_tokens,
+        "family": probe.sites.family,
         "granularity": "stage" if staged else "block",
         # layers whose mean map is constant up to float rounding (their SSDC NaN, with a ConstantMapWarning)
         "constant_layers": maps.flat,
@@ -185,8 +217,11 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
     (the first permutation's under RPI), and the layers whose mean map is constant up to float rounding (NaN,
     with a ConstantMapWarning)."""
     layers, k = probe.layers, acc.num_replicas
-    stats = _MapStats(layers, index=np.full((k, len(layers)), np.nan),
-                      content=np.full((k, len(layers)), np.nan) if probe.rpi else None)
+    stats = _MapStats(
+        layers,
+        index=np.full((k, len(layers)), np.nan),
+        content=np.full((k, len(layers)), np.nan) if probe.rpi else None,
+    )
     deleted = np.full((acc.groups, len(layers)), np.nan) if acc.groups else None
     rows: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}  # grid -> [(column, (K + G, M) mean maps)]
     for i, (layer, grid) in enumerate(zip(layers, grids)):
@@ -216,9 +251,12 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
                 (rho,) = ssdc_pairs(torch.stack([m[r] for _, m in items]), acc.distance_targets(grid, r, device)[1:])
                 stats.content[r, [i for i, _ in items]] = rho.cpu().numpy()
     if stats.flat:
-        warnings.warn(f"the mean similarity map of layer(s) {', '.join(map(str, stats.flat))} is constant up to float "
-                      "rounding (every patch token alike): its SSDC is undefined (NaN)", ConstantMapWarning,
-                      stacklevel=4)
+        warnings.warn(
+            f"the mean similarity map of layer(s) {', '.join(map(str, stats.flat))} is constant up to float "
+            "rounding (every patch token alike): its SSDC is undefined (NaN)",
+            ConstantMapWarning,
+            stacklevel=4,
+        )
     _intervals(stats, acc, probe, deleted)
     maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each, replica 0
     same = len({m.shape for m in maps}) == 1
@@ -238,8 +276,11 @@ def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.n
         if rise_col is not None:
             _, lo, hi = t_interval(stats.index[:, rise_col[1]] - stats.index[:, rise_col[0]])
             stats.rise_ci = (float(lo), float(hi))
-        stats.interval = (f"over {acc.num_replicas} RPI permutations (Student t, {acc.num_replicas - 1} df)"
-                          if acc.num_replicas >= 2 else "none (one RPI permutation)")
+        stats.interval = (
+            f"over {acc.num_replicas} RPI permutations (Student t, {acc.num_replicas - 1} df)"
+            if acc.num_replicas >= 2
+            else "none (one RPI permutation)"
+        )
         return
     if deleted is None:
         return
@@ -251,7 +292,7 @@ def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.n
         full = stats.index[0, rise_col[1]] - stats.index[0, rise_col[0]]
         lo, hi = jackknife_interval(full, deleted[:, rise_col[1]] - deleted[:, rise_col[0]], sizes)
         stats.rise_ci = (float(lo), float(hi))
-    stats.interval = (f"over images (delete-a-group jackknife, {int((sizes > 0).sum())} random groups, Student t)")
+    stats.interval = f"over images (delete-a-group jackknife, {int((sizes > 0).sum())} random groups, Student t)"
 
 
 def _rise_columns(probe: _Probe) -> tuple[int, int] | None:
@@ -280,9 +321,17 @@ def _image_stats(acc: _Accumulator, probe: _Probe) -> _ImageStats:
             for r in range(k):
                 pooled.merge(moments[(layer, r)].state())
             whole = pooled.stats()
-            stats.append(PerImageStats(mean=float(mean[i]), std=whole.std, ci_low=float(lo[i]), ci_high=float(hi[i]),
-                                       n=per[0][i].n, n_nan=pooled.n_nan,
-                                       over=f"{k} RPI permutations" if k >= 2 else "none (one RPI permutation)"))
+            stats.append(
+                PerImageStats(
+                    mean=float(mean[i]),
+                    std=whole.std,
+                    ci_low=float(lo[i]),
+                    ci_high=float(hi[i]),
+                    n=per[0][i].n,
+                    n_nan=pooled.n_nan,
+                    over=f"{k} RPI permutations" if k >= 2 else "none (one RPI permutation)",
+                )
+            )
         out.append(stats)
         arrays.append(means)
     return out[0], out[1], arrays[0], arrays[1]

@@ -2,6 +2,7 @@
 and the one setup of a stream (:func:`open_stream`) that :func:`~timm_posgeom.probes.probe_ssdc` and
 :func:`~timm_posgeom.probes.run_measures` both use.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,14 +25,13 @@ class _StopForward(Exception):
     """Raised by the last probed hook: the rest of the forward pass is not needed."""
 
 
-
 def _batches(data: Any, batch_size: int | None) -> Iterator[torch.Tensor]:
     """Image batches (B, C, H, W) from a tensor, or an iterable of tensors / (images, ...) / dicts."""
     if isinstance(data, torch.Tensor):
         images = data[None] if data.ndim == 3 else data
         step = batch_size or max(len(images), 1)
         for start in range(0, len(images), step):
-            yield _check_images(images[start:start + step])
+            yield _check_images(images[start : start + step])
         return
     if isinstance(data, dict):
         yield _check_images(_images_of(data))
@@ -50,16 +50,24 @@ class _Shard:
     the iteration, the same on every process, and the sum of the processes' images.
     """
 
-    def __init__(self, data: Any, batch_size: int | None, world: int, rank: int, max_images: int | None,
-                 presharded: bool) -> None:
+    def __init__(
+        self, data: Any, batch_size: int | None, world: int, rank: int, max_images: int | None, presharded: bool
+    ) -> None:
         self.data, self.batch_size, self.world, self.rank = data, batch_size, world, rank
         self.max_images, self.presharded = max_images, presharded
         self.seen: int | None = None
-        if not presharded and isinstance(data, DataLoader) and isinstance(data.sampler, RandomSampler) \
-                and data.sampler.generator is None and data.generator is None:
-            raise ValueError("a shuffling DataLoader without a seeded generator cannot be shared by batch across "
-                             "processes (each would draw its own order): pass an unshuffled one, or shard it "
-                             "yourself and pass distributed='presharded'")
+        if (
+            not presharded
+            and isinstance(data, DataLoader)
+            and isinstance(data.sampler, RandomSampler)
+            and data.sampler.generator is None
+            and data.generator is None
+        ):
+            raise ValueError(
+                "a shuffling DataLoader without a seeded generator cannot be shared by batch across "
+                "processes (each would draw its own order): pass an unshuffled one, or shard it "
+                "yourself and pass distributed='presharded'"
+            )
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
         """(global index of the batch's first image, images) for each of this process's batches (a
@@ -77,7 +85,7 @@ class _Shard:
             step = self.batch_size or max(len(images), 1)
             self.seen = len(images)
             for start in range(rank * step, len(images), world * step):
-                yield start, _check_images(images[start:start + step])
+                yield start, _check_images(images[start : start + step])
             return
         sharded = _dist.shard_dataloader(data, limit, world, rank)
         if sharded is not None:  # each process loads only its own batches
@@ -89,7 +97,7 @@ class _Shard:
         self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
         for k, images in enumerate(_batches(data, self.batch_size)):
             if limit is not None:
-                images = images[:limit - self.seen]
+                images = images[: limit - self.seen]
             if len(images):
                 start = self.seen
                 self.seen += len(images)
@@ -133,8 +141,10 @@ def _images_of(batch: Any) -> torch.Tensor:
             if isinstance(batch.get(key), torch.Tensor):
                 return _images_of(batch[key])
         raise TypeError(f"a dict batch needs an 'image' or 'pixel_values' tensor, got keys {sorted(batch)}")
-    raise TypeError("each batch must be an image tensor (B, C, H, W), an (images, labels, ...) tuple or a dict "
-                    f"with 'image'/'pixel_values'; got {type(batch).__name__}")
+    raise TypeError(
+        "each batch must be an image tensor (B, C, H, W), an (images, labels, ...) tuple or a dict "
+        f"with 'image'/'pixel_values'; got {type(batch).__name__}"
+    )
 
 
 def _check_images(images: torch.Tensor) -> torch.Tensor:
@@ -161,7 +171,11 @@ def _placement(model: nn.Module, device: str | torch.device | None) -> tuple[tor
     """(where the model's weights are, where to run it: ``device`` or there, the dtype of its inputs)."""
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     home = param.device if param is not None else torch.device("cpu")
-    return home, torch.device(device) if device is not None else home, param.dtype if param is not None else torch.float32
+    return (
+        home,
+        torch.device(device) if device is not None else home,
+        param.dtype if param is not None else torch.float32,
+    )
 
 
 def _model_name(model: nn.Module) -> str:
@@ -180,8 +194,15 @@ class Stream:
     its first batch (None before one).
     """
 
-    def __init__(self, batches: Iterable[tuple[int, torch.Tensor]], shard: _Shard | None, seed: int | None,
-                 limit: int | None, placement: tuple[torch.device, torch.device, torch.dtype], bar: Any) -> None:
+    def __init__(
+        self,
+        batches: Iterable[tuple[int, torch.Tensor]],
+        shard: _Shard | None,
+        seed: int | None,
+        limit: int | None,
+        placement: tuple[torch.device, torch.device, torch.dtype],
+        bar: Any,
+    ) -> None:
         self.batches, self.shard, self.seed, self.limit, self.bar = batches, shard, seed, limit, bar
         self.home, self.device, self.dtype = placement
         self.n_images = 0
@@ -211,7 +232,7 @@ class Stream:
         do not depend on batching or on the number of processes."""
         for offset, images in self.batches:
             if self.limit is not None:
-                images = images[:self.limit - self.n_images]
+                images = images[: self.limit - self.n_images]
             if len(images) == 0:
                 continue
             hw = (int(images.shape[-2]), int(images.shape[-1]))
@@ -223,8 +244,7 @@ class Stream:
                 break
 
 
-def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: bool, agreed: tuple,
-                what: str) -> Stream:
+def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: bool, agreed: tuple, what: str) -> Stream:
     """The setup :func:`~timm_posgeom.probes.probe_ssdc` and :func:`~timm_posgeom.probes.run_measures` share.
 
     ``settings``: the call's :class:`~timm_posgeom.measuring.MeasureSettings`. Launched as several processes
@@ -236,11 +256,22 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
     world = _dist.setup() if distributed != "off" else 1
     shard, seed = None, settings.seed
     if world > 1:
-        _dist.check_same((*agreed, seed, max_images, batch_size, distributed,
-                          None if distributed == "presharded" else _data_signature(data)), f"{what} settings or data")
+        _dist.check_same(
+            (
+                *agreed,
+                seed,
+                max_images,
+                batch_size,
+                distributed,
+                None if distributed == "presharded" else _data_signature(data),
+            ),
+            f"{what} settings or data",
+        )
         if distributed == "presharded" and max_images is not None:
-            raise ValueError("max_images cannot be applied to pre-sharded data (each process holds its own shard): "
-                             "cut the shards instead, or pass the whole data with distributed='auto'")
+            raise ValueError(
+                "max_images cannot be applied to pre-sharded data (each process holds its own shard): "
+                "cut the shards instead, or pass the whole data with distributed='auto'"
+            )
         if rpi:
             seed = _dist.shared_seed(seed)
         shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
@@ -250,5 +281,6 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
     show = settings.progress and (shard is None or _dist.is_main())
     bar = tqdm(total=total if shard is None else None, unit="img", desc=what, disable=not show, leave=False)
     batches = shard if shard is not None else _numbered(_batches(data, batch_size))
-    return Stream(batches, shard, seed, None if shard is not None else max_images,
-                  _placement(model, settings.device), bar)
+    return Stream(
+        batches, shard, seed, None if shard is not None else max_images, _placement(model, settings.device), bar
+    )

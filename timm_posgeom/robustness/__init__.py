@@ -32,6 +32,7 @@ accuracies, FS and the bootstrap intervals are identical).
 The formulas and :class:`FragilityResult` live in :mod:`timm_posgeom.scores`; every public name is
 importable from here.
 """
+
 from __future__ import annotations
 
 from ..protocol import DEFAULT_ALPHAS

@@ -6,6 +6,7 @@ image's (clean, shifted...) correctness is kept, in data order, for the exact co
 bootstrap of :class:`~timm_posgeom.scores.FragilityResult`. Definitions: the package docstring
 (:mod:`timm_posgeom.robustness`) and docs/method.md#fragility-score-and-shifts.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,8 +65,9 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
     return param.device if param is not None else torch.device("cpu")
 
 
-def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None,
-                       perms: Any = None) -> torch.Tensor:
+def _forward_in_pieces(
+    model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None, perms: Any = None
+) -> torch.Tensor:
     """``model(x)`` in pieces of at most ``size`` images, concatenated; under RPI (``permutation``, a
     ``per="given"`` handle) row i of ``x`` is permuted by ``perms(n)[i]`` (n: the tokens the patch embedding
     emits)."""
@@ -73,8 +75,8 @@ def _forward_in_pieces(model: nn.Module, x: torch.Tensor, size: int | None, perm
     pieces = []
     for i in range(0, x.shape[0], size):
         if permutation is not None:
-            permutation.give(lambda n, i=i: perms(n)[i:i + size])
-        pieces.append(model(x[i:i + size]))
+            permutation.give(lambda n, i=i: perms(n)[i : i + size])
+        pieces.append(model(x[i : i + size]))
     return torch.cat(pieces) if pieces else model(x)
 
 
@@ -84,24 +86,28 @@ def check_labels(labels: torch.Tensor, outputs: int) -> None:
     if not labels.numel():
         return
     if int(labels.max()) >= outputs:
-        raise ValueError(f"label {int(labels.max())} is out of range for a model with {outputs} "
-                         "outputs: the data's labels do not index this model's classes")
+        raise ValueError(
+            f"label {int(labels.max())} is out of range for a model with {outputs} "
+            "outputs: the data's labels do not index this model's classes"
+        )
     if int(labels.min()) < 0:
-        raise ValueError(f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
-                         "would count as wrong; use a labelled split")
+        raise ValueError(
+            f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
+            "would count as wrong; use a labelled split"
+        )
 
 
 def fragility(
-        model: nn.Module,
-        data: Any,
-        shifts: Sequence[str | Shift] = PAPER_SHIFTS,
-        *,
-        rpi: bool = False,
-        alpha: float | None = None,
-        blur_on_device: bool = False,
-        labels: str = "check",
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    shifts: Sequence[str | Shift] = PAPER_SHIFTS,
+    *,
+    rpi: bool = False,
+    alpha: float | None = None,
+    blur_on_device: bool = False,
+    labels: str = "check",
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> FragilityResult:
     """Top-1 accuracy on clean and shifted images and the fragility score of every shift.
 
@@ -167,17 +173,31 @@ def fragility(
     on_device = [blur_on_device and isinstance(p, GaussianBlur) for p in shift_list]
     shift_size = check_shift_size(own["shift_size"], any(on_device))
     data = match_labels(model, first_items(data, settings.max_images), labels)
-    plan = _Plan(names, shift_list, on_device, check_split(data, settings.max_images), batch_size,
-                 own["forward_size"], shift_size=shift_size)
+    plan = _Plan(
+        names,
+        shift_list,
+        on_device,
+        check_split(data, settings.max_images),
+        batch_size,
+        own["forward_size"],
+        shift_size=shift_size,
+    )
     seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device, shift_size))
     dev = _model_device(model, settings.device)
     cfg = resolve_config(model, settings.img_size)
     # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
-    shift_seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
+    shift_seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     loader = _loader(data, plan, settings, cfg, shift_seed, dev)
-    recorded = {"model": _model_name(model), "resize": settings.resize, "rpi": rpi, "alpha": alpha, "seed": seed,
-                "input_size": list(cfg["input_size"]), "shift_objects": [repr(p) for p in shift_list],
-                **({"shift_size": shift_size} if shift_size else {})}
+    recorded = {
+        "model": _model_name(model),
+        "resize": settings.resize,
+        "rpi": rpi,
+        "alpha": alpha,
+        "seed": seed,
+        "input_size": list(cfg["input_size"]),
+        "shift_objects": [repr(p) for p in shift_list],
+        **({"shift_size": shift_size} if shift_size else {}),
+    }
     if seed is None:
         recorded["shift_seed"] = shift_seed
     if rpi:  # one permutation per image, from (the seed, its index)
@@ -206,8 +226,9 @@ class _Plan:
     shift_size: int | None = None  # each shift applied at this size, before the resize to the model's input
 
 
-def _check_fragility(shifts: Sequence[str | Shift] | str | Shift, settings: MeasureSettings,
-                     forward_size: int | None) -> tuple[list[Shift], list[str], int]:
+def _check_fragility(
+    shifts: Sequence[str | Shift] | str | Shift, settings: MeasureSettings, forward_size: int | None
+) -> tuple[list[Shift], list[str], int]:
     """The shifts parsed (and their names, distinct), and what fragility adds to the settings' checks; returns
     (the shifts, their names, the batch size: images per step)."""
     if isinstance(shifts, (str, Shift)):
@@ -231,30 +252,48 @@ def _share(plan: _Plan, settings: MeasureSettings, agreed: tuple) -> int | None:
     world = _dist.setup() if settings.distributed == "auto" else 1
     if world == 1:
         return settings.seed
-    _dist.check_same((plan.names, [repr(p) for p in plan.shifts], plan.n, settings.resize, plan.batch_size,
-                      settings.seed, settings.img_size, *agreed), "fragility settings or data")
+    _dist.check_same(
+        (
+            plan.names,
+            [repr(p) for p in plan.shifts],
+            plan.n,
+            settings.resize,
+            plan.batch_size,
+            settings.seed,
+            settings.img_size,
+            *agreed,
+        ),
+        "fragility settings or data",
+    )
     plan.own = _dist.sequential_batches(plan.n, plan.batch_size)
     return _dist.shared_seed(settings.seed)
 
 
-def _loader(data: Any, plan: _Plan, settings: MeasureSettings, cfg: dict[str, Any], shift_seed: int,
-            dev: torch.device) -> DataLoader:
+def _loader(
+    data: Any, plan: _Plan, settings: MeasureSettings, cfg: dict[str, Any], shift_seed: int, dev: torch.device
+) -> DataLoader:
     """Batches ((B, V_loader, C, H, W) uint8 copies, labels) of this process's images: each image resized
     once to the model's input (``cfg``), then every shift that runs in the loader's workers (with
     ``plan.shift_size``: each shift at that size, then every copy resized, :mod:`~timm_posgeom.shift_size`)."""
     loader_shifts = [p for p, d in zip(plan.shifts, plan.on_device) if not d]
     resize = resize_transform(cfg, settings.resize)
-    shifted = _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed) if not plan.shift_size else \
-        ShiftedAtSize(data, plan.n, pre_resize(cfg, plan.shift_size), resize, loader_shifts, seed=shift_seed)
-    batching = dict(batch_size=plan.batch_size, shuffle=False) if plan.own is None else \
-        dict(batch_sampler=_dist.IndexBatches(plan.own))  # this process's batches only
+    shifted = (
+        _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed)
+        if not plan.shift_size
+        else ShiftedAtSize(data, plan.n, pre_resize(cfg, plan.shift_size), resize, loader_shifts, seed=shift_seed)
+    )
+    batching = (
+        dict(batch_size=plan.batch_size, shuffle=False)
+        if plan.own is None
+        else dict(batch_sampler=_dist.IndexBatches(plan.own))
+    )  # this process's batches only
     workers = default_workers() if settings.num_workers is None else int(settings.num_workers)
-    return DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda",
-                      persistent_workers=False)
+    return DataLoader(shifted, **batching, num_workers=workers, pin_memory=dev.type == "cuda", persistent_workers=False)
 
 
-def _intervene(stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: bool, alpha: float | None,
-               seed: int | None) -> Any:
+def _intervene(
+    stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: bool, alpha: float | None, seed: int | None
+) -> Any:
     """Enter eval mode, the PE scale and RPI on ``stack`` (inference mode last); returns the RPI handle."""
     stack.enter_context(eval_mode(model))
     if alpha is not None:
@@ -270,8 +309,16 @@ def _intervene(stack: contextlib.ExitStack, model: nn.Module, plan: _Plan, rpi: 
     return permutation
 
 
-def _evaluate(model: nn.Module, loader: DataLoader, plan: _Plan, cfg: dict[str, Any], dev: torch.device,
-              permutation: Any, show: bool, seed: int = 0) -> np.ndarray:
+def _evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    plan: _Plan,
+    cfg: dict[str, Any],
+    dev: torch.device,
+    permutation: Any,
+    show: bool,
+    seed: int = 0,
+) -> np.ndarray:
     """(images, 1 + shifts) bool: whether each of this process's images, clean then shifted, is classified
     right, in loader order."""
     from tqdm.auto import tqdm
@@ -290,8 +337,10 @@ def _evaluate(model: nn.Module, loader: DataLoader, plan: _Plan, cfg: dict[str, 
 
             def perms(n: int, ids=ids, v=v) -> torch.Tensor:
                 return image_permutations(n, seed, ids).repeat_interleave(v, dim=0)
-        logits = _forward_in_pieces(model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]),
-                                    plan.forward_size, permutation, perms)
+
+        logits = _forward_in_pieces(
+            model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]), plan.forward_size, permutation, perms
+        )
         check_labels(labels, logits.shape[-1])
         hits.append(score_logits(logits, labels.repeat_interleave(v)).reshape(b, v))
     table = np.concatenate(hits) if hits else np.zeros((0, 1 + len(plan.names)), dtype=np.int8)
@@ -313,9 +362,12 @@ def _gather(plan: _Plan, hits: np.ndarray) -> tuple[dict[str, np.ndarray], dict[
     """(``"clean"`` and each shift -> (n,) bool correct, and -> (n,) bool logits not finite), in data order;
     with several processes every process's rows put back in data order: exactly the arrays of one process."""
     if plan.own is not None:
-        rows = np.concatenate([np.arange(r.start, r.stop) for r in plan.own]) if plan.own else \
-            np.zeros(0, dtype=np.int64)
+        rows = (
+            np.concatenate([np.arange(r.start, r.stop) for r in plan.own]) if plan.own else np.zeros(0, dtype=np.int64)
+        )
         hits = _dist.gather_in_order(hits, rows, plan.n)
     names = ["clean", *plan.names]
-    return ({name: hits[:, j] == 1 for j, name in enumerate(names)},
-            {name: hits[:, j] < 0 for j, name in enumerate(names)})
+    return (
+        {name: hits[:, j] == 1 for j, name in enumerate(names)},
+        {name: hits[:, j] < 0 for j, name in enumerate(names)},
+    )

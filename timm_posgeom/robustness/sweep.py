@@ -3,6 +3,7 @@
 its result, :class:`AlphaSweepResult`, one :class:`AlphaSweepRow` per alpha. Definitions:
 docs/method.md#fragility-score-and-shifts.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,13 +52,17 @@ class AlphaSweepRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "alpha": self.alpha, "delta_ssdc": self.delta_ssdc, "delta_ssdc_ci": list(self.delta_ssdc_ci),
+            "alpha": self.alpha,
+            "delta_ssdc": self.delta_ssdc,
+            "delta_ssdc_ci": list(self.delta_ssdc_ci),
             "ssdc_per_layer": list(self.ssdc_per_layer),
             "ssdc_per_layer_ci": [list(c) for c in self.ssdc_per_layer_ci] if self.ssdc_per_layer_ci else None,
             "ssdc_by_permutation": self.ssdc.by_permutation if self.ssdc is not None else None,
             "permutation_seeds": self.permutation_seeds,
-            "clean_accuracy": self.clean_accuracy, "clean_accuracy_ci": list(self.fragility.clean_interval),
-            "accuracy": dict(self.accuracy), "fs": dict(self.fs),
+            "clean_accuracy": self.clean_accuracy,
+            "clean_accuracy_ci": list(self.fragility.clean_interval),
+            "accuracy": dict(self.accuracy),
+            "fs": dict(self.fs),
             "fragility": self.fragility.to_dict(),
         }
 
@@ -84,8 +89,11 @@ class AlphaSweepResult:
         return {s: [r.fs[s] for r in self.rows] for s in self.shifts}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"shifts": list(self.shifts), "rows": [r.to_dict() for r in self.rows],
-                "settings": to_jsonable(self.settings)}
+        return {
+            "shifts": list(self.shifts),
+            "rows": [r.to_dict() for r in self.rows],
+            "settings": to_jsonable(self.settings),
+        }
 
     def to_json(self, path: str | os.PathLike | None = None, indent: int = 2) -> str:
         """The :meth:`to_dict` numbers as strict JSON (NaN written as null); also written to ``path`` if given (atomically)."""
@@ -95,8 +103,15 @@ class AlphaSweepResult:
         """A markdown table: alpha (increasing, as on the figure's axis), delta SSDC under RPI with its 95%
         interval over the RPI permutations, clean top-1 and FS per shift each with its 95% interval (Wilson;
         paired bootstrap), per-layer SSDC under RPI (means over the permutations)."""
-        head = ["alpha", "delta SSDC (RPI)", "delta SSDC (RPI) 95% CI", "clean top-1", "clean top-1 95% CI",
-                *(c for s in self.shifts for c in (f"FS {s}", f"FS {s} 95% CI")), "SSDC per layer (RPI)"]
+        head = [
+            "alpha",
+            "delta SSDC (RPI)",
+            "delta SSDC (RPI) 95% CI",
+            "clean top-1",
+            "clean top-1 95% CI",
+            *(c for s in self.shifts for c in (f"FS {s}", f"FS {s} 95% CI")),
+            "SSDC per layer (RPI)",
+        ]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
         def ci(pair: Any) -> str:
@@ -104,10 +119,15 @@ class AlphaSweepResult:
             return f"[{low:.{digits}f}, {high:.{digits}f}]"
 
         for r in sorted(self.rows, key=lambda r: r.alpha):
-            cells = [f"{r.alpha:g}", f"{r.delta_ssdc:.{digits}f}", ci(r.delta_ssdc_ci), f"{r.clean_accuracy:.{digits}f}",
-                     ci(r.fragility.clean_interval),
-                     *(c for s in self.shifts for c in (f"{r.fs[s]:.{digits}f}", ci(r.fragility.fs_interval[s]))),
-                     ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer)]
+            cells = [
+                f"{r.alpha:g}",
+                f"{r.delta_ssdc:.{digits}f}",
+                ci(r.delta_ssdc_ci),
+                f"{r.clean_accuracy:.{digits}f}",
+                ci(r.fragility.clean_interval),
+                *(c for s in self.shifts for c in (f"{r.fs[s]:.{digits}f}", ci(r.fragility.fs_interval[s]))),
+                ", ".join(f"{v:.{digits}f}" for v in r.ssdc_per_layer),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -123,12 +143,24 @@ class AlphaSweepResult:
         top, bottom = fig.subplots(2, 1, sharex=True)
         order = np.argsort(self.alphas)
         alphas = np.asarray(self.alphas, dtype=float)[order]
-        top.plot(alphas, np.asarray(self.delta_ssdc, dtype=float)[order], "o-", color="k",
-                 label=f"delta SSDC under RPI (mean over {self.settings.get('rpi_permutations', '?')} permutations)")
+        top.plot(
+            alphas,
+            np.asarray(self.delta_ssdc, dtype=float)[order],
+            "o-",
+            color="k",
+            label=f"delta SSDC under RPI (mean over {self.settings.get('rpi_permutations', '?')} permutations)",
+        )
         cis = np.asarray([self.rows[k].delta_ssdc_ci for k in order], dtype=float)
         if np.isfinite(cis).any():
-            top.fill_between(alphas, cis[:, 0], cis[:, 1], color="k", alpha=0.15, lw=0,
-                             label="its 95% interval over the permutations")
+            top.fill_between(
+                alphas,
+                cis[:, 0],
+                cis[:, 1],
+                color="k",
+                alpha=0.15,
+                lw=0,
+                label="its 95% interval over the permutations",
+            )
         top.axhline(0, color="0.6", lw=0.5)
         top.set_ylabel("delta SSDC under RPI")
         top.legend(fontsize=7)
@@ -137,8 +169,15 @@ class AlphaSweepResult:
             rows = [self.rows[k] for k in order]
             ci = [getattr(r.fragility, "fs_interval", {}).get(s, (math.nan, math.nan)) for r in rows]
             if not all(math.isnan(lo) for lo, _ in ci):
-                bottom.fill_between(alphas, [lo for lo, _ in ci], [hi for _, hi in ci], color=f"C{i}", alpha=0.2,
-                                    lw=0, label=f"FS {s}: paired bootstrap 95% interval")
+                bottom.fill_between(
+                    alphas,
+                    [lo for lo, _ in ci],
+                    [hi for _, hi in ci],
+                    color=f"C{i}",
+                    alpha=0.2,
+                    lw=0,
+                    label=f"FS {s}: paired bootstrap 95% interval",
+                )
         bottom.axhline(0, color="0.6", lw=0.5)
         bottom.set_xlabel("alpha (PE scale)")
         bottom.set_ylabel("fragility score FS")
@@ -151,16 +190,16 @@ class AlphaSweepResult:
 
 
 def alpha_sweep(
-        model: nn.Module,
-        data: Any,
-        alphas: Sequence[float] = DEFAULT_ALPHAS,
-        shifts: Sequence[str | Shift] = ("jpeg:5",),
-        *,
-        site: str = "auto",
-        include_prefix: bool = True,
-        labels: str = "check",
-        settings: MeasureSettings | None = None,
-        **options: Any,
+    model: nn.Module,
+    data: Any,
+    alphas: Sequence[float] = DEFAULT_ALPHAS,
+    shifts: Sequence[str | Shift] = ("jpeg:5",),
+    *,
+    site: str = "auto",
+    include_prefix: bool = True,
+    labels: str = "check",
+    settings: MeasureSettings | None = None,
+    **options: Any,
 ) -> AlphaSweepResult:
     """Scale the PE by each alpha and measure delta SSDC under RPI and the fragility of each shift.
 
@@ -190,8 +229,9 @@ def alpha_sweep(
     batch and reduced, every process returns the single-process result, and only the main process
     shows progress. Returns an :class:`AlphaSweepResult`.
     """
-    settings, own = MeasureSettings.resolve("alpha_sweep", settings, options,
-                                            {"probe_images": None, "probe_data": None})
+    settings, own = MeasureSettings.resolve(
+        "alpha_sweep", settings, options, {"probe_images": None, "probe_data": None}
+    )
     site, alphas = _check_sweep(model, site, alphas, settings)
     n_probe, probe_loader, data = _sweep_data(model, data, own, labels, settings)
     if isinstance(shifts, (str, Shift)):
@@ -200,19 +240,35 @@ def alpha_sweep(
     quiet = settings.replace(device=dev, progress=False)
     world = _dist.setup() if settings.distributed == "auto" else 1
     show = settings.progress and (world == 1 or _dist.is_main())
-    ssdcs = sweep_ssdc(model, probe_loader, alphas, site=site, include_prefix=include_prefix,
-                       settings=quiet.replace(max_images=n_probe), progress=show)
+    ssdcs = sweep_ssdc(
+        model,
+        probe_loader,
+        alphas,
+        site=site,
+        include_prefix=include_prefix,
+        settings=quiet.replace(max_images=n_probe),
+        progress=show,
+    )
     rows = _fragility_rows(model, data, shifts, list(zip(alphas, ssdcs)), quiet, include_prefix, show)
     k, seed = ssdcs[0].settings["rpi_permutations"], ssdcs[0].settings["seed"]
-    recorded = {"model": _model_name(model), "site": site, "probe_images": n_probe, "include_prefix": include_prefix,
-                "resize": settings.resize, "seed": seed, "rpi_permutations": k, "permutations_per_alpha": "fresh",
-                "num_images": rows[0].fragility.num_images}
+    recorded = {
+        "model": _model_name(model),
+        "site": site,
+        "probe_images": n_probe,
+        "include_prefix": include_prefix,
+        "resize": settings.resize,
+        "seed": seed,
+        "rpi_permutations": k,
+        "permutations_per_alpha": "fresh",
+        "num_images": rows[0].fragility.num_images,
+    }
     shift_names = [s if isinstance(s, str) else parse_shift(s).spec for s in shifts]
     return AlphaSweepResult(rows=rows, shifts=shift_names, settings=recorded)
 
 
-def _check_sweep(model: nn.Module, site: str, alphas: Sequence[float],
-                 settings: MeasureSettings) -> tuple[str, list[float]]:
+def _check_sweep(
+    model: nn.Module, site: str, alphas: Sequence[float], settings: MeasureSettings
+) -> tuple[str, list[float]]:
     """What :func:`alpha_sweep` adds to the settings' checks, before any data is read: (the probe site
     resolved, the alphas as floats)."""
     from ..probes.sites import resolve_site
@@ -226,9 +282,15 @@ def _check_sweep(model: nn.Module, site: str, alphas: Sequence[float],
     return site, floats
 
 
-def _fragility_rows(model: nn.Module, data: Any, shifts: Sequence[str | Shift],
-                    probed: list[tuple[float, SSDCResult]], settings: MeasureSettings, include_prefix: bool,
-                    show: bool) -> list[AlphaSweepRow]:
+def _fragility_rows(
+    model: nn.Module,
+    data: Any,
+    shifts: Sequence[str | Shift],
+    probed: list[tuple[float, SSDCResult]],
+    settings: MeasureSettings,
+    include_prefix: bool,
+    show: bool,
+) -> list[AlphaSweepRow]:
     """The sweep's rows: per (alpha, its SSDC under RPI) of ``probed``, :func:`fragility` of every shift
     inside ``pe_scale(model, alpha, include_prefix)``."""
     from tqdm.auto import tqdm
@@ -237,17 +299,34 @@ def _fragility_rows(model: nn.Module, data: Any, shifts: Sequence[str | Shift],
     for alpha, ssdc in tqdm(probed, desc="fragility per alpha", disable=not show):
         with pe_scale(model, alpha, include_prefix=include_prefix):
             frag = fragility(model, data, shifts, settings=settings, labels="as-is")  # checked (or mapped) above
-        rows.append(AlphaSweepRow(
-            alpha=alpha, delta_ssdc=float(ssdc.rise), ssdc_per_layer=[float(v) for v in ssdc.per_layer],
-            clean_accuracy=frag.clean_accuracy, accuracy=dict(frag.accuracy), fs=dict(frag.fs),
-            fragility=frag, ssdc=ssdc, delta_ssdc_ci=ssdc.delta_ci, ssdc_per_layer_ci=ssdc.per_layer_ci,
-            permutation_seeds=list(ssdc.settings["permutation_seeds"])))
+        rows.append(
+            AlphaSweepRow(
+                alpha=alpha,
+                delta_ssdc=float(ssdc.rise),
+                ssdc_per_layer=[float(v) for v in ssdc.per_layer],
+                clean_accuracy=frag.clean_accuracy,
+                accuracy=dict(frag.accuracy),
+                fs=dict(frag.fs),
+                fragility=frag,
+                ssdc=ssdc,
+                delta_ssdc_ci=ssdc.delta_ci,
+                ssdc_per_layer_ci=ssdc.per_layer_ci,
+                permutation_seeds=list(ssdc.settings["permutation_seeds"]),
+            )
+        )
     return rows
 
 
-def sweep_ssdc(model: nn.Module, loader: Any, alphas: Sequence[float], *, site: str = "auto",
-               include_prefix: bool = True, settings: MeasureSettings | None = None,
-               progress: bool = False) -> list[Any]:
+def sweep_ssdc(
+    model: nn.Module,
+    loader: Any,
+    alphas: Sequence[float],
+    *,
+    site: str = "auto",
+    include_prefix: bool = True,
+    settings: MeasureSettings | None = None,
+    progress: bool = False,
+) -> list[Any]:
     """SSDC under RPI at each alpha, the SSDC part of :func:`alpha_sweep`: one
     :func:`~timm_posgeom.probes.probe_ssdc` per alpha inside ``pe_scale(model, alpha, include_prefix)``, with
     ``settings.rpi_permutations`` (K) permutations drawn afresh for every alpha, as the paper draws them: alpha
@@ -262,17 +341,25 @@ def sweep_ssdc(model: nn.Module, loader: Any, alphas: Sequence[float], *, site: 
     if settings.distributed == "auto":
         _dist.setup()
     seed = _dist.shared_seed(settings.seed)  # None alone: one from torch's global RNG; shared by processes
-    seed = seed if seed is not None else int(torch.randint(2 ** 31, ()).item())
+    seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     out = []
     for j, alpha in enumerate(tqdm(alphas, desc="alpha sweep", disable=not progress)):
         with pe_scale(model, float(alpha), include_prefix=include_prefix):
-            out.append(probe_ssdc(model, loader, site=site, rpi=True,
-                                  settings=settings.replace(seed=seed + j * k, rpi_permutations=k, progress=False)))
+            out.append(
+                probe_ssdc(
+                    model,
+                    loader,
+                    site=site,
+                    rpi=True,
+                    settings=settings.replace(seed=seed + j * k, rpi_permutations=k, progress=False),
+                )
+            )
     return out
 
 
-def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,
-                settings: MeasureSettings) -> tuple[int, Any, Any]:
+def _sweep_data(
+    model: nn.Module, data: Any, own: dict[str, Any], labels: str, settings: MeasureSettings
+) -> tuple[int, Any, Any]:
     """(the probe's image count, its loader, the data with its labels checked or mapped)."""
     if settings.batch_size is None:  # fragility's steps need one: refused before the probe, not after it
         raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
@@ -282,6 +369,13 @@ def _sweep_data(model: nn.Module, data: Any, own: dict[str, Any], labels: str,
     data = match_labels(model, first_items(data, bound), labels)
     probe_source = data if own["probe_data"] is None else first_items(own["probe_data"], probe_images)
     n_probe = check_split(probe_source, probe_images)
-    loader = eval_loader(model, probe_source, max_images=n_probe, batch_size=settings.batch_size,
-                         resize=settings.resize, num_workers=settings.num_workers, img_size=settings.img_size)
+    loader = eval_loader(
+        model,
+        probe_source,
+        max_images=n_probe,
+        batch_size=settings.batch_size,
+        resize=settings.resize,
+        num_workers=settings.num_workers,
+        img_size=settings.img_size,
+    )
     return n_probe, loader, data

@@ -22,6 +22,7 @@ Every stage's result is written as soon as it exists, so an interrupted study re
 stopped (``--resume``). ``results.json`` collects every number with the exact configuration,
 versions and seeds; :mod:`timm_posgeom.app.report` turns it into ``report.md`` and figures.
 """
+
 from __future__ import annotations
 
 from .config import (
@@ -38,6 +39,21 @@ from .config import (
 from .plan import PlannedRun, StudyPlan, dry_run, make_plan, plan_study, write_plan
 from .runner import run_study
 
-__all__ = ["CONDITIONS", "PRESETS", "StudyConfig", "run_study", "plan_study", "preset_config", "dry_run",
-           "write_plan", "StudyError", "config_changes", "make_plan", "StudyPlan", "PlannedRun", "SWEPT",
-           "LEGACY_SETTINGS", "RPI_SETTINGS"]
+__all__ = [
+    "CONDITIONS",
+    "PRESETS",
+    "StudyConfig",
+    "run_study",
+    "plan_study",
+    "preset_config",
+    "dry_run",
+    "write_plan",
+    "StudyError",
+    "config_changes",
+    "make_plan",
+    "StudyPlan",
+    "PlannedRun",
+    "SWEPT",
+    "LEGACY_SETTINGS",
+    "RPI_SETTINGS",
+]

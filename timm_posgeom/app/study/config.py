@@ -1,4 +1,5 @@
 """What a study does: :class:`StudyConfig`, the presets that fill it, and the settings a resume compares."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,8 +8,21 @@ from typing import Any
 from ...errors import PosgeomError
 from ..rundir import settings_changes
 
-__all__ = ["CONDITIONS", "SWEPT", "PRESETS", "StudyConfig", "StudyError", "preset_config", "check_init",
-           "config_changes", "LEGACY_SETTINGS", "RPI_SETTINGS", "PART_SETTINGS", "sweep_rpi", "attention_rpi"]
+__all__ = [
+    "CONDITIONS",
+    "SWEPT",
+    "PRESETS",
+    "StudyConfig",
+    "StudyError",
+    "preset_config",
+    "check_init",
+    "config_changes",
+    "LEGACY_SETTINGS",
+    "RPI_SETTINGS",
+    "PART_SETTINGS",
+    "sweep_rpi",
+    "attention_rpi",
+]
 
 CONDITIONS = ("nope", "ape", "sincos", "rope", "rpt")
 SWEPT = ("ape", "sincos", "rope")
@@ -62,32 +76,64 @@ PRESETS: dict[str, dict[str, Any]] = {
     # JPEG q5 cost every model at most 3% of its accuracy and the fragility claim stayed within noise; set v3's
     # position grating, which JPEG q5 removes, is what a model without PE reads layout from (synthetic.py).
     "demo": dict(
-        recipe_prefix="imagenette_cpu", data=None, heldout_fraction=0.1, eval_images=3200, probe_images=320, sweep_images=320,
-        alphas=(1.0, 0.5, 0.0), batch_size=64, synthetic_size=1600, synthetic_val_size=3200, init="paper",
-        train_overrides=["data=synthetic", "max_train_images=1600", "max_val_images=320", "epochs=12", "batch_size=64", "lr=2e-3",
-                         "warmup_epochs=2", "model_kwargs.embed_dim=64", "model_kwargs.num_heads=2",
-                         "cache=true", "disk_cache=false", "eval_every=4", "checkpoint_every=100",
-                         "log_every=10", "probe_images=0"],
+        recipe_prefix="imagenette_cpu",
+        data=None,
+        heldout_fraction=0.1,
+        eval_images=3200,
+        probe_images=320,
+        sweep_images=320,
+        alphas=(1.0, 0.5, 0.0),
+        batch_size=64,
+        synthetic_size=1600,
+        synthetic_val_size=3200,
+        init="paper",
+        train_overrides=[
+            "data=synthetic",
+            "max_train_images=1600",
+            "max_val_images=320",
+            "epochs=12",
+            "batch_size=64",
+            "lr=2e-3",
+            "warmup_epochs=2",
+            "model_kwargs.embed_dim=64",
+            "model_kwargs.num_heads=2",
+            "cache=true",
+            "disk_cache=false",
+            "eval_every=4",
+            "checkpoint_every=100",
+            "log_every=10",
+            "probe_images=0",
+        ],
     ),
     # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
     # Fragility also with the shift at the images' own 224 px, the paper's resolution, before the resize to 64.
-    "imagenette-cpu": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette", heldout_fraction=0.1,
-                           shift_size=224),
+    "imagenette-cpu": dict(
+        recipe_prefix="imagenette_cpu", data="../shared/data/imagenette", heldout_fraction=0.1, shift_size=224
+    ),
     # The paper's 14 x 14 token grid at CPU scale: the imagenette_cpu recipes at 112 px (patch 8), crop
     # padding scaled with the image (4 -> 7 px), and the micro model at width 64 (2 heads of 64 / 2 = 32,
     # the micro model's head size; depth 4 kept, so per-layer numbers line up with the 8 x 8 study).
     # Why width 64: one training step at 112 px costs 3.4x one at 64 px at width 128 (58 against 256
     # img/s on 2 cores, benchmarks/bench_train.py); width 64 brings it back (213 img/s), about 30
     # minutes of training per model plus its evaluations, where width 128 would take about 110.
-    "imagenette-cpu-14": dict(recipe_prefix="imagenette_cpu", data="../shared/data/imagenette", heldout_fraction=0.1,
-                              shift_size=224,
-                              train_overrides=["img_size=112", "crop_pad=7", "model_kwargs.embed_dim=64",
-                                               "model_kwargs.num_heads=2"]),
+    "imagenette-cpu-14": dict(
+        recipe_prefix="imagenette_cpu",
+        data="../shared/data/imagenette",
+        heldout_fraction=0.1,
+        shift_size=224,
+        train_overrides=["img_size=112", "crop_pad=7", "model_kwargs.embed_dim=64", "model_kwargs.num_heads=2"],
+    ),
     # The paper's protocol on ImageNet-100 through accelerate on GPUs. The models read 224 px: the shift is at
     # 224 px already (no shift_size). 5% of the training split (65 images a class) monitors training.
-    "in100": dict(recipe_prefix="in100_paper", data="clane9/imagenet-100", batch_size=256, workers=8, heldout_fraction=0.05,
-                  alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
-                  accelerate_config="1gpu"),
+    "in100": dict(
+        recipe_prefix="in100_paper",
+        data="clane9/imagenet-100",
+        batch_size=256,
+        workers=8,
+        heldout_fraction=0.05,
+        alphas=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0),
+        accelerate_config="1gpu",
+    ),
 }
 
 
@@ -140,13 +186,21 @@ def attention_rpi(permutations: int) -> str:
 # Settings added since the first studies, with the value a study that did not record them had: a study (or
 # an eval.json) started before rpi_permutations existed drew one RPI permutation, seed 0; before the sweep and
 # the attention measures took the permutation protocol, each drew one, seed 0 (at every alpha).
-LEGACY_SETTINGS: dict[str, Any] = {"rpi_permutations": 1, "sweep_rpi": "1 permutation, seed 0 at every alpha",
-                                   "attention_rpi": "1 permutation, seed 0", "shift_size": None,
-                                   "heldout_fraction": None}
+LEGACY_SETTINGS: dict[str, Any] = {
+    "rpi_permutations": 1,
+    "sweep_rpi": "1 permutation, seed 0 at every alpha",
+    "attention_rpi": "1 permutation, seed 0",
+    "shift_size": None,
+    "heldout_fraction": None,
+}
 # Settings that change one part of a run's measurements alone: a change re-measures that part (the eval.json
 # field named here), keeping the others.
-PART_SETTINGS: dict[str, str] = {"rpi_permutations": "ssdc", "sweep_rpi": "alpha_sweep", "attention_rpi": "attention",
-                                 "shift_size": "fragility_at_size"}
+PART_SETTINGS: dict[str, str] = {
+    "rpi_permutations": "ssdc",
+    "sweep_rpi": "alpha_sweep",
+    "attention_rpi": "attention",
+    "shift_size": "fragility_at_size",
+}
 RPI_SETTINGS = frozenset({"rpi_permutations"})  # kept for readers of the old name: the SSDC part
 
 

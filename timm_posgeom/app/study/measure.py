@@ -1,6 +1,7 @@
 """The study's measuring step: a trained run's fragility, SSDC across depth (normal and under RPI), alpha
 sweep and attention per head, each part written to ``eval.json`` as soon as it exists; and the same
 architecture's SSDC untrained (the paper's static prior)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -21,8 +22,19 @@ from .config import PART_SETTINGS, SWEPT, StudyConfig, StudyError, attention_rpi
 from .fragility_at_size import fragility_at_size
 from .plan import PlannedRun
 
-__all__ = ["Measuring", "measure_run", "check_evals", "eval_changes", "untrained_ssdc", "eval_settings", "ATTENTION_LAYERS", "ATTENTION_IMAGES",
-           "attention_layers", "attention_summary", "ssdc_summary"]
+__all__ = [
+    "Measuring",
+    "measure_run",
+    "check_evals",
+    "eval_changes",
+    "untrained_ssdc",
+    "eval_settings",
+    "ATTENTION_LAYERS",
+    "ATTENTION_IMAGES",
+    "attention_layers",
+    "attention_summary",
+    "ssdc_summary",
+]
 
 # Attention per head is measured at this many blocks, spread evenly from the first to the last, on the first
 # of the SSDC probe images (at most ATTENTION_IMAGES): a few layers and a few hundred images keep it cheap and
@@ -48,11 +60,22 @@ class Measuring:
 
 def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
     """What a run's measurements depend on besides its weights: recorded in eval.json, compared on resume."""
-    return to_jsonable(dict(data=config.data or "synthetic", val_images=len(val), eval_images=config.eval_images,
-                            probe_images=config.probe_images, sweep_images=config.sweep_images, alphas=config.alphas,
-                            shifts=config.shifts, imagenet_c=config.imagenet_c, shift_size=config.shift_size,
-                            rpi_permutations=config.rpi_permutations, sweep_rpi=sweep_rpi(config.rpi_permutations),
-                            attention_rpi=attention_rpi(config.rpi_permutations)))
+    return to_jsonable(
+        dict(
+            data=config.data or "synthetic",
+            val_images=len(val),
+            eval_images=config.eval_images,
+            probe_images=config.probe_images,
+            sweep_images=config.sweep_images,
+            alphas=config.alphas,
+            shifts=config.shifts,
+            imagenet_c=config.imagenet_c,
+            shift_size=config.shift_size,
+            rpi_permutations=config.rpi_permutations,
+            sweep_rpi=sweep_rpi(config.rpi_permutations),
+            attention_rpi=attention_rpi(config.rpi_permutations),
+        )
+    )
 
 
 def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
@@ -84,8 +107,10 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
         measured()
     if run.condition in SWEPT and evals.alpha_sweep is None:
         kept = m.kept_fs.pop(run.run_dir, None)
-        m.log(f"[{run.run_dir.name}] alpha sweep {list(m.config.alphas)}"
-              + (" (delta SSDC under RPI; FS kept: it does not depend on the permutations)" if kept else ""))
+        m.log(
+            f"[{run.run_dir.name}] alpha sweep {list(m.config.alphas)}"
+            + (" (delta SSDC under RPI; FS kept: it does not depend on the permutations)" if kept else "")
+        )
         evals.alpha_sweep = _sweep(model, m, kept)
         measured()
     if evals.attention is None:
@@ -103,8 +128,11 @@ def eval_changes(run: PlannedRun, m: Measuring) -> tuple[RunEval, str, dict[str,
 
     eval_path, settings = run.run_dir / "eval.json", m.settings
     sha1 = weights_sha1(run.run_dir / "export" / "model.safetensors")
-    evals = RunEval.read(eval_path) if eval_path.is_file() else RunEval(settings=settings, weights_sha1=sha1,
-                                                                         versions=[m.versions])
+    evals = (
+        RunEval.read(eval_path)
+        if eval_path.is_file()
+        else RunEval(settings=settings, weights_sha1=sha1, versions=[m.versions])
+    )
     changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
     if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
         changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
@@ -122,15 +150,19 @@ def check_evals(runs: list[PlannedRun], m: Measuring) -> None:
     for run in runs:
         changed = recipe_changes(run)
         if changed:
-            raise StudyError(f"{run.run_dir} was trained with another recipe ({describe_changes(changed)}); pass "
-                             "--allow-changes to train it again with the new one (the former run is kept), or choose "
-                             "another --out")
+            raise StudyError(
+                f"{run.run_dir} was trained with another recipe ({describe_changes(changed)}); pass "
+                "--allow-changes to train it again with the new one (the former run is kept), or choose "
+                "another --out"
+            )
         if (run.run_dir / "eval.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file():
             _, _, changed = eval_changes(run, m)
             if changed:
-                raise StudyError(f"{run.run_dir / 'eval.json'} was measured with other settings "
-                                 f"({describe_changes(changed)}); pass --allow-changes to measure again (the former "
-                                 "file is kept)")
+                raise StudyError(
+                    f"{run.run_dir / 'eval.json'} was measured with other settings "
+                    f"({describe_changes(changed)}); pass --allow-changes to measure again (the former "
+                    "file is kept)"
+                )
 
 
 def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
@@ -141,8 +173,10 @@ def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
     settings, current = m.settings, m.versions
     evals, sha1, changed = eval_changes(run, m)
     if changed and not m.allow_changes:
-        raise StudyError(f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
-                         "--allow-changes to measure again (the former file is kept)")
+        raise StudyError(
+            f"{eval_path} was measured with other settings ({describe_changes(changed)}); pass "
+            "--allow-changes to measure again (the former file is kept)"
+        )
     if changed and set(changed) <= set(PART_SETTINGS):  # only these parts depend on them: measure them again
         set_aside(eval_path, m.log)
         parts = sorted({PART_SETTINGS[key] for key in changed})
@@ -174,8 +208,16 @@ def _fragility(evals: RunEval, model: torch.nn.Module, m: Measuring) -> None:
     shifts = list(config.shifts)
     if config.imagenet_c:
         shifts += [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
-    res = robustness.fragility(model, m.val, shifts, batch_size=config.batch_size, max_images=config.eval_images,
-                               num_workers=config.workers, device=config.device, progress=False)
+    res = robustness.fragility(
+        model,
+        m.val,
+        shifts,
+        batch_size=config.batch_size,
+        max_images=config.eval_images,
+        num_workers=config.workers,
+        device=config.device,
+        progress=False,
+    )
     evals.clean_accuracy, evals.accuracy, evals.fs = res.clean_accuracy, dict(res.accuracy), dict(res.fs)
     evals.fs_interval = {k: list(v) for k, v in res.fs_interval.items()}
     evals.num_images = res.num_images
@@ -192,31 +234,66 @@ def _sweep(model: torch.nn.Module, m: Measuring, kept: SweepSummary | None = Non
         from ...measuring import MeasureSettings
 
         loader = _probe_loader(model, m.val, config)
-        ssdcs = robustness.sweep_ssdc(model, loader, config.alphas, settings=MeasureSettings(
-            seed=0, rpi_permutations=config.rpi_permutations, device=config.device, progress=False,
-            max_images=config.probe_images))
+        ssdcs = robustness.sweep_ssdc(
+            model,
+            loader,
+            config.alphas,
+            settings=MeasureSettings(
+                seed=0,
+                rpi_permutations=config.rpi_permutations,
+                device=config.device,
+                progress=False,
+                max_images=config.probe_images,
+            ),
+        )
         return SweepSummary(
-            alphas=list(kept.alphas), delta_ssdc=[r.rise for r in ssdcs], fs=kept.fs,
-            clean_accuracy=kept.clean_accuracy, rpi_per_layer=[list(r.per_layer) for r in ssdcs],
-            fs_interval=kept.fs_interval, rpi_permutations=config.rpi_permutations,
-            delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs])
-    sweep = robustness.alpha_sweep(model, m.val, config.alphas, shifts=("jpeg:5",), probe_images=config.probe_images,
-                                   batch_size=config.batch_size, max_images=config.sweep_images or config.eval_images,
-                                   num_workers=config.workers, device=config.device, progress=False, seed=0,
-                                   rpi_permutations=config.rpi_permutations)
+            alphas=list(kept.alphas),
+            delta_ssdc=[r.rise for r in ssdcs],
+            fs=kept.fs,
+            clean_accuracy=kept.clean_accuracy,
+            rpi_per_layer=[list(r.per_layer) for r in ssdcs],
+            fs_interval=kept.fs_interval,
+            rpi_permutations=config.rpi_permutations,
+            delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs],
+        )
+    sweep = robustness.alpha_sweep(
+        model,
+        m.val,
+        config.alphas,
+        shifts=("jpeg:5",),
+        probe_images=config.probe_images,
+        batch_size=config.batch_size,
+        max_images=config.sweep_images or config.eval_images,
+        num_workers=config.workers,
+        device=config.device,
+        progress=False,
+        seed=0,
+        rpi_permutations=config.rpi_permutations,
+    )
     return SweepSummary(
-        alphas=list(sweep.alphas), delta_ssdc=list(sweep.delta_ssdc), fs=sweep.fs,
-        clean_accuracy=[r.clean_accuracy for r in sweep.rows], rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows],
+        alphas=list(sweep.alphas),
+        delta_ssdc=list(sweep.delta_ssdc),
+        fs=sweep.fs,
+        clean_accuracy=[r.clean_accuracy for r in sweep.rows],
+        rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows],
         fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts},
-        rpi_permutations=config.rpi_permutations, delta_ssdc_ci=[list(r.delta_ssdc_ci) for r in sweep.rows])
+        rpi_permutations=config.rpi_permutations,
+        delta_ssdc_ci=[list(r.delta_ssdc_ci) for r in sweep.rows],
+    )
 
 
 def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig, max_images: int | None = None) -> Any:
     """The first ``probe_images`` (or ``max_images``) of ``split`` as the model reads them (the paper's resize)."""
     from ...eval_data import eval_loader
 
-    return eval_loader(model, split, max_images=max_images or config.probe_images, batch_size=config.batch_size,
-                       resize="paper", num_workers=config.workers)
+    return eval_loader(
+        model,
+        split,
+        max_images=max_images or config.probe_images,
+        batch_size=config.batch_size,
+        resize="paper",
+        num_workers=config.workers,
+    )
 
 
 def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
@@ -228,8 +305,16 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
 
     results, maps = {}, {}
     for rpi in (False, True):
-        res = probe_ssdc(model, _probe_loader(model, split, config), rpi=rpi, seed=0, reduction="both",
-                         rpi_permutations=config.rpi_permutations, device=config.device, progress=False)
+        res = probe_ssdc(
+            model,
+            _probe_loader(model, split, config),
+            rpi=rpi,
+            seed=0,
+            reduction="both",
+            rpi_permutations=config.rpi_permutations,
+            device=config.device,
+            progress=False,
+        )
         results[rpi] = res
         if res.mean_maps is not None:
             maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
@@ -250,13 +335,23 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
         return [list(c) for c in ci] if ci is not None else None
 
     return SSDCSummary(
-        n_images=int(rpi.settings["n_images"]), per_layer=list(normal.per_layer), rise=normal.rise,
-        rpi_per_layer=list(rpi.per_layer), rpi_delta=rpi.rise if len(rpi.per_layer) >= 2 else None,
-        rpi_content_per_layer=list(rpi.content_per_layer), per_image_mean=means(normal), per_image_std=stds(normal),
-        rpi_per_image_mean=means(rpi), rpi_per_image_std=stds(rpi),
-        rpi_permutations=list(rpi.settings["permutation_seeds"]), rpi_by_permutation=rpi.by_permutation,
-        per_layer_ci=pairs(normal.per_layer_ci), rise_ci=list(normal.rise_ci) if normal.rise_ci else None,
-        rpi_per_layer_ci=pairs(rpi.per_layer_ci), rpi_delta_ci=list(rpi.rise_ci) if rpi.rise_ci else None)
+        n_images=int(rpi.settings["n_images"]),
+        per_layer=list(normal.per_layer),
+        rise=normal.rise,
+        rpi_per_layer=list(rpi.per_layer),
+        rpi_delta=rpi.rise if len(rpi.per_layer) >= 2 else None,
+        rpi_content_per_layer=list(rpi.content_per_layer),
+        per_image_mean=means(normal),
+        per_image_std=stds(normal),
+        rpi_per_image_mean=means(rpi),
+        rpi_per_image_std=stds(rpi),
+        rpi_permutations=list(rpi.settings["permutation_seeds"]),
+        rpi_by_permutation=rpi.by_permutation,
+        per_layer_ci=pairs(normal.per_layer_ci),
+        rise_ci=list(normal.rise_ci) if normal.rise_ci else None,
+        rpi_per_layer_ci=pairs(rpi.per_layer_ci),
+        rpi_delta_ci=list(rpi.rise_ci) if rpi.rise_ci else None,
+    )
 
 
 def attention_layers(depth: int, count: int = ATTENTION_LAYERS) -> list[int]:
@@ -267,8 +362,9 @@ def attention_layers(depth: int, count: int = ATTENTION_LAYERS) -> list[int]:
     return sorted({round(k * (depth - 1) / (count - 1)) for k in range(count)})
 
 
-def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
-                      log: Callable[[str], None] = lambda s: None) -> AttentionSummary | None:
+def attention_summary(
+    model: torch.nn.Module, split: Any, config: StudyConfig, log: Callable[[str], None] = lambda s: None
+) -> AttentionSummary | None:
     """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures)
     at :func:`attention_layers` of the model, on the first ``probe_images`` (at most ``ATTENTION_IMAGES``),
     normal and under RPI (the mean over ``config.rpi_permutations`` shared permutations, seeds 0 .. P-1), with
@@ -278,8 +374,16 @@ def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
 
     def measure(rpi: bool) -> Any:
         loader = _probe_loader(model, split, config, min(config.probe_images, ATTENTION_IMAGES))
-        return attention_measures(model, loader, rpi=rpi, seed=0, layers=layers, device=config.device, progress=False,
-                                  rpi_permutations=config.rpi_permutations)
+        return attention_measures(
+            model,
+            loader,
+            rpi=rpi,
+            seed=0,
+            layers=layers,
+            device=config.device,
+            progress=False,
+            rpi_permutations=config.rpi_permutations,
+        )
 
     def rows(values: Any) -> list[list[float | None]]:
         return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
@@ -290,9 +394,14 @@ def attention_summary(model: torch.nn.Module, split: Any, config: StudyConfig,
     except PosgeomError as e:  # an attention module the capture does not know
         log(f"attention not measured: {e}")
         return None
-    summary = AttentionSummary(n_images=int(normal.settings["n_images"]), layers=[int(k) for k in normal.layers],
-                               grid=[int(g) for g in normal.settings["grid_size"]], mean_distance=rows(normal.mean_distance), entropy=rows(normal.entropy),
-                               ssdc=rows(normal.ssdc))
+    summary = AttentionSummary(
+        n_images=int(normal.settings["n_images"]),
+        layers=[int(k) for k in normal.layers],
+        grid=[int(g) for g in normal.settings["grid_size"]],
+        mean_distance=rows(normal.mean_distance),
+        entropy=rows(normal.entropy),
+        ssdc=rows(normal.ssdc),
+    )
     try:
         shuffled = measure(True)
     except PosgeomError as e:
@@ -315,8 +424,9 @@ def untrained_ssdc(run: PlannedRun, m: Measuring, out: Path) -> SSDCSummary:
     if path.is_file():
         return SSDCSummary.read(path)
     torch.manual_seed(run.seed)
-    model = timm.create_model(recipe.model, num_classes=len(m.val.classes), img_size=recipe.img_size,
-                              **recipe.model_kwargs).eval()
+    model = timm.create_model(
+        recipe.model, num_classes=len(m.val.classes), img_size=recipe.img_size, **recipe.model_kwargs
+    ).eval()
     result = ssdc_summary(model, m.val, m.config, None)
     path.parent.mkdir(parents=True, exist_ok=True)
     result.write(path)

@@ -1,5 +1,6 @@
 """The study's plan, made once: every run (condition x seed) with its run folder and its recipe, built and
 validated before anything runs; ``plan.json``; the dry run."""
+
 from __future__ import annotations
 
 import os
@@ -52,10 +53,19 @@ class PlannedRun:
     def to_dict(self, config: StudyConfig) -> dict[str, Any]:
         """The run's entry in ``plan.json`` and ``results.json``."""
         recipe = self.recipe
-        return dict(condition=self.condition, seed=self.seed, run_dir=str(self.run_dir), model=recipe.model,
-                    recipe=self.recipe_name, data=recipe.data or "synthetic", epochs=recipe.epochs,
-                    batch_size=recipe.batch_size, img_size=recipe.img_size, init=recipe.model_kwargs.get("init", "timm"),
-                    command=" ".join(self.train_command(config)).replace(sys.executable, "python"))
+        return dict(
+            condition=self.condition,
+            seed=self.seed,
+            run_dir=str(self.run_dir),
+            model=recipe.model,
+            recipe=self.recipe_name,
+            data=recipe.data or "synthetic",
+            epochs=recipe.epochs,
+            batch_size=recipe.batch_size,
+            img_size=recipe.img_size,
+            init=recipe.model_kwargs.get("init", "timm"),
+            command=" ".join(self.train_command(config)).replace(sys.executable, "python"),
+        )
 
 
 @dataclass(frozen=True)
@@ -109,8 +119,16 @@ def make_plan(config: StudyConfig, out: str | os.PathLike) -> StudyPlan:
             name, overrides = f"{config.recipe_prefix}_{condition}", _run_overrides(config, seed)
             recipe = load_recipe(name, list(overrides))
             check_init(recipe.model_kwargs.get("init"))
-            runs.append(PlannedRun(condition=condition, seed=seed, run_dir=out / "runs" / f"{condition}_s{seed}",
-                                   recipe_name=name, overrides=overrides, recipe=recipe))
+            runs.append(
+                PlannedRun(
+                    condition=condition,
+                    seed=seed,
+                    run_dir=out / "runs" / f"{condition}_s{seed}",
+                    recipe_name=name,
+                    overrides=overrides,
+                    recipe=recipe,
+                )
+            )
     return StudyPlan(config=config, out=out, runs=tuple(runs))
 
 
@@ -122,8 +140,12 @@ def plan_study(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, An
     return make_plan(config, out).to_json()
 
 
-def write_plan(config: StudyConfig, out: str | os.PathLike, plan: list[dict[str, Any]] | None = None,
-               data: dict[str, Any] | None = None) -> Path:
+def write_plan(
+    config: StudyConfig,
+    out: str | os.PathLike,
+    plan: list[dict[str, Any]] | None = None,
+    data: dict[str, Any] | None = None,
+) -> Path:
     """Record the study's configuration, plan and validation data (:func:`data_identity`) in
     ``<out>/plan.json``: what ``--resume`` compares with."""
     path = Path(out) / "plan.json"

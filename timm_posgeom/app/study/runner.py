@@ -1,5 +1,6 @@
 """The study, one way down: the plan made once, then for each run train -> measure -> record, then the
 report from the results in memory (:func:`run_study`); and what a resume checks first."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,14 @@ from .training import is_trained, train_run, training_history
 __all__ = ["run_study"]
 
 
-def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
-              allow_changes: bool = False) -> StudyResults:
+def run_study(
+    config: StudyConfig,
+    out: str | os.PathLike,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    allow_changes: bool = False,
+) -> StudyResults:
     """Run (or resume) the study; write ``results.json``, ``report.md`` and figures into ``out``.
 
     A resume compares the settings with those the study was started with: a change that alters results
@@ -42,8 +49,14 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
     _check_settings(saved, config, out, allow_changes)
     val, identity = _eval_split(plan, saved, out)
-    m = Measuring(config=config, val=val, settings=eval_settings(config, val), versions=package_versions(),
-                  log=lambda s: None, allow_changes=allow_changes)
+    m = Measuring(
+        config=config,
+        val=val,
+        settings=eval_settings(config, val),
+        versions=package_versions(),
+        log=lambda s: None,
+        allow_changes=allow_changes,
+    )
     check_evals(list(plan.runs), m)  # a refused resume writes nothing: every run checked before the plan is
     planned = plan.to_json()
     write_plan(config, out, planned, data=identity)  # a plan written before the data was identified gains it here
@@ -51,9 +64,19 @@ def run_study(config: StudyConfig, out: str | os.PathLike, *, resume: bool = Fal
     order = {(r.condition, r.seed): i for i, r in enumerate(plan.runs)}
     bar = tqdm(_trained_first(plan.runs), desc="study", unit="run", disable=not progress)
     m.log = bar.write if progress else (lambda s: None)
-    results = StudyResults(config=asdict(config), plan=planned, versions=m.versions, recipes=plan.recipes(),
-                           eval_data=dict(source=plan.first.data or "synthetic", split=plan.first.val_split,
-                                          images=len(val), classes=val.num_classes, identity=identity))
+    results = StudyResults(
+        config=asdict(config),
+        plan=planned,
+        versions=m.versions,
+        recipes=plan.recipes(),
+        eval_data=dict(
+            source=plan.first.data or "synthetic",
+            split=plan.first.val_split,
+            images=len(val),
+            classes=val.num_classes,
+            identity=identity,
+        ),
+    )
     for run in bar:
         bar.set_postfix_str(run.label)
         results.runs.append(_run_one(run, m, out))
@@ -78,9 +101,15 @@ def _run_one(run: PlannedRun, m: Measuring, out: Path) -> StudyRun:
     """One run, one way: trained (or reused), measured, its record made from what the steps returned."""
     train_run(run, m.config, m.log, m.allow_changes)
     evals = measure_run(run, m)
-    return StudyRun(condition=run.condition, seed=run.seed, run_dir=os.path.relpath(run.run_dir, out),
-                    train=RunSummary.read(run.run_dir / "summary.json"), eval=evals,
-                    history=training_history(run.run_dir), untrained=untrained_ssdc(run, m, out))
+    return StudyRun(
+        condition=run.condition,
+        seed=run.seed,
+        run_dir=os.path.relpath(run.run_dir, out),
+        train=RunSummary.read(run.run_dir / "summary.json"),
+        eval=evals,
+        history=training_history(run.run_dir),
+        untrained=untrained_ssdc(run, m, out),
+    )
 
 
 def _open_out(out: Path, resume: bool) -> Path:
@@ -99,9 +128,11 @@ def _check_settings(saved: dict[str, Any] | None, config: StudyConfig, out: Path
         return
     changes = config_changes(saved.get("config", {}), asdict(config))
     if changes and not allow_changes:
-        raise StudyError(f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
-                         "not be what the report says; pass --allow-changes to recompute what they affect (former "
-                         "files are kept), or choose another --out")
+        raise StudyError(
+            f"{out} was started with other settings ({describe_changes(changes)}): its runs and numbers would "
+            "not be what the report says; pass --allow-changes to recompute what they affect (former "
+            "files are kept), or choose another --out"
+        )
     if changes:
         print(f"resuming {out} with changed settings: {describe_changes(changes)}; what they affect is recomputed")
 
@@ -114,17 +145,26 @@ def _eval_split(plan: StudyPlan, saved: dict[str, Any] | None, out: Path) -> tup
 
     config, first = plan.config, plan.first
     # streamed (the recipes' streaming): the first max_val_images, the training runs' own validation images
-    val = load_split(first.data, first.val_split, img_size=first.img_size, seed=first.seed,
-                     synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None),
-                     subset=first.max_val_images if first.streaming else None, config=first.data_config,
-                     revision=first.revision, streaming=first.streaming)
+    val = load_split(
+        first.data,
+        first.val_split,
+        img_size=first.img_size,
+        seed=first.seed,
+        synthetic_size=config.synthetic_val_size or (config.synthetic_size // 5 if config.synthetic_size else None),
+        subset=first.max_val_images if first.streaming else None,
+        config=first.data_config,
+        revision=first.revision,
+        streaming=first.streaming,
+    )
     if first.bad_images == "skip":  # as the training runs: left out, listed
         val = check_images(val, "skip", progress=False)
     identity = data_identity(val, content=True)  # every image's bytes: the same path with other images is refused
     what = identity_change(saved["data"], identity) if saved is not None and saved.get("data") else None
     if what:
-        raise StudyError(f"{out} was measured on other data: {first.data or 'synthetic'} ({first.val_split}) now has other "
-                         f"{what} than when the study started; point --data at that data, or choose another --out")
+        raise StudyError(
+            f"{out} was measured on other data: {first.data or 'synthetic'} ({first.val_split}) now has other "
+            f"{what} than when the study started; point --data at that data, or choose another --out"
+        )
     return val, identity
 
 
@@ -141,7 +181,9 @@ def _keep_measured(config: StudyConfig, runs: list[StudyRun], out: Path) -> Stud
     if not extra and seeds == config.seeds:
         return config
     kept = ", ".join(extra + ([f"{seeds} seeds"] if seeds > config.seeds else []))
-    print(f"resuming {out}: it holds measured runs beyond the ones asked for ({kept}); they stay in the study "
-          "and its report (choose another --out for a study of fewer)")
+    print(
+        f"resuming {out}: it holds measured runs beyond the ones asked for ({kept}); they stay in the study "
+        "and its report (choose another --out for a study of fewer)"
+    )
     conditions = tuple(c for c in CONDITIONS if c in config.conditions or c in measured) if extra else config.conditions
     return replace(config, conditions=conditions, seeds=seeds)

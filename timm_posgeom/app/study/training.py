@@ -1,5 +1,6 @@
 """The study's training step: each run trained (or reused, or resumed) by ``posgeom train`` in a subprocess,
 so that each model starts from fresh memory; and the run's training log read back."""
+
 from __future__ import annotations
 
 import os
@@ -38,11 +39,12 @@ def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], 
     try:
         returncode = proc.wait()
     except BaseException:  # interrupted (Ctrl-C, or SIGTERM turned into an exception by the command): the
-        _stop(proc)        # training run must not go on writing into run_dir after the study has stopped
+        _stop(proc)  # training run must not go on writing into run_dir after the study has stopped
         raise
     if returncode != 0:
-        raise StudyError(f"training {run.condition} seed {run.seed} failed (exit {returncode}; its error is above): "
-                         f"{' '.join(cmd)}")
+        raise StudyError(
+            f"training {run.condition} seed {run.seed} failed (exit {returncode}; its error is above): {' '.join(cmd)}"
+        )
 
 
 def recipe_changes(run: PlannedRun) -> dict[str, Any]:
@@ -64,9 +66,11 @@ def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bo
     ``allow_changes``, StudyError when not otherwise."""
     changes = recipe_changes(run)
     if changes and not allow_changes:
-        raise StudyError(f"{run.run_dir} was trained with another recipe ({describe_changes(changes)}); pass "
-                         "--allow-changes to train it again with the new one (the former run is kept), or choose "
-                         "another --out")
+        raise StudyError(
+            f"{run.run_dir} was trained with another recipe ({describe_changes(changes)}); pass "
+            "--allow-changes to train it again with the new one (the former run is kept), or choose "
+            "another --out"
+        )
     if changes:
         set_aside(run.run_dir, log)
 
@@ -95,7 +99,16 @@ def training_history(run_dir: Path) -> list[HistoryPoint]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [HistoryPoint(step=int(r["step"]), epoch=round(float(r["epoch"]), 3), val_top1=r.get("val_top1"),
-                         rpi_ssdc=r.get("rpi_ssdc"), pe_ssdc=r.get("pe_ssdc"), monitor=r.get("monitor"),
-                         heldout_top1=r.get("heldout_top1"))
-            for r in read_metrics(path) if r.get("kind") == "eval"]
+    return [
+        HistoryPoint(
+            step=int(r["step"]),
+            epoch=round(float(r["epoch"]), 3),
+            val_top1=r.get("val_top1"),
+            rpi_ssdc=r.get("rpi_ssdc"),
+            pe_ssdc=r.get("pe_ssdc"),
+            monitor=r.get("monitor"),
+            heldout_top1=r.get("heldout_top1"),
+        )
+        for r in read_metrics(path)
+        if r.get("kind") == "eval"
+    ]

@@ -40,6 +40,7 @@ The package: :mod:`.build` (checks, data, model, optimisation, resume -> one ``S
 are in :mod:`timm_posgeom.cli.train`.
 Nothing in the library imports it.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,12 +52,17 @@ from ..rundir import RunDirError, RunLock
 from .checkpoints import TrainState, check_writable, latest_checkpoint
 from .metrics import MetricsLog, check_tracker_project, check_trackers, read_metrics, tracker_config
 
-__all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog",
-           "TrainState", "RunDirError"]
+__all__ = ["train", "latest_checkpoint", "read_metrics", "MetricsLog", "TrainState", "RunDirError"]
 
 
-def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress: bool = True,
-          allow_changes: bool = False, device: str | None = None) -> RunSummary:
+def train(
+    recipe: Recipe,
+    out: str | os.PathLike,
+    resume: bool = False,
+    progress: bool = True,
+    allow_changes: bool = False,
+    device: str | None = None,
+) -> RunSummary:
     """Run ``recipe`` into ``out`` (see the package docstring); returns the run summary.
 
     Raises RecipeError / ValueError, FileNotFoundError or PermissionError before any training
@@ -95,8 +101,13 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
     cpu = cpu or _wants_cpu(device)
     trackers = check_trackers(recipe.log_with)
     check_tracker_project(recipe.tracker_project)  # a path would write outside out
-    accelerator = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                              cpu=cpu or None, log_with=trackers or None, project_dir=str(out) if trackers else None)
+    accelerator = Accelerator(
+        mixed_precision=recipe.mixed_precision,
+        gradient_accumulation_steps=recipe.grad_accum,
+        cpu=cpu or None,
+        log_with=trackers or None,
+        project_dir=str(out) if trackers else None,
+    )
     check_writable(out)
     lock = RunLock(out)
     try:
@@ -104,8 +115,9 @@ def train(recipe: Recipe, out: str | os.PathLike, resume: bool = False, progress
             lock.acquire(say=accelerator.print)
         session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
         if trackers:  # after every check of the run folder: a refused run leaves no tracker files behind
-            accelerator.init_trackers(recipe.tracker_project or out.resolve().name,
-                                      config=tracker_config(recipe.to_dict()))
+            accelerator.init_trackers(
+                recipe.tracker_project or out.resolve().name, config=tracker_config(recipe.to_dict())
+            )
         run_epochs(session)
         return finish(session)
     finally:  # let a later train() in this process choose another precision / accumulation
@@ -123,8 +135,10 @@ def _wants_cpu(device: str | None) -> bool:
         return True
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if device not in available:
-        raise ValueError(f"a training run takes --device cpu, cuda or mps, got {device!r} (choose the GPU with "
-                         "CUDA_VISIBLE_DEVICES or accelerate launch --gpu_ids)")
+        raise ValueError(
+            f"a training run takes --device cpu, cuda or mps, got {device!r} (choose the GPU with "
+            "CUDA_VISIBLE_DEVICES or accelerate launch --gpu_ids)"
+        )
     if not available[device]:
         raise ValueError(f"--device {device}: no {device} device here")
     return False

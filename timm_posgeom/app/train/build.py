@@ -3,6 +3,7 @@
 Everything here runs before the first training step, so a bad recipe, a missing data path, an
 unknown model or an unwritable output folder fails in seconds, not after an epoch.
 """
+
 from __future__ import annotations
 
 import json
@@ -78,11 +79,15 @@ def per_process_batch(accelerator: Any, recipe: Recipe) -> int:
     world = accelerator.num_processes
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if world != launched:
-        raise RuntimeError(f"{launched} processes were launched but accelerate set up {world}: every process would "
-                           "train alone into the same --out (for CPU processes set ACCELERATE_USE_CPU=1)")
+        raise RuntimeError(
+            f"{launched} processes were launched but accelerate set up {world}: every process would "
+            "train alone into the same --out (for CPU processes set ACCELERATE_USE_CPU=1)"
+        )
     if recipe.batch_size % (world * recipe.grad_accum):
-        raise RecipeError(f"batch_size {recipe.batch_size} (global) is not divisible by processes x grad_accum "
-                          f"= {world} x {recipe.grad_accum}")
+        raise RecipeError(
+            f"batch_size {recipe.batch_size} (global) is not divisible by processes x grad_accum "
+            f"= {world} x {recipe.grad_accum}"
+        )
     batch = recipe.batch_size // (world * recipe.grad_accum)
     if (recipe.mixup or recipe.cutmix) and batch % 2:
         raise RecipeError(f"mixup/cutmix need an even per-process batch, got {batch}")
@@ -97,12 +102,24 @@ def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any,
     hub = dict(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
     with accelerator.main_process_first():
         # on synthetic data, max_*_images is the number of images generated (else 5000 and 1000)
-        train_split = D.load_split(recipe.data, recipe.train_split, subset=recipe.max_train_images,
-                                   img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_train_images,
-                                   **hub)
-        val_split = D.load_split(recipe.data, recipe.val_split, subset=recipe.max_val_images,
-                                 img_size=recipe.img_size, seed=recipe.seed, synthetic_size=recipe.max_val_images,
-                                 **hub)
+        train_split = D.load_split(
+            recipe.data,
+            recipe.train_split,
+            subset=recipe.max_train_images,
+            img_size=recipe.img_size,
+            seed=recipe.seed,
+            synthetic_size=recipe.max_train_images,
+            **hub,
+        )
+        val_split = D.load_split(
+            recipe.data,
+            recipe.val_split,
+            subset=recipe.max_val_images,
+            img_size=recipe.img_size,
+            seed=recipe.seed,
+            synthetic_size=recipe.max_val_images,
+            **hub,
+        )
         # every validation image decoded before the first epoch (a bad one found at the first evaluation
         # cost an epoch per try): by the uint8 cache, which decodes both splits before training (a cache
         # file exists only for splits that decoded), else here; to skip bad images, both are checked first
@@ -114,8 +131,9 @@ def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any,
     return train_split, val_split
 
 
-def _datasets(recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any, mean, std,
-              progress: bool) -> tuple[Any, Any]:
+def _datasets(
+    recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any, mean, std, progress: bool
+) -> tuple[Any, Any]:
     """(train dataset, val dataset): the uint8 cache (``cache``) or timm's transforms."""
     from ... import data as D
     from ...transforms import eval_transform
@@ -124,19 +142,36 @@ def _datasets(recipe: Recipe, accelerator: Any, train_split: Any, val_split: Any
         show = progress and accelerator.is_main_process
         cache_dir = D.default_cache_dir() if recipe.disk_cache else None
         with accelerator.main_process_first():
-            train_cache = D.cache_uint8(train_split, recipe.img_size, recipe.interpolation, recipe.workers,
-                                        cache_dir, progress=show)
-            val_cache = D.cache_uint8(val_split, recipe.img_size, recipe.interpolation, recipe.workers,
-                                      cache_dir, progress=show)
-        return (D.CachedTrainDataset(train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed,
-                                     augment=recipe.augment),
-                D.CachedEvalDataset(val_cache, mean, std))
-    tf = D.train_transform(recipe.img_size, recipe.augment, mean, std, recipe.interpolation, recipe.crop_pad,
-                           recipe.hflip, auto_augment=recipe.auto_augment, color_jitter=recipe.color_jitter,
-                           reprob=recipe.reprob, scale=recipe.scale)
+            train_cache = D.cache_uint8(
+                train_split, recipe.img_size, recipe.interpolation, recipe.workers, cache_dir, progress=show
+            )
+            val_cache = D.cache_uint8(
+                val_split, recipe.img_size, recipe.interpolation, recipe.workers, cache_dir, progress=show
+            )
+        return (
+            D.CachedTrainDataset(
+                train_cache, mean, std, recipe.crop_pad, recipe.hflip, recipe.seed, augment=recipe.augment
+            ),
+            D.CachedEvalDataset(val_cache, mean, std),
+        )
+    tf = D.train_transform(
+        recipe.img_size,
+        recipe.augment,
+        mean,
+        std,
+        recipe.interpolation,
+        recipe.crop_pad,
+        recipe.hflip,
+        auto_augment=recipe.auto_augment,
+        color_jitter=recipe.color_jitter,
+        reprob=recipe.reprob,
+        scale=recipe.scale,
+    )
     config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
-    return (D.TransformDataset(train_split, tf, seed=recipe.seed),
-            D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize)))
+    return (
+        D.TransformDataset(train_split, tf, seed=recipe.seed),
+        D.TransformDataset(val_split, eval_transform(config, resize=recipe.eval_resize)),
+    )
 
 
 def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress: bool = True):
@@ -149,8 +184,9 @@ def build_data(recipe: Recipe, accelerator: Any, mean, std, batch: int, progress
     train_split, heldout, carving = carve_monitor(recipe, train_split)  # heldout_fraction 0: (split, None, None)
     train_ds, val_ds = _datasets(recipe, accelerator, train_split, val_split, mean, std, progress)
     train_sampler = D.EpochBatchSampler(len(train_ds), batch, world, rank, seed=recipe.seed)
-    val_sampler = D.EpochBatchSampler(len(val_ds), recipe.eval_batch_size or batch, world, rank,
-                                      shuffle=False, drop_last=False)
+    val_sampler = D.EpochBatchSampler(
+        len(val_ds), recipe.eval_batch_size or batch, world, rank, shuffle=False, drop_last=False
+    )
     skipped = list(getattr(train_split, "skipped", [])) + list(getattr(val_split, "skipped", []))
     identity = dict(train=D.data_identity(train_split), validation=D.data_identity(val_split))
     if carving is not None:
@@ -171,9 +207,11 @@ def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str |
         for split in ("train", "validation"):
             what = identity_change(saved[split], identity[split]) if saved.get(split) else None
             if what:
-                raise RunDirError(f"{out} was trained on other data: {data or 'synthetic'} now has other {what} in "
-                                  f"its {split} split than when the run started; point data at that data, or "
-                                  "choose another --out")
+                raise RunDirError(
+                    f"{out} was trained on other data: {data or 'synthetic'} now has other {what} in "
+                    f"its {split} split than when the run started; point data at that data, or "
+                    "choose another --out"
+                )
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(identity, indent=2) + "\n")
@@ -186,8 +224,9 @@ def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
     from timm.data import resolve_data_config
 
     with torch.device("meta"):
-        probe = timm.create_model(recipe.model, pretrained=False, num_classes=0, img_size=recipe.img_size,
-                                  **recipe.model_kwargs)
+        probe = timm.create_model(
+            recipe.model, pretrained=False, num_classes=0, img_size=recipe.img_size, **recipe.model_kwargs
+        )
     cfg = resolve_data_config({}, model=probe)
     return tuple(cfg["mean"]), tuple(cfg["std"])
 
@@ -199,8 +238,13 @@ def _groups_without_model_list(recipe: Recipe):
     from timm.optim import param_groups_weight_decay
 
     def groups(model: nn.Module):
-        return param_groups_weight_decay(model, weight_decay=recipe.weight_decay,
-                                         weight_decay_exclude_1d=recipe.wd_exclude_1d, no_weight_decay_list=())
+        return param_groups_weight_decay(
+            model,
+            weight_decay=recipe.weight_decay,
+            weight_decay_exclude_1d=recipe.wd_exclude_1d,
+            no_weight_decay_list=(),
+        )
+
     return groups
 
 
@@ -209,12 +253,21 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> torch.optim.Optimizer:
     weight-decay groups (``wd_exclude_1d``, ``wd_exclude_model``)."""
     from timm.optim import create_optimizer_v2
 
-    opt_kwargs = {k: v for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
-                  if v is not None}
-    return create_optimizer_v2(model, opt=recipe.opt, lr=recipe.lr, weight_decay=recipe.weight_decay,
-                               momentum=recipe.momentum, filter_bias_and_bn=recipe.wd_exclude_1d,
-                               param_group_fn=None if recipe.wd_exclude_model else _groups_without_model_list(recipe),
-                               **opt_kwargs)
+    opt_kwargs = {
+        k: v
+        for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
+        if v is not None
+    }
+    return create_optimizer_v2(
+        model,
+        opt=recipe.opt,
+        lr=recipe.lr,
+        weight_decay=recipe.weight_decay,
+        momentum=recipe.momentum,
+        filter_bias_and_bn=recipe.wd_exclude_1d,
+        param_group_fn=None if recipe.wd_exclude_model else _groups_without_model_list(recipe),
+        **opt_kwargs,
+    )
 
 
 def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_steps: int, steps_per_epoch: int):
@@ -226,12 +279,22 @@ def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_step
     optimizer = build_optimizer(recipe, model)
     # one timm scheduler "epoch" = one optimizer update
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched=recipe.sched, num_epochs=total_steps, warmup_epochs=round(recipe.warmup_epochs * steps_per_epoch),
-        warmup_lr=recipe.warmup_lr, min_lr=recipe.min_lr)
+        optimizer,
+        sched=recipe.sched,
+        num_epochs=total_steps,
+        warmup_epochs=round(recipe.warmup_epochs * steps_per_epoch),
+        warmup_lr=recipe.warmup_lr,
+        min_lr=recipe.min_lr,
+    )
     if recipe.mixup > 0 or recipe.cutmix > 0:
-        mixup = Mixup(mixup_alpha=recipe.mixup, cutmix_alpha=recipe.cutmix, prob=recipe.mixup_prob,
-                      switch_prob=recipe.mixup_switch_prob, label_smoothing=recipe.label_smoothing,
-                      num_classes=num_classes)
+        mixup = Mixup(
+            mixup_alpha=recipe.mixup,
+            cutmix_alpha=recipe.cutmix,
+            prob=recipe.mixup_prob,
+            switch_prob=recipe.mixup_switch_prob,
+            label_smoothing=recipe.label_smoothing,
+            num_classes=num_classes,
+        )
         return optimizer, scheduler, mixup, SoftTargetCrossEntropy()
     return optimizer, scheduler, None, nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
 
@@ -244,8 +307,9 @@ def _loaders(recipe: Recipe, val_ds, val_sampler, pin: bool):
     val_loader = make_loader(val_ds, val_sampler, recipe.workers, pin_memory=pin)
     rpi_loader = None
     if recipe.probe_images:
-        first = EpochBatchSampler(min(recipe.probe_images, len(val_ds)), val_sampler.batch_size,
-                                  shuffle=False, drop_last=False)
+        first = EpochBatchSampler(
+            min(recipe.probe_images, len(val_ds)), val_sampler.batch_size, shuffle=False, drop_last=False
+        )
         rpi_loader = make_loader(val_ds, first, 0)
     return val_loader, rpi_loader
 
@@ -257,12 +321,15 @@ def check_resumable(out: Path) -> None:
     if not out.is_dir():
         raise RunDirError(f"{out} does not exist, so there is no run to resume: drop --resume to start a new run there")
     if not ((out / "recipe.yaml").is_file() or (out / "summary.json").is_file() or list_checkpoints(out)):
-        raise RunDirError(f"{out} holds no training run to resume (no recipe.yaml, checkpoint or summary.json): "
-                          "drop --resume to start a new run there, or point --out at the run")
+        raise RunDirError(
+            f"{out} holds no training run to resume (no recipe.yaml, checkpoint or summary.json): "
+            "drop --resume to start a new run there, or point --out at the run"
+        )
 
 
-def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
-                   say) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
+def _check_run_dir(
+    out: Path, recipe: Recipe, resume: bool, allow_changes: bool, say
+) -> tuple[Path | None, dict[str, tuple[Any, Any]]]:
     """What ``out`` holds against what is asked: the newest checkpoint to resume from (or None) and the
     recipe changes of a resume (``{key: (saved, asked)}``).
 
@@ -273,14 +340,20 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
     finished = (out / "summary.json").is_file()
     exports = [n for n in ("export", "export_ema") if (out / n).exists()]
     if exports and not finished and checkpoint is None:  # weights from elsewhere (a download, a copy): not ours
-        raise FileExistsError(f"{out} holds {' and '.join(exports)} but no training run (no summary.json or "
-                              "checkpoint): a run would overwrite it; choose another --out")
+        raise FileExistsError(
+            f"{out} holds {' and '.join(exports)} but no training run (no summary.json or "
+            "checkpoint): a run would overwrite it; choose another --out"
+        )
     if (checkpoint is not None or finished) and not resume:
         what = f"checkpoints ({checkpoint.name})" if checkpoint is not None else "a finished run (summary.json)"
-        raise FileExistsError(f"{out} already holds {what}: pass --resume to continue that run, or choose another --out")
+        raise FileExistsError(
+            f"{out} already holds {what}: pass --resume to continue that run, or choose another --out"
+        )
     if resume and finished and checkpoint is None:
-        raise RunDirError(f"{out} holds a finished run whose checkpoints were removed: there is nothing to continue "
-                          "from, and it is not retrained over; choose another --out")
+        raise RunDirError(
+            f"{out} holds a finished run whose checkpoints were removed: there is nothing to continue "
+            "from, and it is not retrained over; choose another --out"
+        )
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
@@ -288,9 +361,11 @@ def _check_run_dir(out: Path, recipe: Recipe, resume: bool, allow_changes: bool,
         changes = settings_changes("recipe", saved_values, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
-            raise RunDirError(f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
-                              "choose another --out, or pass --allow-changes to continue with the new values "
-                              "(recorded in recipe_changes.jsonl)")
+            raise RunDirError(
+                f"{out} was started with another recipe ({listed}): resuming would mix two runs; "
+                "choose another --out, or pass --allow-changes to continue with the new values "
+                "(recorded in recipe_changes.jsonl)"
+            )
         if changes:
             say(f"continuing {out} with changed settings: {listed}")
     return checkpoint, changes
@@ -305,18 +380,31 @@ def _load_newest_intact(accelerator, out: Path, say) -> str:
             return checkpoint.name
         except ValueError as e:
             if "parameter groups" not in str(e):
-                say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
+                say(
+                    f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one"
+                )
                 continue
-            raise RunDirError(f"{out}: the checkpoint's optimizer has other parameter groups than this recipe's "
-                              f"({str(e)[:80]}; weight_decay 0 against > 0, or wd_exclude_1d, change them): it cannot "
-                              "continue with these settings; choose another --out") from None
+            raise RunDirError(
+                f"{out}: the checkpoint's optimizer has other parameter groups than this recipe's "
+                f"({str(e)[:80]}; weight_decay 0 against > 0, or wd_exclude_1d, change them): it cannot "
+                "continue with these settings; choose another --out"
+            ) from None
         except Exception as e:  # what a damaged file raises depends on the format and the library version
             say(f"checkpoint {checkpoint.name} is damaged ({type(e).__name__}: {str(e)[:120]}); trying an older one")
-    raise RunDirError(f"no intact checkpoint in {out / 'checkpoints'} ({len(candidates)} damaged): cannot resume; choose another --out")
+    raise RunDirError(
+        f"no intact checkpoint in {out / 'checkpoints'} ({len(candidates)} damaged): cannot resume; choose another --out"
+    )
 
 
-def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, changes: dict[str, tuple[Any, Any]],
-            state: TrainState, optimizer=None) -> str | None:
+def _resume(
+    accelerator,
+    recipe: Recipe,
+    out: Path,
+    checkpoint: Path | None,
+    changes: dict[str, tuple[Any, Any]],
+    state: TrainState,
+    optimizer=None,
+) -> str | None:
     """Load the newest intact checkpoint when there is one (else start, recording the recipe); its name or None.
     A resume with changed settings (``changes``, allowed) records them in ``recipe_changes.jsonl`` and the
     new recipe."""
@@ -333,8 +421,9 @@ def _resume(accelerator, recipe: Recipe, out: Path, checkpoint: Path | None, cha
     if accelerator.is_main_process:
         if resumed_from and changes:
             with (out / "recipe_changes.jsonl").open("a") as f:
-                f.write(dumps(dict(step=state.step, changes={k: list(v) for k, v in changes.items()}),
-                              indent=None) + "\n")
+                f.write(
+                    dumps(dict(step=state.step, changes={k: list(v) for k, v in changes.items()}), indent=None) + "\n"
+                )
         (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
     return resumed_from
 
@@ -343,11 +432,14 @@ def _session_data(accelerator, recipe: Recipe, out: Path, mean, std, batch: int,
     """The run's data (:func:`build_data`), checked against what a resumed run trained on; the images left
     out said."""
     classes, train_ds, val_ds, train_sampler, val_sampler, skipped, identity, monitor = build_data(
-        recipe, accelerator, mean, std, batch, progress)
+        recipe, accelerator, mean, std, batch, progress
+    )
     _check_data(out, identity, resuming, recipe.data, accelerator.is_main_process)
     if skipped:
-        accelerator.print(f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
-                          f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}")
+        accelerator.print(
+            f"left out {len(skipped)} image(s) that cannot be decoded (bad_images=skip): "
+            f"{'; '.join(skipped[:3])}{' ...' if len(skipped) > 3 else ''}"
+        )
     return classes, train_ds, val_ds, train_sampler, val_sampler, skipped, monitor
 
 
@@ -355,8 +447,9 @@ def _steps(recipe: Recipe, train_sampler: Any, train_size: int) -> tuple[int, in
     """(optimizer steps per epoch, total steps of the run)."""
     steps_per_epoch = train_sampler.batches_per_epoch // recipe.grad_accum
     if steps_per_epoch == 0:
-        raise RecipeError(f"the training split ({train_size} items) is smaller than one global batch "
-                          f"({recipe.batch_size})")
+        raise RecipeError(
+            f"the training split ({train_size} items) is smaller than one global batch ({recipe.batch_size})"
+        )
     total_steps = steps_per_epoch * recipe.epochs
     return steps_per_epoch, min(total_steps, recipe.max_steps) if recipe.max_steps else total_steps
 
@@ -369,8 +462,9 @@ def _model_and_state(accelerator, recipe: Recipe, num_classes: int, total_steps:
     from timm.utils import ModelEmaV3
 
     set_seed(recipe.seed, device_specific=True)
-    model = timm.create_model(recipe.model, pretrained=False, num_classes=num_classes, img_size=recipe.img_size,
-                              **recipe.model_kwargs)
+    model = timm.create_model(
+        recipe.model, pretrained=False, num_classes=num_classes, img_size=recipe.img_size, **recipe.model_kwargs
+    )
     optimizer, scheduler, mixup, loss_fn = _optimisation(recipe, model, num_classes, total_steps, steps_per_epoch)
     model, optimizer = accelerator.prepare(model, optimizer)
     raw_model = accelerator.unwrap_model(model)
@@ -384,34 +478,41 @@ def _model_and_state(accelerator, recipe: Recipe, num_classes: int, total_steps:
 
 def _setup_line(s: Session, batch: int) -> str:
     """What the run is, in one line."""
-    return (f"{s.recipe.model}: {sum(p.numel() for p in s.raw_model.parameters()) / 1e6:.2f}M params, "
-            f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images"
-            + (f" / {s.monitor.images} held out to monitor" if s.monitor else "") + f", {s.world} process(es) x "
-            f"batch {batch} x accum {s.recipe.grad_accum}, {s.steps_per_epoch} steps/epoch, {s.total_steps} steps"
-            + (f", resumed from {s.resumed_from}" if s.resumed_from else ""))
+    return (
+        f"{s.recipe.model}: {sum(p.numel() for p in s.raw_model.parameters()) / 1e6:.2f}M params, "
+        f"{len(s.classes)} classes, {len(s.train_ds)} train / {s.val_size} val images"
+        + (f" / {s.monitor.images} held out to monitor" if s.monitor else "")
+        + f", {s.world} process(es) x "
+        f"batch {batch} x accum {s.recipe.grad_accum}, {s.steps_per_epoch} steps/epoch, {s.total_steps} steps"
+        + (f", resumed from {s.resumed_from}" if s.resumed_from else "")
+    )
 
 
 def _log_and_evaluated(accelerator, recipe: Recipe, out: Path, resume_step: int | None):
     """The run's metrics log, and the evaluation it ends with when the run resumes right after one (a kill
     after the final checkpoint): that one is not evaluated and logged again (the main process read the log;
     the others learn the step from it)."""
-    log = MetricsLog(out, accelerator.is_main_process, resume_step=resume_step,
-                     tracker=accelerator.log if recipe.log_with else None)
+    log = MetricsLog(
+        out, accelerator.is_main_process, resume_step=resume_step, tracker=accelerator.log if recipe.log_with else None
+    )
     return log, broadcast_object(log.resumed_eval if accelerator.is_main_process else None)
 
 
-def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool,
-                  allow_changes: bool = False) -> Session:
+def build_session(
+    accelerator, recipe: Recipe, out: Path, resume: bool, progress: bool, allow_changes: bool = False
+) -> Session:
     """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
     batch = per_process_batch(accelerator, recipe)
     checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
     mean, std = _data_stats(recipe)
     classes, train_ds, val_ds, train_sampler, val_sampler, skipped, monitor = _session_data(
-        accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None)
+        accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None
+    )
     steps_per_epoch, total_steps = _steps(recipe, train_sampler, len(train_ds))
 
     model, raw_model, optimizer, scheduler, mixup, loss_fn, ema, state = _model_and_state(
-        accelerator, recipe, len(classes), total_steps, steps_per_epoch)
+        accelerator, recipe, len(classes), total_steps, steps_per_epoch
+    )
     resumed_from = _resume(accelerator, recipe, out, checkpoint, changes, state, optimizer)
     if scheduler is not None:
         scheduler.step(state.step)
@@ -419,12 +520,36 @@ def build_session(accelerator, recipe: Recipe, out: Path, resume: bool, progress
     val_loader, rpi_loader = _loaders(recipe, val_ds, val_sampler, pin=accelerator.device.type == "cuda")
     rpi_loader = rpi_loader if monitor is None else monitor.rpi_loader  # SSDC under RPI: on the monitor split
     first_bad_step = torch.full((), -1, dtype=torch.int64, device=accelerator.device)
-    session = Session(last_eval=evaluated["step"] if evaluated else -1, eval_result=dict(evaluated or {}),
-                   first_bad_step=first_bad_step, skipped_images=skipped, accelerator=accelerator, recipe=recipe, out=out, progress=progress, model=model,
-                   raw_model=raw_model, optimizer=optimizer, scheduler=scheduler, ema=ema, mixup=mixup,
-                   loss_fn=loss_fn, classes=list(classes), mean=mean, std=std, train_ds=train_ds,
-                   train_sampler=train_sampler, val_size=len(val_ds), val_loader=val_loader, rpi_loader=rpi_loader,
-                   steps_per_epoch=steps_per_epoch, total_steps=total_steps, state=state, log=log,
-                   resumed_from=resumed_from, monitor=monitor)
+    session = Session(
+        last_eval=evaluated["step"] if evaluated else -1,
+        eval_result=dict(evaluated or {}),
+        first_bad_step=first_bad_step,
+        skipped_images=skipped,
+        accelerator=accelerator,
+        recipe=recipe,
+        out=out,
+        progress=progress,
+        model=model,
+        raw_model=raw_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        ema=ema,
+        mixup=mixup,
+        loss_fn=loss_fn,
+        classes=list(classes),
+        mean=mean,
+        std=std,
+        train_ds=train_ds,
+        train_sampler=train_sampler,
+        val_size=len(val_ds),
+        val_loader=val_loader,
+        rpi_loader=rpi_loader,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        state=state,
+        log=log,
+        resumed_from=resumed_from,
+        monitor=monitor,
+    )
     accelerator.print(_setup_line(session, batch))
     return session

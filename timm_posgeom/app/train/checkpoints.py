@@ -1,4 +1,5 @@
 """Checkpoints of a training run: counters saved with the state, atomic saves, discovery for resume."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,14 @@ from typing import Any
 
 from ...jsonio import write_errors
 
-__all__ = ["TrainState", "list_checkpoints", "latest_checkpoint", "save_checkpoint", "check_writable",
-           "CHECKPOINT_NAME"]
+__all__ = [
+    "TrainState",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "save_checkpoint",
+    "check_writable",
+    "CHECKPOINT_NAME",
+]
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d{8,})$")
 

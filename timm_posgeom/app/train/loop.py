@@ -1,9 +1,10 @@
 """The training loop: plain functions over one :class:`~timm_posgeom.app.train.build.Session`.
 
-    session = build_session(...)          # build.py
-    run_epochs(session)                   # train, evaluate at epoch ends, checkpoint
-    summary = finish(session)             # final evaluation, export, summary.json
+session = build_session(...)          # build.py
+run_epochs(session)                   # train, evaluate at epoch ends, checkpoint
+summary = finish(session)             # final evaluation, export, summary.json
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,8 @@ def check_finite(s: Session) -> None:
     raise TrainingDiverged(
         f"training diverged: non-finite loss {where} (learning rate {lr:.3g}; the recipe's lr is {s.recipe.lr:g}); "
         f"nothing of it was checkpointed or exported. Lower lr (--set lr=...), add warmup or clip_grad, and "
-        f"start again in a new --out")
+        f"start again in a new --out"
+    )
 
 
 @dataclass
@@ -101,17 +103,24 @@ def evaluate_now(s: Session) -> dict[str, Any]:
     result = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_{prefix}_{k}": v for k, v in evaluate_top1(s.ema.module, loader, s.accelerator).items()})
-    result.update(kind="eval", monitor="validation" if s.monitor is None else "heldout", step=s.state.step,
-                  epoch=s.state.step / s.steps_per_epoch, pe_ssdc=pe_table_ssdc(s.raw_model))
+    result.update(
+        kind="eval",
+        monitor="validation" if s.monitor is None else "heldout",
+        step=s.state.step,
+        epoch=s.state.step / s.steps_per_epoch,
+        pe_ssdc=pe_table_ssdc(s.raw_model),
+    )
     if s.rpi_loader is not None and s.accelerator.is_main_process:
         result.update(_rpi_ssdc(s.raw_model, s.rpi_loader, s.recipe.probe_images))
     result["time_s"] = round(s.elapsed(), 1)
     s.log.log(result)
-    s.accelerator.print(f"step {s.state.step}: {'val' if s.monitor is None else 'held-out'} top-1 "
-                        f"{result[prefix + '_top1']:.4f}"
-                        + (f", EMA {result['ema_' + prefix + '_top1']:.4f}" if s.ema is not None else "")
-                        + (f", PE-table SSDC {result['pe_ssdc']:.3f}" if result["pe_ssdc"] is not None else "")
-                        + (f", SSDC under RPI {result['rpi_ssdc']}" if "rpi_ssdc" in result else ""))
+    s.accelerator.print(
+        f"step {s.state.step}: {'val' if s.monitor is None else 'held-out'} top-1 "
+        f"{result[prefix + '_top1']:.4f}"
+        + (f", EMA {result['ema_' + prefix + '_top1']:.4f}" if s.ema is not None else "")
+        + (f", PE-table SSDC {result['pe_ssdc']:.3f}" if result["pe_ssdc"] is not None else "")
+        + (f", SSDC under RPI {result['rpi_ssdc']}" if "rpi_ssdc" in result else "")
+    )
     s.last_eval = s.state.step
     s.eval_result = result
     return result
@@ -125,8 +134,9 @@ def validate_at_end(s: Session) -> dict[str, Any]:
     result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
-    result.update(kind="validation", step=s.state.step, epoch=s.state.step / s.steps_per_epoch,
-                  time_s=round(s.elapsed(), 1))
+    result.update(
+        kind="validation", step=s.state.step, epoch=s.state.step / s.steps_per_epoch, time_s=round(s.elapsed(), 1)
+    )
     s.log.log(result)
     return result
 
@@ -156,9 +166,16 @@ def _log_train(s: Session, window: _Window, bar) -> _Window:
     check_finite(s)
     seconds = time.perf_counter() - window.start
     mean_loss = s.accelerator.reduce(window.loss / window.batches, reduction="mean").item()
-    record = dict(kind="train", step=s.state.step, epoch=s.state.step / s.steps_per_epoch, loss=mean_loss,
-                  lr=s.optimizer.param_groups[0]["lr"], images_per_s=window.images / max(seconds, 1e-9),
-                  pe_ssdc=pe_table_ssdc(s.raw_model), time_s=round(s.elapsed(), 1))
+    record = dict(
+        kind="train",
+        step=s.state.step,
+        epoch=s.state.step / s.steps_per_epoch,
+        loss=mean_loss,
+        lr=s.optimizer.param_groups[0]["lr"],
+        images_per_s=window.images / max(seconds, 1e-9),
+        pe_ssdc=pe_table_ssdc(s.raw_model),
+        time_s=round(s.elapsed(), 1),
+    )
     if window.last_images is not None:
         record["pe_norm_ratio"] = pe_content_norm_ratio(s.raw_model, window.last_images)
     s.log.log(record)
@@ -195,8 +212,11 @@ def _train_epoch(s: Session, bar, window: _Window) -> _Window:
             break
         loss = _forward_backward(s, images, targets)
         window.loss = window.loss + loss  # no device sync per step, for the loss nor the divergence check
-        s.first_bad_step = torch.where(~torch.isfinite(loss) & (s.first_bad_step < 0),
-                                       torch.full_like(s.first_bad_step, s.state.step + 1), s.first_bad_step)
+        s.first_bad_step = torch.where(
+            ~torch.isfinite(loss) & (s.first_bad_step < 0),
+            torch.full_like(s.first_bad_step, s.state.step + 1),
+            s.first_bad_step,
+        )
         window.batches += 1
         window.images += images.shape[0] * s.world
         window.last_images = images
@@ -224,8 +244,13 @@ def run_epochs(s: Session) -> None:
     from tqdm.auto import tqdm
 
     batches_per_epoch = s.steps_per_epoch * s.recipe.grad_accum
-    bar = tqdm(total=s.total_steps, initial=s.state.step, unit="step", dynamic_ncols=True,
-               disable=not (s.progress and s.accelerator.is_main_process))
+    bar = tqdm(
+        total=s.total_steps,
+        initial=s.state.step,
+        unit="step",
+        dynamic_ncols=True,
+        disable=not (s.progress and s.accelerator.is_main_process),
+    )
     s.model.train()
     window = _Window()
     while s.state.step < s.total_steps:
@@ -250,18 +275,36 @@ def finish(s: Session) -> RunSummary:
     r, ev, val = s.recipe, s.eval_result, validate_at_end(s)
     prefix = monitor_prefix(s.monitor)
     summary = RunSummary(
-        model=r.model, steps=s.state.step, epochs=s.state.step / s.steps_per_epoch, train_images=len(s.train_ds),
-        val_images=s.val_size, processes=s.world, time_s=round(s.elapsed(), 1), val_top1=val.get("val_top1"),
-        ema_val_top1=val.get("ema_val_top1"), pe_ssdc=ev.get("pe_ssdc"), resumed_from=s.resumed_from,
-        skipped_images=s.skipped_images or None, versions=package_versions(),
-        monitor="validation" if s.monitor is None else "heldout", monitor_top1=ev.get(f"{prefix}_top1"),
-        monitor_images=s.val_size if s.monitor is None else s.monitor.images)
+        model=r.model,
+        steps=s.state.step,
+        epochs=s.state.step / s.steps_per_epoch,
+        train_images=len(s.train_ds),
+        val_images=s.val_size,
+        processes=s.world,
+        time_s=round(s.elapsed(), 1),
+        val_top1=val.get("val_top1"),
+        ema_val_top1=val.get("ema_val_top1"),
+        pe_ssdc=ev.get("pe_ssdc"),
+        resumed_from=s.resumed_from,
+        skipped_images=s.skipped_images or None,
+        versions=package_versions(),
+        monitor="validation" if s.monitor is None else "heldout",
+        monitor_top1=ev.get(f"{prefix}_top1"),
+        monitor_images=s.val_size if s.monitor is None else s.monitor.images,
+    )
     if s.accelerator.is_main_process:
         model_args = dict(r.model_kwargs, img_size=r.img_size, num_classes=len(s.classes))
         paper = r.eval_resize == "paper"
-        cfg = dict(input_size=(3, r.img_size, r.img_size), num_classes=len(s.classes), label_names=s.classes,
-                   mean=s.mean, std=s.std, interpolation=r.interpolation, crop_pct=1.0 if paper else r.crop_pct,
-                   crop_mode="squash" if paper else "center")
+        cfg = dict(
+            input_size=(3, r.img_size, r.img_size),
+            num_classes=len(s.classes),
+            label_names=s.classes,
+            mean=s.mean,
+            std=s.std,
+            interpolation=r.interpolation,
+            crop_pct=1.0 if paper else r.crop_pct,
+            crop_mode="squash" if paper else "center",
+        )
         summary.export = str(export_for_hub(s.raw_model, s.out / "export", model_args, cfg))
         summary.export_sha1 = weights_sha1(s.out / "export" / "model.safetensors")  # what val_top1 is of
         if s.ema is not None:
@@ -269,8 +312,10 @@ def finish(s: Session) -> RunSummary:
             summary.export_ema_sha1 = weights_sha1(s.out / "export_ema" / "model.safetensors")
         s.log.log(dict(summary.to_dict(tagged=False), kind="final"))
         summary.write(s.out / "summary.json")
-        s.accelerator.print(f"done: {s.state.step} steps in {summary.time_s:.0f}s, val top-1 "
-                            f"{summary.val_top1:.4f}; exported to {summary.export}")
+        s.accelerator.print(
+            f"done: {s.state.step} steps in {summary.time_s:.0f}s, val top-1 "
+            f"{summary.val_top1:.4f}; exported to {summary.export}"
+        )
     s.log.close()
     s.accelerator.wait_for_everyone()
     s.accelerator.end_training()

@@ -1,5 +1,6 @@
 """The training log: ``metrics.jsonl`` (one JSON record per line, the record) and the accelerate trackers the
 recipe names in ``log_with`` (TensorBoard, W&B, trackio, MLflow...)."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,10 @@ def check_trackers(names: list[str]) -> list[str]:
         if name not in known:
             raise ValueError(f"log_with: unknown tracker {name!r}; accelerate here knows {', '.join(known)}")
         if name not in available:
-            raise ValueError(f"log_with: {name} is not installed here (pip install {name.replace('_', '-')}); "
-                             "metrics.jsonl is written without it, or drop it from log_with")
+            raise ValueError(
+                f"log_with: {name} is not installed here (pip install {name.replace('_', '-')}); "
+                "metrics.jsonl is written without it, or drop it from log_with"
+            )
     return list(names)
 
 
@@ -37,8 +40,10 @@ def check_tracker_project(project: str | None) -> None:
         return
     text = str(project)
     if not text.strip() or "/" in text or "\\" in text or text in (".", "..") or Path(text).is_absolute():
-        raise ValueError(f"tracker_project must be a plain name (the trackers write under <out>/<name>), got "
-                         f"{project!r}: a path would write outside --out")
+        raise ValueError(
+            f"tracker_project must be a plain name (the trackers write under <out>/<name>), got "
+            f"{project!r}: a path would write outside --out"
+        )
 
 
 def tracker_config(recipe: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +90,9 @@ class MetricsLog:
         if resume_step is not None and self.file.exists():
             kept = [r for r in read_metrics(self.file) if r.get("step", 0) <= resume_step and r.get("kind") != "final"]
             # the checkpoint at this step was saved after its evaluation: the session need not evaluate again
-            self.resumed_eval = next((r for r in reversed(kept) if r.get("kind") == "eval"
-                                      and r.get("step") == resume_step), None)
+            self.resumed_eval = next(
+                (r for r in reversed(kept) if r.get("kind") == "eval" and r.get("step") == resume_step), None
+            )
             self.file.write_text("".join(dumps(r, indent=None) + "\n" for r in kept))
         elif resume_step is None and self.file.exists():
             self.file.unlink()
@@ -98,8 +104,11 @@ class MetricsLog:
             f.write(dumps(record, indent=None) + "\n")
         if self.tracker is not None:
             kind = record.get("kind", "train")
-            numbers = {f"{kind}/{key}": value for key, value in record.items()
-                       if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"}
+            numbers = {
+                f"{kind}/{key}": value
+                for key, value in record.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "step"
+            }
             if numbers:
                 self.tracker(numbers, step=record.get("step", 0))
 

@@ -7,6 +7,7 @@ monitor, the run's final numbers (``summary.json``'s ``val_top1``) are measured 
 at the end, so the validation split decides nothing during training. Every ``eval`` record and the summary say
 which split monitored (``monitor``: ``validation`` or ``heldout``), and ``data.json`` holds the carving.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,16 @@ def carve_monitor(recipe: Recipe, train_split: Any) -> tuple[Any, Any, dict[str,
     return carve_heldout(train_split, recipe.heldout_fraction, recipe.heldout_seed)
 
 
-def build_monitor(recipe: Recipe, accelerator: Any, heldout: Any, record: dict[str, Any] | None, mean, std,
-                  batch: int, progress: bool = True) -> Monitor | None:
+def build_monitor(
+    recipe: Recipe,
+    accelerator: Any,
+    heldout: Any,
+    record: dict[str, Any] | None,
+    mean,
+    std,
+    batch: int,
+    progress: bool = True,
+) -> Monitor | None:
     """The :class:`Monitor` of the held-out split (None without one), preprocessed as the validation split is:
     through the uint8 cache with ``cache``, else the recipe's eval transform; bad images as ``bad_images`` says."""
     if heldout is None or record is None:
@@ -59,15 +68,18 @@ def build_monitor(recipe: Recipe, accelerator: Any, heldout: Any, record: dict[s
             heldout = D.check_images(heldout, recipe.bad_images, progress=show)
         if recipe.cache:
             cache_dir = D.default_cache_dir() if recipe.disk_cache else None
-            cached = D.cache_uint8(heldout, recipe.img_size, recipe.interpolation, recipe.workers, cache_dir, progress=show)
+            cached = D.cache_uint8(
+                heldout, recipe.img_size, recipe.interpolation, recipe.workers, cache_dir, progress=show
+            )
     if recipe.cache:
         ds = D.CachedEvalDataset(cached, mean, std)
     else:
         config = D.eval_config(recipe.img_size, mean, std, recipe.interpolation, recipe.crop_pct)
         ds = D.TransformDataset(heldout, eval_transform(config, resize=recipe.eval_resize))
     size = recipe.eval_batch_size or batch
-    sampler = D.EpochBatchSampler(len(ds), size, accelerator.num_processes, accelerator.process_index,
-                                  shuffle=False, drop_last=False)
+    sampler = D.EpochBatchSampler(
+        len(ds), size, accelerator.num_processes, accelerator.process_index, shuffle=False, drop_last=False
+    )
     loader = D.make_loader(ds, sampler, recipe.workers, pin_memory=accelerator.device.type == "cuda")
     rpi_loader = None
     if recipe.probe_images:

@@ -30,6 +30,7 @@ The package: :mod:`.config` (:class:`ZooConfig`, model lists), :mod:`.measure` (
 :mod:`.run` (plan, shards, locks, :func:`run_zoo`, :func:`merge_zoo`), :mod:`.table` (``zoo.csv``) and
 :mod:`.figures` (``zoo.md`` and the figures).
 """
+
 from .config import (
     EXTRAS,
     JPEG_SHIFT,
@@ -49,8 +50,35 @@ from .measure import match_labels, measure_model, weights_key
 from .run import ZooSummary, merge_zoo, parse_shard, read_records, run_zoo
 from .table import csv_columns, csv_rows, layer_summary, pe_kinds, relative_depth, write_csv
 
-__all__ = ["ZooConfig", "ZooError", "ZooSummary", "run_zoo", "merge_zoo", "parse_shard", "read_records",
-           "measure_model", "read_models_file", "filter_models", "safe_name", "is_main_process", "csv_rows",
-           "write_outputs", "zoo_markdown", "fig_ssdc_depth", "fig_fragility_delta", "JPEG_SHIFT", "SWEEP_SHIFTS",
-           "PRETRAINED_MODES", "EXTRAS", "relative_depth", "layer_summary", "csv_columns", "write_csv", "pe_kinds",
-           "versions", "weights_key", "config_from_settings", "match_labels"]
+__all__ = [
+    "ZooConfig",
+    "ZooError",
+    "ZooSummary",
+    "run_zoo",
+    "merge_zoo",
+    "parse_shard",
+    "read_records",
+    "measure_model",
+    "read_models_file",
+    "filter_models",
+    "safe_name",
+    "is_main_process",
+    "csv_rows",
+    "write_outputs",
+    "zoo_markdown",
+    "fig_ssdc_depth",
+    "fig_fragility_delta",
+    "JPEG_SHIFT",
+    "SWEEP_SHIFTS",
+    "PRETRAINED_MODES",
+    "EXTRAS",
+    "relative_depth",
+    "layer_summary",
+    "csv_columns",
+    "write_csv",
+    "pe_kinds",
+    "versions",
+    "weights_key",
+    "config_from_settings",
+    "match_labels",
+]

@@ -1,4 +1,5 @@
 """What a zoo measures and how (:class:`ZooConfig`), its model lists, and what every part shares."""
+
 from __future__ import annotations
 
 import hashlib
@@ -76,8 +77,12 @@ class ZooConfig:
 
     def __post_init__(self, images: int | None = None) -> None:
         if images is not None:
-            warnings.warn("ZooConfig(images=N) is deprecated and will be removed in the next release: use "
-                          "max_images=N (and probe_images=N for the same SSDC count)", DeprecationWarning, stacklevel=3)
+            warnings.warn(
+                "ZooConfig(images=N) is deprecated and will be removed in the next release: use "
+                "max_images=N (and probe_images=N for the same SSDC count)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             if self.max_images is None:
                 self.max_images = images
             if self.probe_images is None:
@@ -143,7 +148,9 @@ def filter_models(pattern: str, pretrained: str = "auto") -> list[str]:
 
     names = timm.list_models(pattern, pretrained=pretrained != "off")
     if not names:
-        raise ZooError(f"--filter {pattern!r} matches no timm model{' with pretrained weights' if pretrained != 'off' else ''}")
+        raise ZooError(
+            f"--filter {pattern!r} matches no timm model{' with pretrained weights' if pretrained != 'off' else ''}"
+        )
     return list(names)
 
 

@@ -1,4 +1,5 @@
 """``zoo.md`` and the zoo's figures, from the records."""
+
 from __future__ import annotations
 
 import io
@@ -23,7 +24,7 @@ def _save(fig: Any, path: Path) -> None:
 
 def _label(name: str, width: int = 40) -> str:
     """A model's name for a legend or a point: whole up to ``width`` characters, else its tail."""
-    return name if len(name) <= width else "..." + name[-(width - 3):]
+    return name if len(name) <= width else "..." + name[-(width - 3) :]
 
 
 def _empty(ax: Any, text: str) -> None:
@@ -49,12 +50,25 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
                 continue
             y = [math.nan if v is None else v for v in values]
             x = relative_depth(len(y))
-            ax.plot(x, y, marker="s" if r.granularity == "stage" else "o", ms=4,
-                    color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=_label(r.model))
+            ax.plot(
+                x,
+                y,
+                marker="s" if r.granularity == "stage" else "o",
+                ms=4,
+                color=f"C{i % 10}",
+                linestyle=("-", "--", ":")[i // 10 % 3],
+                label=_label(r.model),
+            )
             cis = getattr(r, f"{key}_ci")
             if cis and len(cis) == len(y):
-                ax.fill_between(x, [math.nan if c[0] is None else c[0] for c in cis],
-                                [math.nan if c[1] is None else c[1] for c in cis], color=f"C{i % 10}", alpha=0.15, lw=0)
+                ax.fill_between(
+                    x,
+                    [math.nan if c[0] is None else c[0] for c in cis],
+                    [math.nan if c[1] is None else c[1] for c in cis],
+                    color=f"C{i % 10}",
+                    alpha=0.15,
+                    lw=0,
+                )
             drawn += 1
         if not drawn:
             _empty(ax, "no model measured" if key == "ssdc" else "no model measured under RPI")
@@ -94,7 +108,9 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
         _label_fs_delta_points(ax, points)
     ax.set_xlabel("delta SSDC under RPI (layer 1 - layer 0)")
     ax.set_ylabel(f"fragility score FS, {shift}")
-    ax.set_title(f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10)
+    ax.set_title(
+        f"JPEG fragility against delta SSDC ({len(points)} model{'s' if len(points) != 1 else ''})", fontsize=10
+    )
     fit_titles(fig)
     _save(fig, path)
     return left_out
@@ -130,16 +146,25 @@ def _label_fs_delta_points(ax: Any, points: list[_Point]) -> None:
     from matplotlib.lines import Line2D
 
     bar = Line2D([], [], color="0.3", marker="|", ms=10, ls="none", label="FS: paired bootstrap 95% interval")
-    hbar = Line2D([], [], color="0.3", marker="_", ms=10, ls="none",
-                  label="delta SSDC: 95% interval over the RPI permutations")
+    hbar = Line2D(
+        [], [], color="0.3", marker="_", ms=10, ls="none", label="delta SSDC: 95% interval over the RPI permutations"
+    )
     ax.legend(handles=[bar, hbar], fontsize=7, loc="best")
     mid = sum(ax.get_xlim()) / 2
     top = sum(ax.get_ylim()) / 2
     for x, y, model, i in points:  # a label points away from the nearer edge, so it stays inside
         right, above = x <= mid, y <= top
-        ax.annotate(_label(model, 32), (x, y), xytext=(5 if right else -5, 4 if above else -4),
-                    textcoords="offset points", fontsize=7, ha="left" if right else "right",
-                    va="bottom" if above else "top", color=f"C{i % 10}", annotation_clip=True)
+        ax.annotate(
+            _label(model, 32),
+            (x, y),
+            xytext=(5 if right else -5, 4 if above else -4),
+            textcoords="offset points",
+            fontsize=7,
+            ha="left" if right else "right",
+            va="bottom" if above else "top",
+            color=f"C{i % 10}",
+            annotation_clip=True,
+        )
 
 
 def _f3(value: Any) -> str:
@@ -172,17 +197,25 @@ def _extras_markdown(records: Sequence[ZooModel], config: ZooConfig) -> list[str
             return ""
         return " / ".join(_f3(values[k]) or "n/a" for k in sorted({0, len(values) // 2, len(values) - 1}))
 
-    lines += ["| model | attention distance (patches) | attention entropy (nats) | position probe | "
-              "position probe under RPI | chance |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| model | attention distance (patches) | attention entropy (nats) | position probe | "
+        "position probe under RPI | chance |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in measured:
-        lines.append(f"| `{_md_cell(r.model)}` | {fml(r.attention_distance)} | {fml(r.attention_entropy)} | "
-                     f"{fml(r.position_accuracy)} | {fml(r.position_accuracy_rpi)} | {_f3(r.position_chance)} |")
-    return lines + ["", "Each cell: the first / middle / last block. Attention distance: the attention-weighted "
-                    "mean grid distance (patch units) from each patch query to the patch keys, mean over heads "
-                    "and queries; entropy likewise (docs/attention.md). Position probe: the fraction of patch "
-                    "tokens whose (row, col) a linear map of the token reads right, fitted on the first half of the "
-                    "probe images and scored on the second; under RPI with a fresh permutation per batch, where a "
-                    "model without PE falls to chance (docs/attention.md#position-probe)."]
+        lines.append(
+            f"| `{_md_cell(r.model)}` | {fml(r.attention_distance)} | {fml(r.attention_entropy)} | "
+            f"{fml(r.position_accuracy)} | {fml(r.position_accuracy_rpi)} | {_f3(r.position_chance)} |"
+        )
+    return lines + [
+        "",
+        "Each cell: the first / middle / last block. Attention distance: the attention-weighted "
+        "mean grid distance (patch units) from each patch query to the patch keys, mean over heads "
+        "and queries; entropy likewise (docs/attention.md). Position probe: the fraction of patch "
+        "tokens whose (row, col) a linear map of the token reads right, fitted on the first half of the "
+        "probe images and scored on the second; under RPI with a fresh permutation per batch, where a "
+        "model without PE falls to chance (docs/attention.md#position-probe).",
+    ]
 
 
 def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
@@ -197,7 +230,8 @@ def _md_header(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     # each model records the versions that measured it; a resumed zoo may mix several invocations' versions
     vers = describe_versions(versions(), [(r.model, [r.versions]) for r in records if r.status == "ok"])
     lines = [
-        "# Model zoo: positional encodings, SSDC and fragility", "",
+        "# Model zoo: positional encodings, SSDC and fragility",
+        "",
         f"Data: `{config.data}` ({config.split}), the first {config.probe_count()} images for SSDC and "
         f"{'all' if config.max_images is None else f'the first {config.max_images}'} for fragility; "
         f"probe site `{config.site}`; resize `{config.resize}`; input size "
@@ -211,18 +245,32 @@ def _md_header(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         "RPI of layer 1 minus layer 0 (undefined per stage). FS = 1 - A_shift / A_clean. Top-1 as a fraction, "
         "only where the data's labels match the model's classes. Brackets: 95% intervals of the number before "
         "them: top-1 Wilson, FS paired bootstrap over images, SSDC under RPI and delta SSDC Student t over the "
-        "RPI permutations (two models whose intervals overlap may not differ). Definitions: docs/method.md.", "",
+        "RPI permutations (two models whose intervals overlap may not differ). Definitions: docs/method.md.",
+        "",
     ]
     if any(r.weights == "random-init" for r in records):
-        lines += ["**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
-                  "describe the architecture's prior, and say nothing about a trained or pretrained model.", ""]
+        lines += [
+            "**Random-init models** (weights `random-init`) are measured at initialisation: their numbers "
+            "describe the architecture's prior, and say nothing about a trained or pretrained model.",
+            "",
+        ]
     return lines
 
 
 def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     """The main table: one row per model (a failed one says so)."""
-    head = ["model", "weights", "params (M)", "size", "PE", "top-1", *(f"FS {s}" for s in config.shifts),
-            "SSDC first / last / peak (layer)", "RPI: mean over layers", "ΔSSDC (RPI)"]
+    head = [
+        "model",
+        "weights",
+        "params (M)",
+        "size",
+        "PE",
+        "top-1",
+        *(f"FS {s}" for s in config.shifts),
+        "SSDC first / last / peak (layer)",
+        "RPI: mean over layers",
+        "ΔSSDC (RPI)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in records:
         if r.status != "ok":
@@ -231,12 +279,18 @@ def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         s, p = layer_summary(r.ssdc), layer_summary(r.rpi_ssdc)
         size = r.input_size or []
         cells = [
-            f"`{_md_cell(r.model)}`", r.weights or "", _fmt(r.params / 1e6 if r.params else None, ".2f"),
-            "x".join(map(str, size[1:])), _md_cell(pe_kinds(r.pe)),
+            f"`{_md_cell(r.model)}`",
+            r.weights or "",
+            _fmt(r.params / 1e6 if r.params else None, ".2f"),
+            "x".join(map(str, size[1:])),
+            _md_cell(pe_kinds(r.pe)),
             _ci3(r.clean_accuracy, r.clean_accuracy_ci),
             *(_ci3((r.fs or {}).get(sh), (r.fs_interval or {}).get(sh)) for sh in config.shifts),
-            (f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
-             if s["first"] is not None else ""),
+            (
+                f"{_f3(s['first'])} / {_f3(s['last'])} / {_f3(s['peak'])} ({s['peak_layer']})"
+                if s["first"] is not None
+                else ""
+            ),
             _ci3(p["mean"], r.rpi_ssdc_mean_ci) if p["first"] is not None else "",
             _ci3(r.rpi_delta_ssdc, r.rpi_delta_ssdc_ci),
         ]
@@ -253,19 +307,28 @@ def _md_sweeps(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     if not sweeps:
         return lines + ["No model could be swept (see the notes)."]
     order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
-    lines += ["| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
-              "|---|" + "---|" * len(config.alphas)]
+    lines += [
+        "| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
+        "|---|" + "---|" * len(config.alphas),
+    ]
     for r in sweeps:
         sw = r.alpha_sweep
         fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
         dci = sw.delta_ssdc_ci or [None] * len(sw.alphas)
         fci = (sw.fs_interval or {}).get(JPEG_SHIFT) or [None] * len(sw.alphas)
         cells = sorted(zip(sw.alphas, sw.delta_ssdc, dci, fs, fci), key=lambda c: c[0])
-        lines.append(f"| `{_md_cell(r.model)}` | " + " | ".join(
-            f"{_ci3(d, dc) or 'n/a'}" + (f" / {_ci3(f, fc)}" if f is not None else "")
-            for _, d, dc, f, fc in cells) + " |")
-    return lines + ["", "Each cell: delta SSDC under RPI [its 95% interval over the RPI permutations, drawn afresh "
-                    "for each alpha] / FS [paired bootstrap 95% interval] (FS only where the labels match)."]
+        lines.append(
+            f"| `{_md_cell(r.model)}` | "
+            + " | ".join(
+                f"{_ci3(d, dc) or 'n/a'}" + (f" / {_ci3(f, fc)}" if f is not None else "") for _, d, dc, f, fc in cells
+            )
+            + " |"
+        )
+    return lines + [
+        "",
+        "Each cell: delta SSDC under RPI [its 95% interval over the RPI permutations, drawn afresh "
+        "for each alpha] / FS [paired bootstrap 95% interval] (FS only where the labels match).",
+    ]
 
 
 def _md_notes(records: Sequence[ZooModel]) -> list[str]:
@@ -282,17 +345,29 @@ def _md_notes(records: Sequence[ZooModel]) -> list[str]:
 
 def _md_figures(left_out: Sequence[str]) -> list[str]:
     """The figures with their captions, and the models the fragility figure leaves out."""
-    lines = ["", "## Figures", "", "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
-             "", "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
-             "RPI (against the index grid, the mean over the RPI permutations). Bands: 95% intervals, over images "
-             "(a delete-a-group jackknife) on the left, over the RPI permutations on the right.*",
-             "", "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
-             "", f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
-             "paired-bootstrap 95% interval over the images; horizontal bars: delta SSDC's 95% interval over the "
-             "RPI permutations.*"]
+    lines = [
+        "",
+        "## Figures",
+        "",
+        "![SSDC against relative depth, normal and under RPI](figures/zoo_ssdc_depth.png)",
+        "",
+        "*SSDC of the mean map against relative depth, one line per model: left without RPI, right under "
+        "RPI (against the index grid, the mean over the RPI permutations). Bands: 95% intervals, over images "
+        "(a delete-a-group jackknife) on the left, over the RPI permutations on the right.*",
+        "",
+        "![JPEG fragility against delta SSDC](figures/zoo_fragility_vs_delta.png)",
+        "",
+        f"*FS under {JPEG_SHIFT} against delta SSDC under RPI, one point per model; vertical bars: FS's "
+        "paired-bootstrap 95% interval over the images; horizontal bars: delta SSDC's 95% interval over the "
+        "RPI permutations.*",
+    ]
     if left_out:
-        lines += ["", f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
-                  + ", ".join(f"`{m}`" for m in left_out) + "."]
+        lines += [
+            "",
+            f"Not in the fragility figure (no FS {JPEG_SHIFT} or no delta SSDC under RPI): "
+            + ", ".join(f"`{m}`" for m in left_out)
+            + ".",
+        ]
     return lines
 
 
@@ -302,8 +377,12 @@ def write_outputs(records: Sequence[ZooModel], out: str | os.PathLike, config: Z
     out = Path(out)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    paths = dict(csv=write_csv(records, out / "zoo.csv", config), ssdc=figures / "zoo_ssdc_depth.png",
-                 fragility=figures / "zoo_fragility_vs_delta.png", md=out / "zoo.md")
+    paths = dict(
+        csv=write_csv(records, out / "zoo.csv", config),
+        ssdc=figures / "zoo_ssdc_depth.png",
+        fragility=figures / "zoo_fragility_vs_delta.png",
+        md=out / "zoo.md",
+    )
     fig_ssdc_depth(records, paths["ssdc"])
     left_out = fig_fragility_delta(records, paths["fragility"])
     write_atomic(paths["md"], zoo_markdown(records, config, left_out))

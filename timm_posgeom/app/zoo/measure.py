@@ -1,4 +1,5 @@
 """One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record."""
+
 from __future__ import annotations
 
 import gc
@@ -26,8 +27,12 @@ from .config import SWEEP_SHIFTS, ZooConfig, _default_device, _failure_text, _fl
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
     """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
     scores labels); kept for one release."""
-    warnings.warn("timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
-                  "timm_posgeom.labels.map_by_name", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
+        "timm_posgeom.labels.map_by_name",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return map_by_name(model, data)
 
 
@@ -56,7 +61,7 @@ def weights_key(name: str, weights: str | None) -> str | None:
             _file_key,  # path|size|mtime: the data cache's key of a file, here a weights folder's
         )
 
-        root = Path(name[len("local-dir:"):]).expanduser().resolve()
+        root = Path(name[len("local-dir:") :]).expanduser().resolve()
         files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
         digest = hashlib.sha1("\n".join(_file_key(str(p)) for p in files).encode()).hexdigest()[:16]
         return f"local-dir:{root}|{digest}"
@@ -104,14 +109,22 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     return create_model(name, pretrained=pretrained, img_size=config.img_size).eval()
 
 
-def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = False,
-                  log: Callable[[str], None] = print) -> ZooModel:
+def measure_model(
+    name: str, config: ZooConfig, data: Any, *, progress: bool = False, log: Callable[[str], None] = print
+) -> ZooModel:
     """Load and measure one model (see the module docstring); never raises for the model's own failures:
     a model that fails to load or to measure gives a record with ``status="error"`` (KeyboardInterrupt
     and SystemExit pass through)."""
     started = time.time()
-    record = ZooModel(model=name, status="ok", settings=config.settings(), versions=versions(), elapsed_s=0.0,
-                      measured_at=time.strftime("%Y-%m-%d %H:%M:%S"), source=_source(name))
+    record = ZooModel(
+        model=name,
+        status="ok",
+        settings=config.settings(),
+        versions=versions(),
+        elapsed_s=0.0,
+        measured_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+        source=_source(name),
+    )
     model = None
     try:
         try:
@@ -119,8 +132,15 @@ def measure_model(name: str, config: ZooConfig, data: Any, *, progress: bool = F
                 model = _load(name, config, record)
             record.weights_key = weights_key(name, record.weights)  # after the load: a first download is in the cache
         except Exception as e:  # unknown name, missing folder, no network, a constructor that fails
-            raise _Stage("load" + (" (timm's pretrained weights; --no-pretrained builds it at random init)"
-                                   if record.weights == "pretrained" else ""), e) from e
+            raise _Stage(
+                "load"
+                + (
+                    " (timm's pretrained weights; --no-pretrained builds it at random init)"
+                    if record.weights == "pretrained"
+                    else ""
+                ),
+                e,
+            ) from e
         try:
             with warnings.catch_warnings(record=True) as caught:  # recorded as notes instead
                 warnings.simplefilter("always", NonFiniteWarning)
@@ -171,14 +191,22 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
     common = dict(seed=config.seed, device=device, progress=progress, rpi_permutations=config.rpi_permutations)
 
     def loader():
-        return eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size, resize=config.resize,
-                           num_workers=config.num_workers, img_size=config.img_size)
+        return eval_loader(
+            model,
+            data,
+            max_images=config.probe_count(),
+            batch_size=config.batch_size,
+            resize=config.resize,
+            num_workers=config.num_workers,
+            img_size=config.img_size,
+        )
 
     _ssdc(model, record, config, loader, common)
     matched, how = _match(model, data, config.labels)
     if matched is None:
-        record.notes.append(f"top-1 and FS left empty: the data's labels cannot be matched to the model's "
-                            f"outputs ({how})")
+        record.notes.append(
+            f"top-1 and FS left empty: the data's labels cannot be matched to the model's outputs ({how})"
+        )
     else:
         record.labels = how
         _fragility(model, record, config, matched, common)
@@ -214,8 +242,9 @@ def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> No
     record.pe = [dict(name=e.name, kind=e.kind, scalable=e.scalable) for e in pe_inventory(model)]
 
 
-def _ssdc(model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: Callable[[], Any],
-          common: dict[str, Any]) -> None:
+def _ssdc(
+    model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: Callable[[], Any], common: dict[str, Any]
+) -> None:
     """SSDC per layer, normal and under RPI (a note when the model cannot be permuted)."""
     from ...interventions import TokenPermutationError
     from ...probes import probe_ssdc
@@ -249,14 +278,23 @@ def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | 
     return _floats(result.per_layer), cis, _floats((low, high))
 
 
-def _fragility(model: torch.nn.Module, record: ZooModel, config: ZooConfig, matched: Any,
-               common: dict[str, Any]) -> None:
+def _fragility(
+    model: torch.nn.Module, record: ZooModel, config: ZooConfig, matched: Any, common: dict[str, Any]
+) -> None:
     """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
     from ...robustness import fragility
 
-    frag = fragility(model, matched, list(config.shifts), resize=config.resize, batch_size=config.batch_size,
-                     num_workers=config.num_workers, max_images=config.max_images, img_size=config.img_size,
-                     **common)
+    frag = fragility(
+        model,
+        matched,
+        list(config.shifts),
+        resize=config.resize,
+        batch_size=config.batch_size,
+        num_workers=config.num_workers,
+        max_images=config.max_images,
+        img_size=config.img_size,
+        **common,
+    )
     record.num_images = frag.num_images
     record.clean_accuracy = _num(frag.clean_accuracy)
     record.clean_accuracy_ci = _floats(frag.clean_interval)
@@ -267,8 +305,14 @@ def _fragility(model: torch.nn.Module, record: ZooModel, config: ZooConfig, matc
         record.notes.append("FS undefined: clean top-1 is 0")
 
 
-def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, loader: Callable[[], Any],
-            common: dict[str, Any]) -> None:
+def _extras(
+    model: torch.nn.Module,
+    record: ZooModel,
+    config: ZooConfig,
+    data: Any,
+    loader: Callable[[], Any],
+    common: dict[str, Any],
+) -> None:
     """Attention distance and entropy per block (mean over heads, and per head), and the linear position
     probe (fitted on the first half of the probe images, scored on the second), normal and under RPI."""
     from ...probes import attention_measures, position_probe
@@ -276,9 +320,9 @@ def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: A
 
     if "attention" in config.extras:
         try:
-            att = attention_measures(model, loader(), measures=[MeanAttentionDistance(), AttentionEntropy()],
-                                     distributed="off",
-                                     **common)
+            att = attention_measures(
+                model, loader(), measures=[MeanAttentionDistance(), AttentionEntropy()], distributed="off", **common
+            )
         except PosgeomError as e:  # an attention module the capture does not know
             record.notes.append(f"attention not measured: {_failure_text(e)}")
         else:
@@ -298,11 +342,18 @@ def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: A
         half = n // 2
 
         def part(indices: range) -> Any:  # the probe images' first or second half, as the model reads them
-            return eval_loader(model, Subset(data, indices), batch_size=config.batch_size, resize=config.resize,
-                               num_workers=config.num_workers, img_size=config.img_size)
+            return eval_loader(
+                model,
+                Subset(data, indices),
+                batch_size=config.batch_size,
+                resize=config.resize,
+                num_workers=config.num_workers,
+                img_size=config.img_size,
+            )
 
-        options = dict(batch_size=config.batch_size, device=common["device"], progress=common["progress"],
-                       distributed="off")  # per-image permutations under RPI: no permutation count
+        options = dict(
+            batch_size=config.batch_size, device=common["device"], progress=common["progress"], distributed="off"
+        )  # per-image permutations under RPI: no permutation count
         fit, score = range(0, half), range(half, n)
         plain = position_probe(model, part(fit), part(score), seed=config.seed, **options)
         record.position_accuracy = _floats(plain.accuracy)
@@ -315,8 +366,9 @@ def _extras(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: A
             record.position_accuracy_rpi = _floats(shuffled.accuracy)
 
 
-def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any,
-           common: dict[str, Any]) -> SweepSummary | None:
+def _sweep(
+    model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any, common: dict[str, Any]
+) -> SweepSummary | None:
     """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
     under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
     from ...interventions import AlphaOverflowError, PEScaleError, TokenPermutationError
@@ -331,26 +383,41 @@ def _sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: An
         return None
 
 
-def _full_sweep(model: torch.nn.Module, config: ZooConfig, matched: Any, alphas: list[float],
-                common: dict[str, Any]) -> SweepSummary:
+def _full_sweep(
+    model: torch.nn.Module, config: ZooConfig, matched: Any, alphas: list[float], common: dict[str, Any]
+) -> SweepSummary:
     """:func:`~timm_posgeom.robustness.alpha_sweep` on the label-matched data: delta SSDC and FS per alpha."""
     from ...robustness import alpha_sweep
 
-    sweep = alpha_sweep(model, matched, alphas, SWEEP_SHIFTS, probe_images=config.probe_count(), site=config.site,
-                        resize=config.resize, batch_size=config.batch_size, num_workers=config.num_workers,
-                        max_images=config.max_images, img_size=config.img_size, **common)
-    return SweepSummary(alphas=alphas, delta_ssdc=_floats(sweep.delta_ssdc),
-                        fs={k: _floats(v) for k, v in sweep.fs.items()},
-                        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
-                        rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
-                        fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows]
-                                     for k in sweep.shifts},
-                        rpi_permutations=config.rpi_permutations,
-                        delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows])
+    sweep = alpha_sweep(
+        model,
+        matched,
+        alphas,
+        SWEEP_SHIFTS,
+        probe_images=config.probe_count(),
+        site=config.site,
+        resize=config.resize,
+        batch_size=config.batch_size,
+        num_workers=config.num_workers,
+        max_images=config.max_images,
+        img_size=config.img_size,
+        **common,
+    )
+    return SweepSummary(
+        alphas=alphas,
+        delta_ssdc=_floats(sweep.delta_ssdc),
+        fs={k: _floats(v) for k, v in sweep.fs.items()},
+        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
+        rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
+        fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts},
+        rpi_permutations=config.rpi_permutations,
+        delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows],
+    )
 
 
-def _delta_sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, alphas: list[float],
-                 common: dict[str, Any]) -> SweepSummary:
+def _delta_sweep(
+    model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, alphas: list[float], common: dict[str, Any]
+) -> SweepSummary:
     """Delta SSDC under RPI at each alpha alone (``probe_ssdc`` with ``alpha``), FS and accuracy left empty; the
     record's notes say so."""
     from ...eval_data import eval_loader
@@ -359,13 +426,36 @@ def _delta_sweep(model: torch.nn.Module, record: ZooModel, config: ZooConfig, da
     deltas, cis, layers = [], [], []
     k = config.rpi_permutations
     for j, alpha in enumerate(alphas):  # the sweep's protocol: fresh permutations per alpha (seed + jK + ...)
-        loader = eval_loader(model, data, max_images=config.probe_count(), batch_size=config.batch_size,
-                             resize=config.resize, num_workers=config.num_workers, img_size=config.img_size)
-        res = probe_ssdc(model, loader, site=config.site, rpi=True, seed=common["seed"] + j * k, alpha=alpha,
-                         rpi_permutations=k, device=common["device"], progress=False)
+        loader = eval_loader(
+            model,
+            data,
+            max_images=config.probe_count(),
+            batch_size=config.batch_size,
+            resize=config.resize,
+            num_workers=config.num_workers,
+            img_size=config.img_size,
+        )
+        res = probe_ssdc(
+            model,
+            loader,
+            site=config.site,
+            rpi=True,
+            seed=common["seed"] + j * k,
+            alpha=alpha,
+            rpi_permutations=k,
+            device=common["device"],
+            progress=False,
+        )
         deltas.append(res.rise)
         cis.append(_floats(res.delta_ci))
         layers.append(_floats(res.per_layer))
     record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
-    return SweepSummary(alphas=alphas, delta_ssdc=_floats(deltas), fs={}, clean_accuracy=[None] * len(alphas),
-                        rpi_per_layer=layers, rpi_permutations=k, delta_ssdc_ci=cis)
+    return SweepSummary(
+        alphas=alphas,
+        delta_ssdc=_floats(deltas),
+        fs={},
+        clean_accuracy=[None] * len(alphas),
+        rpi_per_layer=layers,
+        rpi_permutations=k,
+        delta_ssdc_ci=cis,
+    )

@@ -1,4 +1,5 @@
 """The zoo: plan, shards and locks, one model after another, resumable (:func:`run_zoo`, :func:`merge_zoo`)."""
+
 from __future__ import annotations
 
 import os
@@ -97,8 +98,11 @@ def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
     if not path.is_file():
         return True
     record = ZooModel.read(path)
-    return not (record.status == "ok" and record.settings == settings
-                and record.weights_key == weights_key(name, record.weights))
+    return not (
+        record.status == "ok"
+        and record.settings == settings
+        and record.weights_key == weights_key(name, record.weights)
+    )
 
 
 def _measured_now(zoo: _Zoo, name: str) -> set[str]:
@@ -118,9 +122,16 @@ def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[
     return records, missing
 
 
-def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *, allow_changes: bool = False,
-            progress: bool = True, log: Callable[[str], None] | None = None,
-            shard: tuple[int, int] | None = None) -> ZooSummary:
+def run_zoo(
+    models: Sequence[str],
+    config: ZooConfig,
+    out: str | os.PathLike,
+    *,
+    allow_changes: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    shard: tuple[int, int] | None = None,
+) -> ZooSummary:
     """Measure every model (those recorded in ``out`` before, then the new ones) and write the comparison.
 
     Models already measured with the same settings and the same weights (:func:`weights_key`) are skipped;
@@ -144,11 +155,15 @@ def run_zoo(models: Sequence[str], config: ZooConfig, out: str | os.PathLike, *,
     data, config = _load_data(config, progress and main)  # identified by content before any record is compared
     zoo = _Zoo(out=out, config=config, settings=config.settings(), main=main, progress=progress, say_now=log or print)
     zoo.names, zoo.records, done = _start(zoo, _dedupe(models), allow_changes)
-    mine = zoo.names if shard is None else zoo.names[shard[0]::shard[1]]
+    mine = zoo.names if shard is None else zoo.names[shard[0] :: shard[1]]
     data = _decoded(config, data, progress and main, decode=any(name not in done for name in mine))
     summary = ZooSummary(records=[], out=out)
-    bar = tqdm(mine, desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}", unit="model",
-               disable=not (progress and main))
+    bar = tqdm(
+        mine,
+        desc="zoo" if shard is None else f"zoo shard {shard[0]}/{shard[1]}",
+        unit="model",
+        disable=not (progress and main),
+    )
     say = log or (bar.write if main else (lambda s: None))
     for k, name in enumerate(bar, 1):
         bar.set_postfix_str(name[-40:])
@@ -199,13 +214,22 @@ def _load_data(config: ZooConfig, progress: bool) -> tuple[Any, ZooConfig]:
     """(the zoo's split, not decoded; ``config`` with its ``data_fingerprint``: what the split holds)."""
     from ...data import check_images, content_fingerprint, load_split
 
-    data = load_split(config.data, config.split, subset=config.load_count(), config=config.data_config,
-                      revision=config.revision, streaming=config.streaming)
+    data = load_split(
+        config.data,
+        config.split,
+        subset=config.load_count(),
+        config=config.data_config,
+        revision=config.revision,
+        streaming=config.streaming,
+    )
     if config.bad_images == "skip":  # checked first: left out, listed
         data = check_images(data, "skip", progress=progress)
         if data.skipped:
-            print(f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
-                  f"{' ...' if len(data.skipped) > 5 else ''}", file=sys.stderr)
+            print(
+                f"left out {len(data.skipped)} image(s) that cannot be decoded: {'; '.join(data.skipped[:5])}"
+                f"{' ...' if len(data.skipped) > 5 else ''}",
+                file=sys.stderr,
+            )
     return data, replace(config, data_fingerprint=content_fingerprint(data, progress=progress))
 
 
@@ -261,8 +285,10 @@ def _finish(zoo: _Zoo, summary: ZooSummary, say: Callable[[str], None]) -> None:
         check_records(zoo.out, summary.records, zoo.settings)
         write_outputs(summary.records, zoo.out, zoo.config)
     if missing:
-        say(f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''}")
+        say(
+            f"{len(missing)} model(s) of the zoo not measured yet (other shards): {', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}"
+        )
 
 
 def check_records(out: Path, records: Sequence[ZooModel], settings: dict[str, Any]) -> None:
@@ -276,11 +302,13 @@ def check_records(out: Path, records: Sequence[ZooModel], settings: dict[str, An
                 other[record.model] = changes
     if other:
         first = next(iter(other.values()))
-        raise ZooError(f"{out}: the record(s) of {len(other)} model(s) ({', '.join(list(other)[:5])}"
-                       f"{' ...' if len(other) > 5 else ''}) were measured with other settings or data than the zoo's "
-                       f"(the zoo's -> the record's: {describe_changes(first)}): one table would mix "
-                       "them; measure them again into this zoo (posgeom zoo --data D --out DIR --allow-changes), or "
-                       "keep them in another --out")
+        raise ZooError(
+            f"{out}: the record(s) of {len(other)} model(s) ({', '.join(list(other)[:5])}"
+            f"{' ...' if len(other) > 5 else ''}) were measured with other settings or data than the zoo's "
+            f"(the zoo's -> the record's: {describe_changes(first)}): one table would mix "
+            "them; measure them again into this zoo (posgeom zoo --data D --out DIR --allow-changes), or "
+            "keep them in another --out"
+        )
 
 
 def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[ZooSummary, list[str]]:
@@ -298,8 +326,9 @@ def merge_zoo(out: str | os.PathLike, config: ZooConfig | None = None) -> tuple[
     return ZooSummary(records=records, out=out), missing
 
 
-def _plan(out: Path, asked: list[str], settings: dict[str, Any],
-          allow_changes: bool) -> tuple[list[str], dict[str, ZooModel], set[str]]:
+def _plan(
+    out: Path, asked: list[str], settings: dict[str, Any], allow_changes: bool
+) -> tuple[list[str], dict[str, ZooModel], set[str]]:
     """(the zoo's models: those of ``zoo.json`` then the new ones, their records, the ones to keep).
 
     Raises ZooError for settings that differ from the recorded ones (unless ``allow_changes``). The
@@ -326,13 +355,19 @@ def _plan(out: Path, asked: list[str], settings: dict[str, Any],
                     changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
     if changes and not allow_changes:
         data = changes.pop("data_fingerprint", None)  # said alone when no other setting explains it
-        what = (f"other settings ({describe_changes(changes)})" if changes else
-                f"other data: the images under --data are not the ones it measured (their content fingerprint "
-                f"{data[0] or 'not recorded'} -> {data[1]})")
-        raise ZooError(f"{out} was measured with {what}; pass --allow-changes to measure its models again with these "
-                       "(former records are kept as .replaced-N), or choose another --out")
+        what = (
+            f"other settings ({describe_changes(changes)})"
+            if changes
+            else f"other data: the images under --data are not the ones it measured (their content fingerprint "
+            f"{data[0] or 'not recorded'} -> {data[1]})"
+        )
+        raise ZooError(
+            f"{out} was measured with {what}; pass --allow-changes to measure its models again with these "
+            "(former records are kept as .replaced-N), or choose another --out"
+        )
     # main's view in every process: every process then measures the same models in the same order, even
     # when one read the records while main was writing one
-    names, done = broadcast_object((names, {n for n, r in records.items()
-                                            if r.status == "ok" and r.settings == settings and n not in stale}))
+    names, done = broadcast_object(
+        (names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings and n not in stale})
+    )
     return names, records, done

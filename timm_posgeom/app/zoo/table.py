@@ -1,4 +1,5 @@
 """``zoo.csv``: one row per model, its columns and per-layer summaries."""
+
 from __future__ import annotations
 
 import csv
@@ -28,12 +29,20 @@ def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
     if not finite:
         return dict(first=None, last=None, peak=None, peak_layer=None, mean=None)
     peak_layer, peak = max(finite, key=lambda t: t[1])
-    return dict(first=_num(vals[0]), last=_num(vals[-1]), peak=peak, peak_layer=peak_layer,
-                mean=sum(v for _, v in finite) / len(finite))
+    return dict(
+        first=_num(vals[0]),
+        last=_num(vals[-1]),
+        peak=peak,
+        peak_layer=peak_layer,
+        mean=sum(v for _, v in finite) / len(finite),
+    )
 
 
-def summary_intervals(values: Sequence[float | None] | None, per_layer_ci: Sequence[Sequence[float | None]] | None,
-                      mean_ci: Sequence[float | None] | None) -> dict[str, tuple[Any, Any]]:
+def summary_intervals(
+    values: Sequence[float | None] | None,
+    per_layer_ci: Sequence[Sequence[float | None]] | None,
+    mean_ci: Sequence[float | None] | None,
+) -> dict[str, tuple[Any, Any]]:
     """The 95% interval (low, high) of each entry of :func:`layer_summary`: ``first``, ``last`` and ``peak``
     are single layers (that layer's interval), ``mean`` the mean over layers (its own interval); (None, None)
     where none was measured."""
@@ -42,8 +51,7 @@ def summary_intervals(values: Sequence[float | None] | None, per_layer_ci: Seque
     cis = [tuple(c) if c is not None else none for c in (per_layer_ci or [])]
     if not cis or summary["peak_layer"] is None:
         return dict(first=none, last=none, peak=none, mean=tuple(mean_ci) if mean_ci else none)
-    return dict(first=cis[0], last=cis[-1], peak=cis[summary["peak_layer"]],
-                mean=tuple(mean_ci) if mean_ci else none)
+    return dict(first=cis[0], last=cis[-1], peak=cis[summary["peak_layer"]], mean=tuple(mean_ci) if mean_ci else none)
 
 
 def _fmt(value: Any, spec: str = ".6g") -> str:
@@ -81,25 +89,61 @@ def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
 
 def csv_columns(config: ZooConfig) -> list[str]:
     """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, SSDC summaries, versions."""
-    cols = ["model", "status", "weights", "source", "architecture", "param_count", "img_size", "interpolation",
-            "pe_kinds", "site", "granularity", "n_layers", "probe_images", "rpi_permutations", "top1", "top1_ci_low",
-            "top1_ci_high", "n_images", "labels"]
+    cols = [
+        "model",
+        "status",
+        "weights",
+        "source",
+        "architecture",
+        "param_count",
+        "img_size",
+        "interpolation",
+        "pe_kinds",
+        "site",
+        "granularity",
+        "n_layers",
+        "probe_images",
+        "rpi_permutations",
+        "top1",
+        "top1_ci_low",
+        "top1_ci_high",
+        "n_images",
+        "labels",
+    ]
     for s in config.shifts:
         cols += [f"fs_{s}", f"fs_{s}_ci_low", f"fs_{s}_ci_high"]
     for prefix in ("ssdc", "rpi_ssdc"):
         for k in ("first", "last", "peak", "peak_layer", "mean"):
             cols += [f"{prefix}_{k}"] + ([f"{prefix}_{k}_ci_low", f"{prefix}_{k}_ci_high"] if k != "peak_layer" else [])
-    cols += ["delta_ssdc_rpi", "delta_ssdc_rpi_ci_low", "delta_ssdc_rpi_ci_high", "ssdc_per_layer",
-             "ssdc_per_layer_ci_low", "ssdc_per_layer_ci_high", "rpi_ssdc_per_layer", "rpi_ssdc_per_layer_ci_low",
-             "rpi_ssdc_per_layer_ci_high"]
+    cols += [
+        "delta_ssdc_rpi",
+        "delta_ssdc_rpi_ci_low",
+        "delta_ssdc_rpi_ci_high",
+        "ssdc_per_layer",
+        "ssdc_per_layer_ci_low",
+        "ssdc_per_layer_ci_high",
+        "rpi_ssdc_per_layer",
+        "rpi_ssdc_per_layer_ci_low",
+        "rpi_ssdc_per_layer_ci_high",
+    ]
     if config.alphas is not None:
-        cols += ["sweep_alphas", "sweep_delta_ssdc_rpi", "sweep_delta_ssdc_rpi_ci_low", "sweep_delta_ssdc_rpi_ci_high",
-                 *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS)]
+        cols += [
+            "sweep_alphas",
+            "sweep_delta_ssdc_rpi",
+            "sweep_delta_ssdc_rpi_ci_low",
+            "sweep_delta_ssdc_rpi_ci_high",
+            *(f"sweep_fs_{s}" for s in SWEEP_SHIFTS),
+        ]
     if "attention" in config.extras:
         cols += ["attn_distance_mean", "attn_distance_per_layer", "attn_entropy_per_layer"]
     if "position" in config.extras:
-        cols += ["position_chance", "position_acc_mean", "position_acc_rpi_mean", "position_acc_per_layer",
-                 "position_acc_rpi_per_layer"]
+        cols += [
+            "position_chance",
+            "position_acc_mean",
+            "position_acc_rpi_mean",
+            "position_acc_per_layer",
+            "position_acc_rpi_per_layer",
+        ]
     return cols + ["notes", "error", "elapsed_s", "timm_posgeom_version", "timm_version", "torch_version"]
 
 
@@ -112,21 +156,38 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
     rows = []
     for r in records:
         row = {c: "" for c in csv_columns(config)}
-        row.update(model=r.model, status=r.status, weights=r.weights or "", source=r.source or "",
-                   architecture=r.architecture or "", error=r.error or "", elapsed_s=_fmt(r.elapsed_s, ".1f"),
-                   timm_posgeom_version=r.versions.get("timm_posgeom", ""), timm_version=r.versions.get("timm", ""),
-                   torch_version=r.versions.get("torch", ""))
+        row.update(
+            model=r.model,
+            status=r.status,
+            weights=r.weights or "",
+            source=r.source or "",
+            architecture=r.architecture or "",
+            error=r.error or "",
+            elapsed_s=_fmt(r.elapsed_s, ".1f"),
+            timm_posgeom_version=r.versions.get("timm_posgeom", ""),
+            timm_version=r.versions.get("timm", ""),
+            torch_version=r.versions.get("torch", ""),
+        )
         if r.status == "ok":
             size = r.input_size or []
             row.update(
                 param_count=_fmt(r.params / 1e6 if r.params is not None else None, ".3f"),
                 img_size=(str(size[1]) if len(size) == 3 and size[1] == size[2] else "x".join(map(str, size[1:]))),
-                interpolation=str((r.data_config or {}).get("interpolation") or ""), pe_kinds=pe_kinds(r.pe),
-                site=r.site or "", granularity=r.granularity or "", n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
-                probe_images=_fmt(r.probe_images), n_images=_fmt(r.num_images), labels=r.labels or "",
-                top1=_fmt(r.clean_accuracy), rpi_permutations=_fmt(r.rpi_permutations),
-                delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc), ssdc_per_layer=_series(r.ssdc),
-                rpi_ssdc_per_layer=_series(r.rpi_ssdc), notes=" | ".join(n for n in r.notes))
+                interpolation=str((r.data_config or {}).get("interpolation") or ""),
+                pe_kinds=pe_kinds(r.pe),
+                site=r.site or "",
+                granularity=r.granularity or "",
+                n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
+                probe_images=_fmt(r.probe_images),
+                n_images=_fmt(r.num_images),
+                labels=r.labels or "",
+                top1=_fmt(r.clean_accuracy),
+                rpi_permutations=_fmt(r.rpi_permutations),
+                delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc),
+                ssdc_per_layer=_series(r.ssdc),
+                rpi_ssdc_per_layer=_series(r.rpi_ssdc),
+                notes=" | ".join(n for n in r.notes),
+            )
             _ssdc_columns(row, r)
             low, high = (r.clean_accuracy_ci or [None, None])[:2]
             row["top1_ci_low"], row["top1_ci_high"] = _fmt(low), _fmt(high)
@@ -142,15 +203,19 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
 def _extra_columns(row: dict[str, str], r: ZooModel, config: ZooConfig) -> None:
     """The columns of the extras the zoo measured (attention, position) and of the alpha sweep, into ``row``."""
     if "attention" in config.extras:
-        row.update(attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
-                   attn_distance_per_layer=_series(r.attention_distance),
-                   attn_entropy_per_layer=_series(r.attention_entropy))
+        row.update(
+            attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
+            attn_distance_per_layer=_series(r.attention_distance),
+            attn_entropy_per_layer=_series(r.attention_entropy),
+        )
     if "position" in config.extras:
-        row.update(position_chance=_fmt(r.position_chance),
-                   position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
-                   position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
-                   position_acc_per_layer=_series(r.position_accuracy),
-                   position_acc_rpi_per_layer=_series(r.position_accuracy_rpi))
+        row.update(
+            position_chance=_fmt(r.position_chance),
+            position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
+            position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
+            position_acc_per_layer=_series(r.position_accuracy),
+            position_acc_rpi_per_layer=_series(r.position_accuracy_rpi),
+        )
     if config.alphas is not None and r.alpha_sweep is not None:
         sw = r.alpha_sweep
         row["sweep_alphas"] = " ".join(f"{a:g}" for a in sw.alphas)
@@ -163,8 +228,10 @@ def _extra_columns(row: dict[str, str], r: ZooModel, config: ZooConfig) -> None:
 
 def _ssdc_columns(row: dict[str, str], r: ZooModel) -> None:
     """The SSDC summaries of a record, each with its interval, into ``row``."""
-    for prefix, values, cis, mean_ci in (("ssdc", r.ssdc, r.ssdc_ci, r.ssdc_mean_ci),
-                                         ("rpi_ssdc", r.rpi_ssdc, r.rpi_ssdc_ci, r.rpi_ssdc_mean_ci)):
+    for prefix, values, cis, mean_ci in (
+        ("ssdc", r.ssdc, r.ssdc_ci, r.ssdc_mean_ci),
+        ("rpi_ssdc", r.rpi_ssdc, r.rpi_ssdc_ci, r.rpi_ssdc_mean_ci),
+    ):
         for k, v in layer_summary(values).items():
             row[f"{prefix}_{k}"] = _fmt(v)
         for k, (low, high) in summary_intervals(values, cis, mean_ci).items():
@@ -193,14 +260,17 @@ def keep_if_shrinking(path: Path, models: Sequence[str], log: Callable[[str], No
     md = path.with_name("zoo.md")
     kept_md = set_aside(md) if md.is_file() else None
     if log is not None:
-        log(f"kept the former {path.name} as {kept.name}{f' (and {md.name} as {kept_md.name})' if kept_md else ''}: it "
+        log(
+            f"kept the former {path.name} as {kept.name}{f' (and {md.name} as {kept_md.name})' if kept_md else ''}: it "
             f"has rows of {len(lost)} model(s) without a record now ({', '.join(str(m) for m in lost[:5])}"
-            f"{' ...' if len(lost) > 5 else ''})")
+            f"{' ...' if len(lost) > 5 else ''})"
+        )
     return kept
 
 
-def write_csv(records: Sequence[ZooModel], path: Path, config: ZooConfig,
-              log: Callable[[str], None] | None = print) -> Path:
+def write_csv(
+    records: Sequence[ZooModel], path: Path, config: ZooConfig, log: Callable[[str], None] | None = print
+) -> Path:
     """``zoo.csv``: one row per record (:func:`csv_rows`), written atomically; a former one with rows of other
     models is kept beside it first (:func:`keep_if_shrinking`), never lost."""
     keep_if_shrinking(path, [r.model for r in records], log)
