@@ -3,7 +3,9 @@
 (a) ``probe_ssdc`` over all 12 sites of ViT-S/16 (batch 32, 224 px, reduction "both") relative to a
     plain forward pass of the same batch (both without autograd). Target <= 1.05x. The probe stops
     the forward after its last site, so the ratio to a forward stopped there (the probe's own work:
-    similarity maps, SSDC, sums) is printed as well.
+    similarity maps, SSDC, sums) is printed as well. Then, per reduction ("mean_map", the default, and
+    "both"), the probe against a forward and against itself without the interval over images' 20 jackknife
+    group sums: what that interval costs.
 (b) per-image SSDC of 256 maps of 196 tokens: ``ssdc`` on the batch relative to a loop of
     ``scipy.stats.spearmanr`` over the maps. Target >= 50x faster. Also printed: the floor of an exact
     sort-based method here, the time to read the pairs of every map and sort them, nothing else.
@@ -82,6 +84,50 @@ def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) 
         "partial_min_s": min(part),
         "work_ratio": min(prb) / min(part),
     }
+
+
+def bench_interval_cost(model_name: str, batch: int, img: int, repeats: int, batches: int) -> dict:
+    """The interval over images' own cost: ``probe_ssdc`` without RPI with its 20 jackknife group sums against
+    the same probe with none (the groups set to 0 for the comparison alone), per reduction, interleaved, over
+    ``batches`` batches (the groups' SSDC is ranked once per call, after the last batch)."""
+    from timm_posgeom.probes import probe as probe_module
+
+    torch.manual_seed(0)
+    model = timm.create_model(model_name, img_size=img).eval()
+    x = torch.randn(batch * batches, 3, img, img)
+    groups = probe_module.JACKKNIFE_GROUPS
+
+    def run(reduction: str, with_groups: bool) -> float:
+        probe_module.JACKKNIFE_GROUPS = groups if with_groups else 0
+        try:
+            return _timed(lambda: probe_ssdc(model, x, reduction=reduction, batch_size=batch, progress=False))
+        finally:
+            probe_module.JACKKNIFE_GROUPS = groups
+
+    def forward() -> None:
+        with torch.inference_mode():
+            for chunk in x.split(batch):
+                model(chunk)
+
+    cases = [(r, g) for r in ("mean_map", "both") for g in (True, False)]
+    times: dict = {c: [] for c in cases}
+    fwd: list[float] = []
+    for c in cases:
+        run(*c)  # warm up
+    for _ in range(repeats):
+        fwd.append(_timed(forward))
+        for c in cases:
+            times[c].append(run(*c))
+    out = {"forward_min_s": min(fwd)}
+    for r in ("mean_map", "both"):
+        out[r] = {
+            "min_s": min(times[(r, True)]),
+            "vs_forward": min(times[(r, True)]) / min(fwd),
+            "vs_forward_median": statistics.median(times[(r, True)]) / statistics.median(fwd),
+            "vs_no_groups": min(times[(r, True)]) / min(times[(r, False)]),
+            "vs_no_groups_median": statistics.median(times[(r, True)]) / statistics.median(times[(r, False)]),
+        }
+    return out
 
 
 def bench_ssdc_vs_scipy(n_maps: int, grid: int, repeats: int) -> dict:
@@ -176,6 +222,7 @@ def main() -> None:
     p.add_argument("--img", type=int, default=224)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--maps", type=int, default=256)
+    p.add_argument("--interval-batches", type=int, default=4, help="batches of the interval's cost (a)")
     p.add_argument("--mem-images", type=int, nargs="+", default=[256, 2048])
     p.add_argument("--skip-memory", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -201,6 +248,15 @@ def main() -> None:
         f"    the probe stops after the last site (block {a['sites'] - 1}'s norm1); relative to a forward "
         f"stopped there ({a['partial_min_s']:.3f} s) it costs {a['work_ratio']:.3f}x: its own work"
     )
+    j = bench_interval_cost(args.model, args.batch, args.img, args.repeats, args.interval_batches)
+    for r in ("mean_map", "both"):
+        print(
+            f"    reduction {r!r} over {args.interval_batches} batches (without RPI, with the interval over "
+            f"images): {j[r]['min_s']:.3f} s -> "
+            f"{j[r]['vs_forward']:.3f}x a forward (median ratio {j[r]['vs_forward_median']:.3f}x); its 20 "
+            f"jackknife group sums cost {j[r]['vs_no_groups']:.3f}x the same probe without them (median "
+            f"{j[r]['vs_no_groups_median']:.3f}x)"
+        )
     b = bench_ssdc_vs_scipy(args.maps, 14, args.repeats)
     print(
         f"(b) per-image SSDC of {args.maps} maps of 196 tokens: {b['ours_min_s'] * 1e3:.1f} ms vs scipy loop "

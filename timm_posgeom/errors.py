@@ -21,6 +21,7 @@ __all__ = [
     "APP_MODULES",
     "io_error_line",
     "NonFiniteWarning",
+    "IntervalWarning",
     "nonfinite_message",
 ]
 
@@ -137,6 +138,11 @@ def one_line(error: BaseException, first_line: bool = False) -> str:
 class NonFiniteWarning(RuntimeWarning):
     """A measure met numbers that are not finite (NaN or inf: logits, tokens, attention weights): the values
     they feed are NaN, never a number made from them (an argmax of NaN logits would be class 0)."""
+
+
+class IntervalWarning(RuntimeWarning):
+    """An interval could not be made and is NaN (its number is still given): e.g. a mean map so large that the
+    jackknife's group sums would not fit in memory."""
 
 
 def nonfinite_message(what: str, count: int, total: int, result: str) -> str:

@@ -8,17 +8,22 @@ memory does not grow with the number of images (docs/method.md#similarity-maps-a
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import IntervalWarning
 from ..intervals import image_groups
 from ..interventions.draws import draw_permutations
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
 
+# the jackknife's (G, M) float64 group sums of every probed layer: past this (a 112 x 112 map's 20 sums take
+# 12.6 GB), the groups are summed into one and the interval over images is NaN, said in a warning
+MAX_GROUP_BYTES = 4 * 2**30
 MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks need tens of GB: refused, not OOM-killed
 _DEFER_BYTES = 256 * 2**20  # per batch, the pairs of all layers kept for one SSDC call after the forward
 
@@ -103,6 +108,7 @@ class _Accumulator:
         self.permutations: dict[int, torch.Tensor] = {}  # token count N -> the (K, N) permutations drawn
         self.num_replicas = 1 if permutation_seeds is None else len(permutation_seeds)
         self.groups = groups if permutation_seeds is None and self.want_map else 0
+        self.dropped_groups: str | None = None  # why the jackknife's groups were given up (_fit_groups)
         self.group_seed = group_seed
         self.group_counts = torch.zeros(max(self.groups, 1), dtype=torch.int64)
         self.last_layer = max(layers)
@@ -216,19 +222,53 @@ class _Accumulator:
         if bad.any():  # their SSDC is NaN, never one of NaN maps ranked (probe._finish blanks the layer)
             for replica, chunk in zip(self._replicas, bad.chunk(len(self._replicas))):
                 self.nonfinite[(layer, replica)] = self.nonfinite.get((layer, replica), 0) + int(chunk.sum())
+        if self.groups and layer not in self.map_sum:
+            self._fit_groups(grid[0] * grid[1])
         z = F.normalize(patches.float(), dim=-1)  # (R * B, N, C) unit tokens
-        if self.want_images or self.groups:
+        n = grid[0] * grid[1]
+        if self.want_images or (self.groups and z.shape[0] * n * n * z.element_size() <= _DEFER_BYTES):
             sim = torch.bmm(z, z.transpose(1, 2))  # (R * B, N, N) cosine similarity per image
             pairs = self._per_image(layer, sim, grid) if self.want_images else upper_pairs(sim)  # (R * B, M)
             if self.want_map:
                 # summed in float64: a float32 sum adds columns in different orders, so a constant map came
                 # out varying by a rounding step, and Spearman ranked that noise (a number where NaN is right)
                 self._add_images(layer, pairs, sim.diagonal(dim1=1, dim2=2))
-        else:  # each replica's summed map in one GEMM: sum_b z_b z_b^T = Z Z^T with Z = (N, B * C)
-            for replica, chunk in zip(self._replicas, z.chunk(len(self._replicas))):
-                flat = chunk.transpose(0, 1).reshape(chunk.shape[1], -1)
+            return
+        # the summed map of each replica (and of each jackknife group where a batch's per-image maps would
+        # exceed _DEFER_BYTES: 20 GB for a 112 x 112 map at batch 32) in one GEMM: sum_b z_b z_b^T = Z Z^T with
+        # Z = (N, b * C) the images side by side. (Per group it is slower than the per-image maps and their
+        # one-hot GEMM above: 7.0 vs 4.3 ms a ViT-S/16 layer at batch 32, one GEMM for all 3.9 ms.)
+        for replica, chunk in zip(self._replicas, z.chunk(len(self._replicas))):
+            for slot, members in self._slots_of(replica, chunk.shape[0]):
+                part = chunk if members is None else chunk[members]
+                flat = part.transpose(0, 1).reshape(part.shape[1], -1)
                 total = flat @ flat.T  # (N, N)
-                self._add_slot(layer, replica, upper_pairs(total), total.diagonal())
+                self._add_slot(layer, slot, upper_pairs(total), total.diagonal())
+
+    def _slots_of(self, replica: int, batch: int) -> list[tuple[int, torch.Tensor | None]]:
+        """[(slot, the batch's images of that slot, None for all)]: one slot per replica, or per jackknife group
+        present in the batch."""
+        if self._group_ids is None:
+            return [(replica, None)]
+        ids = self._group_ids[:batch]
+        return [(replica * self.groups + int(g), (ids == g).nonzero().squeeze(1)) for g in torch.unique(ids)]
+
+    def _fit_groups(self, n: int) -> None:
+        """Keep the jackknife's group sums only while every probed layer's (G, M) float64 sums fit in
+        ``MAX_GROUP_BYTES`` (``n`` tokens on this layer's grid); past that, the groups summed into one and the
+        interval over images given up (NaN, with a warning), never an out-of-memory kill."""
+        held = sum(p.numel() + d.numel() for p, d in self.map_sum.values()) * 8
+        need = held + self.slots * (n * (n - 1) // 2 + n) * 8
+        if need <= MAX_GROUP_BYTES:
+            return
+        self.dropped_groups = (
+            f"the {self.groups} jackknife group sums of the mean maps would take {need / 2**30:.1f} GiB "
+            f"(a {n:,}-token map), more than the {MAX_GROUP_BYTES / 2**30:.0f} GiB kept for them"
+        )
+        warnings.warn(f"no interval over images: {self.dropped_groups}", IntervalWarning, stacklevel=2)
+        for layer, sums in self.map_sum.items():  # the layers already summed: their groups added up, exactly
+            self.map_sum[layer] = tuple(t.reshape(self.num_replicas, self.groups, -1).sum(1) for t in sums)  # type: ignore[assignment]
+        self.groups, self._group_ids = 0, None
 
     def _per_image(self, layer: int, sim: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Per-image SSDC of ``layer``'s maps sim (R * B, N, N): their pairs i < j are kept for

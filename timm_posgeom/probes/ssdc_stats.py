@@ -283,6 +283,10 @@ def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.n
         )
         return
     if deleted is None:
+        if acc.dropped_groups:  # NaN, as with one RPI permutation: a number without its spread is not given one
+            stats.index_ci = [(math.nan, math.nan)] * len(stats.layers)
+            stats.rise_ci = (math.nan, math.nan) if rise_col is not None else None
+            stats.interval = f"none ({acc.dropped_groups})"
         return
     sizes = acc.group_counts.numpy()
     stats.jackknife = {"deleted": deleted.tolist(), "sizes": sizes.tolist()}
