@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import subprocess
 import sys
 import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,7 @@ def cli(argv: list[str]) -> Run:
 
     out, err = io.StringIO(), io.StringIO()
     error, trace, code = None, "", None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _log_handlers_to(err):
         try:
             code = main([str(a) for a in argv])
         except SystemExit as e:
@@ -87,6 +89,27 @@ def cli(argv: list[str]) -> Run:
         except Exception as e:  # noqa: BLE001  (the suite counts it)
             error, trace = e, traceback.format_exc()
     return Run(code, out.getvalue(), err.getvalue(), error, trace)
+
+
+@contextlib.contextmanager
+def _log_handlers_to(stream: io.StringIO) -> Iterator[None]:
+    """Every library logger's stream handler pointed at ``stream`` for the call, then back. A library such as
+    datasets 2.18 binds its handler to the ``sys.stderr`` of the moment it was imported, which in this process is
+    an earlier test's capture, closed since: its next warning would print a logging error instead of itself (a
+    command runs in a process of its own, where the two are the same stream)."""
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    handlers = [h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler]
+    old = [h.stream for h in handlers]
+    for h in handlers:  # not setStream: it flushes the old stream, which may be closed
+        h.stream = stream
+    try:
+        yield
+    finally:
+        for h, s in zip(handlers, old):
+            h.stream = s
 
 
 def cli_process(
