@@ -71,8 +71,10 @@ def test_image_groups_come_from_the_index_alone():
     assert a.min() >= 0 and a.max() < 20 and len(set(a.tolist())) == 20
 
 
-@pytest.mark.parametrize("defer_bytes", [None, 0], ids=["per-image-maps", "one-gemm-per-group"])
-def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc(monkeypatch, defer_bytes):
+@pytest.mark.parametrize(
+    "defer_bytes,n", [(None, 45), (0, 45), (None, 6)], ids=["per-image-maps", "one-gemm-per-group", "empty-groups"]
+)
+def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc(monkeypatch, defer_bytes, n):
     """probe_ssdc's interval without RPI against a brute-force jackknife: each group of images left out of the
     mean map, its SSDC by scipy. Both ways of summing the groups: a batch's per-image maps (small maps), and one
     GEMM per group (maps whose batch exceeds _DEFER_BYTES)."""
@@ -83,7 +85,7 @@ def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc(monkeypatch,
     torch.manual_seed(0)
     model = timm.create_model("posgeom_vit_micro_patch8_64_nope").eval()
     gen = torch.Generator().manual_seed(1)
-    images = F.interpolate(torch.randn(45, 3, 4, 4, generator=gen), size=64, mode="bicubic", align_corners=False)
+    images = F.interpolate(torch.randn(n, 3, 4, 4, generator=gen), size=64, mode="bicubic", align_corners=False)
     result = probe_ssdc(model, images, batch_size=10, seed=3, progress=False, layers=[0, 1])
     maps = []
     hooks = [model.blocks[k].norm1.register_forward_hook(lambda m, a, out: maps.append(out)) for k in (0, 1)]
@@ -92,11 +94,11 @@ def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc(monkeypatch,
             model(batch)
     for h in hooks:
         h.remove()
-    maps = [torch.cat(maps[k::2]) for k in (0, 1)]  # (45, 65, D) per layer
+    maps = [torch.cat(maps[k::2]) for k in (0, 1)]  # (n, 65, D) per layer
     i, j = np.triu_indices(64, 1)
     r, c = np.divmod(np.arange(64), 8)
     d = -(np.abs(r[i] - r[j]) + np.abs(c[i] - c[j]))
-    groups = image_groups(np.arange(45), 3, 20)
+    groups = image_groups(np.arange(n), 3, 20)
     sizes = np.bincount(groups, minlength=20)
     for k, tokens in enumerate(maps):
         z = F.normalize(tokens[:, 1:].double(), dim=-1)

@@ -223,6 +223,9 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
         content=np.full((k, len(layers)), np.nan) if probe.rpi else None,
     )
     deleted = np.full((acc.groups, len(layers)), np.nan) if acc.groups else None
+    # only the groups that hold images are left out and ranked (an empty one's row stays NaN, and the jackknife
+    # ignores it): a probe of 4 images ranked 20 maps a layer where 4 mattered
+    filled = torch.nonzero(acc.group_counts > 0).squeeze(1)
     rows: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}  # grid -> [(column, (K + G, M) mean maps)]
     for i, (layer, grid) in enumerate(zip(layers, grids)):
         if layer in acc.too_small:
@@ -233,8 +236,9 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
             continue
         maps = [pairs / n_images]
         if deleted is not None:  # each group's images left out: the jackknife's replicates
-            counts = acc.group_counts.to(pairs.device, torch.float64)
-            maps.append((pairs[0][None] - acc.map_sum[layer][0]) / (n_images - counts).clamp(min=1)[:, None])
+            counts = acc.group_counts[filled].to(pairs.device, torch.float64)
+            left_out = pairs[0][None] - acc.map_sum[layer][0][filled.to(pairs.device)]
+            maps.append(left_out / (n_images - counts).clamp(min=1)[:, None])
         # ranked as float32 (values in [-1, 1], rounding 6e-8; a swap of two tied-close ranks moves SSDC by
         # ~1e-12): one sort with its payload, 4x faster than float64 (spearman.py), all of a grid's rows at once
         rows.setdefault(grid, []).append((i, torch.cat(maps).float()))
@@ -245,7 +249,7 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
         for (i, _), values in zip(items, by_layer):
             stats.index[:, i] = values[:k]
             if deleted is not None:
-                deleted[:, i] = values[k:]
+                deleted[filled.numpy(), i] = values[k:]
         if stats.content is not None and acc.content_defined(grid):  # under RPI
             for r in range(k):  # against where each token's content came from: permutation r's own grid
                 (rho,) = ssdc_pairs(torch.stack([m[r] for _, m in items]), acc.distance_targets(grid, r, device)[1:])
