@@ -26,7 +26,8 @@ What the test changes, here only:
   fastai archive unpacks to, docs/guide.md "Getting the data") is tests/conftest.py's IMAGENETTE. Where that copy
   is absent, a bash block that names it is parsed instead of run, and such a python block is skipped.
 - SMALL: tiny subsets through the project's own flags: appended to each command (argparse: the last value wins;
-  ``--set``: the last one wins), and python's ``subset=``, ``max_images=`` and ``probe_images=`` capped.
+  ``--set``: the last one wins), and python's ``subset=``, ``max_images=`` and ``probe_images=`` capped, and its
+  default RPI permutations (``protocol.RPI_PERMUTATIONS``) 2, as the commands' ``--rpi-permutations 2``.
 """
 
 from __future__ import annotations
@@ -332,6 +333,9 @@ def test_runnable_block(chain: list[Block], tmp_path: Path, capsys, monkeypatch)
         code = small_python("\n".join(b.code for b in chain))
         if code is None:
             pytest.skip(f"{_chain_id(chain)} reads Imagenette; the local copy is absent ({IMAGENETTE})")
+        from timm_posgeom import protocol
+
+        monkeypatch.setattr(protocol, "RPI_PERMUTATIONS", 2)  # as the commands' --rpi-permutations 2 (SMALL)
         run_python(code, _chain_id(chain))
         return
     for block in chain:
