@@ -209,13 +209,14 @@ class _Accumulator:
                 f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
                 "mean map needs one image size (resize the data, or use reduction='per_image')"
             )
-        if grid[0] * grid[1] > MAX_GRID_TOKENS:
+        n = grid[0] * grid[1]  # tokens on the layer's grid
+        if n > MAX_GRID_TOKENS:
             raise ValueError(
-                f"layer {layer}'s grid {grid[0]}x{grid[1]} has {grid[0] * grid[1]:,} tokens, more than the "
+                f"layer {layer}'s grid {grid[0]}x{grid[1]} has {n:,} tokens, more than the "
                 f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
                 "tens of GB): probe the other layers (layers=...) or smaller images"
             )
-        if grid[0] * grid[1] < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
+        if n < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return
         bad = ~torch.isfinite(patches).flatten(1).all(dim=1)  # (R * B,) images whose tokens are not all finite
@@ -223,9 +224,8 @@ class _Accumulator:
             for replica, chunk in zip(self._replicas, bad.chunk(len(self._replicas))):
                 self.nonfinite[(layer, replica)] = self.nonfinite.get((layer, replica), 0) + int(chunk.sum())
         if self.groups and layer not in self.map_sum:
-            self._fit_groups(grid[0] * grid[1])
+            self._fit_groups(n)
         z = F.normalize(patches.float(), dim=-1)  # (R * B, N, C) unit tokens
-        n = grid[0] * grid[1]
         if self.want_images or (self.groups and z.shape[0] * n * n * z.element_size() <= _DEFER_BYTES):
             sim = torch.bmm(z, z.transpose(1, 2))  # (R * B, N, N) cosine similarity per image
             pairs = self._per_image(layer, sim, grid) if self.want_images else upper_pairs(sim)  # (R * B, M)
