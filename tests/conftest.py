@@ -28,6 +28,12 @@ IMAGENETTE = Path(
 # each, rather than 2 processes of 2 threads fighting over 2 cores); alone, torch's default.
 SESSION_THREADS = max(1, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
 torch.set_num_threads(SESSION_THREADS)
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    # and the same share for the processes a test starts (a study's trainings, the commands, accelerate's
+    # launches): two workers' children of 2 threads each on 2 cores made two demo studies at once take 70 s
+    # against 57 s with 1 thread each (CONTRIBUTING.md, "What CI runs")
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(SESSION_THREADS))
 
 
 @pytest.fixture(autouse=True)
