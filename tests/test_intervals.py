@@ -14,7 +14,7 @@ from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.intervals import image_groups, jackknife_interval, t_interval
+from timm_posgeom.intervals import image_groups, jackknife_interval, t_interval, t_quantile
 from timm_posgeom.probes import probe_ssdc
 
 
@@ -27,6 +27,14 @@ def test_t_interval_is_students_and_needs_two_finite_replicates():
     assert mean[1] == 3.0 and (low[1], high[1]) == pytest.approx((3 - half2, 3 + half2))  # NaN left out
     mean, low, high = t_interval([[0.5]])
     assert mean[0] == 0.5 and math.isnan(low[0]) and math.isnan(high[0])  # one replicate: no interval
+
+
+@pytest.mark.parametrize("level", [0.9, 0.95, 0.99])
+def test_t_quantile_is_scipy_stats(level):
+    """From scipy.special (a lighter import than scipy.stats): the same quantile, to the last digits."""
+    for df in (1, 2, 3, 9, 19, 99, 10_000):
+        assert t_quantile(df, level) == pytest.approx(student_t.ppf(0.5 + level / 2, df), rel=1e-12, abs=0)
+    assert math.isnan(t_quantile(0))
 
 
 def test_jackknife_of_a_mean_with_equal_groups_is_the_usual_formula():

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..intervals import t_quantile
 from ..shifts import PAPER_SHIFTS
 from .claims import (
     CHANCE_FACTOR,
@@ -213,9 +214,7 @@ def _ssdc_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> list[st
     lines = ["", "## SSDC across depth (attention input, mean map; mean ± std over seeds)", ""]
     ns = sorted({len(runs) for runs in by.values() if len(runs) > 1})
     if ns:  # the per-layer lists keep to mean ± std; their 95% intervals follow from it
-        from scipy.stats import t
-
-        factors = ", ".join(f"{float(t.ppf(0.975, n - 1)) / math.sqrt(n):.2f} with {n} seeds" for n in ns)
+        factors = ", ".join(f"{t_quantile(n - 1) / math.sqrt(n):.2f} with {n} seeds" for n in ns)
         lines += [
             f"Per layer: mean ± std over seeds; its 95% interval is mean ± k·std (k = t(0.975, n-1)/√n: "
             f"{factors}). Delta SSDC gives mean ± std [95% interval].",

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..errors import require
+from ..intervals import t_quantile
 from ..jsonio import dump_json, tagged
 
 __all__ = ["SSDCResult", "PerImageStats", "SettingsRecord"]
@@ -81,10 +82,8 @@ class PerImageStats:
             return cls(math.nan, math.nan, math.nan, math.nan, 0, n_nan)
         if n == 1:
             return cls(mean, math.nan, math.nan, math.nan, 1, n_nan)
-        from scipy.stats import t
-
         std = math.sqrt(max(m2, 0.0) / (n - 1))
-        half = float(t.ppf(0.975, n - 1)) * std / math.sqrt(n)
+        half = t_quantile(n - 1) * std / math.sqrt(n)
         return cls(mean, std, mean - half, mean + half, n, n_nan)
 
 
