@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("matplotlib")
 
@@ -147,6 +148,32 @@ def test_probe_figure(tmp_path: Path, rpi: bool) -> None:
     verts = band.get_paths()[0].vertices
     assert verts[:, 1].min() <= y.min() and y.max() <= verts[:, 1].max()
     assert any(k.startswith("SSDC of the mean map") for k in lines)
+
+
+def test_a_map_larger_than_a_panel_is_drawn_as_its_block_means() -> None:
+    """A 3,136-token map (swin's first stage) is drawn as the means of its 5 x 5 blocks, the diagonal left
+    out; a map within MAP_PIXELS is drawn as it is."""
+    from matplotlib.figure import Figure
+
+    from timm_posgeom.plotting import MAP_PIXELS, show_map
+
+    rng = np.random.default_rng(0)
+    n = 3136
+    m = rng.random((n, n), dtype=np.float32)
+    ax = Figure().subplots()
+    shown = np.asarray(show_map(ax, torch.from_numpy(m), colorbar=False).get_array(), dtype=float)
+    f = -(-n // MAP_PIXELS)
+    assert f == 5 and shown.shape == (628, 628)  # 3,140 padded rows in 628 blocks of 5
+    ref = m.astype(float)
+    np.fill_diagonal(ref, np.nan)
+    for i, j in [(0, 0), (0, 1), (3, 100), (627, 3)]:  # blocks on and off the diagonal, and padded
+        block = ref[i * f : (i + 1) * f, j * f : (j + 1) * f]
+        assert shown[i, j] == pytest.approx(np.nanmean(block), abs=1e-12)
+    assert np.isnan(shown[627, 627])  # the padded corner holds the last diagonal entry alone: blank
+    small = rng.random((MAP_PIXELS, MAP_PIXELS))
+    drawn = np.asarray(show_map(Figure().subplots(), small, colorbar=False).get_array(), dtype=float)
+    np.fill_diagonal(small, np.nan)
+    np.testing.assert_array_equal(drawn, small)
 
 
 def _fragility() -> Any:

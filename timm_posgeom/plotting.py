@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,15 @@ import numpy as np
 from .errors import require
 from .jsonio import write_atomic
 
-__all__ = ["elide", "fit_titles", "masked_map", "show_map", "save_figure", "MAP_LABEL"]
+__all__ = ["elide", "fit_titles", "masked_map", "block_mean", "show_map", "save_figure", "MAP_LABEL", "MAP_PIXELS"]
 
 # What a similarity map's colour bar measures; the diagonal (a token with itself, always 1) is masked
 # in every map so that it does not swamp the colour scale.
 MAP_LABEL = "cosine similarity (diagonal masked)"
+# A map panel is about 350 pixels wide (2.9 inches at 120 dpi): a map of more tokens than this is shown as the
+# means of square blocks of it (diagonal left out), a few times the panel's pixels still. matplotlib resampled
+# swin's 3,136-token map (9.8 M pixels) on every draw: 5.4 s of a 17-s probe command on 2 cores.
+MAP_PIXELS = 768
 
 
 def elide(text: str, width: int) -> str:
@@ -89,6 +94,21 @@ def masked_map(m: Any) -> np.ndarray:
     return img
 
 
+def block_mean(img: np.ndarray, limit: int = MAP_PIXELS) -> np.ndarray:
+    """``img`` (H, W) itself when both sides are at most ``limit``, else the NaN-ignoring means of its f x f
+    blocks, f = ceil(max(H, W) / limit) (the last blocks padded with NaN): (ceil(H / f), ceil(W / f))."""
+    f = -(-max(img.shape) // limit)
+    if f <= 1:
+        return img
+    h, w = img.shape
+    padded = np.full((-(-h // f) * f, -(-w // f) * f), np.nan)
+    padded[:h, :w] = img
+    blocks = padded.reshape(padded.shape[0] // f, f, padded.shape[1] // f, f)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a block of NaN only (a padded corner): NaN, blank
+        return np.nanmean(blocks, axis=(1, 3))
+
+
 def show_map(
     ax: Any,
     m: Any,
@@ -98,9 +118,10 @@ def show_map(
     colorbar: bool = True,
     label: str = MAP_LABEL,
 ) -> Any:
-    """Draw a similarity map on ``ax`` (diagonal masked, viridis) with a colour bar unless ``colorbar`` is
-    False (a caller sharing one bar across panels); return the image."""
-    img = masked_map(m)
+    """Draw a similarity map on ``ax`` (diagonal masked, viridis; a map over ``MAP_PIXELS`` tokens as
+    :func:`block_mean`) with a colour bar unless ``colorbar`` is False (a caller sharing one bar across panels);
+    return the image."""
+    img = block_mean(masked_map(m))
     im = ax.imshow(img, cmap="viridis", vmin=vmin, vmax=vmax)
     ax.set_xticks([])
     ax.set_yticks([])
