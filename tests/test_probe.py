@@ -283,3 +283,35 @@ def test_a_constant_layer_is_nan_with_both_reductions_not_rounding_noise():
             result = probe_ssdc(model, x, progress=False, reduction=reduction, batch_size=6)
         assert math.isnan(result.per_layer[0]) and result.metadata["constant_layers"] == [0], reduction
         assert any(issubclass(w.category, ConstantMapWarning) for w in caught), reduction
+
+
+def test_tokens_too_large_to_square_are_finite_and_a_non_finite_one_is_counted_once():
+    """The probe tells non-finite tokens by their norms: a layer of finite tokens whose squares pass float32's
+    range (norm inf) is not called non-finite, and one inf value in one image counts that image, once."""
+    import warnings
+
+    from timm_posgeom.errors import NonFiniteWarning
+
+    def model(scale_last: float = 1.0):
+        torch.manual_seed(0)
+        m = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3).eval()
+        with torch.no_grad():
+            m.blocks[2].norm1.weight.mul_(scale_last)  # the last probed site: nothing computed after it
+        return m
+
+    x = torch.randn(4, 3, 32, 32)
+    clean = probe_ssdc(model(), x, reduction="both", progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        huge = probe_ssdc(model(1e25), x, reduction="both", progress=False)  # layer 2's tokens about 1e25
+    assert not [w for w in caught if issubclass(w.category, NonFiniteWarning)]
+    assert huge.per_layer[:2] == clean.per_layer[:2] and all(math.isfinite(v) for v in clean.per_layer)
+
+    def inf_in_image_2(module, args):
+        args[0][2, 5, 7] = math.inf
+
+    hit = model()
+    hit.blocks[2].norm1.register_forward_pre_hook(inf_in_image_2)
+    with pytest.warns(NonFiniteWarning, match=r"layer\(s\) 2 .* 1 of 4 image"):
+        result = probe_ssdc(hit, x, reduction="both", progress=False)
+    assert math.isnan(result.per_layer[2]) and result.per_layer[:2] == clean.per_layer[:2]
