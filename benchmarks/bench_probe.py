@@ -3,7 +3,7 @@
 (a) ``probe_ssdc`` over all 12 sites of ViT-S/16 (batch 32, 224 px, reduction "both") relative to a
     plain forward pass of the same batch (both without autograd). Target <= 1.05x. The probe stops
     the forward after its last site, so the ratio to a forward stopped there (the probe's own work:
-    similarity maps, SSDC, sums) is printed as well. Then, per reduction ("mean_map", the default, and
+    similarity maps, SSDC, sums) is printed as well, and each reduction alone on that batch. Then, per reduction ("mean_map", the default, and
     "both"), the probe against a forward and against itself without the interval over images' 20 jackknife
     group sums: what that interval costs.
 (b) per-image SSDC of 256 maps of 196 tokens: ``ssdc`` on the batch relative to a loop of
@@ -50,8 +50,8 @@ def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) 
         with torch.inference_mode():
             model(x)
 
-    def probe():
-        probe_ssdc(model, x, reduction="both", batch_size=None, progress=False)
+    def probe(reduction: str = "both"):
+        probe_ssdc(model, x, reduction=reduction, batch_size=None, progress=False)
 
     class _Stop(Exception):
         pass
@@ -69,12 +69,16 @@ def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) 
         finally:
             handle.remove()
 
-    forward(), probe(), forward_to_last_site()  # warm up (allocator, caches, thread pool)
+    others = ("mean_map", "per_image")  # each reduction alone on the same batch (mean_map is the default)
+    forward(), probe(), forward_to_last_site(), *(probe(r) for r in others)  # warm up (allocator, caches, pool)
     fwd, prb, part = [], [], []
+    alone: dict[str, list[float]] = {r: [] for r in others}
     for _ in range(repeats):
         fwd.append(_timed(forward))
         prb.append(_timed(probe))
         part.append(_timed(forward_to_last_site))
+        for r in others:
+            alone[r].append(_timed(lambda r=r: probe(r)))
     return {
         "forward_min_s": min(fwd),
         "probe_min_s": min(prb),
@@ -83,6 +87,7 @@ def bench_probe_vs_forward(model_name: str, batch: int, img: int, repeats: int) 
         "sites": len(model.blocks),
         "partial_min_s": min(part),
         "work_ratio": min(prb) / min(part),
+        "alone": {r: (min(t) / min(fwd), statistics.median(t) / statistics.median(fwd)) for r, t in alone.items()},
     }
 
 
@@ -247,6 +252,10 @@ def main() -> None:
     print(
         f"    the probe stops after the last site (block {a['sites'] - 1}'s norm1); relative to a forward "
         f"stopped there ({a['partial_min_s']:.3f} s) it costs {a['work_ratio']:.3f}x: its own work"
+    )
+    print(
+        "    each reduction alone, the same batch: "
+        + "; ".join(f"{r!r} {lo:.3f}x (median ratio {med:.3f}x)" for r, (lo, med) in a["alone"].items())
     )
     j = bench_interval_cost(args.model, args.batch, args.img, args.repeats, args.interval_batches)
     for r in ("mean_map", "both"):
