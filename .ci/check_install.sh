@@ -166,7 +166,6 @@ smoke_tests() {
   local src
   src="$(ls -d "$WORK"/timm_posgeom-*/)"
   rm -rf "$src/timm_posgeom"   # the tests must import the installed wheel, not the sdist's sources
-  pip install -q pytest >"$WORK/pip-pytest.log" 2>&1 || { tail -30 "$WORK/pip-pytest.log"; return 1; }
   cd "$src"
   # the package as a user gets it (version, resources, registration, light import), the core and the extra, the
   # front door (README, docs, citation), cards and push, and one model (RoPE) exported, loaded offline and
@@ -175,6 +174,8 @@ smoke_tests() {
     tests/test_extras.py tests/test_front_door.py tests/test_hub.py -k "not export_to_hub_cache or rope"
 }
 
+# the smoke tests' pytest, installed before the three start from this venv
+pip install -q pytest >"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log"; exit 1; }
 CHECKS=(commands)
 [ "${SKIP_DEMO:-0}" != 1 ] && CHECKS+=(main_job)
 CHECKS+=(smoke_tests)

@@ -306,6 +306,13 @@ def test_tokens_too_large_to_square_are_finite_and_a_non_finite_one_is_counted_o
         huge = probe_ssdc(model(1e25), x, reduction="both", progress=False)  # layer 2's tokens about 1e25
     assert not [w for w in caught if issubclass(w.category, NonFiniteWarning)]
     assert huge.per_layer[:2] == clean.per_layer[:2] and all(math.isfinite(v) for v in clean.per_layer)
+    with warnings.catch_warnings(record=True) as caught:  # float64 tokens past float32's range: finite too
+        warnings.simplefilter("always")
+        wide = model().double()
+        with torch.no_grad():
+            wide.blocks[2].norm1.weight.mul_(1e40)
+        probe_ssdc(wide, x.double(), reduction="both", progress=False)
+    assert not [w for w in caught if issubclass(w.category, NonFiniteWarning)]
 
     def inf_in_image_2(module, args):
         args[0][2, 5, 7] = math.inf

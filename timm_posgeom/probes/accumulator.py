@@ -226,7 +226,7 @@ class _Accumulator:
         norms = torch.linalg.vector_norm(tokens, dim=-1, keepdim=True)  # (R * B, N, 1)
         bad = ~torch.isfinite(norms).flatten(1).all(dim=1)  # (R * B,) images whose tokens are not all finite
         if bad.any():
-            bad[bad.clone()] = ~torch.isfinite(tokens[bad]).flatten(1).all(dim=1)
+            bad[bad.clone()] = ~torch.isfinite(patches[bad]).flatten(1).all(dim=1)  # in their own dtype
         if bad.any():  # their SSDC is NaN, never one of NaN maps ranked (probe._finish blanks the layer)
             for replica, chunk in zip(self._replicas, bad.chunk(len(self._replicas))):
                 self.nonfinite[(layer, replica)] = self.nonfinite.get((layer, replica), 0) + int(chunk.sum())
