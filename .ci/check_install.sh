@@ -2,8 +2,8 @@
 # What a user gets. Build the sdist and the wheel from it; install the wheel alone into a fresh venv (a plain
 # `pip install`, dependencies resolved as for a user) and, from a directory outside the repository, probe a timm
 # ViT with the core library, none of the application's dependencies installed; then add the [app] extra to the
-# same venv and run what a new user runs first, the main job (`posgeom study` on the embedded demo) included;
-# last, the sdist's smoke tests against that install.
+# same venv and, side by side, run what a new user runs first, the main job (`posgeom study` on the embedded
+# demo) and the sdist's smoke tests against that install.
 #
 #   bash .ci/check_install.sh                   (both phases; needs `build` here: pip install build)
 #   bash .ci/check_install.sh prepare WORK      (build, and the fresh venv with the wheel alone, into WORK)

@@ -3,9 +3,9 @@
 (a) ``probe_ssdc`` over all 12 sites of ViT-S/16 (batch 32, 224 px, reduction "both") relative to a
     plain forward pass of the same batch (both without autograd). Target <= 1.05x. The probe stops
     the forward after its last site, so the ratio to a forward stopped there (the probe's own work:
-    similarity maps, SSDC, sums) is printed as well, and each reduction alone on that batch. Then, per reduction ("mean_map", the default, and
-    "both"), the probe against a forward and against itself without the interval over images' 20 jackknife
-    group sums: what that interval costs.
+    similarity maps, SSDC, sums) is printed as well, and each reduction alone on that batch. Then, per
+    reduction ("mean_map", the default, and "both"), the probe against a forward and against itself without
+    the interval over images' 20 jackknife group sums: what that interval costs.
 (b) per-image SSDC of 256 maps of 196 tokens: ``ssdc`` on the batch relative to a loop of
     ``scipy.stats.spearmanr`` over the maps. Target >= 50x faster. Also printed: the floor of an exact
     sort-based method here, the time to read the pairs of every map and sort them, nothing else.
