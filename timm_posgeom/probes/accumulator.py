@@ -27,6 +27,13 @@ MAX_GRID_TOKENS = 128 * 128  # a larger map's pairs (> 134M) and their ranks nee
 _DEFER_BYTES = 256 * 2**20  # per batch, the pairs of all layers kept for one SSDC call after the forward
 
 
+def _gram_pairs(z: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each image's map z z^T from its unit tokens z (B, N, C): its pairs i < j (B, M), row-major (into ``out``
+    when given), and its diagonal (B, N)."""
+    sim = torch.bmm(z, z.transpose(1, 2))  # (B, N, N) cosine similarity per image
+    return upper_pairs(sim, out=out), sim.diagonal(dim1=1, dim2=2)
+
+
 class _Moments:
     """Streaming count / mean / sum of squared deviations of per-image values (Chan et al. merge)."""
 
@@ -118,6 +125,7 @@ class _Accumulator:
         self.content_moments = {(layer, k): _Moments() for layer in layers for k in range(self.num_replicas)}
         self._replicas: list[int] = [0]  # the replicas of this forward pass, one per chunk of its batch
         self._group_ids: torch.Tensor | None = None  # (B,) jackknife group of each image of the batch
+        self._onehot: torch.Tensor | None = None  # (G, B) float32 one-hot of _group_ids, on the tokens' device
         self._pairs: dict[tuple[int, int], torch.Tensor] = {}  # per grid: (L, R * B, M) this batch's pairs i < j
         self._batch: dict[tuple[int, int], list[int]] = {}  # per grid: the layers whose pairs wait in _pairs
         self.too_small: set[int] = set()  # layers whose grid has fewer than 2 tokens: SSDC undefined
@@ -136,7 +144,7 @@ class _Accumulator:
         self.grid = grid
         self._batch = {}
         self._replicas = list(replicas) if replicas is not None else [0]
-        self._group_ids = None
+        self._group_ids = self._onehot = None
         if self.groups:
             ids = image_groups(np.arange(offset, offset + batch), self.group_seed, self.groups)
             self._group_ids = torch.from_numpy(ids)
@@ -234,12 +242,12 @@ class _Accumulator:
             self._fit_groups(n)
         z = tokens / norms.clamp_min(1e-12).expand_as(tokens)  # (R * B, N, C): F.normalize(tokens, dim=-1)
         if self.want_images or (self.groups and z.shape[0] * n * n * z.element_size() <= _DEFER_BYTES):
-            sim = torch.bmm(z, z.transpose(1, 2))  # (R * B, N, N) cosine similarity per image
-            pairs = self._per_image(layer, sim, grid) if self.want_images else upper_pairs(sim)  # (R * B, M)
+            # each image's cosine similarity map as its pairs i < j (R * B, M) and diagonal (R * B, N)
+            pairs, diag = self._per_image(layer, z, grid) if self.want_images else _gram_pairs(z)
             if self.want_map:
                 # summed in float64: a float32 sum adds columns in different orders, so a constant map came
                 # out varying by a rounding step, and Spearman ranked that noise (a number where NaN is right)
-                self._add_images(layer, pairs, sim.diagonal(dim1=1, dim2=2))
+                self._add_images(layer, pairs, diag)
             return
         # the summed map of each replica (and of each jackknife group where a batch's per-image maps would
         # exceed _DEFER_BYTES: 20 GB for a 112 x 112 map at batch 32) in one GEMM: sum_b z_b z_b^T = Z Z^T with
@@ -277,22 +285,22 @@ class _Accumulator:
             self.map_sum[layer] = tuple(t.reshape(self.num_replicas, self.groups, -1).sum(1) for t in sums)  # type: ignore[assignment]
         self.groups, self._group_ids = 0, None
 
-    def _per_image(self, layer: int, sim: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Per-image SSDC of ``layer``'s maps sim (R * B, N, N): their pairs i < j are kept for
-        :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
-        computed now. Returns the pairs (R * B, M)."""
-        B, n = sim.shape[0], sim.shape[-1]
+    def _per_image(self, layer: int, z: torch.Tensor, grid: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-image SSDC of ``layer``'s maps, from its unit tokens z (R * B, N, C): their pairs i < j are kept
+        for :meth:`end_batch` when those of every probed layer of the batch fit in ``_DEFER_BYTES``, else
+        computed now. Returns the maps' pairs (R * B, M) and diagonals (R * B, N)."""
+        B, n = z.shape[0], z.shape[1]
         shape = (len(self.layers), B, n * (n - 1) // 2)
-        if math.prod(shape) * sim.element_size() > _DEFER_BYTES:
-            pairs = upper_pairs(sim)
+        if math.prod(shape) * z.element_size() > _DEFER_BYTES:
+            pairs, diag = _gram_pairs(z)
             self._score(layer, pairs, grid)
-            return pairs
+            return pairs, diag
         buffer = self._pairs.get(grid)
-        if buffer is None or buffer.shape != shape or buffer.device != sim.device:
-            buffer = self._pairs[grid] = torch.empty(shape, dtype=sim.dtype, device=sim.device)
+        if buffer is None or buffer.shape != shape or buffer.device != z.device:
+            buffer = self._pairs[grid] = torch.empty(shape, dtype=z.dtype, device=z.device)
         waiting = self._batch.setdefault(grid, [])
         waiting.append(layer)
-        return upper_pairs(sim, out=buffer[len(waiting) - 1])
+        return _gram_pairs(z, out=buffer[len(waiting) - 1])
 
     def end_batch(self) -> None:
         """Per-image SSDC of every probed layer of the batch kept by :meth:`_per_image`, one call per grid and
@@ -338,12 +346,25 @@ class _Accumulator:
             # this batch's sum per group as one small GEMM with the (G, B) one-hot of the groups (torch's
             # index_add_ on the CPU took 50 ms a layer for ViT-S/16's 32 x 19,110 pairs, a sixth of the layer's
             # forward), added to the float64 sums: at most a batch of float32 values is summed in float32
-            onehot = torch.zeros(self.groups, p.shape[0], dtype=p.dtype, device=p.device)
-            onehot[self._group_ids.to(p.device), torch.arange(p.shape[0], device=p.device)] = 1.0
+            onehot = self._group_onehot(p)
+            group_pairs, group_diag = onehot @ p, onehot @ d
+            if layer not in self.map_sum and self.slots == self.groups:  # the first batch's sums are these
+                self.map_sum[layer] = (group_pairs.double(), group_diag.double())
+                continue
             sums = self._sums(layer, p.shape[1], d.shape[1], p.device)
             rows = slice(replica * self.groups, (replica + 1) * self.groups)
-            sums[0][rows] += onehot @ p
-            sums[1][rows] += onehot @ d
+            sums[0][rows] += group_pairs
+            sums[1][rows] += group_diag
+
+    def _group_onehot(self, like: torch.Tensor) -> torch.Tensor:
+        """(G, B): the batch's images one-hot by jackknife group, in ``like``'s dtype and device (made once a
+        batch, for every layer)."""
+        ids = self._group_ids
+        assert ids is not None
+        if self._onehot is None or self._onehot.dtype != like.dtype or self._onehot.device != like.device:
+            self._onehot = torch.zeros(self.groups, ids.numel(), dtype=like.dtype, device=like.device)
+            self._onehot[ids.to(like.device), torch.arange(ids.numel(), device=like.device)] = 1.0
+        return self._onehot[:, : like.shape[0]]
 
     def _sums(self, layer: int, m: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if layer not in self.map_sum:
@@ -368,18 +389,22 @@ class _Accumulator:
         pairs = self.map_sum[layer][0]
         return pairs.reshape(self.num_replicas, max(self.groups, 1), -1).sum(1)
 
-    def mean_map(self, layer: int, n_images: int, replica: int = 0) -> torch.Tensor:
-        """(N, N) float64: ``replica``'s similarity map averaged over the images, rebuilt symmetric (a grid of
-        fewer than 2 tokens: its N x N map of NaN, nothing having been summed)."""
+    def mean_map(
+        self, layer: int, n_images: int, replica: int = 0, pair_sum: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(N, N) float32: ``replica``'s similarity map averaged over the images (in float64, then rounded),
+        rebuilt symmetric (a grid of fewer than 2 tokens: its N x N map of NaN, nothing having been summed).
+        ``pair_sum``: the (K, M) :meth:`replica_pairs` when the caller has them."""
         if layer in self.too_small:
             n = self.grids[layer][0] * self.grids[layer][1]
-            return torch.full((n, n), math.nan, dtype=torch.float64)
+            return torch.full((n, n), math.nan)
         groups = max(self.groups, 1)
-        pair_sum = self.replica_pairs(layer)[replica]
+        pairs = (self.replica_pairs(layer) if pair_sum is None else pair_sum)[replica]
         diag_sum = self.map_sum[layer][1].reshape(self.num_replicas, groups, -1).sum(1)[replica]
         n = diag_sum.numel()
-        iu = torch.triu_indices(n, n, offset=1, device=pair_sum.device)
-        full = torch.diag(diag_sum)
-        full[iu[0], iu[1]] = pair_sum
-        full[iu[1], iu[0]] = pair_sum
-        return full / n_images
+        iu = torch.triu_indices(n, n, offset=1, device=pairs.device)
+        full = torch.diag((diag_sum / n_images).float())
+        mean = (pairs / n_images).float()
+        full[iu[0], iu[1]] = mean
+        full[iu[1], iu[0]] = mean
+        return full

@@ -226,25 +226,32 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
     # only the groups that hold images are left out and ranked (an empty one's row stays NaN, and the jackknife
     # ignores it): a probe of 4 images ranked 20 maps a layer where 4 mattered
     filled = torch.nonzero(acc.group_counts > 0).squeeze(1)
-    rows: dict[tuple[int, int], list[tuple[int, torch.Tensor]]] = {}  # grid -> [(column, (K + G, M) mean maps)]
+    every_group = bool(filled.numel() == acc.groups)
+    rows_of = k + (filled.numel() if deleted is not None else 0)  # ranked rows of a layer: K maps + G left out
+    summed: dict[int, torch.Tensor] = {}  # layer -> (K, M) summed maps
+    by_grid: dict[tuple[int, int], list[tuple[int, int]]] = {}  # grid -> [(column, layer)]
     for i, (layer, grid) in enumerate(zip(layers, grids)):
         if layer in acc.too_small:
             continue
-        pairs = acc.replica_pairs(layer)  # (K, M) summed maps
+        pairs = summed[layer] = acc.replica_pairs(layer)
         if any(_near_constant(row) for row in pairs):
             stats.flat.append(layer)
             continue
-        maps = [pairs / n_images]
-        if deleted is not None:  # each group's images left out: the jackknife's replicates
-            counts = acc.group_counts[filled].to(pairs.device, torch.float64)
-            left_out = pairs[0][None] - acc.map_sum[layer][0][filled.to(pairs.device)]
-            maps.append(left_out / (n_images - counts).clamp(min=1)[:, None])
-        # ranked as float32 (values in [-1, 1], rounding 6e-8; a swap of two tied-close ranks moves SSDC by
-        # ~1e-12): one sort with its payload, 4x faster than float64 (spearman.py), all of a grid's rows at once
-        rows.setdefault(grid, []).append((i, torch.cat(maps).float()))
-    for grid, items in rows.items():
-        device = items[0][1].device
-        (rho,) = ssdc_pairs(torch.cat([m for _, m in items]), acc.distance_targets(grid, 0, device)[:1])
+        by_grid.setdefault(grid, []).append((i, layer))
+    for grid, items in by_grid.items():
+        # a grid's maps ranked as float32 (values in [-1, 1], rounding 6e-8; a swap of two tied-close ranks moves
+        # SSDC by ~1e-12): one sort with its payload, 4x faster than float64 (spearman.py), all rows at once,
+        # each written as float32 straight from its float64 sums (no float64 copies stacked, then cast)
+        first = summed[items[0][1]]
+        ranked = torch.empty(len(items) * rows_of, first.shape[1], dtype=torch.float32, device=first.device)
+        for j, (_, layer) in enumerate(items):
+            block = ranked[j * rows_of : (j + 1) * rows_of]
+            torch.div(summed[layer], n_images, out=block[:k])
+            if deleted is not None:  # each group's images left out: the jackknife's replicates
+                counts = acc.group_counts[filled].to(first.device, torch.float64)
+                groups = acc.map_sum[layer][0] if every_group else acc.map_sum[layer][0][filled.to(first.device)]
+                torch.div(summed[layer][0][None] - groups, (n_images - counts).clamp(min=1)[:, None], out=block[k:])
+        (rho,) = ssdc_pairs(ranked, acc.distance_targets(grid, 0, first.device)[:1])
         by_layer = rho.cpu().numpy().reshape(len(items), -1)  # (layers of this grid, K + G)
         for (i, _), values in zip(items, by_layer):
             stats.index[:, i] = values[:k]
@@ -252,7 +259,7 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
                 deleted[filled.numpy(), i] = values[k:]
         if stats.content is not None and acc.content_defined(grid):  # under RPI
             for r in range(k):  # against where each token's content came from: permutation r's own grid
-                (rho,) = ssdc_pairs(torch.stack([m[r] for _, m in items]), acc.distance_targets(grid, r, device)[1:])
+                (rho,) = ssdc_pairs(ranked[r::rows_of].contiguous(), acc.distance_targets(grid, r, first.device)[1:])
                 stats.content[r, [i for i, _ in items]] = rho.cpu().numpy()
     if stats.flat:
         warnings.warn(
@@ -262,9 +269,9 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
             stacklevel=4,
         )
     _intervals(stats, acc, probe, deleted)
-    maps = [acc.mean_map(layer, n_images) for layer in layers]  # (N_l, N_l) float64 each, replica 0
+    maps = [acc.mean_map(layer, n_images, pair_sum=summed.get(layer)) for layer in layers]  # (N_l, N_l) each
     same = len({m.shape for m in maps}) == 1
-    stats.mean_maps = torch.stack(maps).float().cpu() if same else [m.float().cpu() for m in maps]
+    stats.mean_maps = torch.stack(maps).cpu() if same else [m.cpu() for m in maps]
     return stats
 
 
