@@ -10,8 +10,12 @@ cd "$(dirname "$0")/../.."
 echo 19 > /proc/self/autogroup 2>/dev/null || renice -n 19 $$ >/dev/null || true
 base=experiments/scaling
 
+# the studies here read Imagenette from the local parquet copy beside the checkout (the presets' own default is
+# imagenette2-320, the folder a user unpacks): IMAGENETTE=PATH for another copy, the same data as the records
+data=${IMAGENETTE:-../shared/data/imagenette}
 study() {  # [SEEDS=n] study OUT ARGS...: start OUT, or resume it (2 seeds unless SEEDS says otherwise)
   local out=$1; shift
+  [[ " $* " == *" --data "* ]] || set -- "$@" --data "$data"  # a stage with its own --data keeps it
   local resume=()
   [[ -f $out/plan.json ]] && resume=(--resume)
   # ALLOW_CHANGES=1: a default changed since OUT began (e.g. --rpi-permutations 1 -> 3): recompute what it affects

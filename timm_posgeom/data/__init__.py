@@ -3,8 +3,8 @@
 Sources (``load_split``):
 
 * a Hugging Face Hub id, e.g. ``clane9/imagenet-100`` (parquet with ``image`` / ``label`` columns);
-* a local folder in the same parquet layout (e.g. ``../shared/data/imagenette``), or an ImageFolder
-  tree (``root/<split>/<class>/<image>``);
+* a local folder in the same parquet layout (a Hub data set's files downloaded), or an ImageFolder
+  tree (``root/<split>/<class>/<image>``, e.g. ``imagenette2-320``, the fastai archive unpacked);
 * ``None`` or ``"synthetic"``: the embedded procedural set of :mod:`timm_posgeom.synthetic`.
 
 The image and label columns are found from the features (``datasets.Image`` / ``ClassLabel``) or

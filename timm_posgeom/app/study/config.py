@@ -108,7 +108,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Real images at CPU scale: Imagenette at 64 px, the imagenette_cpu_* recipes.
     # Fragility also with the shift at the images' own 224 px, the paper's resolution, before the resize to 64.
     "imagenette-cpu": dict(
-        recipe_prefix="imagenette_cpu", data="../shared/data/imagenette", heldout_fraction=0.1, shift_size=224
+        recipe_prefix="imagenette_cpu", data="imagenette2-320", heldout_fraction=0.1, shift_size=224
     ),
     # The paper's 14 x 14 token grid at CPU scale: the imagenette_cpu recipes at 112 px (patch 8), crop
     # padding scaled with the image (4 -> 7 px), and the micro model at width 64 (2 heads of 64 / 2 = 32,
@@ -118,7 +118,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # minutes of training per model plus its evaluations, where width 128 would take about 110.
     "imagenette-cpu-14": dict(
         recipe_prefix="imagenette_cpu",
-        data="../shared/data/imagenette",
+        data="imagenette2-320",
         heldout_fraction=0.1,
         shift_size=224,
         train_overrides=["img_size=112", "crop_pad=7", "model_kwargs.embed_dim=64", "model_kwargs.num_heads=2"],
