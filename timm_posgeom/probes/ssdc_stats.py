@@ -227,6 +227,8 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
     # ignores it): a probe of 4 images ranked 20 maps a layer where 4 mattered
     filled = torch.nonzero(acc.group_counts > 0).squeeze(1)
     every_group = bool(filled.numel() == acc.groups)
+    # each filled group's images left out: the image count the jackknife's replicate divides by, (G, 1)
+    left_in = (n_images - acc.group_counts[filled].to(torch.float64)).clamp(min=1)[:, None]
     rows_of = k + (filled.numel() if deleted is not None else 0)  # ranked rows of a layer: K maps + G left out
     summed: dict[int, torch.Tensor] = {}  # layer -> (K, M) summed maps
     by_grid: dict[tuple[int, int], list[tuple[int, int]]] = {}  # grid -> [(column, layer)]
@@ -243,14 +245,14 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
         # SSDC by ~1e-12): one sort with its payload, 4x faster than float64 (spearman.py), all rows at once,
         # each written as float32 straight from its float64 sums (no float64 copies stacked, then cast)
         first = summed[items[0][1]]
+        denominators, kept = left_in.to(first.device), filled.to(first.device)
         ranked = torch.empty(len(items) * rows_of, first.shape[1], dtype=torch.float32, device=first.device)
         for j, (_, layer) in enumerate(items):
             block = ranked[j * rows_of : (j + 1) * rows_of]
             torch.div(summed[layer], n_images, out=block[:k])
             if deleted is not None:  # each group's images left out: the jackknife's replicates
-                counts = acc.group_counts[filled].to(first.device, torch.float64)
-                groups = acc.map_sum[layer][0] if every_group else acc.map_sum[layer][0][filled.to(first.device)]
-                torch.div(summed[layer][0][None] - groups, (n_images - counts).clamp(min=1)[:, None], out=block[k:])
+                groups = acc.map_sum[layer][0] if every_group else acc.map_sum[layer][0][kept]
+                torch.div(summed[layer][0][None] - groups, denominators, out=block[k:])
         (rho,) = ssdc_pairs(ranked, acc.distance_targets(grid, 0, first.device)[:1])
         by_layer = rho.cpu().numpy().reshape(len(items), -1)  # (layers of this grid, K + G)
         for (i, _), values in zip(items, by_layer):
