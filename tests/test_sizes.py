@@ -1,6 +1,7 @@
-"""Small units (docs/architecture.md, "Small units"): no function of the package over 60 lines and no module
-over 600. Ruff checks arguments, statements and complexity (pyproject.toml); it has no rule for length, so
-this test counts. A function's docstring is not counted: it is the documentation the standards ask for."""
+"""Functions that read on one screen (docs/architecture.md, "Rooms by idea"): no function of the package over 60
+lines. A module holds one idea, whatever its length (timm keeps a whole model family in one file); ruff checks
+arguments, statements and complexity (pyproject.toml) and has no rule for length, so this test counts. A
+function's docstring is not counted: it is the documentation the standards ask for."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import timm_posgeom
 
 ROOT = Path(timm_posgeom.__file__).parent
 MAX_FUNCTION_LINES = 60
-MAX_MODULE_LINES = 600
 
 
 def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -24,28 +24,25 @@ def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 
 def over_limit(root: Path = ROOT) -> set[str]:
-    """``module`` for a module over MAX_MODULE_LINES, ``module:function`` for a function over
-    MAX_FUNCTION_LINES (nested functions and methods included), paths relative to ``root``."""
+    """``module:function`` for a function over MAX_FUNCTION_LINES (nested functions and methods included), paths
+    relative to ``root``."""
     found = set()
     for path in sorted(root.rglob("*.py")):
         name = path.relative_to(root).as_posix()
-        source = path.read_text()
-        if len(source.splitlines()) > MAX_MODULE_LINES:
-            found.add(name)
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and function_lines(node) > MAX_FUNCTION_LINES:
                 found.add(f"{name}:{node.name}")
     return found
 
 
-def test_no_unit_over_the_limits():
+def test_no_function_over_the_limit():
     over = over_limit()
-    assert not over, f"over {MAX_FUNCTION_LINES} lines a function or {MAX_MODULE_LINES} a module: {sorted(over)}"
+    assert not over, f"over {MAX_FUNCTION_LINES} lines a function: {sorted(over)}"
 
 
-def test_the_count_sees_a_long_function_and_a_long_module(tmp_path):
+def test_the_count_sees_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "long.py").write_text(f'def f():\n    """Doc\n    string."""\n{body}\n')
     (tmp_path / "short.py").write_text(f'def g():\n    """Doc\n    string."""\n{body[: body.rindex(chr(10))]}\n')
-    (tmp_path / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
-    assert over_limit(tmp_path) == {"long.py:f", "big.py"}
+    (tmp_path / "big.py").write_text("x = 1\n" * 2000)  # a long module of short statements is fine
+    assert over_limit(tmp_path) == {"long.py:f"}
