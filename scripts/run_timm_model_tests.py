@@ -16,8 +16,9 @@ Nothing is excluded by hand: every test of the suite whose parametrisation inclu
 
 Our pretrained names (``<model>.<tag>``, the trained micro models) download their weights from the Hub in
 ``test_model_load_pretrained``. Until they are published, the suite runs offline (``HF_HUB_OFFLINE=1``) on a
-Hub cache made of the repository's committed exports, each under its configuration's ``hf_hub_id``; a name
-whose export is absent from the checkout is deselected from that test (and the count printed).
+Hub cache into which ``posgeom weights restore`` has put the repository's trained exports (from the working tree
+or this clone's git history: ``timm_posgeom.app.weights``), each under its configuration's ``hf_hub_id``; a name
+that no source has is deselected from that test (and the count printed).
 
 Usage::
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -146,33 +146,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def hub_cache_of_exports(root: Path, names: list[str]) -> list[str]:
-    """A Hugging Face Hub cache under ``root`` holding each committed export of ``names`` (``<model>.<tag>``) as
-    its ``hf_hub_id``'s ``model.safetensors`` (one snapshot, ``refs/main`` naming it: what a download leaves, so an
-    offline download reads it). Returns the names whose export is absent."""
-    import timm
+    """A Hugging Face Hub cache under ``root`` holding the trained export of each of ``names`` (``<model>.<tag>``),
+    restored from the repository's manifest (``posgeom weights restore``: the working tree, then this clone's git
+    history; never the network) as its ``hf_hub_id``'s ``model.safetensors``. Returns the names no source has."""
+    from timm_posgeom.app.weights import MANIFEST, Manifest, WeightsError, default_sources, restore
 
-    from timm_posgeom.models.pretrained import TRAINED_MICRO, hub_repo, pretrained_name
-
-    exports = {
-        pretrained_name(study, condition, seed): (
-            hub_repo(study, condition, seed),
-            ROOT / "experiments" / "scaling" / study / "runs" / f"{condition}_s{seed}" / "export" / "model.safetensors",
-        )
-        for study, (conditions, seeds) in TRAINED_MICRO.items()
-        for condition in conditions
-        for seed in range(seeds)
-    }
-    absent, revision = [], "0" * 40
+    manifest = Manifest.read(ROOT / MANIFEST)
+    by_name = {e.timm_name: e for e in manifest.entries if e.timm_name}
+    sources = default_sources(manifest.root, root)[:2]
+    absent = [name for name in names if name not in by_name]
     for name in names:
-        repo_id, weights = exports.get(name, (timm.models.get_pretrained_cfg(name).hf_hub_id, None))
-        if weights is None or not weights.is_file():
-            absent.append(name)
-            continue
-        repo = root / f"models--{repo_id.replace('/', '--')}"
-        (repo / "snapshots" / revision).mkdir(parents=True)
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text(revision)
-        shutil.copyfile(weights, repo / "snapshots" / revision / "model.safetensors")
+        if name in by_name:
+            try:
+                restore([by_name[name]], manifest.root, sources, root, link=False, progress=False)
+            except WeightsError as e:
+                print(f"{name}: {e}", flush=True)
+                absent.append(name)
     return absent
 
 

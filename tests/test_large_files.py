@@ -3,6 +3,8 @@ name, and ``.gitignore`` leaves new runs' exports, checkpoints and probe maps un
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,3 +122,35 @@ def test_new_weights_under_experiments_are_ignored(path: str) -> None:
 def test_the_records_are_not_ignored(path: str) -> None:
     need_checkout()
     assert subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "--no-index", path]).returncode == 1, path
+
+
+TRAVEL = ROOT / ".ci" / "check_travel_size.py"
+
+
+def test_travel_size_counts_the_tree_and_the_data_and_names_tracked_weights(tmp_path):
+    """`.ci/check_travel_size.py`: the tracked tree plus the GPU plan's data against the limit; above it, exit 1
+    and the weights still tracked named, or exit 0 with --report."""
+    repo = tmp_path / "repo"
+    (repo / "experiments" / "runs" / "a" / "export").mkdir(parents=True)
+    git(repo, "init", "-q")
+    weights = "experiments/runs/a/export/model.safetensors"
+    (repo / weights).write_bytes(os.urandom(3 << 20))
+    (repo / "experiments" / "weights.json").write_text(json.dumps({"files": [{"path": weights}]}))
+    git(repo, "add", "-A")
+    data = tmp_path / "data.tar.gz"
+    data.write_bytes(os.urandom(1 << 20))
+
+    def check(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, str(TRAVEL), "--root", str(repo), "--data", str(data), "--limit-mib", "3.5", *args]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    over = check()
+    assert over.returncode == 1 and "over the 3.5 MiB limit" in over.stdout
+    assert (
+        "1 weights files still tracked: 3.0 MiB" in over.stdout
+        and "the GPU plan's data (data.tar.gz): 1.0 MiB" in over.stdout
+    )
+    assert check("--report").returncode == 0
+    git(repo, "rm", "-q", "--cached", weights)
+    under = check()
+    assert under.returncode == 0 and "under the 3.5 MiB limit" in under.stdout, under.stdout

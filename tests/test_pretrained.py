@@ -17,7 +17,6 @@ import torch
 from safetensors.torch import save_file
 
 from timm_posgeom.app.hub import export_for_hub, weights_sha1
-from timm_posgeom.app.records import RunEval, RunSummary
 from timm_posgeom.models.checkpoint import adapt_state_dict
 from timm_posgeom.models.pretrained import IMAGENETTE_CLASSES, TRAINED_MICRO, hub_repo, pretrained_name
 from timm_posgeom.models.vision_transformer_pe import PRETRAINED, build_default_cfgs, checkpoint_filter_fn
@@ -151,28 +150,6 @@ def test_pretrained_true_downloads_from_the_hub_id_in_its_config(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == recorded
-
-
-def _committed_weights() -> list[tuple[tuple[str, str, int], Path]]:
-    found = [(run, _run_dir(*run) / "export" / "model.safetensors") for run in RUNS]
-    return [(run, path) for run, path in found if path.is_file()]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _committed_weights(), reason="the committed experiments' weights are absent")
-def test_committed_exports_load_by_name_to_their_recorded_sha1(tmp_path):
-    """Each committed export (those present) hashes to its run's record, and loads by its timm name to the same
-    weights (exported again: the same SHA-1)."""
-    for run, weights in _committed_weights():
-        run_dir = weights.parent.parent
-        sha1 = weights_sha1(weights)
-        assert sha1 == RunEval.read(run_dir / "eval.json").weights_sha1, run_dir
-        summary = RunSummary.read(run_dir / "summary.json")
-        assert summary.export_sha1 in (None, sha1), run_dir  # recorded by runs trained since it was kept
-        model = timm.create_model(
-            pretrained_name(*run), pretrained=True, pretrained_cfg_overlay=dict(file=str(weights))
-        )
-        assert _reexported_sha1(model, tmp_path / run_dir.name / run_dir.parent.parent.name) == sha1, run_dir
 
 
 # --- timm's ViT weights ------------------------------------------------------------------------------------------

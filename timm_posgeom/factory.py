@@ -22,6 +22,7 @@ __all__ = [
     "ModelLoadError",
     "check_patch_multiple",
     "load_checkpoint_file",
+    "cached_hub_source",
 ]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
@@ -86,7 +87,7 @@ def create_model(
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     try:
-        model = _create(name, pretrained or weighted, img_size, kwargs)
+        model = _create(cached_hub_source(name), pretrained or weighted, img_size, kwargs)
     except (OSError, RuntimeError, SafetensorError) as e:
         if not weighted or isinstance(e, FileNotFoundError):
             raise
@@ -101,6 +102,23 @@ def create_model(
 
 class ModelLoadError(PosgeomError, ValueError):
     """Weights that cannot be loaded: not a checkpoint, truncated, for another model, or out of reach offline."""
+
+
+def cached_hub_source(name: str) -> str:
+    """``hf-hub:ORG/NAME`` as ``local-dir:`` of its snapshot in the Hugging Face Hub cache when both its
+    ``config.json`` and its weights are there (a download or ``posgeom weights restore`` left them): the same files,
+    read without the network (timm would ask the Hub first, whose retries take about 25 s offline before it reads
+    the same cache). Any other name, a pinned revision (``@REV``) or a repository not cached is returned as it is."""
+    from .models.pretrained import WEIGHTS_FILE, cached_hub_file
+
+    prefix = next((p for p in ("hf-hub:", "hf_hub:") if name.startswith(p)), None)
+    if prefix is None or "@" in name:
+        return name
+    repo_id = name[len(prefix) :]
+    config, weights = cached_hub_file(repo_id, "config.json"), cached_hub_file(repo_id, WEIGHTS_FILE)
+    if config is None or weights is None or Path(config).parent != Path(weights).parent:
+        return name
+    return f"local-dir:{Path(config).parent}"
 
 
 def _first_line(error: BaseException) -> str:

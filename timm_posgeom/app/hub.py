@@ -8,7 +8,6 @@ files only: a number that no run recorded never appears on a card.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -19,6 +18,7 @@ from typing import Any
 
 from ..errors import PosgeomError
 from ..jsonio import replacing, write_errors
+from ..models.pretrained import weights_sha1  # re-exported: its home is the library
 from .records import RunEval, RunSummary
 
 __all__ = [
@@ -127,7 +127,8 @@ def _weights_dir(run_dir: Path, weights: str) -> Path:
     if not (d / "model.safetensors").is_file() or not (d / "config.json").is_file():
         raise HubExportError(
             f"{run_dir} has no exported weights: expected {d}/config.json and {d}/model.safetensors "
-            "(written by `posgeom train` at the end of a run; an interrupted run resumes with --resume)"
+            "(written by `posgeom train` at the end of a run; an interrupted run resumes with --resume; a "
+            f"committed run's weights live outside git: `posgeom weights restore {run_dir}`)"
         )
     return d
 
@@ -140,15 +141,6 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
-
-
-def weights_sha1(path: str | os.PathLike) -> str:
-    """SHA-1 of a weights file (``model.safetensors``): which weights a measurement was made on."""
-    digest = hashlib.sha1()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _results_rows(summary: RunSummary | None, evals: RunEval | None, sha1: str) -> list[tuple[str, str]]:

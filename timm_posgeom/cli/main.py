@@ -27,6 +27,7 @@ COMMANDS = (
     "report",
     "card",
     "push",
+    "weights",
 )
 # What each command needs of the [app] extra (errors.APP_MODULES), checked before it runs: the measuring
 # commands write figures (matplotlib), the application's commands need all of it. `posgeom models` needs none.

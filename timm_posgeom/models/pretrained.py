@@ -14,11 +14,18 @@ Only runs that the registered name builds unchanged are listed. The 14 x 14 stud
 other widths (64, 192, 256, 384) need other constructor arguments than their name gives, which a timm tag
 cannot carry: they load as ``hf-hub:<HUB_ORG>/posgeom-<study>-<condition>-s<seed>`` (their ``config.json``
 holds the arguments). The bare names stay untrained (1000 classes, timm's random init): a tag names the weights.
+
+Where ``pretrained=True`` finds them: the Hugging Face Hub cache first (``HF_HUB_CACHE``, ``HF_HOME``), without
+asking the network, where a download or ``posgeom weights restore`` (from a clone of the repository: its git
+history holds every committed export) leaves them; else the Hub. Without either, one line says how to get them.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from ..errors import PosgeomError
 
 __all__ = [
     "HUB_ORG",
@@ -28,7 +35,20 @@ __all__ = [
     "hub_repo",
     "pretrained_name",
     "micro_pretrained_cfgs",
+    "WEIGHTS_FILE",
+    "WeightsNotFoundError",
+    "cached_hub_file",
+    "hub_weights_file",
+    "weights_sha1",
 ]
+
+WEIGHTS_FILE = "model.safetensors"  # what an export and a Hub repository of one hold, beside config.json
+
+
+class WeightsNotFoundError(PosgeomError, FileNotFoundError):
+    """Trained weights that are neither in the Hugging Face Hub cache nor downloadable now (one line: which, and
+    how to get them)."""
+
 
 # The Hub organisation the exports are published under (experiments/README.md's ORG).
 HUB_ORG = "timm-posgeom"
@@ -104,3 +124,47 @@ def micro_pretrained_cfgs() -> dict[str, dict[str, Any]]:
                     paper_ids="arXiv:2606.00124",
                 )
     return cfgs
+
+
+def weights_sha1(path: str | os.PathLike) -> str:
+    """SHA-1 of a weights file (``model.safetensors``): which weights a measurement was made on (the records'
+    ``weights_sha1``, ``export_sha1``)."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cached_hub_file(
+    repo_id: str, filename: str = WEIGHTS_FILE, cache_dir: str | os.PathLike | None = None
+) -> str | None:
+    """The path of ``filename`` of the Hub repository ``repo_id`` (its ``main`` revision) in the Hugging Face Hub
+    cache (``cache_dir``, else ``HF_HUB_CACHE`` / ``HF_HOME``), or None; never asks the network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
+    return found if isinstance(found, str) and os.path.isfile(found) else None
+
+
+def hub_weights_file(name: str, repo_id: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """The weights file behind the pretrained name ``name`` (``<model>.<tag>``), published as ``repo_id``: from
+    the Hub cache when it is there (no network asked: a restored or downloaded copy loads offline with no
+    setting), else downloaded from the Hub into that cache. :class:`WeightsNotFoundError` in one line when neither
+    has it, saying how to get it."""
+    found = cached_hub_file(repo_id, cache_dir=cache_dir)
+    if found is not None:
+        return found
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    try:
+        return hf_hub_download(repo_id, WEIGHTS_FILE, cache_dir=cache_dir)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as e:
+        raise WeightsNotFoundError(
+            f"the weights of {name} ({repo_id}) are not in the Hugging Face Hub cache and the Hub did not give them "
+            f"({type(e).__name__}): from a clone of timm-posgeom, `posgeom weights restore {name}` puts them in the "
+            "cache (docs/guide.md, 'Trained weights')"
+        ) from None

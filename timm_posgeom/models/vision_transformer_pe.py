@@ -40,7 +40,7 @@ from ..pos.rope import ScaledRotaryEmbeddingCat
 from ..pos.sincos import sincos_2d
 from .checkpoint import adapt_state_dict
 from .layout import LAYOUTS, apply_layout, eva_layout_kwargs
-from .pretrained import micro_pretrained_cfgs
+from .pretrained import hub_weights_file, micro_pretrained_cfgs
 
 __all__ = ["PosGeomViT", "INIT_TYPES", "LAYOUTS"]
 
@@ -361,6 +361,8 @@ def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: PosGeomViT)
 
 def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> PosGeomViT:
     out_indices = kwargs.pop("out_indices", 3)
+    if pretrained:
+        kwargs = _with_weights_file(variant, kwargs)
     return build_model_with_cfg(
         PosGeomViT,
         variant,
@@ -369,6 +371,21 @@ def _create_posgeom_vit(variant: str, pretrained: bool = False, **kwargs) -> Pos
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **kwargs,
     )
+
+
+def _with_weights_file(variant: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` whose ``pretrained_cfg_overlay`` names the weights file of a trained tag of ours (the Hub cache's
+    copy, looked up without the network; else a download; else one line saying how to get it:
+    :func:`~timm_posgeom.models.pretrained.hub_weights_file`). timm would ask the Hub first, whose retries take
+    about 25 s offline before it reads the same cache. Another source the caller gave (a file, a state dict, a
+    url) is left to timm."""
+    tag = kwargs.get("pretrained_cfg")
+    entry = PRETRAINED.get(f"{variant}.{tag}") if isinstance(tag, str) else None
+    overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
+    if entry is None or any(overlay.get(k) for k in ("file", "state_dict", "url", "hf_hub_id")):
+        return kwargs
+    overlay["file"] = hub_weights_file(f"{variant}.{tag}", entry["hf_hub_id"], kwargs.get("cache_dir"))
+    return dict(kwargs, pretrained_cfg_overlay=overlay)
 
 
 def _cfg(url: str = "", **kwargs) -> dict[str, Any]:

@@ -266,7 +266,8 @@ def run_epochs(s: Session) -> None:
 
 def finish(s: Session) -> RunSummary:
     """Final evaluation (unless the last step was evaluated), export, ``summary.json``; the summary."""
-    from ..hub import export_for_hub, weights_sha1
+    from ...models.pretrained import weights_sha1
+    from ..hub import export_for_hub
     from ..provenance import package_versions
 
     if s.last_eval != s.state.step:
