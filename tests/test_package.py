@@ -184,3 +184,12 @@ def test_a_first_import_of_timm_from_inside_the_package_registers_the_models(fir
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "20"
+
+
+def test_a_command_module_that_fails_to_import_fails_loudly(monkeypatch):
+    """A command missing from the parser would read as the user's typo ("invalid choice"): the import error shows."""
+    from timm_posgeom.cli import main as cli_main_module
+
+    monkeypatch.setattr(cli_main_module, "COMMANDS", (*cli_main_module.COMMANDS, "no_such_command_xyz"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_command_xyz"):
+        cli_main_module.build_parser()

@@ -42,12 +42,10 @@ NEEDS_APP = {
 
 
 def _command_modules():
+    """Every command's module: one that fails to import fails loudly (a command silently missing from the parser
+    would read as a user's typo)."""
     for name in COMMANDS:
-        try:
-            yield name, importlib.import_module(f"timm_posgeom.cli.{name}")
-        except ModuleNotFoundError as e:  # a command still being written: leave it out of the parser
-            if e.name != f"timm_posgeom.cli.{name}":
-                raise
+        yield name, importlib.import_module(f"timm_posgeom.cli.{name}")
 
 
 def version_line() -> str:
