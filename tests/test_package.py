@@ -188,8 +188,9 @@ def test_a_first_import_of_timm_from_inside_the_package_registers_the_models(fir
 
 def test_a_command_module_that_fails_to_import_fails_loudly(monkeypatch):
     """A command missing from the parser would read as the user's typo ("invalid choice"): the import error shows."""
-    from timm_posgeom.cli import main as cli_main_module
+    import importlib
 
+    cli_main_module = importlib.import_module("timm_posgeom.cli.main")
     monkeypatch.setattr(cli_main_module, "COMMANDS", (*cli_main_module.COMMANDS, "no_such_command_xyz"))
     with pytest.raises(ModuleNotFoundError, match="no_such_command_xyz"):
         cli_main_module.build_parser()
