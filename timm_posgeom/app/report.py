@@ -371,20 +371,21 @@ def _figure(number: int, file: str, alt: str, caption: str) -> list[str]:
     return [f"![{alt}](figures/{file})", "", f"*Figure {number}. {caption}*", ""]
 
 
-def write_report(out: str | os.PathLike, results: StudyResults | None = None) -> Path:
+def write_report(out: str | os.PathLike, results: StudyResults | None = None, figures: bool = True) -> Path:
     """Write report.md, report.html and figures into ``out``; return report.md.
 
     ``results``: the study's results as the study holds them (:func:`~timm_posgeom.app.study.run_study` passes
     them down); None reads ``out/results.json`` (``posgeom report``). The page: a title and a table saying what
     the study varied (preset, init, width, depth, grid, overrides, seeds, data identity), a table of contents,
     the claims, then each table with the figure that illustrates it, captioned (what is drawn, what the bands
-    are), and provenance last."""
+    are), and provenance last. ``figures=False`` draws none and shows those already in ``out/figures`` (the page
+    alone, rendered again from the records)."""
     out = Path(out)
     if results is None:
         results = StudyResults.read(out / "results.json")
     if not results.runs:
         raise ValueError(f"{out / 'results.json'} has no finished runs yet")
-    drawn = _draw_figures(out, results)
+    drawn = _draw_figures(out, results) if figures else _figures_present(out)
     title, varied = report_header(results)
     body = _with_figures(
         _claims_table(evaluate_claims(results))
@@ -422,9 +423,14 @@ def _draw_figures(out: Path, results: StudyResults) -> set[str]:
     ):
         if draw(results, figs / f"{name}.png"):
             drawn.add(name)
-    if fig_similarity_maps(out, results, figs / "similarity_maps.png"):
-        drawn.add("similarity_maps")
+    if fig_similarity_maps(out, results, figs / "similarity_maps.png") or (figs / "similarity_maps.png").is_file():
+        drawn.add("similarity_maps")  # drawn from the runs' maps.pt, which live outside git: a drawn one stays
     return drawn
+
+
+def _figures_present(out: Path) -> set[str]:
+    """The report's figures already drawn into ``out/figures``."""
+    return {name for _, name, _, _ in _FIGURES if (out / "figures" / f"{name}.png").is_file()}
 
 
 _SEEDS = "mean ± std over seeds (zero width with one seed)"
