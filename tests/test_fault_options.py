@@ -409,33 +409,10 @@ def _dests(command: str) -> set[str]:
 
 def _flag_cases(command: str, flags: dict[str, tuple]) -> Iterator[Any]:
     for flag in flags:
-        yield pytest.param(flag, id=f"{command} {flag}")
+        yield pytest.param(command, flag, id=f"{command} {flag}")
 
 
-def test_every_flag_of_the_zoo_is_a_measuring_setting_or_its_own():
-    """A new flag of posgeom zoo must be mapped (ZOO_FLAGS, checked below) or declared the zoo's own."""
-    flags = {a.dest for a in _parser("zoo")._actions if any(o in ZOO_FLAGS for o in a.option_strings)}
-    assert _dests("zoo") - flags - ZOO_OWN == set()
-
-
-@pytest.mark.parametrize("flag", list(_flag_cases("zoo", ZOO_FLAGS)))
-def test_every_zoo_flag_lands_in_the_protocol(flag):
-    from timm_posgeom.cli.main import build_parser
-    from timm_posgeom.cli.zoo import _config
-    from timm_posgeom.defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
-
-    value, setting, due = ZOO_FLAGS[flag]
-    if setting == "shifts":
-        due = (*PAPER_SHIFTS, *IMAGENET_C_JPEG_BLUR)
-    args = build_parser().parse_args(["zoo", "M", "--data", "synthetic", flag, *([value] if value else [])])
-    default = getattr(
-        _config(build_parser().parse_args(["zoo", "M", "--data", "synthetic"]), "off").protocol(), setting
-    )
-    got = getattr(_config(args, "off").protocol(), setting)
-    outcome = "right" if got == due and default != due else "silent_wrong"
-    judge("options", outcome, "right", f"{flag} {value}: protocol {setting}={got!r}, due {due!r}")
-
-
+# posgeom study's flags that are not measuring settings
 STUDY_OWN = {
     "help", "preset", "data", "num_seeds", "conditions", "heldout", "out", "resume", "allow_changes", "dry_run",
     "overrides", "init", "train_split", "val_split", "data_config", "revision", "streaming", "bad_images",
@@ -449,24 +426,38 @@ STUDY_FLAGS = {
     "--shift-size": ("96", "shift_size", 96),
     "--device": ("cpu", "device", "cpu"),
 }
+COMMANDS = {  # command -> (its own flags, its measuring flags, the argv before them)
+    "zoo": (ZOO_OWN, ZOO_FLAGS, ["zoo", "M", "--data", "synthetic"]),
+    "study": (STUDY_OWN, STUDY_FLAGS, ["study", "--preset", "demo"]),
+}
 
 
-def test_every_flag_of_the_study_is_a_measuring_setting_or_its_own():
-    flags = {a.dest for a in _parser("study")._actions if any(o in STUDY_FLAGS for o in a.option_strings)}
-    assert _dests("study") - flags - STUDY_OWN == set()
-
-
-@pytest.mark.parametrize("flag", list(_flag_cases("study", STUDY_FLAGS)))
-def test_every_study_flag_lands_in_the_protocol(flag):
+def _protocol(argv: list[str]) -> Any:
+    """The protocol posgeom ARGV measures with (the study's of an APE run)."""
+    from timm_posgeom.cli import study, zoo
     from timm_posgeom.cli.main import build_parser
-    from timm_posgeom.cli.study import _config
+
+    args = build_parser().parse_args(argv)
+    return zoo._config(args, "off").protocol() if argv[0] == "zoo" else study._config(args).protocol("ape")
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_flag_is_a_measuring_setting_or_the_commands_own(command):
+    """A new flag of posgeom zoo or study must be mapped (*_FLAGS, checked below) or declared the command's own."""
+    own, mapped, _ = COMMANDS[command]
+    flags = {a.dest for a in _parser(command)._actions if any(o in mapped for o in a.option_strings)}
+    assert _dests(command) - flags - own == set()
+
+
+@pytest.mark.parametrize("command, flag", [*_flag_cases("zoo", ZOO_FLAGS), *_flag_cases("study", STUDY_FLAGS)])
+def test_every_measuring_flag_lands_in_the_protocol(command, flag):
     from timm_posgeom.defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
 
-    value, setting, due = STUDY_FLAGS[flag]
+    _, flags, argv = COMMANDS[command]
+    value, setting, due = flags[flag]
     if setting == "shifts":
         due = (*PAPER_SHIFTS, *IMAGENET_C_JPEG_BLUR)
-    args = build_parser().parse_args(["study", "--preset", "demo", flag, *([value] if value else [])])
-    default = getattr(_config(build_parser().parse_args(["study", "--preset", "demo"])).protocol("ape"), setting)
-    got = getattr(_config(args).protocol("ape"), setting)
+    default = getattr(_protocol(argv), setting)
+    got = getattr(_protocol([*argv, flag, *([value] if value else [])]), setting)
     outcome = "right" if got == due and default != due else "silent_wrong"
-    judge("options", outcome, "right", f"{flag} {value}: protocol {setting}={got!r}, due {due!r}")
+    judge("options", outcome, "right", f"{command} {flag} {value}: protocol {setting}={got!r}, due {due!r}")
