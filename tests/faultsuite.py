@@ -42,6 +42,7 @@ CLASSES = {
     "empty": "empty values",
     "io": "output and input failures",
     "loss": "nothing destroyed",
+    "options": "options dropped on the way",
 }
 TALLY: dict[str, Counter] = {name: Counter() for name in CLASSES}
 

@@ -211,11 +211,12 @@ STUDY = ["ssdc", "attention", "fragility", "sweep"]
 
 @pytest.fixture(scope="module")
 def study_numbers_by_batch(tmp_path_factory):
-    """The study's measuring functions (app/study/measure.py) on one model at batch 1, 3 and 6."""
-    from timm_posgeom.app.records import RunEval
+    """The study's measuring (its protocol through measure_model, app/study/measure.py's records) of one model at
+    batch 1, 3 and 6."""
     from timm_posgeom.app.study import measure as M
     from timm_posgeom.app.study import preset_config
     from timm_posgeom.data import load_split
+    from timm_posgeom.protocol import measure_model
 
     root = tmp_path_factory.mktemp("study-batches")
     val = load_split(_folder(root / "data"), "validation")
@@ -226,25 +227,17 @@ def study_numbers_by_batch(tmp_path_factory):
     numbers = {}
     for batch in (1, 3, 6):
         config = replace(
-            preset_config("demo"),
-            batch_size=batch,
-            rpi_permutations=2,
-            probe_images=12,
-            alphas=(1.0, 0.5),
-            eval_images=None,
-            sweep_images=None,
+            preset_config("demo"), batch_size=batch, rpi_permutations=2, probe_images=12, alphas=(1.0, 0.5)
         )
-        m = M.Measuring(config=config, val=val, settings={}, versions={}, log=lambda s: None)
-        evals = RunEval()
-        M._fragility(evals, model, m)
+        config = replace(config, max_images=None, sweep_images=None)
+        measured = measure_model(model, val, config.protocol("sincos"), parts=("fragility", "alpha_sweep"))
         ssdc = M.ssdc_summary(model, val, config, None)
         att = M.attention_summary(model, val, config)
-        sweep = M._sweep(model, m)
         numbers[batch] = {
             "ssdc": [*ssdc.per_layer, *ssdc.rpi_per_layer, ssdc.rpi_delta],
             "attention": [v for rows in (att.mean_distance, att.rpi_entropy) for row in rows for v in row],
-            "fragility": [evals.clean_accuracy, *evals.fs.values()],
-            "sweep": [*sweep.delta_ssdc, *sweep.fs["jpeg:5"]],
+            "fragility": [measured.fragility.clean_accuracy, *measured.fragility.fs.values()],
+            "sweep": [*measured.alpha_sweep.delta_ssdc, *measured.alpha_sweep.fs["jpeg:5"]],
         }
     return numbers
 

@@ -150,7 +150,7 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     assert preset_config("demo").shift_size is None and preset_config("in100").shift_size is None
     # the Imagenette presets read the folder the fastai archive unpacks to (docs/guide.md), not a developers' path
     assert {preset_config(p).data for p in ("imagenette-cpu", "imagenette-cpu-14")} == {"imagenette2-320"}
-    config = preset_config("demo", shift_size=96, eval_images=8, batch_size=4)
+    config = preset_config("demo", shift_size=96, max_images=8, batch_size=4)
     val = load_split("synthetic", "validation", synthetic_size=8)
     assert eval_settings(config, val)["shift_size"] == 96 and PART_SETTINGS["shift_size"] == "fragility_at_size"
     torch.manual_seed(0)

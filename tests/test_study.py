@@ -43,7 +43,7 @@ def _tiny(conditions=("nope", "ape", "sincos", "rope", "rpt")):
     config = preset_config(
         "demo",
         conditions=tuple(conditions),
-        eval_images=48,
+        max_images=48,
         probe_images=24,
         sweep_images=24,
         alphas=(1.0, 0.0),
@@ -89,7 +89,7 @@ def test_demo_study_end_to_end(demo_study):
     assert results.versions["timm"] and results.config["preset"] == "demo"
     for run in results.runs:  # each run records what trained it and what measured it
         assert run.train.versions == results.versions and run.eval.versions == [results.versions]
-    # measured on synthetic_val_size images (not the training runs' 120 // 5 = 24): fragility on eval_images
+    # measured on synthetic_val_size images (not the training runs' 120 // 5 = 24): fragility on max_images
     assert results.eval_data["images"] == 60 and {r.eval.num_images for r in results.runs} == {48}
     # what was written is what was returned: one schema, read back through the records
     assert StudyResults.read(out / "results.json").to_dict() == results.to_dict()
@@ -501,7 +501,7 @@ def test_resume_on_other_data_under_the_same_path_is_refused(tmp_path):
         "demo",
         data=str(data),
         conditions=("nope",),
-        eval_images=8,
+        max_images=8,
         probe_images=8,
         sweep_images=8,
         alphas=(1.0, 0.0),
@@ -658,6 +658,6 @@ def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_m
         "train_split=train",
         "val_split=validation",
     } <= set(config.train_overrides)
-    assert (config.eval_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
+    assert (config.max_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
     with pytest.raises(ValueError, match="--set max_val_images=... and --max-images both set max_val_images"):
         _config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))

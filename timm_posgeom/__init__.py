@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     # for the submodule)
     from .probes.attention_measures import attention_measures
     from .probes.cka import cka
+    from .protocol import Measurement, Protocol, ProtocolError, measure_model, measure_names, register_measure
     from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
@@ -103,6 +104,13 @@ __all__ = [
     # how every measurement reads its images and where it runs
     "MeasureSettings",
     "MeasureSettingsError",
+    # one protocol, one measuring function (study, zoo and command line alike)
+    "Protocol",
+    "ProtocolError",
+    "measure_model",
+    "Measurement",
+    "register_measure",
+    "measure_names",
     # robustness
     "JPEG",
     "GaussianBlur",
@@ -154,6 +162,9 @@ _LAZY = {
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
     **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
+    **dict.fromkeys(
+        ("Measurement", "Protocol", "ProtocolError", "measure_model", "measure_names", "register_measure"), "protocol"
+    ),
     **dict.fromkeys(
         (
             "SSDCResult",

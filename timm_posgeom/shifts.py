@@ -65,8 +65,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
+from .defaults import PAPER_SHIFTS, SPEC_FORMS
 from .errors import MissingDependencyError, one_line
-from .protocol import PAPER_SHIFTS, SPEC_FORMS
 from .synthetic import seed32
 
 __all__ = [

@@ -38,6 +38,9 @@ reads; files are written with ``SCHEMA_VERSION``):
   per-epoch evaluations read: ``validation`` or ``heldout``), ``monitor_images`` and ``monitor_top1``;
   :class:`HistoryPoint` gains ``monitor`` and ``heldout_top1``; :class:`RunEval` gains ``fragility_at_size``
   (:class:`FragilityAtSize`). Older records have None: monitored on the validation split, not measured.
+* 7: the protocol's optional measures (:func:`timm_posgeom.protocol.register_measure`) without a place of their
+  own: :class:`ZooModel` and :class:`RunEval` gain ``measures`` (registry name -> the measure's ``to_dict()``).
+  Older records have None: none measured.
 
 Files are written through
 :func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
@@ -78,8 +81,8 @@ __all__ = [
     "ZooIndex",
 ]
 
-SCHEMA_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # older versions whose records this one reads (new keys take their defaults)
+SCHEMA_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)  # older versions whose records this one reads (new keys take their defaults)
 R = TypeVar("R", bound="Record")
 Num = typing.Optional[float]  # a number, or None for NaN
 
@@ -321,6 +324,8 @@ class RunEval(Record):
     # schema 6: fragility with the shifts at the study's shift_size, beside the model-input numbers above (which
     # stay: clean_accuracy, accuracy, fs); None: not measured (no shift_size)
     fragility_at_size: FragilityAtSize | None = None
+    # schema 7: the study's optional measures beyond attention (StudyConfig.extras), name -> the result's to_dict()
+    measures: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -446,6 +451,8 @@ class ZooModel(Record):
     rpi_ssdc_mean_ci: list[Num] | None = None
     rpi_delta_ssdc_ci: list[Num] | None = None
     clean_accuracy_ci: list[Num] | None = None  # Wilson 95% interval of clean_accuracy
+    # schema 7: the optional measures beyond attention and position (ZooConfig.extras), name -> its to_dict()
+    measures: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, values: Any, source: str = "record") -> ZooModel:

@@ -48,7 +48,8 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
         }
     ),
     # the StudyConfig of a study (plan.json) and the evaluation settings of its runs (eval.json)
-    "study": frozenset({"batch_size", "workers", "device", "seeds", "conditions", "accelerate_config"}),
+    # (``workers``: the former name of ``num_workers``, in studies started before the protocol's names)
+    "study": frozenset({"batch_size", "num_workers", "workers", "device", "seeds", "conditions", "accelerate_config"}),
     # the ZooConfig of a zoo (zoo.json and each model's record): these are not even recorded
     "zoo": frozenset({"batch_size", "num_workers", "device", "shared_decode", "streaming"}),
 }
@@ -67,8 +68,17 @@ LEGACY_KEYS: dict[str, dict[str, Any]] = {
         "heldout_fraction": 0.0,
         "heldout_seed": 0,
     },
-    # a zoo measured before --labels and --bad-images matched labels by name and refused bad images
-    "zoo": {"labels": "by-name", "bad_images": "error"},
+    # a zoo measured before --labels and --bad-images matched labels by name and refused bad images; one measured
+    # before its settings were the protocol's (timm_posgeom.protocol.Protocol) reduced SSDC to the mean map, swept
+    # alpha on max_images, and measured attention at every block on every probe image
+    "zoo": {
+        "labels": "by-name",
+        "bad_images": "error",
+        "reduction": "mean_map",
+        "sweep_images": None,
+        "attention_layers": None,
+        "attention_images": None,
+    },
 }
 
 

@@ -25,6 +25,11 @@ heavy imports happen in the commands' ``run()``.
 The same model and data flags, with the same defaults, and one loader (:func:`load_model_and_data`):
 every measuring command accepts the same data sources (a Hub id, a parquet folder, an ImageFolder
 tree, ``synthetic``) and preprocesses the same model the same way.
+
+The measuring flags are the :class:`~timm_posgeom.protocol.Protocol`'s settings, under its names (``--max-images``
+is ``max_images``, ``--rpi-permutations`` is ``rpi_permutations``...): :func:`protocol_options` maps the flags a
+command has to the protocol, in one place, for every measuring command (``tests/test_fault_options.py`` sets each one
+and finds it in the protocol, and in every library function it concerns).
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ import argparse
 import sys
 from typing import Any
 
-from ..protocol import PROBE_IMAGES, RPI_PERMUTATIONS, SPEC_FORMS
+from ..defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
+from ..protocol import PROBE_IMAGES, PROTOCOL_FIELDS, RPI_PERMUTATIONS, SPEC_FORMS, Protocol
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -259,11 +265,6 @@ def add_imagenet_c_jpeg_blur_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def imagenet_c_jpeg_blur(args: argparse.Namespace) -> bool:
-    """Whether --imagenet-c-jpeg-blur was given."""
-    return bool(args.imagenet_c_jpeg_blur)
-
-
 RPI_PERMUTATIONS_HELP = (
     f"RPI permutations (default {RPI_PERMUTATIONS}): every SSDC and attention number under RPI is "
     "the mean over K seeded permutations (seeds SEED .. SEED+K-1; an alpha sweep draws K afresh "
@@ -397,3 +398,60 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
     return model, data, device
+
+
+def parse_alphas(text: str) -> list[float]:
+    """``"1,0.9,0.5"`` -> [1.0, 0.9, 0.5]; each alpha a finite number >= 0."""
+    from ..pos.common import check_alpha
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"--alphas needs comma-separated numbers, got {text!r}")
+    return [check_alpha(p) for p in parts]
+
+
+def parse_extras(text: str) -> tuple[str, ...]:
+    """``"attention,position"`` -> ("attention", "position"); ``none`` (or nothing) -> ()."""
+    return tuple(e.strip() for e in text.split(",") if e.strip() and e.strip() != "none")
+
+
+# flags whose value is not the setting as parsed: read by protocol_options below
+_READ_APART = frozenset({"alphas", "shifts", "extras", "shift_size", "progress"})
+
+
+def protocol_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~timm_posgeom.protocol.Protocol` settings the measuring flags of ``args`` give, by their one name:
+    every flag whose destination is a setting's name (``--max-images``, ``--probe-images``, ``--rpi-permutations``,
+    ``--seed``, ``--site``, ``--resize``, ``--img-size``, ``--batch-size``, ``--num-workers``, ``--device``,
+    ``--labels``...), and ``--alphas A,B,..``, ``--shift SPEC`` (repeatable) / ``--imagenet-c-jpeg-blur`` (the
+    paper's shifts and ImageNet-C's JPEG and blur), ``--extras A,B`` (``none``), ``--shift-size PX`` (0: None),
+    ``--no-progress``. A flag the command lacks, or left at None, is left out: the command's default applies."""
+    values = {
+        name: getattr(args, name)
+        for name in PROTOCOL_FIELDS
+        if name not in _READ_APART and getattr(args, name, None) is not None
+    }
+    if isinstance(getattr(args, "alphas", None), str):
+        values["alphas"] = tuple(parse_alphas(args.alphas))
+    shifts = list(getattr(args, "shift", None) or ())
+    if getattr(args, "imagenet_c_jpeg_blur", False):
+        shifts = [*(shifts or PAPER_SHIFTS), *IMAGENET_C_JPEG_BLUR]
+    if shifts:
+        values["shifts"] = tuple(shifts)
+    if isinstance(getattr(args, "extras", None), str):
+        values["extras"] = parse_extras(args.extras)
+    if getattr(args, "shift_size", None) is not None:
+        if args.shift_size < 0:
+            raise ValueError(
+                f"--shift-size must be a size in px >= 1, or 0 (at the model's input), got {args.shift_size}"
+            )
+        values["shift_size"] = args.shift_size or None
+    if hasattr(args, "no_progress"):
+        values["progress"] = not args.no_progress
+    return values
+
+
+def protocol_from_args(args: argparse.Namespace, **defaults: Any) -> Protocol:
+    """The :class:`~timm_posgeom.protocol.Protocol` of a measuring command: ``defaults`` (the command's own), then
+    every setting its flags give (:func:`protocol_options`); ProtocolError (one line) for a setting none can use."""
+    return Protocol(**{**defaults, **protocol_options(args)})

@@ -14,9 +14,9 @@ from ._options import (
     add_imagenet_c_jpeg_blur_arg,
     add_renamed_arg,
     add_rpi_permutations_arg,
-    imagenet_c_jpeg_blur,
+    protocol_options,
 )
-from ._protocol_options import add_heldout_arg, add_shift_size_arg
+from ._protocol_options import add_heldout_arg, add_shift_size_arg, shift_size
 from .train import add_recipe_data_args, recipe_flag_overrides
 
 # the recipe keys the flags of a study set in every training run (--probe-images is the study's own SSDC count)
@@ -103,45 +103,45 @@ def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _protocol_settings(config: Any, args: argparse.Namespace) -> None:
-    """--shift-size into ``config`` (0: none); --heldout is checked as a recipe checks it."""
-    from ._protocol_options import shift_size
+def _measuring(args: argparse.Namespace) -> dict[str, Any]:
+    """The study's measuring settings from its flags, by their protocol names
+    (:func:`~timm_posgeom.cli._options.protocol_options`): ``--max-images`` bounds every measurement (the probe and
+    the sweep within it, below the preset's counts), ``--imagenet-c-jpeg-blur`` is recorded as ``imagenet_c``."""
+    from ..app.study import PRESETS
 
-    if args.shift_size is not None:
-        config.shift_size = shift_size(args)
-    if args.heldout is not None and not 0 <= args.heldout < 1:
-        raise ValueError(f"--heldout must be in [0, 1), got {args.heldout}")
+    measuring = protocol_options(args)
+    measuring.pop("shift_size", None)  # 0 (none) must replace the preset's: set after the preset, by run's _config
+    if measuring.pop("shifts", None):
+        measuring["imagenet_c"] = True
+    if args.max_images is not None:  # all the work: the training runs' splits and every measurement
+        preset = PRESETS.get(args.preset, {})
+        probe = args.probe_images or preset.get("probe_images") or 1000
+        measuring.update(
+            probe_images=min(probe, args.max_images),
+            sweep_images=min(preset.get("sweep_images") or args.max_images, args.max_images),
+        )
+    return measuring
 
 
 def _config(args: argparse.Namespace) -> Any:
     """The :class:`~timm_posgeom.app.study.StudyConfig` of the preset and the flags."""
-    from ..app.study import PRESETS, preset_config
+    from ..app.study import preset_config
 
+    if args.heldout is not None and not 0 <= args.heldout < 1:
+        raise ValueError(f"--heldout must be in [0, 1), got {args.heldout}")
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
-    images: dict[str, Any] = {}
-    if args.max_images is not None:  # all the work: the training runs' splits and every measurement
-        preset = PRESETS.get(args.preset, {})
-        probe = args.probe_images or preset.get("probe_images") or 1000
-        images = dict(
-            eval_images=args.max_images,
-            probe_images=min(probe, args.max_images),
-            sweep_images=min(preset.get("sweep_images") or args.max_images, args.max_images),
-        )
-    elif args.probe_images is not None:
-        images = dict(probe_images=args.probe_images)
     config = preset_config(
         args.preset,
         data=args.data,
         seeds=args.num_seeds,
         conditions=conditions,
-        imagenet_c=imagenet_c_jpeg_blur(args) or None,
         init=args.init,
-        rpi_permutations=args.rpi_permutations,
-        device=args.device,
         heldout_fraction=args.heldout,
-        **images,
+        **_measuring(args),
     )
-    _protocol_settings(config, args)
+    if args.shift_size is not None:  # 0: none, replacing the preset's
+        config.shift_size = shift_size(args)
+        config.protocol()
     # the study sets these after --set
     owned = {"seed": "--num-seeds", "data": "--data", "model_kwargs.init": "--init", "heldout_fraction": "--heldout"}
     for item in args.overrides or []:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..protocol import DEFAULT_ALPHAS
-from ._options import (
+from ._options import (  # noqa: F401  (parse_alphas: its old home, still importable)
     add_data_args,
     add_labels_arg,
     add_model_args,
@@ -22,18 +22,9 @@ from ._options import (
     add_run_args,
     add_shift_arg,
     add_site_arg,
+    parse_alphas,
 )
 from ._runner import run_measurement
-
-
-def parse_alphas(text: str) -> list[float]:
-    """``"1,0.9,0.5"`` -> [1.0, 0.9, 0.5]; each alpha a finite number >= 0."""
-    from ..pos.common import check_alpha
-
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise ValueError(f"--alphas needs comma-separated numbers, got {text!r}")
-    return [check_alpha(p) for p in parts]
 
 
 def add_parser(subparsers) -> None:

@@ -28,7 +28,7 @@ from ._options import (
     add_site_arg,
     add_split_args,
     check_counts,
-    imagenet_c_jpeg_blur,
+    protocol_options,
 )
 
 
@@ -178,37 +178,22 @@ def _names(args: argparse.Namespace, pretrained: str) -> list[str]:
 
 
 def _config(args: argparse.Namespace, pretrained: str) -> Any:
-    """The :class:`~timm_posgeom.app.zoo.ZooConfig` of the flags."""
+    """The :class:`~timm_posgeom.app.zoo.ZooConfig` of the flags: the measuring flags by their protocol names
+    (:func:`~timm_posgeom.cli._options.protocol_options`), then the zoo's own."""
     from ..app.zoo import ZooConfig
-    from ..shifts import IMAGENET_C, PAPER_SHIFTS, imagenet_c_shifts
-    from .sweep import parse_alphas
 
-    shifts = list(PAPER_SHIFTS) + (
-        imagenet_c_shifts(list(IMAGENET_C)) if imagenet_c_jpeg_blur(args) else []
-    )  # its JPEG and blur, severities 1-5
+    measuring = protocol_options(args)
+    measuring.pop("progress")  # how it runs, not what it measures: run_zoo's own
     return ZooConfig(
         data=args.data,
         split=args.split,
-        max_images=args.max_images,
-        probe_images=args.probe_images,
-        site=args.site,
-        resize=args.resize,
-        img_size=args.img_size,
         pretrained=pretrained,
-        shifts=tuple(shifts),
-        alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None,
-        seed=args.seed,
-        **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        device=args.device,
         shared_decode=not args.decode_per_model,
         data_config=args.data_config,
         revision=args.revision,
         streaming=args.streaming,
-        labels=args.labels,
         bad_images=args.bad_images,
-        extras=tuple(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "none"),
+        **measuring,
     )
 
 

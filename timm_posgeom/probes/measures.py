@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
+from ..defaults import rpi_count
 from ..errors import NonFiniteWarning, nonfinite_message
 from ..intervals import t_interval
 from ..interventions import (
@@ -38,7 +39,6 @@ from ..interventions import (
 )
 from ..jsonio import dump_json, tagged
 from ..measuring import MeasureSettings
-from ..protocol import rpi_count
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites

@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from .. import distributed as _dist
+from ..defaults import JACKKNIFE_GROUPS, rpi_count
 from ..interventions import (
     TokenPermutationError,
     check_unpermuted,
@@ -37,7 +38,6 @@ from ..interventions import (
     token_permutation,
 )
 from ..measuring import DISTRIBUTED_MODES, MeasureSettings
-from ..protocol import JACKKNIFE_GROUPS, rpi_count
 from .accumulator import MAX_GRID_TOKENS, _Accumulator, _Moments
 from .result import SSDCResult
 from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site

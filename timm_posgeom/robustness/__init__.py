@@ -35,7 +35,7 @@ importable from here.
 
 from __future__ import annotations
 
-from ..protocol import DEFAULT_ALPHAS
+from ..defaults import DEFAULT_ALPHAS
 from ..scores import FragilityResult, fragility_score, paired_bootstrap_fs, wilson_interval
 from .fragility_eval import (  # noqa: F401  (the private helpers: their old home, still importable)
     _forward_in_pieces,

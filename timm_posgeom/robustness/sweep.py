@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
+from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..errors import require
 from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import pe_scale
@@ -25,7 +26,6 @@ from ..labels import match_labels
 from ..measuring import MeasureSettings
 from ..probes.result import SSDCResult
 from ..probes.streaming import _model_name
-from ..protocol import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..scores import FragilityResult
 from ..shifts import Shift, parse_shift
 from .fragility_eval import _model_device, fragility

@@ -14,9 +14,11 @@ each model starts from fresh memory, resumable from its checkpoints) and ``eval.
 * attention per head (mean distance, entropy, SSDC) at a few layers, normal and under RPI;
 * the SSDC of the same architecture untrained (the paper's static prior).
 
-The study goes one way down: :mod:`.config` (what a study does, the presets) -> :mod:`.plan` (every run
-with its recipe, built once) -> per run :mod:`.training` -> :mod:`.measure` -> a record, then
-:mod:`timm_posgeom.app.report` from the results in memory (:mod:`.runner`).
+The study goes one way down: :mod:`.config` (what a study does, the presets, its protocol) -> :mod:`.plan`
+(every run with its recipe, built once) -> per run :mod:`.training` -> :mod:`.measure` (the parts ``eval.json``
+lacks, each by :func:`timm_posgeom.protocol.measure_model` under ``StudyConfig.protocol()``, the zoo's
+measuring function) -> a record, then :mod:`timm_posgeom.app.report` from the results in memory
+(:mod:`.runner`).
 
 Every stage's result is written as soon as it exists, so an interrupted study resumes where it
 stopped (``--resume``). ``results.json`` collects every number with the exact configuration,

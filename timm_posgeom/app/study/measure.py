@@ -1,25 +1,26 @@
-"""The study's measuring step: a trained run's fragility, SSDC across depth (normal and under RPI), alpha
-sweep and attention per head, each part written to ``eval.json`` as soon as it exists; and the same
-architecture's SSDC untrained (the paper's static prior)."""
+"""The study's measuring step: each part of a trained run's measurement (:func:`timm_posgeom.protocol.measure_model`
+under the study's protocol, ``StudyConfig.protocol``) written to ``eval.json`` as soon as it exists, a resume
+measuring only the parts missing; and the same architecture's SSDC untrained (the paper's static prior). This
+module plans, resumes, fingerprints and writes: the numbers are the library's."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ...errors import PosgeomError
 from ...jsonio import to_jsonable, write_errors
+from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
 from ..records import AttentionSummary, RunEval, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
-from .config import PART_SETTINGS, SWEPT, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
-from .fragility_at_size import fragility_at_size
+from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
+from .fragility_at_size import at_size_record
 from .plan import PlannedRun
 
 __all__ = [
@@ -36,11 +37,11 @@ __all__ = [
     "ssdc_summary",
 ]
 
-# Attention per head is measured at this many blocks, spread evenly from the first to the last, on the first
-# of the SSDC probe images (at most ATTENTION_IMAGES): a few layers and a few hundred images keep it cheap and
-# still show how the heads' reach changes with depth.
-ATTENTION_LAYERS = 4
-ATTENTION_IMAGES = 256
+# The study's attention per head (StudyConfig's defaults): at this many blocks spread evenly from the first to
+# the last, on the first of the SSDC probe images (at most ATTENTION_IMAGES).
+ATTENTION_LAYERS = StudyConfig.attention_layers
+ATTENTION_IMAGES = StudyConfig.attention_images
+ATTENTION = ("attention", "attention_rpi")  # the optional measures eval.json keeps as its ``attention``
 
 
 @dataclass
@@ -64,7 +65,7 @@ def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
         dict(
             data=config.data or "synthetic",
             val_images=len(val),
-            eval_images=config.eval_images,
+            max_images=config.max_images,
             probe_images=config.probe_images,
             sweep_images=config.sweep_images,
             alphas=config.alphas,
@@ -79,46 +80,83 @@ def eval_settings(config: StudyConfig, val: Any) -> dict[str, Any]:
 
 
 def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
-    """Fragility, SSDC, (for PE models) the alpha sweep, and attention per head of a trained run; each part
-    is written to ``eval.json`` as soon as it exists, and a resumed study skips the parts already there."""
+    """Fragility, SSDC, (for PE models) the alpha sweep, attention per head and the other optional measures of a
+    trained run; each part is written to ``eval.json`` as soon as it exists, and a resumed study measures only the
+    parts not there yet."""
     from ...factory import create_model
 
     eval_path = run.run_dir / "eval.json"
     evals = _open_eval(eval_path, run, m)
-
-    def measured() -> None:  # a part was measured now: with this invocation's versions
-        # an eval.json from before versions were kept (None) stays "not recorded": its earlier parts were not
-        if evals.versions is not None and m.versions not in evals.versions:
-            evals.versions.append(m.versions)
-        evals.write(eval_path)
-
     model = create_model(f"local-dir:{run.run_dir / 'export'}").eval()
-    if evals.fs is None:
-        m.log(f"[{run.run_dir.name}] fragility")
-        _fragility(evals, model, m)
-        measured()
-    if m.config.shift_size and evals.fragility_at_size is None:
-        m.log(f"[{run.run_dir.name}] fragility, the shifts at {m.config.shift_size} px")
-        evals.fragility_at_size = fragility_at_size(model, m.val, m.config)
-        measured()
-    if evals.ssdc is None:
-        m.log(f"[{run.run_dir.name}] SSDC across depth, normal and under RPI")
-        evals.ssdc = ssdc_summary(model, m.val, m.config, run.run_dir / "maps.pt")
-        measured()
-    if run.condition in SWEPT and evals.alpha_sweep is None:
-        kept = m.kept_fs.pop(run.run_dir, None)
-        m.log(
-            f"[{run.run_dir.name}] alpha sweep {list(m.config.alphas)}"
-            + (" (delta SSDC under RPI; FS kept: it does not depend on the permutations)" if kept else "")
-        )
-        evals.alpha_sweep = _sweep(model, m, kept)
-        measured()
-    if evals.attention is None:
-        m.log(f"[{run.run_dir.name}] attention per head")
-        evals.attention = attention_summary(model, m.val, m.config, m.log)
-        if evals.attention is not None:
-            measured()
+    protocol = m.config.protocol(run.condition)
+    kept = m.kept_fs.pop(run.run_dir, None)
+    if kept is not None and list(kept.alphas) != list(protocol.alphas):  # other alphas: the FS kept does not apply
+        kept = None
+    for part, parts in _missing(evals, protocol, kept is not None):
+        m.log(f"[{run.run_dir.name}] {_WHAT.get(part, part)}")
+        measured = measure_model(model, m.val, protocol, parts=parts)
+        for note in measured.notes:
+            m.log(f"[{run.run_dir.name}] {note}")
+        if _record(evals, part, measured, run, kept):
+            # an eval.json from before versions were kept (None) stays "not recorded": its earlier parts were not
+            if evals.versions is not None and m.versions not in evals.versions:
+                evals.versions.append(m.versions)
+            evals.write(eval_path)
     return evals
+
+
+_WHAT = {
+    "fragility": "fragility",
+    "fragility_at_size": "fragility, the shifts at the study's shift_size",
+    "ssdc": "SSDC across depth, normal and under RPI",
+    "alpha_sweep": "alpha sweep",
+    "attention": "attention per head",
+}
+
+
+def _missing(evals: RunEval, protocol: Protocol, kept_fs: bool) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(the eval.json part, the measure_model parts that make it) of every part the record lacks, in order."""
+    if evals.fs is None:
+        yield "fragility", ("fragility",)
+    if protocol.shift_size and evals.fragility_at_size is None:
+        yield "fragility_at_size", ("fragility_at_size",)
+    if evals.ssdc is None:
+        yield "ssdc", ("ssdc",)
+    if protocol.alphas and evals.alpha_sweep is None:  # FS kept: the sweep's SSDC under RPI alone
+        yield "alpha_sweep", ("sweep_ssdc",) if kept_fs else ("alpha_sweep",)
+    attention = tuple(e for e in protocol.extras if e in ATTENTION)
+    if attention and evals.attention is None:
+        yield "attention", attention
+    for name in protocol.extras:
+        if name not in ATTENTION and (evals.measures or {}).get(name) is None:
+            yield name, (name,)
+
+
+def _record(evals: RunEval, part: str, measured: Measurement, run: PlannedRun, kept: SweepSummary | None) -> bool:
+    """Put ``part`` of ``measured`` into ``evals``; False when it was not measured (the notes say why)."""
+    if part == "fragility":
+        if measured.fragility is None:  # a trained run's labels are its data's: a mismatch is the data's fault
+            raise StudyError(f"{run.run_dir}: {'; '.join(measured.notes)}")
+        res = measured.fragility
+        evals.clean_accuracy, evals.accuracy, evals.fs = res.clean_accuracy, dict(res.accuracy), dict(res.fs)
+        evals.fs_interval = {k: list(v) for k, v in res.fs_interval.items()}
+        evals.num_images = res.num_images
+        return True
+    if part == "fragility_at_size":
+        at_size = measured.fragility_at_size
+        evals.fragility_at_size = None if at_size is None else at_size_record(at_size, measured.protocol)
+    elif part == "ssdc":
+        evals.ssdc = _ssdc_record(measured, run.run_dir / "maps.pt")
+    elif part == "alpha_sweep":
+        evals.alpha_sweep = _sweep_record(measured, kept)
+    elif part == "attention":
+        evals.attention = _attention_record(measured)
+    else:  # another optional measure of the registry: its result whole
+        if part not in measured.extras:
+            return False
+        evals.measures = {**(evals.measures or {}), part: to_jsonable(measured.extras[part].to_dict())}
+        return True
+    return getattr(evals, part) is not None
 
 
 def eval_changes(run: PlannedRun, m: Measuring) -> tuple[RunEval, str, dict[str, tuple[Any, Any]]]:
@@ -181,8 +219,9 @@ def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
         set_aside(eval_path, m.log)
         parts = sorted({PART_SETTINGS[key] for key in changed})
         m.log(f"[{run.run_dir.name}] {describe_changes(changed)}: {', '.join(parts)} measured again, the rest kept")
-        if evals.alpha_sweep is not None and "alpha_sweep" in parts and evals.alpha_sweep.fs_interval is not None:
-            m.kept_fs[run.run_dir] = evals.alpha_sweep  # the same alphas, shifts and images: only the RPI part moves
+        same_fs = not {"alphas", "sweep_images"} & set(changed)  # the same alphas and images: only the RPI part moves
+        if evals.alpha_sweep is not None and same_fs and "alpha_sweep" in parts and evals.alpha_sweep.fs_interval:
+            m.kept_fs[run.run_dir] = evals.alpha_sweep
         for part in parts:
             setattr(evals, part, None)
         evals.settings = settings
@@ -199,139 +238,30 @@ def _open_eval(eval_path: Path, run: PlannedRun, m: Measuring) -> RunEval:
     return evals
 
 
-def _fragility(evals: RunEval, model: torch.nn.Module, m: Measuring) -> None:
-    """Clean accuracy, accuracy and FS per shift (with their intervals) into ``evals``."""
-    from ... import robustness
-    from ...shifts import IMAGENET_C
-
-    config = m.config
-    shifts = list(config.shifts)
-    if config.imagenet_c:
-        shifts += [f"imagenet-c:{name}:{s}" for name in IMAGENET_C for s in range(1, 6)]
-    res = robustness.fragility(
-        model,
-        m.val,
-        shifts,
-        batch_size=config.batch_size,
-        max_images=config.eval_images,
-        num_workers=config.workers,
-        device=config.device,
-        progress=False,
-    )
-    evals.clean_accuracy, evals.accuracy, evals.fs = res.clean_accuracy, dict(res.accuracy), dict(res.fs)
-    evals.fs_interval = {k: list(v) for k, v in res.fs_interval.items()}
-    evals.num_images = res.num_images
-
-
-def _sweep(model: torch.nn.Module, m: Measuring, kept: SweepSummary | None = None) -> SweepSummary:
-    """The alpha sweep: delta SSDC under RPI and JPEG q5 FS per alpha. With ``kept`` (the run's former sweep,
-    measured with the same alphas, shifts and images under other RPI permutations), only the SSDC part is
-    measured (:func:`~timm_posgeom.robustness.sweep_ssdc`, the sweep's own code) and its FS kept."""
-    from ... import robustness
-
-    config = m.config
-    if kept is not None and list(kept.alphas) == [float(a) for a in config.alphas]:
-        from ...measuring import MeasureSettings
-
-        loader = _probe_loader(model, m.val, config)
-        ssdcs = robustness.sweep_ssdc(
-            model,
-            loader,
-            config.alphas,
-            settings=MeasureSettings(
-                seed=0,
-                rpi_permutations=config.rpi_permutations,
-                device=config.device,
-                progress=False,
-                max_images=config.probe_images,
-            ),
-        )
-        return SweepSummary(
-            alphas=list(kept.alphas),
-            delta_ssdc=[r.rise for r in ssdcs],
-            fs=kept.fs,
-            clean_accuracy=kept.clean_accuracy,
-            rpi_per_layer=[list(r.per_layer) for r in ssdcs],
-            fs_interval=kept.fs_interval,
-            rpi_permutations=config.rpi_permutations,
-            delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs],
-        )
-    sweep = robustness.alpha_sweep(
-        model,
-        m.val,
-        config.alphas,
-        shifts=("jpeg:5",),
-        probe_images=config.probe_images,
-        batch_size=config.batch_size,
-        max_images=config.sweep_images or config.eval_images,
-        num_workers=config.workers,
-        device=config.device,
-        progress=False,
-        seed=0,
-        rpi_permutations=config.rpi_permutations,
-    )
-    return SweepSummary(
-        alphas=list(sweep.alphas),
-        delta_ssdc=list(sweep.delta_ssdc),
-        fs=sweep.fs,
-        clean_accuracy=[r.clean_accuracy for r in sweep.rows],
-        rpi_per_layer=[list(r.ssdc_per_layer) for r in sweep.rows],
-        fs_interval={s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts},
-        rpi_permutations=config.rpi_permutations,
-        delta_ssdc_ci=[list(r.delta_ssdc_ci) for r in sweep.rows],
-    )
-
-
-def _probe_loader(model: torch.nn.Module, split: Any, config: StudyConfig, max_images: int | None = None) -> Any:
-    """The first ``probe_images`` (or ``max_images``) of ``split`` as the model reads them (the paper's resize)."""
-    from ...eval_data import eval_loader
-
-    return eval_loader(
-        model,
-        split,
-        max_images=max_images or config.probe_images,
-        batch_size=config.batch_size,
-        resize="paper",
-        num_workers=config.workers,
-    )
-
-
-def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
-    """SSDC across depth, normal and under RPI (both reductions) on the first ``probe_images``, each with its
-    95% interval: over images without RPI, over the ``config.rpi_permutations`` permutations under RPI (seeds
-    0 .. P-1, the protocol of :func:`~timm_posgeom.probes.probe_ssdc`; docs/method.md#rpi-and-rpt). The mean
-    maps of layers 0 and 1 (under RPI: of the first permutation) go to ``maps_path``."""
-    from ...probes import probe_ssdc
-
-    results, maps = {}, {}
-    for rpi in (False, True):
-        res = probe_ssdc(
-            model,
-            _probe_loader(model, split, config),
-            rpi=rpi,
-            seed=0,
-            reduction="both",
-            rpi_permutations=config.rpi_permutations,
-            device=config.device,
-            progress=False,
-        )
-        results[rpi] = res
+def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
+    """SSDC across depth, normal and under RPI (both reductions), each with its 95% interval: over images without
+    RPI, over the RPI permutations under RPI (docs/method.md#rpi-and-rpt). The mean maps of layers 0 and 1 (under
+    RPI: of the first permutation) go to ``maps_path``."""
+    normal, rpi = measured.ssdc, measured.ssdc_rpi
+    if normal is None or rpi is None:  # a trained ViT of the study can always be permuted
+        raise StudyError(f"SSDC not measured: {'; '.join(measured.notes)}")
+    maps = {}
+    for key, res in (("normal", normal), ("rpi", rpi)):
         if res.mean_maps is not None:
-            maps["rpi" if rpi else "normal"] = res.mean_maps[:2].clone()
-            if rpi and res.permutation is not None:
-                maps["permutation"] = res.permutation.clone()
+            maps[key] = res.mean_maps[:2].clone()
+    if rpi.permutation is not None and "rpi" in maps:
+        maps["permutation"] = rpi.permutation.clone()
     if maps_path is not None and maps:
         with write_errors(maps_path):  # a full disk: one line
             torch.save(maps, maps_path)
-    normal, rpi = results[False], results[True]
 
-    def means(res):
+    def means(res: Any) -> list[float] | None:
         return [s.mean for s in res.per_image] if res.per_image else None
 
-    def stds(res):
+    def stds(res: Any) -> list[float] | None:
         return [s.std for s in res.per_image] if res.per_image else None
 
-    def pairs(ci):
+    def pairs(ci: Any) -> list[list[float]] | None:
         return [list(c) for c in ci] if ci is not None else None
 
     return SSDCSummary(
@@ -340,7 +270,7 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
         rise=normal.rise,
         rpi_per_layer=list(rpi.per_layer),
         rpi_delta=rpi.rise if len(rpi.per_layer) >= 2 else None,
-        rpi_content_per_layer=list(rpi.content_per_layer),
+        rpi_content_per_layer=list(rpi.content_per_layer or []),
         per_image_mean=means(normal),
         per_image_std=stds(normal),
         rpi_per_image_mean=means(rpi),
@@ -354,45 +284,39 @@ def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_p
     )
 
 
-def attention_layers(depth: int, count: int = ATTENTION_LAYERS) -> list[int]:
-    """``count`` block indices spread evenly over ``depth`` blocks, the first and the last included (every
-    block when there are no more than ``count``)."""
-    if depth <= count:
-        return list(range(depth))
-    return sorted({round(k * (depth - 1) / (count - 1)) for k in range(count)})
+def _sweep_record(measured: Measurement, kept: SweepSummary | None) -> SweepSummary | None:
+    """The alpha sweep: delta SSDC under RPI and JPEG q5 FS per alpha. With ``kept`` (the run's former sweep,
+    measured with the same alphas, shifts and images under other RPI permutations) only the sweep's SSDC was
+    measured now, and its FS is kept."""
+    ssdcs, sweep, k = measured.sweep_ssdc, measured.alpha_sweep, measured.protocol.rpi_permutations
+    if ssdcs is None or (sweep is None and kept is None):
+        return None
+    return SweepSummary(
+        alphas=[float(a) for a in measured.protocol.alphas],
+        delta_ssdc=[r.rise for r in ssdcs],
+        fs=sweep.fs if sweep is not None else kept.fs,  # type: ignore[union-attr]
+        clean_accuracy=[r.clean_accuracy for r in sweep.rows] if sweep is not None else kept.clean_accuracy,  # type: ignore[union-attr]
+        rpi_per_layer=[list(r.per_layer) for r in ssdcs],
+        fs_interval=(
+            {s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts}
+            if sweep is not None
+            else kept.fs_interval  # type: ignore[union-attr]
+        ),
+        rpi_permutations=k,
+        delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs],
+    )
 
 
-def attention_summary(
-    model: torch.nn.Module, split: Any, config: StudyConfig, log: Callable[[str], None] = lambda s: None
-) -> AttentionSummary | None:
-    """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures)
-    at :func:`attention_layers` of the model, on the first ``probe_images`` (at most ``ATTENTION_IMAGES``),
-    normal and under RPI (the mean over ``config.rpi_permutations`` shared permutations, seeds 0 .. P-1), with
-    the function ``posgeom attention`` and the zoo use. None (said
-    through ``log``) for a model whose attention cannot be captured."""
-    from ...probes import attention_measures
-
-    def measure(rpi: bool) -> Any:
-        loader = _probe_loader(model, split, config, min(config.probe_images, ATTENTION_IMAGES))
-        return attention_measures(
-            model,
-            loader,
-            rpi=rpi,
-            seed=0,
-            layers=layers,
-            device=config.device,
-            progress=False,
-            rpi_permutations=config.rpi_permutations,
-        )
+def _attention_record(measured: Measurement) -> AttentionSummary | None:
+    """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures),
+    normal and under RPI (the mean over the RPI permutations); None for a model whose attention cannot be
+    captured (a note says why)."""
 
     def rows(values: Any) -> list[list[float | None]]:
         return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
 
-    layers = attention_layers(len(getattr(model, "blocks", [])))
-    try:
-        normal = measure(False)
-    except PosgeomError as e:  # an attention module the capture does not know
-        log(f"attention not measured: {e}")
+    normal, shuffled = measured.extras.get("attention"), measured.extras.get("attention_rpi")
+    if normal is None:
         return None
     summary = AttentionSummary(
         n_images=int(normal.settings["n_images"]),
@@ -402,15 +326,33 @@ def attention_summary(
         entropy=rows(normal.entropy),
         ssdc=rows(normal.ssdc),
     )
-    try:
-        shuffled = measure(True)
-    except PosgeomError as e:
-        log(f"attention under RPI not measured: {e}")
-    else:
+    if shuffled is not None:
         summary.rpi_mean_distance = rows(shuffled.mean_distance)
         summary.rpi_entropy, summary.rpi_ssdc = rows(shuffled.entropy), rows(shuffled.ssdc)
-        summary.rpi_permutations = config.rpi_permutations
+        summary.rpi_permutations = measured.protocol.rpi_permutations
     return summary
+
+
+def ssdc_summary(model: torch.nn.Module, split: Any, config: StudyConfig, maps_path: Path | None) -> SSDCSummary:
+    """SSDC across depth of ``model`` on ``split`` under the study's protocol (:func:`_ssdc_record`)."""
+    return _ssdc_record(measure_model(model, split, config.protocol(), parts=("ssdc",)), maps_path)
+
+
+def attention_layers(depth: int, count: int = ATTENTION_LAYERS or 4) -> list[int]:
+    """``count`` block indices spread evenly over ``depth`` blocks, the first and the last included (every
+    block when there are no more than ``count``): :func:`timm_posgeom.protocol.spread_layers`."""
+    return spread_layers(depth, count)
+
+
+def attention_summary(
+    model: torch.nn.Module, split: Any, config: StudyConfig, log: Callable[[str], None] = lambda s: None
+) -> AttentionSummary | None:
+    """Attention per head of ``model`` on ``split`` under the study's protocol (:func:`_attention_record`); None
+    (said through ``log``) for a model whose attention cannot be captured."""
+    measured = measure_model(model, split, config.protocol(), parts=ATTENTION)
+    for note in measured.notes:
+        log(note)
+    return _attention_record(measured)
 
 
 def untrained_ssdc(run: PlannedRun, m: Measuring, out: Path) -> SSDCSummary:
@@ -419,7 +361,10 @@ def untrained_ssdc(run: PlannedRun, m: Measuring, out: Path) -> SSDCSummary:
     import timm
 
     recipe = run.recipe
-    key = hashlib.sha1(json.dumps(dict(m.settings, recipe=recipe.to_dict()), sort_keys=True).encode()).hexdigest()[:10]
+    # the settings under the names the first studies recorded them with: the files of a study begun then are found
+    former = {new: old for old, new in RENAMED_SETTINGS.items()}
+    settings = {former.get(k, k): v for k, v in m.settings.items()}
+    key = hashlib.sha1(json.dumps(dict(settings, recipe=recipe.to_dict()), sort_keys=True).encode()).hexdigest()[:10]
     path = out / "untrained" / f"{run.condition}_s{run.seed}-{key}.json"  # other settings: another file
     if path.is_file():
         return SSDCSummary.read(path)

@@ -17,7 +17,9 @@ For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of 
   JPEG q5 FS per PE scale alpha).
 
 Each model runs at its own data config (input size, interpolation, mean / std:
-:func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given.
+:func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given. Every model is measured by
+:func:`timm_posgeom.protocol.measure_model` under the zoo's protocol (:meth:`ZooConfig.protocol`), the study's
+measuring function: the same model, data and protocol give the same numbers in both.
 
 Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.app.records.ZooModel` per model,
 written atomically as soon as the model is done), ``zoo.json`` (settings and model list),

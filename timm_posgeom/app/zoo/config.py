@@ -12,13 +12,10 @@ from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
-from ...labels import LABEL_POLICIES
-from ...protocol import RPI_PERMUTATIONS, probe_count, rpi_count
+from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, probe_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
@@ -32,7 +29,7 @@ SWEEP_SHIFTS = (JPEG_SHIFT,)  # the alpha sweep's shifts, as the study's
 PRETRAINED_MODES = ("auto", "on", "off")
 
 
-EXTRAS = ("attention", "position")  # measures beyond SSDC and fragility, each a group of columns
+EXTRAS = ("attention", "position")  # the default measures beyond SSDC and fragility, each a group of columns
 
 
 _NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
@@ -44,7 +41,9 @@ class ZooError(PosgeomError, RuntimeError):
 
 @dataclass
 class ZooConfig:
-    """What a zoo measures and how. ``settings()`` is what its records are compared on."""
+    """What a zoo measures and how. ``settings()`` is what its records are compared on; ``protocol()`` is how
+    each model is measured (:func:`timm_posgeom.protocol.measure_model`): every field named like a
+    :class:`~timm_posgeom.protocol.Protocol` setting is that setting."""
 
     data: str
     split: str = "validation"
@@ -53,7 +52,9 @@ class ZooConfig:
     streaming: bool = False  # stream the first images of the split (the same images: neutral)
     max_images: int | None = None  # at most the first N images for all the work (None: the whole split)
     probe_images: int | None = None  # SSDC's count (None: protocol.PROBE_IMAGES, or max_images if fewer)
+    sweep_images: int | None = None  # the sweep's fragility images per alpha (None: max_images)
     site: str = "auto"
+    reduction: str = "mean_map"  # SSDC's reduction (the records keep the mean map's; both: per image too)
     resize: str = "paper"
     img_size: int | None = None  # None: each model's own input size
     pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
@@ -69,7 +70,11 @@ class ZooConfig:
     num_workers: int | None = None
     device: str | None = None
     shared_decode: bool = True  # decode the images once and resize them once per input configuration
-    extras: tuple[str, ...] = EXTRAS  # attention (distance, entropy per head), position (the linear probe)
+    # the optional measures (timm_posgeom.protocol.measure_names): attention (distance, entropy per head), position
+    # (the linear probe), attention_rpi, and any measure registered since
+    extras: tuple[str, ...] = EXTRAS
+    attention_layers: int | None = None  # the attention measures at this many blocks spread over depth (None: all)
+    attention_images: int | None = None  # ... on at most this many of the probe images (None: all of them)
     # what the data holds (timm_posgeom.data.content_fingerprint: classes, labels, every image's bytes), set by
     # run_zoo when it loads the data: a record is reused only for the same images, whatever their path
     data_fingerprint: str | None = None
@@ -87,25 +92,20 @@ class ZooConfig:
                 self.max_images = images
             if self.probe_images is None:
                 self.probe_images = images
-        if self.labels not in LABEL_POLICIES:
-            raise ValueError(f"labels must be one of {', '.join(LABEL_POLICIES)}, got {self.labels!r}")
         if self.bad_images not in ("error", "skip"):
             raise ValueError(f"bad_images must be error or skip, got {self.bad_images!r}")
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
-        self.probe_count()  # max_images, probe_images >= 1
-        rpi_count(self.rpi_permutations)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.img_size is not None and self.img_size < 1:
-            raise ValueError(f"img_size must be >= 1, got {self.img_size}")
         if self.alphas is not None and not self.alphas:
             raise ValueError("alphas is empty")
-        unknown = [e for e in self.extras if e not in EXTRAS]
-        if unknown:
-            raise ValueError(f"unknown extras {unknown}: choose among {', '.join(EXTRAS)} (or none)")
-        if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
-            raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
+        self.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
+
+    def protocol(self, progress: bool = False) -> Protocol:
+        """How each model is measured: the :class:`~timm_posgeom.protocol.Protocol` of every field named like
+        one of its settings (``alphas`` None: no sweep), the paper's JPEG q5 as the sweep's shift."""
+        values = {name: getattr(self, name) for name in PROTOCOL_FIELDS if hasattr(self, name)}
+        values.update(alphas=self.alphas or (), sweep_shifts=SWEEP_SHIFTS, progress=progress)
+        return Protocol(**values)
 
     def probe_count(self) -> int:
         """The images of each SSDC probe: ``probe_images``, else 1,000 or ``max_images`` if fewer."""
@@ -167,13 +167,6 @@ def safe_name(name: str) -> str:
 def is_main_process() -> bool:
     """Whether this process writes files: the only process, or rank 0 of a launch (accelerate, torchrun)."""
     return bool(is_main())
-
-
-def _default_device() -> str:
-    if torch.cuda.is_available():
-        local = os.environ.get("LOCAL_RANK")
-        return f"cuda:{local}" if local else "cuda"
-    return "cpu"
 
 
 def versions() -> dict[str, str]:

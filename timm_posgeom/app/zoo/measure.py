@@ -16,12 +16,11 @@ import numpy as np
 import torch
 
 from ...distributed import fail_together
-from ...errors import NonFiniteWarning, PosgeomError, one_line
+from ...errors import NonFiniteWarning
 from ...jsonio import to_jsonable
-from ...labels import LabelMismatchError, map_by_name
-from ...labels import match_labels as labels_matched
+from ...labels import map_by_name
 from ..records import SweepSummary, ZooModel
-from .config import SWEEP_SHIFTS, ZooConfig, _default_device, _failure_text, _floats, _num, versions
+from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
 
 
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
@@ -182,50 +181,20 @@ class _Stage(Exception):
 
 
 def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, progress: bool) -> None:
-    """Fill ``record`` with the model's measurements (the parts that do not apply get a note)."""
-    from ...eval_data import eval_loader
+    """Fill ``record`` with the model's measurements under the zoo's protocol (:func:`timm_posgeom.protocol.
+    measure_model`); the parts that do not apply get a note."""
+    from ...protocol import measure_model
 
-    device = torch.device(config.device or _default_device())
-    model.to(device)
     _describe(model, record, config)
-    common = dict(seed=config.seed, device=device, progress=progress, rpi_permutations=config.rpi_permutations)
-
-    def loader():
-        return eval_loader(
-            model,
-            data,
-            max_images=config.probe_count(),
-            batch_size=config.batch_size,
-            resize=config.resize,
-            num_workers=config.num_workers,
-            img_size=config.img_size,
-        )
-
-    _ssdc(model, record, config, loader, common)
-    matched, how = _match(model, data, config.labels)
-    if matched is None:
-        record.notes.append(
-            f"top-1 and FS left empty: the data's labels cannot be matched to the model's outputs ({how})"
-        )
-    else:
-        record.labels = how
-        _fragility(model, record, config, matched, common)
-    if config.alphas is not None:
-        record.alpha_sweep = _sweep(model, record, config, data, matched, common)
-    if record.granularity == "block":
-        _extras(model, record, config, data, loader, common)
-    elif config.extras:
-        record.notes.append(f"{' and '.join(config.extras)} not measured: per-stage model (flat ViTs only)")
-
-
-def _match(model: torch.nn.Module, data: Any, labels: str) -> tuple[Any | None, str]:
-    """(the data whose labels index the model's classes, how) under ``labels`` (--labels), or (None, why not)."""
-    if labels == "by-name":
-        return map_by_name(model, data)
-    try:
-        return labels_matched(model, data, labels), labels
-    except LabelMismatchError as e:
-        return None, one_line(e)
+    measured = measure_model(model, data, config.protocol(progress=progress))
+    if measured.ssdc is not None:
+        _ssdc(record, measured.ssdc, measured.ssdc_rpi)
+    if measured.fragility is not None:
+        _fragility(record, measured.fragility, measured.labels)
+    if measured.sweep_ssdc is not None:
+        record.alpha_sweep = _sweep(measured.protocol, measured.sweep_ssdc, measured.alpha_sweep)
+    _extras(record, measured.extras)
+    record.notes.extend(measured.notes)
 
 
 def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> None:
@@ -242,14 +211,8 @@ def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> No
     record.pe = [dict(name=e.name, kind=e.kind, scalable=e.scalable) for e in pe_inventory(model)]
 
 
-def _ssdc(
-    model: torch.nn.Module, record: ZooModel, config: ZooConfig, loader: Callable[[], Any], common: dict[str, Any]
-) -> None:
-    """SSDC per layer, normal and under RPI (a note when the model cannot be permuted)."""
-    from ...interventions import TokenPermutationError
-    from ...probes import probe_ssdc
-
-    normal = probe_ssdc(model, loader(), site=config.site, rpi=False, **common)
+def _ssdc(record: ZooModel, normal: Any, rpi: Any | None) -> None:
+    """SSDC per layer, normal and under RPI (None: the model could not be permuted, the notes say why)."""
     record.site = str(normal.settings["site"])
     record.granularity = str(normal.settings["granularity"])
     record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
@@ -257,18 +220,12 @@ def _ssdc(
     record.ssdc, record.ssdc_ci, record.ssdc_mean_ci = _with_intervals(normal)
     record.rise = _num(normal.rise)
     record.rise_ci = _floats(normal.rise_ci) if normal.rise_ci else None
-    try:
-        rpi = probe_ssdc(model, loader(), site=config.site, rpi=True, **common)
-    except (TypeError, TokenPermutationError) as e:  # no patch embedding to permute after (CNNs), ...
-        record.notes.append(f"RPI not measured: {_failure_text(e)}")
-    else:
+    if rpi is not None:
         record.rpi_permutations = int(rpi.settings["rpi_permutations"])
         record.rpi_ssdc, record.rpi_ssdc_ci, record.rpi_ssdc_mean_ci = _with_intervals(rpi)
         record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
         record.rpi_delta_ssdc = _num(rpi.rise)
         record.rpi_delta_ssdc_ci = _floats(rpi.rise_ci) if rpi.rise_ci else None
-        if record.granularity == "stage":
-            record.notes.append("delta SSDC undefined: probed per stage (layers 0 and 1 lie on different grids)")
 
 
 def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | None]] | None, list[float | None]]:
@@ -278,184 +235,53 @@ def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | 
     return _floats(result.per_layer), cis, _floats((low, high))
 
 
-def _fragility(
-    model: torch.nn.Module, record: ZooModel, config: ZooConfig, matched: Any, common: dict[str, Any]
-) -> None:
+def _fragility(record: ZooModel, frag: Any, labels: str | None) -> None:
     """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
-    from ...robustness import fragility
-
-    frag = fragility(
-        model,
-        matched,
-        list(config.shifts),
-        resize=config.resize,
-        batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        max_images=config.max_images,
-        img_size=config.img_size,
-        **common,
-    )
+    record.labels = labels
     record.num_images = frag.num_images
     record.clean_accuracy = _num(frag.clean_accuracy)
     record.clean_accuracy_ci = _floats(frag.clean_interval)
     record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
     record.fs = {k: _num(v) for k, v in frag.fs.items()}
     record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
-    if frag.clean_accuracy == 0:
-        record.notes.append("FS undefined: clean top-1 is 0")
 
 
-def _extras(
-    model: torch.nn.Module,
-    record: ZooModel,
-    config: ZooConfig,
-    data: Any,
-    loader: Callable[[], Any],
-    common: dict[str, Any],
-) -> None:
-    """Attention distance and entropy per block (mean over heads, and per head), and the linear position
-    probe (fitted on the first half of the probe images, scored on the second), normal and under RPI."""
-    from ...probes import attention_measures, position_probe
-    from ...probes.attention_measures import AttentionEntropy, MeanAttentionDistance
-
-    if "attention" in config.extras:
-        try:
-            att = attention_measures(
-                model, loader(), measures=[MeanAttentionDistance(), AttentionEntropy()], distributed="off", **common
-            )
-        except PosgeomError as e:  # an attention module the capture does not know
-            record.notes.append(f"attention not measured: {_failure_text(e)}")
-        else:
-            heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
-            record.attention_distance_heads = [_floats(row) for row in heads]
-            record.attention_distance = _floats(np.nanmean(heads, axis=1))
-            record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
-    if "position" in config.extras:
-        from torch.utils.data import Subset
-
-        from ...eval_data import eval_loader
-
-        n = min(config.probe_count(), len(data))
-        if n < 2:
-            record.notes.append("position probe not measured: it needs 2 probe images or more")
-            return
-        half = n // 2
-
-        def part(indices: range) -> Any:  # the probe images' first or second half, as the model reads them
-            return eval_loader(
-                model,
-                Subset(data, indices),
-                batch_size=config.batch_size,
-                resize=config.resize,
-                num_workers=config.num_workers,
-                img_size=config.img_size,
-            )
-
-        options = dict(
-            batch_size=config.batch_size, device=common["device"], progress=common["progress"], distributed="off"
-        )  # per-image permutations under RPI: no permutation count
-        fit, score = range(0, half), range(half, n)
-        plain = position_probe(model, part(fit), part(score), seed=config.seed, **options)
-        record.position_accuracy = _floats(plain.accuracy)
-        record.position_chance = plain.chance["both"]
-        try:
-            shuffled = position_probe(model, part(fit), part(score), rpi=True, seed=config.seed, **options)
-        except PosgeomError as e:
-            record.notes.append(f"position probe under RPI not measured: {_failure_text(e)}")
-        else:
-            record.position_accuracy_rpi = _floats(shuffled.accuracy)
+def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
+    """Attention distance and entropy per block (mean over heads, and per head) and the linear position probe
+    (normal and under RPI) into their columns; any other measure of the registry whole, in ``record.measures``."""
+    if "attention" in extras:
+        att = extras["attention"]
+        heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
+        record.attention_distance_heads = [_floats(row) for row in heads]
+        record.attention_distance = _floats(np.nanmean(heads, axis=1))
+        record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+    if "position" in extras:
+        position = extras["position"]
+        record.position_accuracy = _floats(position.normal.accuracy)
+        record.position_chance = position.normal.chance["both"]
+        if position.rpi is not None:
+            record.position_accuracy_rpi = _floats(position.rpi.accuracy)
+        record.notes.extend(position.notes)
+    others = {name: to_jsonable(result.to_dict()) for name, result in extras.items() if name not in EXTRAS}
+    if others:
+        record.measures = others
 
 
-def _sweep(
-    model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, matched: Any, common: dict[str, Any]
-) -> SweepSummary | None:
-    """The alpha sweep: :func:`~timm_posgeom.robustness.alpha_sweep` when the labels match; else delta SSDC
-    under RPI per alpha alone (``pe_scale`` + ``probe_ssdc``, the same steps), FS left empty."""
-    from ...interventions import AlphaOverflowError, PEScaleError, TokenPermutationError
-
-    alphas = [float(a) for a in config.alphas or ()]
-    try:
-        if matched is not None:
-            return _full_sweep(model, config, matched, alphas, common)
-        return _delta_sweep(model, record, config, data, alphas, common)
-    except (PEScaleError, AlphaOverflowError, TokenPermutationError, TypeError) as e:
-        record.notes.append(f"alpha sweep not measured: {_failure_text(e)}")
-        return None
-
-
-def _full_sweep(
-    model: torch.nn.Module, config: ZooConfig, matched: Any, alphas: list[float], common: dict[str, Any]
-) -> SweepSummary:
-    """:func:`~timm_posgeom.robustness.alpha_sweep` on the label-matched data: delta SSDC and FS per alpha."""
-    from ...robustness import alpha_sweep
-
-    sweep = alpha_sweep(
-        model,
-        matched,
-        alphas,
-        SWEEP_SHIFTS,
-        probe_images=config.probe_count(),
-        site=config.site,
-        resize=config.resize,
-        batch_size=config.batch_size,
-        num_workers=config.num_workers,
-        max_images=config.max_images,
-        img_size=config.img_size,
-        **common,
-    )
+def _sweep(protocol: Any, ssdcs: list[Any], sweep: Any | None) -> SweepSummary:
+    """The alpha sweep's record: delta SSDC under RPI per alpha, and FS and clean top-1 per alpha when the labels
+    matched (``sweep``; else left empty, the notes say so)."""
+    alphas = [float(a) for a in protocol.alphas]
     return SweepSummary(
         alphas=alphas,
-        delta_ssdc=_floats(sweep.delta_ssdc),
-        fs={k: _floats(v) for k, v in sweep.fs.items()},
-        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows),
-        rpi_per_layer=[_floats(r.ssdc_per_layer) for r in sweep.rows],
-        fs_interval={k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts},
-        rpi_permutations=config.rpi_permutations,
-        delta_ssdc_ci=[_floats(r.delta_ssdc_ci) for r in sweep.rows],
-    )
-
-
-def _delta_sweep(
-    model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: Any, alphas: list[float], common: dict[str, Any]
-) -> SweepSummary:
-    """Delta SSDC under RPI at each alpha alone (``probe_ssdc`` with ``alpha``), FS and accuracy left empty; the
-    record's notes say so."""
-    from ...eval_data import eval_loader
-    from ...probes import probe_ssdc
-
-    deltas, cis, layers = [], [], []
-    k = config.rpi_permutations
-    for j, alpha in enumerate(alphas):  # the sweep's protocol: fresh permutations per alpha (seed + jK + ...)
-        loader = eval_loader(
-            model,
-            data,
-            max_images=config.probe_count(),
-            batch_size=config.batch_size,
-            resize=config.resize,
-            num_workers=config.num_workers,
-            img_size=config.img_size,
-        )
-        res = probe_ssdc(
-            model,
-            loader,
-            site=config.site,
-            rpi=True,
-            seed=common["seed"] + j * k,
-            alpha=alpha,
-            rpi_permutations=k,
-            device=common["device"],
-            progress=False,
-        )
-        deltas.append(res.rise)
-        cis.append(_floats(res.delta_ci))
-        layers.append(_floats(res.per_layer))
-    record.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
-    return SweepSummary(
-        alphas=alphas,
-        delta_ssdc=_floats(deltas),
-        fs={},
-        clean_accuracy=[None] * len(alphas),
-        rpi_per_layer=layers,
-        rpi_permutations=k,
-        delta_ssdc_ci=cis,
+        delta_ssdc=_floats(r.rise for r in ssdcs),
+        fs={k: _floats(v) for k, v in sweep.fs.items()} if sweep is not None else {},
+        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows) if sweep is not None else [None] * len(alphas),
+        rpi_per_layer=[_floats(r.per_layer) for r in ssdcs],
+        fs_interval=(
+            {k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
+            if sweep is not None
+            else None
+        ),
+        rpi_permutations=protocol.rpi_permutations,
+        delta_ssdc_ci=[_floats(r.delta_ci) for r in ssdcs],
     )

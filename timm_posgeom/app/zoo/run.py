@@ -100,7 +100,7 @@ def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
     record = ZooModel.read(path)
     return not (
         record.status == "ok"
-        and record.settings == settings
+        and not settings_changes("zoo", record.settings, settings)
         and record.weights_key == weights_key(name, record.weights)
     )
 
@@ -367,7 +367,7 @@ def _plan(
         )
     # main's view in every process: every process then measures the same models in the same order, even
     # when one read the records while main was writing one
-    names, done = broadcast_object(
-        (names, {n for n, r in records.items() if r.status == "ok" and r.settings == settings and n not in stale})
-    )
+    # a record made before a setting existed has that setting's former value (LEGACY_KEYS): it is kept
+    kept = {n for n, r in records.items() if r.status == "ok" and not settings_changes("zoo", r.settings, settings)}
+    names, done = broadcast_object((names, kept - stale))
     return names, records, done

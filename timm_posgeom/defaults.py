@@ -1,0 +1,89 @@
+"""The protocol's default values, plain: the paper's shifts and alphas, the probe's image count, the RPI
+permutations, the shift spec forms, the probe sites and reductions.
+
+Nothing here imports torch (or anything else of weight), so the command line can show them in ``--help``
+without loading the library. The measuring packages (:mod:`timm_posgeom.probes`, :mod:`timm_posgeom.robustness`,
+:mod:`timm_posgeom.shifts`) read them from here; :mod:`timm_posgeom.protocol`, which composes those packages into
+one measurement, re-exports them. Definitions: docs/method.md.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PAPER_SHIFTS",
+    "DEFAULT_ALPHAS",
+    "PROBE_IMAGES",
+    "RPI_PERMUTATIONS",
+    "JACKKNIFE_GROUPS",
+    "SPEC_FORMS",
+    "IMAGENET_C_JPEG_BLUR",
+    "SITES",
+    "REDUCTIONS",
+    "probe_count",
+    "rpi_count",
+]
+
+PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
+"""The paper's two shifts: JPEG quality 5 and Gaussian blur sigma 2.5 with a 5x5 kernel."""
+
+DEFAULT_ALPHAS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)
+"""The PE scales of an alpha sweep: the paper's grid (its appendix table: 1.0 down to 0.1, no alpha 0), the one
+default of every sweep (:class:`~timm_posgeom.protocol.Protocol`, ``alpha_sweep``, ``posgeom sweep``, the study)."""
+
+PROBE_IMAGES = 1000
+"""Images for SSDC under RPI in an alpha sweep or a zoo when no count is given (the paper's 1,000
+validation images), never more than the limit on all the work (``max_images``)."""
+
+RPI_PERMUTATIONS = 10
+"""RPI permutations of every measurement under RPI by default: SSDC (and the attention measures) under RPI is the
+mean over this many shared permutations (seeds ``seed`` .. ``seed + 9``), with a Student t interval over them.
+The permutation is the largest source of spread in SSDC under RPI (one permutation's no-PE floor reads about
++-0.05 at 8 x 8), so one alone hides its own variance (docs/method.md#rpi-and-rpt)."""
+
+JACKKNIFE_GROUPS = 20
+"""Random groups of images of the delete-a-group jackknife that gives the SSDC of the mean map (without RPI) its
+interval over images (docs/method.md#intervals)."""
+
+SPEC_FORMS = (
+    "jpeg:Q (JPEG quality Q, integer 1-100, e.g. jpeg:5)",
+    "blur:SIGMA[:KERNEL] (Gaussian blur, sigma > 0, optional odd kernel size, e.g. blur:2.5:5)",
+    "imagenet-c:NAME:SEVERITY (NAME one of ImageNet-C's 15 corruptions or 4 extras, e.g. fog, "
+    "gaussian_noise, jpeg_compression, gaussian_blur; SEVERITY 1-5, e.g. imagenet-c:fog:3)",
+)
+"""The forms of a shift spec, as ``parse_shift`` reads them."""
+
+IMAGENET_C_JPEG_BLUR = tuple(
+    f"imagenet-c:{name}:{s}" for name in ("jpeg_compression", "gaussian_blur") for s in range(1, 6)
+)
+"""ImageNet-C's JPEG and blur at severities 1-5 (the two corruptions :mod:`timm_posgeom.shifts` implements itself),
+corruption-major: what ``--imagenet-c-jpeg-blur`` adds to the shifts of the zoo and the study."""
+
+SITES = ("auto", "attn_input", "block_output", "stage_output")
+"""Where SSDC reads the tokens (:func:`~timm_posgeom.probes.probe_ssdc`'s ``site``; docs/method.md#ssdc)."""
+
+REDUCTIONS = ("mean_map", "per_image", "both")
+"""How SSDC reduces over images: the SSDC of the mean map (the paper's), the mean of per-image SSDC, or both."""
+
+
+def probe_count(probe_images: int | None, max_images: int | None) -> int:
+    """How many images an SSDC probe inside a bigger measurement uses: ``probe_images`` when given (the
+    more specific option wins), else :data:`PROBE_IMAGES` bounded by ``max_images`` (the limit on all the
+    work). ValueError for a count below 1."""
+    for name, value in (("probe_images", probe_images), ("max_images", max_images)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if probe_images is not None:
+        return probe_images
+    return PROBE_IMAGES if max_images is None else min(PROBE_IMAGES, max_images)
+
+
+def rpi_count(permutations: int | None) -> int:
+    """The RPI permutations of a measurement: ``permutations``, or :data:`RPI_PERMUTATIONS` when None;
+    ValueError below 1 (or not an integer)."""
+    if permutations is None:
+        return RPI_PERMUTATIONS
+    import numbers
+
+    if isinstance(permutations, bool) or not isinstance(permutations, numbers.Integral) or permutations < 1:
+        raise ValueError(f"rpi_permutations must be an integer >= 1, got {permutations!r}")
+    return int(permutations)
