@@ -239,6 +239,33 @@ def test_resume_naming_fewer_conditions_keeps_the_measured_runs(demo_study, tmp_
     assert json.loads((copy / "plan.json").read_text())["config"]["conditions"] == list(study_mod.CONDITIONS)
 
 
+def test_a_study_whose_weights_left_resumes_and_asks_for_them_only_to_measure(demo_study, tmp_path):
+    """Issue 53: a committed study's weights (exports, probe maps) live outside git. A resume reuses its trained and
+    measured runs without them (nothing trained or measured again, the same numbers, the report and its similarity
+    maps kept); a part left to measure asks, in one line, for `posgeom weights restore`."""
+    import shutil
+
+    out, _ = demo_study
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    for gone in [*copy.glob("runs/*/export/model.safetensors"), *copy.glob("runs/*/maps.pt")]:
+        gone.unlink()
+    before = StudyResults.read(copy / "results.json")
+    resumed = run_study(_tiny(), copy, resume=True, progress=False)
+    assert [r.eval.ssdc.rpi_per_layer for r in resumed.runs] == [r.eval.ssdc.rpi_per_layer for r in before.runs]
+    assert [r.eval.fs for r in resumed.runs] == [r.eval.fs for r in before.runs]
+    assert (
+        not list(copy.glob("runs/*/export/model.safetensors")) and (copy / "figures" / "similarity_maps.png").is_file()
+    )
+    assert "similarity_maps.png" in (copy / "report.md").read_text()
+    run = next(r for r in resumed.runs if r.condition == "ape")
+    record = json.loads((copy / run.run_dir / "eval.json").read_text())
+    record["alpha_sweep"] = None  # a part not measured yet
+    (copy / run.run_dir / "eval.json").write_text(json.dumps(record))
+    with pytest.raises(StudyError, match=r"model.safetensors is not here .* `posgeom weights restore .*ape_s0`"):
+        run_study(_tiny(), copy, resume=True, progress=False)
+
+
 def test_resume_keeps_measured_seeds_and_may_drop_unmeasured_conditions(tmp_path):
     measured = [SimpleNamespace(condition=c, seed=s) for c in ("ape", "rope") for s in (0, 1)]
     config = study_runner._keep_measured(_tiny(conditions=("nope", "ape")), measured, tmp_path)

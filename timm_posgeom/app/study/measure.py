@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from ...jsonio import to_jsonable, write_errors
+from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
-from ..records import AttentionSummary, RunEval, SSDCSummary, SweepSummary
+from ..records import AttentionSummary, RunEval, RunSummary, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
 from .fragility_at_size import at_size_record
@@ -87,12 +88,15 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
 
     eval_path = run.run_dir / "eval.json"
     evals = _open_eval(eval_path, run, m)
-    model = create_model(f"local-dir:{run.run_dir / 'export'}").eval()
     protocol = m.config.protocol(run.condition)
     kept = m.kept_fs.pop(run.run_dir, None)
     if kept is not None and list(kept.alphas) != list(protocol.alphas):  # other alphas: the FS kept does not apply
         kept = None
-    for part, parts in _missing(evals, protocol, kept is not None):
+    missing = list(_missing(evals, protocol, kept is not None))
+    if not missing:  # measured whole: its weights are not needed (they may live outside git)
+        return evals
+    model = create_model(f"local-dir:{_weights_here(run).parent}").eval()
+    for part, parts in missing:
         m.log(f"[{run.run_dir.name}] {_WHAT.get(part, part)}")
         measured = measure_model(model, m.val, protocol, parts=parts)
         for note in measured.notes:
@@ -159,18 +163,39 @@ def _record(evals: RunEval, part: str, measured: Measurement, run: PlannedRun, k
     return getattr(evals, part) is not None
 
 
+def _weights_here(run: PlannedRun) -> Path:
+    """The run's exported weights file; StudyError in one line when they are not here (a committed run's weights
+    live outside git, and a measurement needs them)."""
+    path = run.run_dir / "export" / WEIGHTS_FILE
+    if not path.is_file():
+        raise StudyError(
+            f"{path} is not here and {run.run_dir.name} has parts left to measure: `posgeom weights restore "
+            f"{run.run_dir}` brings back the weights of a committed run (docs/guide.md, 'Trained weights outside git')"
+        )
+    return path
+
+
+def _export_sha1(run: PlannedRun, recorded: str | None) -> str:
+    """The SHA-1 of the run's exported weights: of the file, or, when the weights are not here (outside git), the
+    one its records hold (``eval.json``, else ``summary.json``): they cannot have changed unseen."""
+    path = run.run_dir / "export" / WEIGHTS_FILE
+    if path.is_file():
+        return weights_sha1(path)
+    if recorded is None and (run.run_dir / "summary.json").is_file():
+        recorded = RunSummary.read(run.run_dir / "summary.json").export_sha1
+    if recorded is None:
+        _weights_here(run)  # no record of them either: say how to get them
+    return str(recorded)
+
+
 def eval_changes(run: PlannedRun, m: Measuring) -> tuple[RunEval, str, dict[str, tuple[Any, Any]]]:
     """(the run's ``eval.json``, or a new record; the SHA-1 of its exported weights; what differs between the
     record and what is measured now: settings, or weights exported again since). Reads only."""
-    from ..hub import weights_sha1
-
     eval_path, settings = run.run_dir / "eval.json", m.settings
-    sha1 = weights_sha1(run.run_dir / "export" / "model.safetensors")
-    evals = (
-        RunEval.read(eval_path)
-        if eval_path.is_file()
-        else RunEval(settings=settings, weights_sha1=sha1, versions=[m.versions])
-    )
+    evals = RunEval.read(eval_path) if eval_path.is_file() else None
+    sha1 = _export_sha1(run, evals.weights_sha1 if evals is not None else None)
+    if evals is None:
+        evals = RunEval(settings=settings, weights_sha1=sha1, versions=[m.versions])
     changed = config_changes(evals.settings or {}, settings) if evals.settings != settings else {}
     if evals.weights_sha1 is not None and evals.weights_sha1 != sha1:  # the run was exported again since
         changed["weights (export/model.safetensors)"] = (evals.weights_sha1[:12], sha1[:12])
@@ -193,7 +218,7 @@ def check_evals(runs: list[PlannedRun], m: Measuring) -> None:
                 "--allow-changes to train it again with the new one (the former run is kept), or choose "
                 "another --out"
             )
-        if (run.run_dir / "eval.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file():
+        if (run.run_dir / "eval.json").is_file() and (run.run_dir / "export" / "config.json").is_file():
             _, _, changed = eval_changes(run, m)
             if changed:
                 raise StudyError(

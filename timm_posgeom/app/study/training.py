@@ -18,8 +18,10 @@ __all__ = ["is_trained", "train_run", "training_history"]
 
 
 def is_trained(run: PlannedRun) -> bool:
-    """A finished training: its summary and its exported weights are there (reused unless its recipe changed)."""
-    return (run.run_dir / "summary.json").is_file() and (run.run_dir / "export" / "model.safetensors").is_file()
+    """A finished training: its summary and its export are there (reused unless its recipe changed). The export's
+    ``config.json`` marks it (an export is written whole or not at all); its weights may live outside git
+    (``posgeom weights restore`` brings them back when a measurement needs them)."""
+    return (run.run_dir / "summary.json").is_file() and (run.run_dir / "export" / "config.json").is_file()
 
 
 def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], allow_changes: bool = False) -> None:
