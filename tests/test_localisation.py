@@ -191,3 +191,29 @@ def test_encoding_cka_is_one_without_pe_and_below_one_with_a_visible_one(data):
         np.diag(high), 1.0, atol=1e-9
     )
     assert np.all(low <= plain.matrix + 1e-12) and np.all(high >= plain.matrix - 1e-12)
+
+
+@pytest.mark.slow
+def test_cli_writes_every_measure_and_refuses_in_one_line(tmp_path, capsys, one_thread):
+    import json
+
+    from timm_posgeom.cli.main import main
+
+    out = tmp_path / "loc"
+    common = ["--data", "synthetic", "--max-images", "8", "--batch-size", "4", "--num-classes", "10", "--no-progress"]
+    args = ["localise", "posgeom_vit_micro_patch8_64_ape", *common, "--rpi-permutations", "2", "--colours", "2"]
+    assert main([*args, "--img-size", "32", "--device", "cpu", "--num-workers", "0", "--out", str(out)]) == 0
+    record = json.loads((out / "localisation.json").read_text())
+    assert set(record) >= {"patching", "imprint", "ablation", "cka", "settings"}
+    assert record["patching"]["layers"] == [-1, 0, 1, 2, 3] and record["settings"]["fit_split"] == "train"
+    assert record["patching"]["settings"]["rpi_permutations"] == 2 and record["imprint"]["settings"]["colours"] == 2
+    assert (out / "localisation.png").stat().st_size > 1000
+    assert "ssdc_restored" in capsys.readouterr().out
+    for bad, message in (
+        (["--measures", "patching,vibes"], "--measures: choose among"),
+        (["--colours", "0"], "--colours must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*args, *bad, "--out", str(tmp_path / "bad")])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
