@@ -28,7 +28,7 @@ unless ``allow_changes``. Only the main process writes (:func:`is_main_process`)
 
 The package: :mod:`.config` (:class:`ZooConfig`, model lists), :mod:`.measure` (one model),
 :mod:`.run` (plan, shards, locks, :func:`run_zoo`, :func:`merge_zoo`), :mod:`.table` (``zoo.csv``),
-:mod:`.figures` (``zoo.md`` and the figures) and :mod:`.presets` (``--preset``: model lists, and the top-1 timm
+:mod:`.figures` (``zoo.md`` and the figures) and :mod:`.model_sets` (``--model-set``: model lists, and the top-1 timm
 publishes for them, shown beside the zoo's).
 """
 
@@ -48,7 +48,7 @@ from .config import (
 )
 from .figures import fig_fragility_delta, fig_ssdc_depth, write_outputs, zoo_markdown
 from .measure import match_labels, measure_model, weights_key
-from .presets import PRESETS, PUBLISHED, preset_models, published_top1
+from .model_sets import MODEL_SETS, PUBLISHED, model_set, published_top1
 from .run import ZooSummary, merge_zoo, parse_shard, read_records, run_zoo
 from .table import csv_columns, csv_rows, layer_summary, pe_kinds, relative_depth, write_csv
 
@@ -83,8 +83,8 @@ __all__ = [
     "weights_key",
     "config_from_settings",
     "match_labels",
-    "PRESETS",
+    "MODEL_SETS",
     "PUBLISHED",
-    "preset_models",
+    "model_set",
     "published_top1",
 ]

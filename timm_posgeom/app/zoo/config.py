@@ -35,7 +35,7 @@ PRETRAINED_MODES = ("auto", "on", "off")
 EXTRAS = ("attention", "position")  # measures beyond SSDC and fragility, each a group of columns
 
 
-_NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --preset NAME"
+_NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
 
 
 class ZooError(PosgeomError, RuntimeError):

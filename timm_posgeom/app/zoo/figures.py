@@ -13,7 +13,7 @@ from ...jsonio import write_atomic
 from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
-from .presets import PUBLISHED_SETS, PUBLISHED_SOURCE, published_top1
+from .model_sets import PUBLISHED_SETS, PUBLISHED_SOURCE, published_top1
 from .table import _fmt, layer_summary, pe_kinds, relative_depth, write_csv
 
 
@@ -374,7 +374,7 @@ def _md_figures(left_out: Sequence[str]) -> list[str]:
 
 
 def _md_published(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
-    """timm's published top-1 of each model that has them (``--preset pe-variants``), beside what the zoo measured
+    """timm's published top-1 of each model that has them (``--model-set pe-variants``), beside what the zoo measured
     on its own data; nothing when no model has published numbers."""
     shown = [r for r in records if r.status == "ok" and published_top1(r.model)]
     if not shown:

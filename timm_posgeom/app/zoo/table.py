@@ -14,7 +14,7 @@ from ...jsonio import write_atomic
 from ..records import ZooModel
 from ..rundir import set_aside
 from .config import SWEEP_SHIFTS, ZooConfig, _num
-from .presets import PUBLISHED_SETS, published_top1
+from .model_sets import PUBLISHED_SETS, published_top1
 
 
 def relative_depth(n: int) -> list[float]:
@@ -89,8 +89,8 @@ def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
 
 
 def published_columns(records: Sequence[ZooModel] | None) -> list[str]:
-    """``timm_top1_<set>`` for each set timm publishes (:data:`~.presets.PUBLISHED_SETS`), when a record's model has
-    published numbers (:func:`~.presets.published_top1`); none otherwise."""
+    """``timm_top1_<set>`` for each set timm publishes (:data:`~.model_sets.PUBLISHED_SETS`), when a record's model has
+    published numbers (:func:`~.model_sets.published_top1`); none otherwise."""
     if not records or not any(published_top1(r.model) for r in records):
         return []
     return [f"timm_top1_{s}" for s in PUBLISHED_SETS]

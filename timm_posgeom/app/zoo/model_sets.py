@@ -1,4 +1,4 @@
-"""Zoo presets (``posgeom zoo --preset NAME``) and the numbers timm publishes for their models.
+"""Zoo model sets (``posgeom zoo --model-set NAME``) and the numbers timm publishes for their models.
 
 ``pe-variants``: timm's positional-encoding variants trained by one recipe, side by side: the Naver RoPE-ViTs
 (Heo et al. 2024, "Rotary Position Embedding for Vision Transformer": axial and mixed RoPE, each with and
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["PRESETS", "PUBLISHED", "PUBLISHED_SETS", "PUBLISHED_SOURCE", "preset_models", "published_top1"]
+__all__ = ["MODEL_SETS", "PUBLISHED", "PUBLISHED_SETS", "PUBLISHED_SOURCE", "model_set", "published_top1"]
 
 PUBLISHED_SOURCE = (
     "timm results/results-{imagenet,imagenet-r,imagenet-a,sketch}.csv, huggingface/pytorch-image-models "
@@ -29,7 +29,7 @@ _NAVER = [
     for mixed in ("", "_mixed")
     for ape in ("", "_ape")
 ]
-PRESETS: dict[str, tuple[str, ...]] = {
+MODEL_SETS: dict[str, tuple[str, ...]] = {
     "pe-variants": (
         *_NAVER,
         "deit3_small_patch16_224.fb_in1k",
@@ -63,11 +63,11 @@ PUBLISHED: dict[str, tuple[float, float, float, float]] = {
 }
 
 
-def preset_models(name: str) -> list[str]:
-    """The models of preset ``name``; ValueError naming the presets for an unknown one."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown zoo preset {name!r}: choose among {', '.join(PRESETS)}")
-    return list(PRESETS[name])
+def model_set(name: str) -> list[str]:
+    """The models of the set ``name``; ValueError naming the sets for an unknown one."""
+    if name not in MODEL_SETS:
+        raise ValueError(f"unknown zoo model set {name!r}: choose among {', '.join(MODEL_SETS)}")
+    return list(MODEL_SETS[name])
 
 
 def published_top1(model: str) -> dict[str, float] | None:
