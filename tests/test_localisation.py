@@ -169,6 +169,8 @@ def test_ablation_removes_the_probe_reading_and_reports_drops(data):
     torch.testing.assert_close(ablated[:, 0], tokens[:, 0])  # the class token untouched
     readout = (ablated[:, 1:] - mean) @ basis
     torch.testing.assert_close(readout, torch.zeros_like(readout), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="block indices"):
+        position_ablation(model, images, labels=labels, layers=[2], progress=False)
     result = position_ablation(model, images, labels=labels, batch_size=8, progress=False)
     assert result.layers == [0, 1] and list(result.rank) == [6.0, 6.0]
     for name in ("top1_drop", "ssdc_drop", "ssdc_drop_control"):

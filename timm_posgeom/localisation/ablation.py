@@ -106,7 +106,9 @@ def position_ablation(
     check_unpermuted(model, "position_ablation")
     sites = find_sites(model)
     depth = len(sites.blocks)
-    layer_ids = sorted({int(b) % depth for b in layers}) if layers is not None else list(range(depth))
+    layer_ids = list(range(depth)) if layers is None else sorted({int(b) % depth for b in layers})
+    if layers is not None and (not layer_ids or any(not -depth <= int(b) < depth for b in layers)):
+        raise ValueError(f"layers must be block indices of a model with {depth} blocks, got {list(layers)}")
     seed = 0 if settings.seed is None else int(settings.seed)
     fit_settings = settings.replace(distributed="off")
     fitted = fit_position_map(
