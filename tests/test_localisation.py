@@ -16,6 +16,7 @@ import timm
 import torch
 from scipy.stats import spearmanr
 
+from timm_posgeom.errors import NonFiniteWarning
 from timm_posgeom.localisation import activation_patching, encoding_cka, pe_imprint, position_ablation
 from timm_posgeom.localisation.ablation import _ablate
 from timm_posgeom.localisation.patching import _edit
@@ -118,6 +119,7 @@ def test_patching_nothing_is_the_rpi_run_and_without_pe_rpi_changes_nothing(data
     assert np.all(np.isnan(result.top1_restored)) and np.all(np.isnan(result.ssdc_restored))
 
 
+@pytest.mark.slow
 def test_patching_refuses_bad_settings(data):
     model = _model("ape")
     with pytest.raises(ValueError, match="patch must be"):
@@ -129,6 +131,13 @@ def test_patching_refuses_bad_settings(data):
         result = activation_patching(model, images, rpi_permutations=2, progress=False)
     assert math.isnan(result.top1_clean) and np.all(np.isnan(result.top1_restored))
     assert np.all(np.isfinite(result.ssdc_patched))
+    with torch.no_grad():
+        model.head.bias[0] = math.nan  # NaN logits: no prediction, a NaN top-1, never class 0 counted
+    with pytest.warns(NonFiniteWarning, match="logits are not finite"):
+        result = activation_patching(
+            model, images, labels=torch.zeros(16, dtype=torch.long), rpi_permutations=2, progress=False
+        )
+    assert math.isnan(result.top1_clean) and np.all(np.isnan(result.top1_patched))
 
 
 def test_imprint_is_the_ssdc_of_constant_images_and_nan_without_pe():

@@ -9,12 +9,15 @@ are the patch tokens in token-slot order, the first T - N are prefix tokens (cla
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
+from ..errors import NonFiniteWarning, nonfinite_message
 from ..interventions import token_permutation
 from ..probes.sites import ProbeSites
 
@@ -148,7 +151,9 @@ def similarity_maps(tokens: torch.Tensor, permutation: torch.Tensor | None, n_pa
 
 
 def hits(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | None:
-    """(B,) bool: whether the arg-max of (B, classes) ``logits`` is each image's label; None without labels."""
+    """(B,) float: 1 where the arg-max of (B, classes) ``logits`` is the image's label, 0 where not, NaN where the
+    logits are not finite (an arg-max of NaN logits is no prediction; with a :class:`NonFiniteWarning`); None
+    without labels."""
     if labels is None:
         return None
     if logits.ndim != 2:
@@ -157,4 +162,12 @@ def hits(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | No
         raise ValueError(
             f"labels {int(labels.min())}..{int(labels.max())} do not index the model's {logits.shape[-1]} classes"
         )
-    return logits.argmax(dim=-1).cpu() == labels
+    right = (logits.argmax(dim=-1).cpu() == labels).to(torch.float64)
+    finite = torch.isfinite(logits).all(dim=-1).cpu()
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        warnings.warn(
+            nonfinite_message("logits", bad, len(finite), "their top-1 is NaN"), NonFiniteWarning, stacklevel=3
+        )
+        right[~finite] = math.nan
+    return right
