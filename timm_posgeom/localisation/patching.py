@@ -214,8 +214,8 @@ def _warn_gap(measure: str, clean: float, rpi: np.ndarray, atol: float) -> None:
     elif np.any(same):
         warnings.warn(
             f"RPI left {measure} unchanged{f' (to {atol:g})' if atol else ''} under {int(np.sum(same))} of {len(rpi)} "
-            "permutations (a model without PE is permutation-equivariant): the fraction restored is undefined there "
-            "(NaN)",
+            "permutations: the fraction restored is undefined there (NaN), as everywhere for a model without PE "
+            "(permutation-equivariant)",
             RuntimeWarning,
             stacklevel=4,
         )
