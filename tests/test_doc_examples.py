@@ -53,6 +53,7 @@ _MEASURE = ["--max-images", str(SMALL_IMAGES), "--batch-size", str(SMALL_IMAGES)
 SMALL = {
     "probe": [*_MEASURE, "--rpi-permutations", "2"],
     "attention": [*_MEASURE, "--rpi-permutations", "2"],
+    "localise": [*_MEASURE, "--rpi-permutations", "2", "--colours", "2"],
     "fragility": _MEASURE,
     "sweep": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],
     "zoo": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],

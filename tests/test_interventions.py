@@ -7,7 +7,7 @@ import timm
 import torch
 import torch.nn as nn
 
-from timm_posgeom import PEScaleError, pe_scale, token_permutation
+from timm_posgeom import PEScaleError, find_embed_module, pe_scale, token_permutation
 
 
 def _block_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
@@ -136,6 +136,36 @@ def test_naflexvit_hook_site():
     with token_permutation(model, seed=0) as h:
         model(x)
     assert h.num_calls == 1 and h.permutation.numel() == 16
+
+
+@pytest.mark.parametrize("name", ["qwen3_vit_88m", "deepseek_vit_412m", "gemma4_vit_167m"])
+def test_vlm_towers_are_permuted_before_their_position_encoding(name):
+    """timm's VLM towers keep the patch embedding in ``encoder.patch_embed``; gemma4's adds its 2-D table inside
+    it, so the permutation goes on its projection: the embedding's output under RPI is the content of patch
+    p[i] plus the table at index i, never the table moved with the content."""
+    torch.manual_seed(0)
+    kwargs = dict(embed_dim=64, num_heads=2, depth=1, patch_size=8, img_size=32)
+    model = timm.create_model(name, **kwargs, **({"global_pool": "avg"} if "gemma" in name else {})).eval()
+    encoder = model.encoder
+    embed = encoder.patch_embed
+    inputs = []  # what the first block reads: the tokens with their position table added
+    hook = encoder.blocks[0].register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        model(x)
+        with token_permutation(model, seed=0) as h:
+            model(x)
+        if "gemma" in name:  # the 2-D table at each index of the 4 x 4 grid
+            table = embed._position_embeddings(embed._default_patch_coord(2, 4, 4, x.device)[0].flip(-1), None)
+        else:  # qwen3 adds its table after the embedding, deepseek has none (RoPE only)
+            table = encoder._pos_embed(torch.zeros(2, 4, 4, 64))[0]
+    hook.remove()
+    plain, permuted = inputs
+    p = h.permutation
+    assert h.num_calls == 1 and p.numel() == 16
+    assert find_embed_module(model) is (embed.input_proj if "gemma" in name else embed)
+    assert table.abs().max() > 0 or "deepseek" in name
+    torch.testing.assert_close(permuted, (plain - table)[:, p] + table, rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------

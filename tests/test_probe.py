@@ -15,7 +15,7 @@ from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.probes import SSDCResult, UnsupportedModelError, probe_ssdc
+from timm_posgeom.probes import SSDCResult, UnsupportedModelError, find_sites, probe_ssdc
 
 
 def smooth_images(n: int, size: int = 64, seed: int = 0) -> torch.Tensor:
@@ -196,6 +196,11 @@ FAMILIES = {
     "cait_xxs24_224": SMALL,  # class token joins only in blocks_token_only
     "naflexvit_base_patch16_gap": SMALL,
     "posgeom_vit_micro_patch8_64_rope": dict(img_size=32),
+    # timm's VLM towers: a classifier around `encoder` (its blocks are probed); NHWC tokens (qwen3, deepseek);
+    # gemma4's patch embedding adds its own 2-D table
+    "qwen3_vit_88m": SMALL,
+    "deepseek_vit_412m": SMALL,
+    "gemma4_vit_167m": dict(SMALL, global_pool="avg"),
 }
 
 
@@ -206,7 +211,7 @@ def test_family_probes(name):
     data = smooth_images(2, 32)
     for rpi in (False, True):
         result = probe_ssdc(model, data, rpi=rpi, reduction="both", progress=False)
-        assert result.metadata["grid_size"] == [4, 4] and len(result.per_layer) == len(model.blocks)
+        assert result.metadata["grid_size"] == [4, 4] and len(result.per_layer) == len(find_sites(model).blocks)
         assert all(np.isfinite(result.per_layer)) and all(np.isfinite([s.mean for s in result.per_image]))
 
 

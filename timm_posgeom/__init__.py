@@ -6,7 +6,7 @@ Importing the package registers the PE-variant ViTs with timm::
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 This package root is the library: models, positional encodings, interventions, probes, shifts,
-transforms, data and robustness. The application built on it (recipes, ``timm_posgeom.app.train``,
+transforms, data, robustness and causal localisation. The application built on it (recipes, ``timm_posgeom.app.train``,
 ``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
@@ -42,6 +42,18 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         token_permutation,
     )
     from .labels import LabelMismatchError, match_labels
+    from .localisation import (
+        AblationResult,
+        EncodingCKAResult,
+        ImprintResult,
+        LocalisationResult,
+        PatchingResult,
+        activation_patching,
+        localise,
+        pe_imprint,
+        position_ablation,
+    )
+    from .localisation.encoding_cka import encoding_cka  # the function, not its submodule (see below)
     from .measuring import MeasureSettings, MeasureSettingsError
     from .models import PosGeomViT, list_models
     from .probes import (
@@ -101,6 +113,17 @@ __all__ = [
     "CKAResult",
     "check_support",
     "SupportRow",
+    # causal localisation
+    "activation_patching",
+    "PatchingResult",
+    "pe_imprint",
+    "ImprintResult",
+    "position_ablation",
+    "AblationResult",
+    "encoding_cka",
+    "EncodingCKAResult",
+    "localise",
+    "LocalisationResult",
     # how every measurement reads its images and where it runs
     "MeasureSettings",
     "MeasureSettingsError",
@@ -160,6 +183,21 @@ _LAZY = {
         "interventions",
     ),
     **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
+    **dict.fromkeys(
+        (
+            "AblationResult",
+            "EncodingCKAResult",
+            "ImprintResult",
+            "LocalisationResult",
+            "PatchingResult",
+            "activation_patching",
+            "encoding_cka",
+            "localise",
+            "pe_imprint",
+            "position_ablation",
+        ),
+        "localisation",
+    ),
     **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
     **dict.fromkeys(

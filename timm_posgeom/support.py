@@ -8,7 +8,8 @@
 * **equivariance**: where the model is flat and its positional encodings can all be removed
   (``pe_scale(model, 0)``, or none to remove), whether its blocks are then exactly permutation-
   equivariant (float64): the permuted run's last block output equals the unpermuted one with its
-  patch tokens reordered by the permutation. True for global attention; False where the
+  patch tokens reordered by the permutation. True for global attention (to float32 rounding where
+  the model computes its norms in float32 whatever its dtype: deepseek_vit); False where the
   architecture itself knows positions (convolutions, windows, token-mixing MLPs);
 * **pe_scale**: what ``pe_scale(model, 0.5)`` scales, or why it refuses; and that every parameter
   and buffer is bit-identical afterwards.
@@ -167,8 +168,15 @@ def _equivariance(model: nn.Module, images: torch.Tensor) -> str:
     assert handle.permutation is not None  # drawn by the permuted forward above
     n = handle.permutation.numel()
     plain, permuted = plain[:, plain.shape[1] - n :], permuted[:, permuted.shape[1] - n :]
-    exact = torch.allclose(permuted, plain[:, handle.permutation], rtol=0, atol=1e-9)
-    return "exact" if exact else "no (the architecture knows positions)"
+    expected = plain[:, handle.permutation]
+    if torch.allclose(permuted, expected, rtol=0, atol=1e-9):
+        return "exact"
+    # modules that compute in float32 whatever the model's dtype (deepseek_vit's RmsNormFp32) round the float64
+    # run to float32: equivariant up to that rounding, far below any position effect
+    fp32 = any(type(mod).__name__.endswith("Fp32") for mod in m.modules())
+    if fp32 and torch.allclose(permuted, expected, rtol=0, atol=1e-5 * float(expected.abs().max())):
+        return "exact to float32 rounding (float32 norms)"
+    return "no (the architecture knows positions)"
 
 
 def check_support(
@@ -276,7 +284,7 @@ MATRIX: tuple[MatrixEntry, ...] = (
     MatrixEntry("cspnet", "cs3darknet_focus_s", 64),
     MatrixEntry("cspnext", "cspnext_tiny", 64),
     MatrixEntry("davit", "davit_tiny", 64),
-    MatrixEntry("deepseek_vit", "deepseek_vit_412m", 546, (("depth", 2),)),
+    MatrixEntry("deepseek_vit", "deepseek_vit_412m", 126, (("depth", 2),)),
     MatrixEntry("deit", "deit_tiny_patch16_224", 64, (("depth", 2), ("img_size", 64))),
     MatrixEntry("densenet", "densenet121", 64),
     MatrixEntry("dla", "dla46x_c", 64),
@@ -402,8 +410,9 @@ def support_page(
             "- **RPI**: `probe_ssdc(..., rpi=True)` ran (`yes`), or the reason it is refused.",
             "- **no-PE blocks permutation-equivariant**: for flat models, with every PE removed (`pe_scale(model, 0)`) "
             "in float64, whether the last block's output under a token permutation equals the plain output with "
-            "its patch tokens permuted (to 1e-9). `exact` for global attention; `no` where the architecture itself "
-            "knows positions (convolutions, windows, token-mixing MLPs).",
+            "its patch tokens permuted (to 1e-9). `exact` for global attention (`exact to float32 rounding` where "
+            "the model computes its norms in float32 whatever its dtype: to 1e-5 of the largest output); `no` where "
+            "the architecture itself knows positions (convolutions, windows, token-mixing MLPs).",
             "- **pe_scale(model, 0.5)**: what it scales (`pe_inventory`), or why it refuses.",
             "- **state restored**: every parameter and buffer bit-identical after `pe_scale` (always `yes`, or the "
             "test fails).",

@@ -25,6 +25,7 @@ from timm.data.transforms import MaybePILToTensor, str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_eval
 
 from .errors import PosgeomError
+from .interventions import vlm_encoder
 from .shifts import Shift, parse_shift
 
 __all__ = [
@@ -58,7 +59,7 @@ def resolve_config(
     """
     if isinstance(data_config_or_model, nn.Module):
         cfg = dict(resolve_model_data_config(data_config_or_model))
-        patch_embed = getattr(data_config_or_model, "patch_embed", None)
+        patch_embed = getattr(vlm_encoder(data_config_or_model), "patch_embed", None)  # VLM towers: in `encoder`
         if patch_embed is None:  # twins and pvt-style models: one patch embedding per stage, the first sees the image
             embeds = getattr(data_config_or_model, "patch_embeds", None)
             patch_embed = embeds[0] if isinstance(embeds, nn.ModuleList) and len(embeds) else None

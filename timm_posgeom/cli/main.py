@@ -19,6 +19,7 @@ COMMANDS = (
     "recipes",
     "probe",
     "attention",
+    "localise",
     "fragility",
     "sweep",
     "train",
@@ -35,6 +36,7 @@ _FIGURES = ("matplotlib",)
 NEEDS_APP = {
     "probe": _FIGURES,
     "attention": _FIGURES,
+    "localise": _FIGURES,
     "fragility": _FIGURES,
     "sweep": _FIGURES,
     **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES),

@@ -95,6 +95,14 @@ def _add_model_list_args(p: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="timm.list_models(PATTERN): the names with pretrained weights (name.tag) unless --no-pretrained",
     )
+    p.add_argument(
+        "--model-set",
+        default=None,
+        choices=("pe-variants",),
+        help="a list of models: pe-variants (timm's Naver RoPE-ViTs S/B/L, axial and mixed, with and without an "
+        "absolute table; DeiT III; EVA-02; a DINOv3), with timm's published ImageNet / -R / -A / -Sketch top-1 "
+        "beside the zoo's numbers",
+    )
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -137,9 +145,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
 def _merge(args: argparse.Namespace) -> int:
     from ..app.zoo import merge_zoo
 
-    if args.models or args.models_file or args.filter or args.shard:
+    if args.models or args.models_file or args.filter or args.model_set or args.shard:
         raise ValueError(
-            "--merge measures nothing: give only --out (and no models, --models-file, --filter or --shard)"
+            "--merge measures nothing: give only --out (and no models, --models-file, --filter, --model-set or --shard)"
         )
     summary, missing = merge_zoo(args.out)
     print(f"{len(summary.records)} models: {args.out}/zoo.csv, {args.out}/zoo.md, {args.out}/figures/")
@@ -166,10 +174,12 @@ def _legacy_images(args: argparse.Namespace) -> None:
 
 
 def _names(args: argparse.Namespace, pretrained: str) -> list[str]:
-    """The models asked for: the arguments, then --models-file, then --filter."""
-    from ..app.zoo import filter_models, read_models_file
+    """The models asked for: the arguments, then --models-file, then --filter, then --model-set."""
+    from ..app.zoo import filter_models, model_set, read_models_file
 
     names = list(args.models)
+    if args.model_set:
+        names += [n for n in model_set(args.model_set) if n not in names]
     if args.models_file:
         names += read_models_file(args.models_file)
     if args.filter:

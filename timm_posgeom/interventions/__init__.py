@@ -21,6 +21,7 @@ from .permutation import (
     check_unpermuted,
     find_embed_module,
     token_permutation,
+    vlm_encoder,
 )
 from .scaling import AlphaOverflowError, PEScaleError, pe_inventory, pe_scale
 
@@ -34,6 +35,7 @@ __all__ = [
     "pe_scale",
     "PEScaleError",
     "find_embed_module",
+    "vlm_encoder",
     "eval_mode",
     "pe_inventory",
     "PEEntry",

@@ -23,6 +23,7 @@ __all__ = [
     "active_permutations",
     "check_unpermuted",
     "find_embed_module",
+    "vlm_encoder",
 ]
 
 
@@ -32,9 +33,13 @@ def find_embed_module(model: nn.Module) -> nn.Module:
     ``patch_embed`` for the flat timm ViT families (vision_transformer, deit, eva incl. RoPE, beit,
     relpos, cait, ours) and hierarchical ones whose ``patch_embed`` is one module (swin, pit, ...);
     ``embeds.norm`` for naflexvit (its ``embeds`` adds the PE after its norm); ``stem`` for the MLP
-    models whose patch embedding is called so (mixer, resmlp, gmlp). A ``patch_embed`` that is a
-    container (crossvit's ``ModuleList`` of branches) is refused: it is never called itself.
+    models whose patch embedding is called so (mixer, resmlp, gmlp). timm's VLM towers (qwen3_vit,
+    deepseek_vit, gemma4_vit) keep theirs in ``encoder.patch_embed`` (NHWC tokens for qwen3 and deepseek);
+    gemma4's adds its position table inside, so its projection ``input_proj`` is the one permuted. A
+    ``patch_embed`` that is a container (crossvit's ``ModuleList`` of branches) is refused: it is never
+    called itself.
     """
+    model = vlm_encoder(model)
     embeds = getattr(model, "embeds", None)
     if embeds is not None and hasattr(embeds, "norm") and hasattr(embeds, "proj"):
         return embeds.norm
@@ -46,6 +51,9 @@ def find_embed_module(model: nn.Module) -> nn.Module:
             "module: token permutation does not support it"
         )
     if isinstance(patch_embed, nn.Module):
+        projection = getattr(patch_embed, "input_proj", None)
+        if isinstance(projection, nn.Module) and hasattr(patch_embed, "position_embedding_table"):
+            return projection  # gemma4_vit: patches -> input_proj -> + the 2-D table, all inside patch_embed
         return patch_embed
     stem = getattr(model, "stem", None)
     if isinstance(stem, nn.Module) and type(stem).__name__ == "PatchEmbed":
@@ -55,6 +63,20 @@ def find_embed_module(model: nn.Module) -> nn.Module:
         "permutation (RPI) needs the module that embeds the patches, which CNNs and hybrid models do not have; probe "
         "it without RPI"
     )
+
+
+def vlm_encoder(model: nn.Module) -> nn.Module:
+    """The module that holds the patch embedding and the blocks: ``model.encoder`` for timm's VLM towers
+    (qwen3_vit, deepseek_vit, gemma4_vit: a classifier around an encoder), else ``model`` itself."""
+    encoder = getattr(model, "encoder", None)
+    if (
+        getattr(model, "patch_embed", None) is None
+        and isinstance(encoder, nn.Module)
+        and isinstance(getattr(encoder, "patch_embed", None), nn.Module)
+        and isinstance(getattr(encoder, "blocks", None), (nn.ModuleList, nn.Sequential))
+    ):
+        return encoder
+    return model
 
 
 def _embed_channels(module: nn.Module) -> int | None:

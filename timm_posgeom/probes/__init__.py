@@ -17,7 +17,7 @@ from .attention_measures import AttentionMeasure, AttentionResult, attention_mea
 from .cka import CKAResult, cka
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .pe_table import pe_content_norm_ratio, pe_table_ssdc
-from .position import PositionProbeResult, position_probe
+from .position import PositionMap, PositionProbeResult, fit_position_map, position_probe
 from .probe import REDUCTIONS, probe_ssdc
 from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, UnsupportedModelError, find_sites
@@ -35,6 +35,8 @@ __all__ = [
     "LayerView",
     "position_probe",
     "PositionProbeResult",
+    "fit_position_map",
+    "PositionMap",
     "cka",
     "CKAResult",
     "pe_table_ssdc",

@@ -24,7 +24,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..intervals import t_interval
+from ..intervals import jackknife_interval, t_interval
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 
@@ -125,12 +125,35 @@ def _say_constant(ra: Any, rb: Any) -> None:
         )
 
 
+def _jackknife(
+    ga: _Grams, gb: _Grams, layers_a: list[int], layers_b: list[int], full: np.ndarray, unbiased: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The delete-a-batch jackknife 95% interval of every entry of ``full`` (minibatch CKA sums over batches, so
+    a batch is the natural unit to leave out; batches weighted by their image counts); NaN with one batch."""
+    first = ga.grams[layers_a[0]]
+    sizes = [g.shape[0] for g in first]
+    deleted = np.full((len(sizes), *full.shape), np.nan)
+    for k in range(len(sizes) if len(sizes) > 1 else 0):
+        keep = [i for i in range(len(sizes)) if i != k]
+        for i, la in enumerate(layers_a):
+            for j, lb in enumerate(layers_b):
+                deleted[k, i, j] = minibatch_cka(
+                    [ga.grams[la][t] for t in keep],
+                    [gb.grams[lb][t] for t in keep],
+                    unbiased,
+                    [ga.constant[la][t] for t in keep],
+                    [gb.constant[lb][t] for t in keep],
+                )
+    return jackknife_interval(full, deleted, sizes)
+
+
 @dataclass
 class CKAResult:
     """CKA between the blocks of two models: ``matrix[i, j]`` for block ``layers_a[i]`` of model a and
     ``layers_b[j]`` of model b (docs/attention.md#cka). Under RPI ``matrix`` is the mean over the shared
     permutations (both models under the same ones) and ``matrix_ci`` its 95% interval over them ((low, high),
-    each shaped like ``matrix``; None without RPI)."""
+    each shaped like ``matrix``); without RPI ``matrix_ci`` is the delete-a-batch jackknife interval over the
+    batches (NaN with one batch)."""
 
     layers_a: list[int]
     layers_b: list[int]
@@ -214,6 +237,9 @@ def cka(
         interval=ra.settings["interval"],
     )
     if not rpi:
-        return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrices[0], settings=described)
+        described["interval"] = "delete-a-batch jackknife over the batches"
+        (ga,), (gb,) = _grams_of(ra), _grams_of(rb)
+        ci = _jackknife(ga, gb, ra.layers, rb.layers, matrices[0], unbiased)
+        return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=matrices[0], settings=described, matrix_ci=ci)
     mean, low, high = t_interval(matrices, axis=0)
     return CKAResult(layers_a=ra.layers, layers_b=rb.layers, matrix=mean, settings=described, matrix_ci=(low, high))

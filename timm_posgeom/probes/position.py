@@ -25,7 +25,7 @@ import torch
 
 from .measures import LayerView, Measure, MeasureResult, run_measures
 
-__all__ = ["position_probe", "PositionProbeResult"]
+__all__ = ["position_probe", "PositionProbeResult", "fit_position_map", "PositionMap"]
 
 
 def _features(x: torch.Tensor, view: LayerView) -> torch.Tensor:
@@ -126,6 +126,73 @@ class PositionProbeResult:
         }
 
 
+@dataclass
+class PositionMap:
+    """The linear (row, col) readout fitted per block by :func:`fit_position_map`.
+
+    Attributes:
+        layers: block indices.
+        weights: block -> (C + 1, H + W) float64: scores = [token, 1] @ W, the H row scores then the W column
+            scores (NaN where the block's tokens or its solve were not finite).
+        mean: block -> (C,) float64, the mean patch token of the fitted images.
+        settings: model, site, rpi, seed, ridge, the fitted image count (``train_images``), grid, the blocks
+            whose tokens were not finite (``nonfinite_layers``).
+    """
+
+    layers: list[int]
+    weights: dict[int, torch.Tensor]
+    mean: dict[int, torch.Tensor]
+    settings: dict[str, Any]
+
+    def directions(self, layer: int) -> torch.Tensor:
+        """(C, r) float64: an orthonormal basis of the token directions the block's readout reads (the span of
+        its weight columns, the bias row left out; r their rank); (C, 0) when the map is not finite."""
+        w = self.weights[layer][:-1]
+        if not bool(torch.isfinite(w).all()):
+            return w.new_zeros(w.shape[0], 0)
+        u, s, _ = torch.linalg.svd(w, full_matrices=False)
+        return u[:, s > s.max() * 1e-10] if s.numel() and s.max() > 0 else w.new_zeros(w.shape[0], 0)
+
+
+def fit_position_map(
+    model: torch.nn.Module,
+    train: Any,
+    *,
+    site: str = "attn_input",
+    rpi: bool = False,
+    seed: int = 0,
+    ridge: float = 1e-3,
+    layers: list[int] | None = None,
+    **options: Any,
+) -> PositionMap:
+    """Fit, per block, the ridge least-squares (row, col) readout of the patch tokens on ``train`` (the first half
+    of :func:`position_probe`; arguments as there)."""
+    if site not in ("attn_input", "block_output"):
+        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+    if not ridge >= 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    fit = _Fit(site)
+    fitted: MeasureResult = run_measures(
+        model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image", **options
+    )
+    weights, mean = {}, {}
+    for layer in fitted.layers:
+        xtx = fit.sums[("xtx", layer)]
+        weights[layer] = _solve(xtx, fit.sums[("xty", layer)], ridge)
+        mean[layer] = xtx[-1, :-1] / xtx[-1, -1]  # the bias column's sums: the tokens' sum, then their count
+    settings = dict(
+        model=fitted.settings["model"],
+        site=site,
+        rpi=rpi,
+        seed=seed,
+        ridge=ridge,
+        train_images=fitted.settings["n_images"],
+        grid_size=list(fitted.settings["grid_size"]),
+        nonfinite_layers=list(fitted.settings["nonfinite_layers"]),
+    )
+    return PositionMap(layers=fitted.layers, weights=weights, mean=mean, settings=settings)
+
+
 def position_probe(
     model: torch.nn.Module,
     train: Any,
@@ -153,15 +220,8 @@ def position_probe(
         **options: ``max_images``, ``batch_size``, ``device``, ``progress``, ``distributed`` of
             :func:`~timm_posgeom.probes.run_measures`, for both passes.
     """
-    if site not in ("attn_input", "block_output"):
-        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
-    if not ridge >= 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
-    fit = _Fit(site)
-    fitted: MeasureResult = run_measures(
-        model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image", **options
-    )
-    weights = {layer: _solve(fit.sums[("xtx", layer)], fit.sums[("xty", layer)], ridge) for layer in fitted.layers}
+    fitted = fit_position_map(model, train, site=site, rpi=rpi, seed=seed, ridge=ridge, layers=layers, **options)
+    weights = fitted.weights
     score = _Score(site, {k: w.to(torch.float64) for k, w in weights.items()})
     scored = run_measures(
         model, test, [score], rpi=rpi, seed=seed + 1, layers=fitted.layers, rpi_per="image", **options
@@ -183,7 +243,7 @@ def position_probe(
         rpi=rpi,
         seed=seed,
         ridge=ridge,
-        train_images=fitted.settings["n_images"],
+        train_images=fitted.settings["train_images"],
         test_images=scored.settings["n_images"],
         grid_size=[H, W],
     )

@@ -6,7 +6,8 @@ Two kinds of model:
   vision_transformer (incl. registers, no class token, avg pool, res-post-norm, parallel blocks),
   deit (incl. distilled), eva (incl. RoPE and dinov3-style), beit, vit_relpos, cait (its patch
   blocks; the class token only joins in ``blocks_token_only``, which are not probed), naflexvit
-  (image input), convit, xcit, samvit (incl. windowed blocks), and this package's ``PosGeomViT``.
+  (image input), convit, xcit, samvit (incl. windowed blocks), timm's VLM towers (qwen3_vit,
+  deepseek_vit, gemma4_vit: the blocks of ``model.encoder``) and this package's ``PosGeomViT``.
   Probed at ``attn_input`` or ``block_output`` of each block, on one grid;
 * **staged models**, whose grid changes with depth (swin, swinv2, hiera, mvitv2, pit, levit, twins,
   fastvit, crossvit's two branches, ...) and CNNs (resnet, convnext, ...), and the MLP models
@@ -34,6 +35,7 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import PosgeomError
+from ..interventions import vlm_encoder
 
 __all__ = [
     "SITES",
@@ -58,6 +60,7 @@ SUPPORTED_FAMILIES = (
     "convit",
     "xcit",
     "samvit",
+    "qwen3_vit, deepseek_vit, gemma4_vit",
     "timm_posgeom PosGeomViT",
 )
 
@@ -82,19 +85,22 @@ class ProbeSites:
     num_prefix_tokens: class / register / distillation tokens before the patch tokens (as the model
         declares them; the probe also accepts 0 where they join later, as in cait).
     family: a short name of what was recognised.
+    patch_embed: the module whose grid the tokens lie on (``model.patch_embed``; naflexvit's ``embeds``; the
+        VLM towers' ``encoder.patch_embed``); None: ``model.patch_embed``.
     """
 
     model: nn.Module
     blocks: list[nn.Module]
     num_prefix_tokens: int
     family: str
+    patch_embed: nn.Module | None = None
 
     def grid_size(self, img_hw: tuple[int, int]) -> tuple[int, int]:
         """The (H, W) token grid for an input image of height/width ``img_hw``.
 
         Raises ValueError when the model only accepts a fixed input size and ``img_hw`` differs.
         """
-        embed = getattr(self.model, "embeds", None) if self.family == "naflexvit" else self.model.patch_embed
+        embed = self.patch_embed if self.patch_embed is not None else self.model.patch_embed
         h, w = int(img_hw[0]), int(img_hw[1])
         fixed = getattr(embed, "img_size", None)
         if fixed is not None and getattr(embed, "strict_img_size", False) and (h, w) != tuple(fixed):
@@ -105,7 +111,13 @@ class ProbeSites:
         if not isinstance(embed, nn.Module):
             raise _unsupported(self.model, "it has no patch embedding module to give its token grid")
         feat_size = getattr(embed, "dynamic_feat_size", None)  # the grid of any input size, where timm has it
-        size = feat_size((h, w)) if feat_size is not None else tuple(cast(Sequence[int], embed.grid_size))
+        if feat_size is not None:
+            size = feat_size((h, w))
+        elif hasattr(embed, "grid_size"):
+            size = tuple(cast(Sequence[int], embed.grid_size))
+        else:  # gemma4_vit's patch embedding: non-overlapping patches of patch_size, no padding
+            ph, pw = cast(Sequence[int], embed.patch_size)
+            size = (h // int(ph), w // int(pw))
         grid = (int(size[0]), int(size[1]))
         if grid[0] < 1 or grid[1] < 1:
             raise ValueError(f"an image of {h}x{w} gives an empty token grid {grid}")
@@ -169,15 +181,16 @@ def find_sites(model: nn.Module) -> ProbeSites:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    blocks = getattr(model, "blocks", None)
+    trunk = vlm_encoder(model)  # the VLM towers: a classifier around `encoder`, whose blocks are probed
+    blocks = getattr(trunk, "blocks", None)
     if not isinstance(blocks, (nn.Sequential, nn.ModuleList)) or len(blocks) == 0:
         raise _unsupported(model, "it has no `blocks` (a flat sequence of transformer blocks)")
-    embeds = getattr(model, "embeds", None)
+    embeds = getattr(trunk, "embeds", None)
     if embeds is not None and hasattr(embeds, "proj") and hasattr(embeds, "dynamic_feat_size"):
-        family = "naflexvit"
-    elif isinstance(getattr(model, "patch_embed", None), nn.Module):
-        pe = model.patch_embed
-        if not (hasattr(pe, "dynamic_feat_size") or hasattr(pe, "grid_size")):
+        family, embed = "naflexvit", embeds
+    elif isinstance(getattr(trunk, "patch_embed", None), nn.Module):
+        embed = trunk.patch_embed
+        if not any(hasattr(embed, a) for a in ("dynamic_feat_size", "grid_size", "position_embedding_table")):
             raise _unsupported(model, "its `patch_embed` gives no token grid (no dynamic_feat_size/grid_size)")
         family = "cait" if hasattr(model, "blocks_token_only") else type(model).__name__
     else:
@@ -187,8 +200,8 @@ def find_sites(model: nn.Module) -> ProbeSites:
         raise _unsupported(
             model, f"its grid changes between blocks (feature reductions {', '.join(map(str, reductions))})"
         )
-    num_prefix = int(getattr(model, "num_prefix_tokens", 0) or 0)
-    return ProbeSites(model=model, blocks=list(blocks), num_prefix_tokens=num_prefix, family=family)
+    num_prefix = int(getattr(trunk, "num_prefix_tokens", 0) or 0)
+    return ProbeSites(model=model, blocks=list(blocks), num_prefix_tokens=num_prefix, family=family, patch_embed=embed)
 
 
 def _reductions(model: nn.Module) -> list[int]:

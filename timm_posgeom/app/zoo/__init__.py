@@ -29,8 +29,9 @@ loses at most the model in progress), retries the ones that failed, and refuses 
 unless ``allow_changes``. Only the main process writes (:func:`is_main_process`).
 
 The package: :mod:`.config` (:class:`ZooConfig`, model lists), :mod:`.measure` (one model),
-:mod:`.run` (plan, shards, locks, :func:`run_zoo`, :func:`merge_zoo`), :mod:`.table` (``zoo.csv``) and
-:mod:`.figures` (``zoo.md`` and the figures).
+:mod:`.run` (plan, shards, locks, :func:`run_zoo`, :func:`merge_zoo`), :mod:`.table` (``zoo.csv``),
+:mod:`.figures` (``zoo.md`` and the figures) and :mod:`.model_sets` (``--model-set``: model lists, and the top-1 timm
+publishes for them, shown beside the zoo's).
 """
 
 from .config import (
@@ -49,6 +50,7 @@ from .config import (
 )
 from .figures import fig_fragility_delta, fig_ssdc_depth, write_outputs, zoo_markdown
 from .measure import match_labels, measure_model, weights_key
+from .model_sets import MODEL_SETS, PUBLISHED, model_set, published_top1
 from .run import ZooSummary, merge_zoo, parse_shard, read_records, run_zoo
 from .table import csv_columns, csv_rows, layer_summary, pe_kinds, relative_depth, write_csv
 
@@ -83,4 +85,8 @@ __all__ = [
     "weights_key",
     "config_from_settings",
     "match_labels",
+    "MODEL_SETS",
+    "PUBLISHED",
+    "model_set",
+    "published_top1",
 ]

@@ -32,7 +32,7 @@ PRETRAINED_MODES = ("auto", "on", "off")
 EXTRAS = ("attention", "position")  # the default measures beyond SSDC and fragility, each a group of columns
 
 
-_NO_MODELS = "no models to measure: give model names, --models-file FILE or --filter PATTERN"
+_NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
 
 
 class ZooError(PosgeomError, RuntimeError):

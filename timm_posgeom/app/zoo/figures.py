@@ -13,6 +13,7 @@ from ...jsonio import write_atomic
 from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
+from .model_sets import PUBLISHED_SETS, PUBLISHED_SOURCE, published_top1
 from .table import _fmt, layer_summary, pe_kinds, relative_depth, write_csv
 
 
@@ -220,8 +221,9 @@ def _extras_markdown(records: Sequence[ZooModel], config: ZooConfig) -> list[str
 
 def zoo_markdown(records: Sequence[ZooModel], config: ZooConfig, left_out: Sequence[str] = ()) -> str:
     """``zoo.md``: settings, the table, the alpha sweeps, notes and failures, the figures."""
-    lines = _md_header(records, config) + _md_table(records, config) + _md_sweeps(records, config)
-    lines += _extras_markdown(records, config) + _md_notes(records) + _md_figures(left_out)
+    lines = _md_header(records, config) + _md_table(records, config) + _md_published(records, config)
+    lines += _md_sweeps(records, config) + _extras_markdown(records, config) + _md_notes(records)
+    lines += _md_figures(left_out)
     return "\n".join(lines) + "\n"
 
 
@@ -368,6 +370,48 @@ def _md_figures(left_out: Sequence[str]) -> list[str]:
             + ", ".join(f"`{m}`" for m in left_out)
             + ".",
         ]
+    return lines
+
+
+def _md_published(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
+    """timm's published top-1 of each model that has them (``--model-set pe-variants``), beside what the zoo measured
+    on its own data; nothing when no model has published numbers."""
+    shown = [r for r in records if r.status == "ok" and published_top1(r.model)]
+    if not shown:
+        return []
+    jpeg = JPEG_SHIFT if JPEG_SHIFT in config.shifts else config.shifts[0]
+    head = [
+        "model",
+        "PE",
+        "timm: ImageNet / -R / -A / -Sketch top-1 (%)",
+        f"top-1 here ({config.data})",
+        f"FS {jpeg}",
+        "ΔSSDC (RPI)",
+        "RPI: SSDC mean over layers",
+    ]
+    lines = [
+        "",
+        "## Published by timm, beside ours",
+        "",
+        f"timm's own top-1 of each model on ImageNet-1k, ImageNet-R, ImageNet-A and ImageNet-Sketch ({PUBLISHED_SOURCE}), "
+        "next to what this zoo measured on its own data (brackets: 95% intervals). None of these models has "
+        "published ImageNet-C numbers.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in shown:
+        top1 = published_top1(r.model) or {}
+        cells = [
+            f"`{_md_cell(r.model)}`",
+            _md_cell(pe_kinds(r.pe)),
+            " / ".join(f"{top1[k]:.2f}" for k in PUBLISHED_SETS),
+            _ci3(r.clean_accuracy, r.clean_accuracy_ci),
+            _ci3((r.fs or {}).get(jpeg), (r.fs_interval or {}).get(jpeg)),
+            _ci3(r.rpi_delta_ssdc, r.rpi_delta_ssdc_ci),
+            _ci3(layer_summary(r.rpi_ssdc)["mean"], r.rpi_ssdc_mean_ci),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

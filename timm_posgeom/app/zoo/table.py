@@ -14,6 +14,7 @@ from ...jsonio import write_atomic
 from ..records import ZooModel
 from ..rundir import set_aside
 from .config import SWEEP_SHIFTS, ZooConfig, _num
+from .model_sets import PUBLISHED_SETS, published_top1
 
 
 def relative_depth(n: int) -> list[float]:
@@ -87,8 +88,17 @@ def pe_kinds(pe: Sequence[dict[str, Any]] | None) -> str:
     return "; ".join(k if n == 1 else f"{k} x{n}" for k, n in counts.items()) or "none"
 
 
-def csv_columns(config: ZooConfig) -> list[str]:
-    """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, SSDC summaries, versions."""
+def published_columns(records: Sequence[ZooModel] | None) -> list[str]:
+    """``timm_top1_<set>`` for each set timm publishes (:data:`~.model_sets.PUBLISHED_SETS`), when a record's model has
+    published numbers (:func:`~.model_sets.published_top1`); none otherwise."""
+    if not records or not any(published_top1(r.model) for r in records):
+        return []
+    return [f"timm_top1_{s}" for s in PUBLISHED_SETS]
+
+
+def csv_columns(config: ZooConfig, records: Sequence[ZooModel] | None = None) -> list[str]:
+    """The columns of ``zoo.csv``: identity, size, PE, accuracy and FS per shift, timm's published top-1 where
+    ``records`` have any, SSDC summaries, versions."""
     cols = [
         "model",
         "status",
@@ -109,6 +119,7 @@ def csv_columns(config: ZooConfig) -> list[str]:
         "top1_ci_high",
         "n_images",
         "labels",
+        *published_columns(records),
     ]
     for s in config.shifts:
         cols += [f"fs_{s}", f"fs_{s}_ci_low", f"fs_{s}_ci_high"]
@@ -155,7 +166,7 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
     ``X_ci_low`` / ``X_ci_high`` is the 95% interval of column ``X`` (docs/zoo.md#zoocsv-columns)."""
     rows = []
     for r in records:
-        row = {c: "" for c in csv_columns(config)}
+        row = {c: "" for c in csv_columns(config, records)}
         row.update(
             model=r.model,
             status=r.status,
@@ -189,6 +200,8 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
                 notes=" | ".join(n for n in r.notes),
             )
             _ssdc_columns(row, r)
+            for name, value in (published_top1(r.model) or {}).items():
+                row[f"timm_top1_{name}"] = _fmt(value / 100)  # a fraction, as top1
             low, high = (r.clean_accuracy_ci or [None, None])[:2]
             row["top1_ci_low"], row["top1_ci_high"] = _fmt(low), _fmt(high)
             for s in config.shifts:
@@ -275,7 +288,7 @@ def write_csv(
     models is kept beside it first (:func:`keep_if_shrinking`), never lost."""
     keep_if_shrinking(path, [r.model for r in records], log)
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=csv_columns(config), lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=csv_columns(config, records), lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(records, config))
     write_atomic(path, buffer.getvalue())
