@@ -145,7 +145,7 @@ def cached_hub_file(
     cache (``cache_dir``, else ``HF_HUB_CACHE`` / ``HF_HOME``), or None; never asks the network."""
     from huggingface_hub import try_to_load_from_cache
 
-    found = try_to_load_from_cache(repo_id, filename, cache_dir=cache_dir)
+    found = try_to_load_from_cache(repo_id, filename, cache_dir=None if cache_dir is None else str(cache_dir))
     return found if isinstance(found, str) and os.path.isfile(found) else None
 
 
@@ -161,7 +161,7 @@ def hub_weights_file(name: str, repo_id: str, cache_dir: str | os.PathLike | Non
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
     try:
-        return hf_hub_download(repo_id, WEIGHTS_FILE, cache_dir=cache_dir)
+        return hf_hub_download(repo_id, WEIGHTS_FILE, cache_dir=None if cache_dir is None else str(cache_dir))
     except (HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled, OSError) as e:
         raise WeightsNotFoundError(
             f"the weights of {name} ({repo_id}) are not in the Hugging Face Hub cache and the Hub did not give them "
