@@ -303,3 +303,45 @@ def test_a_resume_measures_only_what_is_missing_and_never_mixes_settings(measure
     with pytest.raises(SettingsChangedError, match="rpi_permutations: 2 -> 3"):
         extrapolate(model, synthetic, [32], None, resume=result, **{**kwargs, "rpi_permutations": 3})
 
+
+@pytest.mark.slow
+def test_the_command_writes_row_by_row_resumes_and_never_mixes_settings(tmp_path, capsys):
+    from timm_posgeom.cli.main import main
+
+    out = tmp_path / "ex"
+    args = ["extrapolate", "posgeom_vit_micro_patch8_64_rope", "--num-classes", "10", "--data", "synthetic"]
+    args += ["--max-images", "8", "--probe-images", "4", "--rpi-permutations", "2", "--batch-size", "4"]
+    args += ["--num-workers", "0", "--no-progress", "--out", str(out)]
+    assert main([*args, "--sizes", "32,64"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "extrapolate.csv",
+        "extrapolate.json",
+        "extrapolate.md",
+        "extrapolate.png",
+    ]
+    first = ExtrapolationResult.read(out / "extrapolate.json")
+    assert [r.key for r in first.rows] == [(s, m) for s in (32, 64) for m in ("rope-native", "rope-interp")]
+    assert first.settings["model_name"] == "posgeom_vit_micro_patch8_64_rope" and first.settings["data"] == "synthetic"
+    capsys.readouterr()
+    assert main([*args, "--sizes", "32,64,128", "--modes", "rope-interp"]) == 0  # only the missing row is measured
+    assert "1 row(s) measured now, 4 kept from before" in capsys.readouterr().err
+    again = ExtrapolationResult.read(out / "extrapolate.json")
+    assert [r.to_dict() for r in again.rows[:4]] == [r.to_dict() for r in first.rows]
+    assert [r.key for r in again.rows[4:]] == [(128, "rope-interp")]
+    for changed, words in ((["--max-images", "6"], "max_images: 8 -> 6"), (["--seed", "1"], "seed: 0 -> 1")):
+        with pytest.raises(SystemExit) as e:
+            main([*args, *changed, "--sizes", "32"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and words in err[0] and "--allow-changes" in err[0]
+    assert main([*args, "--seed", "1", "--sizes", "32", "--allow-changes"]) == 0
+    assert "kept the former extrapolate.json as extrapolate.json.replaced-1" in capsys.readouterr().err
+    assert (out / "extrapolate.json.replaced-1").is_file()
+    assert [r.key for r in ExtrapolationResult.read(out / "extrapolate.json").rows] == [
+        (32, "rope-native"),
+        (32, "rope-interp"),
+    ]
+    for bad, words in ((["--sizes", "36"], "not positive multiples"), (["--modes", "ape-bicubic"], "has none")):
+        with pytest.raises(SystemExit) as e:
+            main([*args, *bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and words in err[0]
