@@ -46,6 +46,10 @@ SETTING_KEYS = (
 )
 """The settings every row of a result shares (a ``resume`` with others is refused)."""
 
+KEEP_BYTES = 1 << 30
+"""The probe images of one size are kept in memory as transformed batches up to this many bytes (1 GiB: 1,000
+images at 256 px), read once for every mode and measure; larger, they are transformed again for each."""
+
 
 class SettingsChangedError(ExtrapolationError):
     """Rows to resume that were measured with other settings than the call's (never mixed with new ones)."""
@@ -88,11 +92,12 @@ class _Plan:
     probe_images: int
     shifts: list[str]
     settings: MeasureSettings
-    probe_batches: dict[int, list] = field(default_factory=dict)  # the current size's probe batches, made once
+    probe_batches: dict[int, Any] = field(default_factory=dict)  # the current size's probe batches, made once
 
-    def batches_at(self, model: nn.Module, images: Any, size: int) -> list:
-        """The probe images at ``size`` as transformed batches, made once per size for every mode and measure (the
-        model is at ``size`` already); the batches of another size are dropped."""
+    def batches_at(self, model: nn.Module, images: Any, size: int) -> Any:
+        """The probe images at ``size`` as transformed batches (the model is at ``size`` already): made once per
+        size and kept for every mode and measure while they take at most :data:`KEEP_BYTES`, else a loader that
+        reads them again for each (from the decoded images, resized once per size)."""
         if size not in self.probe_batches:
             from ..eval_data import eval_loader
 
@@ -106,7 +111,8 @@ class _Plan:
                 num_workers=self.settings.num_workers,
                 img_size=size,
             )
-            self.probe_batches[size] = list(loader)
+            kept = 3 * size * size * 4 * self.probe_images <= KEEP_BYTES  # float32 (3, S, S) images
+            self.probe_batches[size] = list(loader) if kept else loader
         return self.probe_batches[size]
 
 
