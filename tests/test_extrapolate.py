@@ -305,11 +305,14 @@ def test_a_resume_measures_only_what_is_missing_and_never_mixes_settings(measure
 
 
 @pytest.mark.slow
-def test_probe_images_read_again_when_too_many_to_keep_give_the_same_rows(measured, synthetic, monkeypatch):
+def test_images_read_again_when_too_many_to_keep_give_the_same_rows(measured, synthetic, monkeypatch):
+    """Too many images to decode once (DECODE_IMAGES), probe batches too large to keep (KEEP_BYTES): each is read
+    again from the split, and the numbers are the same."""
     from timm_posgeom.resolution import measure
 
     model, result, _ = measured
     monkeypatch.setattr(measure, "KEEP_BYTES", 0)
+    monkeypatch.setattr(measure, "DECODE_IMAGES", 0)
     kwargs = dict(probe_images=6, max_images=12, rpi_permutations=2, batch_size=6, num_workers=0, progress=False)
     again = extrapolate(model, synthetic, [128], ["rope-interp"], **kwargs)
     assert {**again.rows[0].to_dict(), "seconds": 0} == {**result.row(128, "rope-interp").to_dict(), "seconds": 0}

@@ -9,7 +9,8 @@ Per size S and mode (:mod:`.carry`), with the model carried to S in that mode (a
   per layer (:func:`~timm_posgeom.probes.attention_measures`).
 
 Every image is resized from its source straight to S (never upsampled from the training size): the images are
-decoded once (:class:`~timm_posgeom.eval_data.DecodedImages`) and resized once per size, for every mode. At the
+decoded once (:class:`~timm_posgeom.eval_data.DecodedImages`, up to :data:`DECODE_IMAGES`) and resized once per
+size, for every mode. At the
 training size every mode is the model itself: the row is measured once and repeated for the other modes (the
 same numbers, bit for bit). Definitions: docs/method.md#resolution-extrapolation.
 """
@@ -45,6 +46,10 @@ SETTING_KEYS = (
     "site",
 )
 """The settings every row of a result shares (a ``resume`` with others is refused)."""
+
+DECODE_IMAGES = 5000
+"""Up to this many images are decoded once and resized once per size, in memory (5,000 images of 224 px: 750 MB);
+more are read from the split again at each size and measure (memory bounded, slower)."""
 
 KEEP_BYTES = 1 << 30
 """The probe images of one size are kept in memory as transformed batches up to this many bytes (1 GiB: 1,000
@@ -198,7 +203,9 @@ def _prepare(
     data = match_labels(model, first_items(data, settings.max_images), labels)
     top1 = check_split(data, settings.max_images)
     probe = min(probe_count(probe_images, settings.max_images), len(data))
-    images = data if isinstance(data, DecodedImages) else DecodedImages(data, max(top1, probe), keep=1)
+    count = max(top1, probe)
+    decode = count <= DECODE_IMAGES and not isinstance(data, DecodedImages)
+    images = DecodedImages(data, count, keep=1) if decode else data
     quiet = settings.replace(progress=False, rpi_permutations=rpi_count(settings.rpi_permutations))
     return images, _Plan(top1, probe, shift_list, quiet)
 

@@ -1,0 +1,129 @@
+"""What resolution extrapolation costs: ``extrapolate`` against the plain forwards it makes, per input size.
+
+For each size S of ``--sizes`` and each mode of ``--modes``, in one run, interleaved, the minimum (and the median)
+over ``--repeats``:
+
+* ``extrapolate(model, data, [S], [mode])``: top-1 over ``--top1-images`` images, SSDC clean and under RPI (K =
+  ``--rpi-permutations``) and the attention measures over ``--probe-images`` of them: everything a row holds,
+  with the model carried to S and restored;
+* the plain forwards of the same images at S: the model set to S once (outside the timing, timm's
+  ``set_input_size``), the same images read by ``eval_loader`` at S (resized from their source, as extrapolate
+  reads them), then ``model(x)`` under ``torch.inference_mode`` on the top-1 images once and on the probe
+  images 2 + K times (clean SSDC, K permutations, attention): the forwards a hand-written loop would make.
+
+Both read the same decoded images (a fresh :class:`~timm_posgeom.eval_data.DecodedImages` for every timing, made
+outside it, so that neither reuses the other's resized images). Printed: seconds and the ratio extrapolate / plain
+per size and mode, and the load average. At the training size extrapolate carries nothing (every mode is the
+model itself), so the sizes worth timing are the others.
+
+The model is this package's micro model at random init (the cost does not depend on the weights); the images are
+Imagenette's validation images where ``--data`` names a copy, else the synthetic set. Run:
+``python benchmarks/bench_extrapolate.py --data PATH`` (about 10 minutes on 2 CPU cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import timm
+import torch
+
+import timm_posgeom  # noqa: F401  (registers the models)
+from timm_posgeom.eval_data import DecodedImages, eval_loader
+from timm_posgeom.resolution import at_input_size, extrapolate
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _source(path: str | None, images: int):
+    if path:
+        from timm_posgeom import load_split
+
+        return load_split(path, "validation", subset=images)
+    from timm_posgeom import SyntheticShapes
+
+    return SyntheticShapes(images, split="validation")
+
+
+def _plain(model, data, size: int, mode: str, args) -> float:
+    """Seconds of the plain forwards of one row at ``size`` (the model carried there outside the timing)."""
+    with at_input_size(model, size, mode):
+
+        def run():
+            with torch.inference_mode():
+                for x, _ in eval_loader(model, data, max_images=args.top1_images, batch_size=args.batch, num_workers=0):
+                    model(x)
+                probe = list(
+                    eval_loader(model, data, max_images=args.probe_images, batch_size=args.batch, num_workers=0)
+                )
+                for _ in range(2 + args.rpi_permutations):
+                    for x, _ in probe:
+                        model(x)
+
+        return _time(run)
+
+
+def _extrapolate(model, data, size: int, mode: str, args) -> float:
+    return _time(
+        lambda: extrapolate(
+            model,
+            data,
+            [size],
+            [mode],
+            probe_images=args.probe_images,
+            max_images=args.top1_images,
+            rpi_permutations=args.rpi_permutations,
+            batch_size=args.batch,
+            num_workers=0,
+            progress=False,
+            labels="as-is",
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=None, help="an Imagenette copy (parquet folder); default: synthetic")
+    parser.add_argument("--model", default="posgeom_vit_micro_patch8_64_rope")
+    parser.add_argument("--sizes", default="32,128,256")
+    parser.add_argument("--modes", default="rope-native,rope-interp")
+    parser.add_argument("--top1-images", type=int, default=128)
+    parser.add_argument("--probe-images", type=int, default=32)
+    parser.add_argument("--rpi-permutations", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=10).eval()
+    source = _source(args.data, max(args.top1_images, args.probe_images))
+    cases = [(int(s), m) for s in args.sizes.split(",") for m in args.modes.split(",")]
+    times: dict[tuple, list[float]] = {}
+    _extrapolate(model, DecodedImages(source), cases[0][0], cases[0][1], args)  # warm up
+    for _ in range(args.repeats):
+        for size, mode in cases:
+            for kind, fn in (("extrapolate", _extrapolate), ("plain", _plain)):
+                times.setdefault((size, mode, kind), []).append(fn(model, DecodedImages(source), size, mode, args))
+    print(
+        f"{args.model}, {args.top1_images} top-1 images, {args.probe_images} probe images, K = "
+        f"{args.rpi_permutations}, batch {args.batch}, torch threads {torch.get_num_threads()}, "
+        f"load {os.getloadavg()[0]:.2f}, min (median) of {args.repeats}"
+    )
+    print("| size | mode | extrapolate s | plain forwards s | ratio | ratio of medians |")
+    print("|---|---|---|---|---|---|")
+    for size, mode in cases:
+        ext, plain = times[(size, mode, "extrapolate")], times[(size, mode, "plain")]
+        print(
+            f"| {size} | {mode} | {min(ext):.2f} | {min(plain):.2f} | {min(ext) / min(plain):.3f}x "
+            f"| {statistics.median(ext) / statistics.median(plain):.3f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
