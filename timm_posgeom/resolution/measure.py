@@ -259,6 +259,7 @@ def _at_training_size(rows: list[ExtrapolationRow], model: nn.Module, size: int,
 def _measure_row(model: nn.Module, images: Any, size: int, mode: str, plan: _Plan) -> ExtrapolationRow:
     """Every measure of one (size, mode), the model carried there for them."""
     from ..probes import attention_measures, probe_ssdc
+    from ..probes.attention_measures import AttentionEntropy, MeanAttentionDistance
     from ..robustness import fragility
 
     started = time.perf_counter()
@@ -271,7 +272,11 @@ def _measure_row(model: nn.Module, images: Any, size: int, mode: str, plan: _Pla
         loader = plan.batches_at(model, images, size)
         clean = probe_ssdc(model, loader, settings=probe)
         rpi = probe_ssdc(model, loader, rpi=True, settings=probe)
-        attention = attention_measures(model, loader, settings=probe)
+        # the two measures a row holds: attention SSDC per head (the third default) costs a float64 sum of every
+        # head's map and its ranking, as much again as these two at a 28 x 28 grid
+        attention = attention_measures(
+            model, loader, measures=[MeanAttentionDistance(), AttentionEntropy()], settings=probe
+        )
     tokens = attention.settings["grid_size"][0] * attention.settings["grid_size"][1]
     return ExtrapolationRow(
         size=size,
