@@ -17,12 +17,15 @@ over ``--repeats`` of three timings:
 
 Both read the same decoded images (a fresh :class:`~timm_posgeom.eval_data.DecodedImages` for every timing, made
 outside it, so that none reuses another's resized images). Printed: seconds and the ratios of extrapolate to the
-measures by hand and to the plain forwards, per size and mode, and the load average. At the training size extrapolate carries nothing (every mode is the
-model itself), so the sizes worth timing are the others.
+measures by hand and to the plain forwards, per size and mode, and the load average. At the training size
+extrapolate carries nothing (every mode is the model itself), so the sizes worth timing are the others.
+``--breakdown SIZE`` adds each probe measure alone on the probe images at SIZE against one plain forward of them:
+where the measures' own cost goes.
 
 The model is this package's micro model at random init (the cost does not depend on the weights); the images are
 Imagenette's validation images where ``--data`` names a copy, else the synthetic set. Run:
-``python benchmarks/bench_extrapolate.py --data PATH`` (about 10 minutes on 2 CPU cores).
+``python benchmarks/bench_extrapolate.py --data PATH`` (with ``--sizes 32,128,224 --repeats 3``: about 25 minutes on
+2 CPU cores shared with other work).
 """
 
 from __future__ import annotations
@@ -112,6 +115,42 @@ def _extrapolate(model, data, size: int, mode: str, args) -> float:
     )
 
 
+def breakdown(model, source, size: int, mode: str, args) -> None:
+    """Each probe measure alone on the probe images at ``size``, against one plain forward of them (min over
+    ``--repeats``): where the measures' own cost goes."""
+    from timm_posgeom import attention_measures, probe_ssdc
+    from timm_posgeom.probes.attention_measures import AttentionEntropy, MeanAttentionDistance
+
+    settings = dict(batch_size=args.batch, progress=False)
+    with at_input_size(model, size, mode):
+        batches = list(
+            eval_loader(
+                model, DecodedImages(source), max_images=args.probe_images, batch_size=args.batch, num_workers=0
+            )
+        )
+
+        def forward():
+            with torch.inference_mode():
+                for x, _ in batches:
+                    model(x)
+
+        cases = {
+            "one plain forward": forward,
+            "probe_ssdc": lambda: probe_ssdc(model, batches, **settings),
+            f"probe_ssdc under RPI (K = {args.rpi_permutations})": lambda: probe_ssdc(
+                model, batches, rpi=True, rpi_permutations=args.rpi_permutations, **settings
+            ),
+            "attention_measures (entropy, distance)": lambda: attention_measures(
+                model, batches, measures=[MeanAttentionDistance(), AttentionEntropy()], **settings
+            ),
+        }
+        forward()  # warm up
+        times = {name: min(_time(fn) for _ in range(args.repeats)) for name, fn in cases.items()}
+    print(f"\n{args.probe_images} probe images at {size} px ({mode}), min of {args.repeats}:")
+    for name, seconds in times.items():
+        print(f"  {name}: {seconds:.2f} s = {seconds / times['one plain forward']:.2f} plain forwards")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="an Imagenette copy (parquet folder); default: synthetic")
@@ -123,6 +162,7 @@ def main() -> None:
     parser.add_argument("--rpi-permutations", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--breakdown", type=int, default=None, metavar="SIZE", help="also each measure alone at SIZE")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = timm.create_model(args.model, num_classes=10).eval()
@@ -150,6 +190,8 @@ def main() -> None:
             f"| {min(ext) / min(hand):.3f}x ({statistics.median(ext) / statistics.median(hand):.3f}x) "
             f"| {min(ext) / min(plain):.3f}x ({statistics.median(ext) / statistics.median(plain):.3f}x) |"
         )
+    if args.breakdown:
+        breakdown(model, source, args.breakdown, cases[0][1], args)
 
 
 if __name__ == "__main__":
