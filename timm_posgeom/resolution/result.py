@@ -251,31 +251,48 @@ def extrapolation_figure(
 ) -> Any:
     """Top-1, delta SSDC under RPI and the last layer's attention entropy over log T against the scale (input
     size / training size, log2 axis), one line per (label, mode) with 95% error bars: over the results that share
-    a label (seeds: the mean and its Student t interval), else the row's own. ``labels``: one per result (default:
-    each result's model). Saved to ``path`` (PNG) when given; returns the Figure (Agg canvas, no display)."""
+    a label (seeds: the mean and its Student t interval), else the row's own. One colour per label (per mode when
+    there is one label), one line style per mode of a label; the lines are set slightly apart along the scale so
+    that their error bars do not hide each other. ``labels``: one per result (default: each result's model).
+    Saved to ``path`` (PNG) when given; returns the Figure (Agg canvas, no display)."""
     FigureCanvasAgg = require("matplotlib.backends.backend_agg", "figures").FigureCanvasAgg
     Figure = require("matplotlib.figure", "figures").Figure
     from ..plotting import fit_titles, save_figure
 
     labels = list(labels) if labels is not None else [str(r.settings.get("model", "")) for r in results]
     groups = {label: [r for r, lab in zip(results, labels) if lab == label] for label in dict.fromkeys(labels)}
-    fig = Figure(figsize=(12, 3.9), layout="constrained")
+    lines = [
+        (label, mode) for label, group in groups.items() for mode in dict.fromkeys(m for r in group for m in r.modes)
+    ]
+    fig = Figure(figsize=(12, 4.6 if len(lines) > 4 else 4.0), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(_PANELS))
+    scales = sorted({r.scale for res in results for r in res.rows})
     for ax, (name, _, _) in zip(axes, _PANELS):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(scales, [f"{s:g}" for s in scales])
+        ax.minorticks_off()
         ax.set_xlabel("input size / training size")
         ax.set_ylabel(name)
-        ax.axvline(1.0, color="0.8", lw=0.8, zorder=0)
-    for label, group in groups.items():
-        for mode in dict.fromkeys(m for res in group for m in res.modes):
-            name = mode if len(groups) == 1 else f"{label} {mode}"
-            for k, ax in enumerate(axes):
-                x, y, low, high = _series(group, mode, k)
-                err = np.vstack([y - low, high - y])
-                ax.errorbar(x, y, yerr=np.where(np.isfinite(err), err, 0), marker="o", ms=3, capsize=2, label=name)
+        ax.axvline(1.0, color="0.85", lw=0.8, zorder=0)
+    colours = {key: f"C{i % 10}" for i, key in enumerate(groups if len(groups) > 1 else [m for _, m in lines])}
+    styles = ("-", "--", ":", "-.")
+    for i, (label, mode) in enumerate(lines):
+        shift = 2.0 ** (0.03 * (i - (len(lines) - 1) / 2))  # set apart along the log axis
+        same = [m for lab, m in lines if lab == label]
+        look = dict(
+            color=colours[label if len(groups) > 1 else mode],
+            ls=styles[same.index(mode) % len(styles)] if len(groups) > 1 else "-",
+            label=mode if len(groups) == 1 else f"{label}: {mode}",
+        )
+        for k, ax in enumerate(axes):
+            x, y, low, high = _series(groups[label], mode, k)
+            err = np.vstack([y - low, high - y])
+            ax.errorbar(
+                x * shift, y, yerr=np.where(np.isfinite(err), err, 0), marker="o", ms=3, capsize=2, lw=1.2, **look
+            )
     axes[1].axhline(0.0, color="0.6", lw=0.8, ls=":")
-    axes[0].legend(fontsize=6, ncol=1 + len(axes[0].lines) // 12)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=min(5, len(lines)), fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fit_titles(fig)
