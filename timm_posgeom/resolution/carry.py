@@ -206,7 +206,8 @@ class ModuleState:
     Kept per module: each entry of its ``__dict__`` (the same objects, tensors included: nothing is copied but
     the containers' lists of entries), and for its dicts and lists (``_parameters``, ``_buffers``, ``_modules``,
     the hook dicts) their entries, restored into the same container objects, so that a handle taken before
-    (a hook's ``RemovableHandle``) still reaches its dict. Costs microseconds a module (no ``deepcopy``)."""
+    (a hook's ``RemovableHandle``) still reaches its dict. Tens of microseconds a module, taken and restored: about
+    a tenth of a ``deepcopy`` of the model, and no weight is copied."""
 
     def __init__(self, model: nn.Module):
         self.saved = []
