@@ -57,6 +57,7 @@ SMALL = {
     "fragility": _MEASURE,
     "sweep": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],
     "zoo": [*_MEASURE, "--probe-images", str(SMALL_IMAGES), "--rpi-permutations", "2"],
+    "extrapolate": [*_MEASURE, "--probe-images", "8", "--rpi-permutations", "2", "--num-workers", "0"],
     "train": [
         "--no-progress",
         *[

@@ -111,10 +111,11 @@ def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
     }
     assert not differ, f"one flag, several defaults or help texts: {differ}"
     # the image limit: one name in every measuring command, the whole split by default; SSDC's own count
-    for command in ("probe", "fragility", "sweep", "zoo"):
+    for command in ("probe", "fragility", "sweep", "extrapolate", "zoo"):
         assert table["--max-images"][command][0] is None
     assert (
-        set(table["--probe-images"]) == {"sweep", "zoo", "train", "study"} and table["--probe-images"]["zoo"][0] is None
+        set(table["--probe-images"]) == {"sweep", "extrapolate", "zoo", "train", "study"}
+        and table["--probe-images"]["zoo"][0] is None
     )
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
     # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name

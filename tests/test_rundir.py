@@ -110,7 +110,10 @@ def test_settings_changes_ignore_the_neutral_keys_and_compare_as_json():
     assert settings_changes("zoo", {"device": "cpu", "images": 8}, {"device": "cuda", "images": 9}) == {
         "images": (8, 9)
     }
-    assert set(NEUTRAL_KEYS) == {"recipe", "study", "zoo"}
+    assert set(NEUTRAL_KEYS) == {"recipe", "study", "zoo", "extrapolate"}
+    assert settings_changes("extrapolate", {"device": "cpu", "data": "a"}, {"device": "cuda", "data": "b"}) == {
+        "data": ("a", "b")
+    }
     # a recipe saved before wd_exclude_model existed ran with the model's no_weight_decay() list excluded
     assert settings_changes("recipe", {"lr": 1e-3}, {"lr": 1e-3, "wd_exclude_model": True}) == {}
     assert settings_changes("recipe", {"lr": 1e-3}, {"lr": 1e-3, "wd_exclude_model": False}) == {

@@ -6,7 +6,8 @@ Importing the package registers the PE-variant ViTs with timm::
     model = timm.create_model("posgeom_vit_small_patch16_224_rope", num_classes=100, alpha=1.0)
 
 This package root is the library: models, positional encodings, interventions, probes, shifts,
-transforms, data, robustness and causal localisation. The application built on it (recipes, ``timm_posgeom.app.train``,
+transforms, data, robustness, causal localisation and resolution extrapolation. The application built on it
+(recipes, ``timm_posgeom.app.train``,
 ``timm_posgeom.app.study``, ``timm_posgeom.app.report``, ``timm_posgeom.app.hub`` and the ``posgeom`` command)
 is imported by its users only, never from here. Data flows one way: data -> model (+ interventions)
 -> probes / robustness -> study -> report. Definitions: docs/method.md.
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .probes.attention_measures import attention_measures
     from .probes.cka import cka
     from .protocol import Measurement, Protocol, ProtocolError, measure_model, measure_names, register_measure
+    from .resolution import ExtrapolationResult, ExtrapolationRow, at_input_size, extrapolate
     from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
@@ -149,6 +151,11 @@ __all__ = [
     "ImageNetCResult",
     "alpha_sweep",
     "AlphaSweepResult",
+    # resolution extrapolation
+    "extrapolate",
+    "ExtrapolationResult",
+    "ExtrapolationRow",
+    "at_input_size",
     # labels
     "match_labels",
     "LabelMismatchError",
@@ -223,6 +230,7 @@ _LAZY = {
         "probes",
     ),
     **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
+    **dict.fromkeys(("ExtrapolationResult", "ExtrapolationRow", "at_input_size", "extrapolate"), "resolution"),
     **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
     **dict.fromkeys(("SupportRow", "check_support"), "support"),
     "SyntheticShapes": "synthetic",

@@ -52,6 +52,8 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
     "study": frozenset({"batch_size", "num_workers", "workers", "device", "seeds", "conditions", "accelerate_config"}),
     # the ZooConfig of a zoo (zoo.json and each model's record): these are not even recorded
     "zoo": frozenset({"batch_size", "num_workers", "device", "shared_decode", "streaming"}),
+    # the settings of a `posgeom extrapolate` folder (extrapolate.json)
+    "extrapolate": frozenset({"batch_size", "num_workers", "device", "progress"}),
 }
 
 

@@ -22,6 +22,7 @@ COMMANDS = (
     "localise",
     "fragility",
     "sweep",
+    "extrapolate",
     "train",
     "study",
     "zoo",
@@ -39,6 +40,7 @@ NEEDS_APP = {
     "localise": _FIGURES,
     "fragility": _FIGURES,
     "sweep": _FIGURES,
+    "extrapolate": _FIGURES,
     **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES),
 }
 
