@@ -15,6 +15,7 @@ from typing import Any
 from ._options import (
     PRETRAINED_HELP,
     add_bad_images_arg,
+    add_components_arg,
     add_device_args,
     add_imagenet_c_jpeg_blur_arg,
     add_img_size_arg,
@@ -28,6 +29,7 @@ from ._options import (
     add_site_arg,
     add_split_args,
     check_counts,
+    components_arg,
     imagenet_c_jpeg_blur,
 )
 
@@ -73,6 +75,7 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)",
     )
+    add_components_arg(p)  # the sweep's: those encodings alone
     add_imagenet_c_jpeg_blur_arg(p)
     add_loader_args(p)
     add_seed_arg(p)
@@ -197,6 +200,7 @@ def _config(args: argparse.Namespace, pretrained: str) -> Any:
         pretrained=pretrained,
         shifts=tuple(shifts),
         alphas=tuple(parse_alphas(args.alphas)) if args.alphas else None,
+        alpha_components=tuple(components_arg(args) or ()) or None,
         seed=args.seed,
         **({"rpi_permutations": args.rpi_permutations} if args.rpi_permutations is not None else {}),
         batch_size=args.batch_size,

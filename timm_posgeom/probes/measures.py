@@ -38,7 +38,7 @@ from ..interventions import (
 )
 from ..jsonio import dump_json, tagged
 from ..measuring import MeasureSettings
-from ..protocol import rpi_count
+from ..protocol import check_alpha_spec, rpi_count
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites
@@ -407,8 +407,8 @@ def _check_measures(
         rpi_per = "image"
     if rpi_per not in RPI_PER:
         raise ValueError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
-    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    if alpha is not None:
+        check_alpha_spec(alpha)  # a number, or one per PE component
     measures = list(measures)
     if not measures:
         raise ValueError("measures is empty")

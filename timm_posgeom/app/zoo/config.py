@@ -18,7 +18,7 @@ from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
 from ...labels import LABEL_POLICIES
-from ...protocol import RPI_PERMUTATIONS, probe_count, rpi_count
+from ...protocol import RPI_PERMUTATIONS, check_alpha_spec, probe_count, rpi_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
@@ -63,6 +63,9 @@ class ZooConfig:
     bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
     shifts: tuple[str, ...] = PAPER_SHIFTS
     alphas: tuple[float, ...] | None = None  # None: no alpha sweep
+    # the alpha sweep scales these PE components alone (pe_scale(model, {component: alpha})), the others kept;
+    # None: every encoding. A model without one of them gets no sweep, with the reason noted
+    alpha_components: tuple[str, ...] | None = None
     seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutations, bootstrap
     rpi_permutations: int = RPI_PERMUTATIONS  # SSDC and attention under RPI: the mean over this many (seed + k)
     batch_size: int = 64
@@ -99,13 +102,21 @@ class ZooConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.img_size is not None and self.img_size < 1:
             raise ValueError(f"img_size must be >= 1, got {self.img_size}")
-        if self.alphas is not None and not self.alphas:
-            raise ValueError("alphas is empty")
+        self._check_sweep()
         unknown = [e for e in self.extras if e not in EXTRAS]
         if unknown:
             raise ValueError(f"unknown extras {unknown}: choose among {', '.join(EXTRAS)} (or none)")
         if len(set(self.shifts)) != len(self.shifts) or not self.shifts:
             raise ValueError(f"shifts must be distinct and not empty, got {list(self.shifts)}")
+
+    def _check_sweep(self) -> None:
+        """ValueError for an empty list of alphas, or components named without a sweep (or unknown)."""
+        if self.alphas is not None and not self.alphas:
+            raise ValueError("alphas is empty")
+        if self.alpha_components is not None:
+            if self.alphas is None or not self.alpha_components:
+                raise ValueError("alpha_components names the PE components of an alpha sweep: give alphas too")
+            check_alpha_spec(dict.fromkeys(self.alpha_components, 1.0))  # known component names
 
     def probe_count(self) -> int:
         """The images of each SSDC probe: ``probe_images``, else 1,000 or ``max_images`` if fewer."""
@@ -125,6 +136,8 @@ class ZooConfig:
         values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
         values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
+        if values.get("alpha_components") is None:  # absent, as in the records written before it existed
+            values.pop("alpha_components", None)
         return to_jsonable(values)
 
 
@@ -185,7 +198,7 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
     """The :class:`ZooConfig` a zoo's recorded settings describe (its neutral fields at their defaults)."""
     known = {f for f in ZooConfig.__dataclass_fields__}
     values = {k: v for k, v in settings.items() if k in known}
-    for key in ("shifts", "alphas"):
+    for key in ("shifts", "alphas", "alpha_components"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
     return ZooConfig(**values)
