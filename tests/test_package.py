@@ -114,7 +114,8 @@ def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
     for command in ("probe", "fragility", "sweep", "zoo"):
         assert table["--max-images"][command][0] is None
     assert (
-        set(table["--probe-images"]) == {"sweep", "zoo", "train", "study"} and table["--probe-images"]["zoo"][0] is None
+        set(table["--probe-images"]) == {"sweep", "intervene", "zoo", "train", "study"}
+        and table["--probe-images"]["zoo"][0] is None
     )
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown
     # --imagenet-c is fragility's (every ImageNet-C corruption); zoo and study's JPEG and blur have their own name

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import pytest
 
 # the commands by what they do
-MEASURING = {"probe", "attention", "fragility", "sweep"}  # one model, one split
+MEASURING = {"probe", "attention", "fragility", "sweep", "intervene"}  # one model, one split
 READ_DATA = MEASURING | {"zoo", "train", "study"}  # read images of a data set
 BUILD_TIMM_NAMES = MEASURING | {"zoo"}  # build a timm name (train and study build from a recipe, at random init)
-SCORE_LABELS = {"fragility", "sweep", "zoo"}  # score the data's labels against a model's classes
+SCORE_LABELS = {"fragility", "sweep", "intervene", "zoo"}  # score the data's labels against a model's classes
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ IDEAS = {
         },
     ),
     "the SSDC probe's own count of images": Idea(
-        "--probe-images", {"sweep", "zoo", "train", "study"}, {"--ssdc-images", "--rpi-ssdc-images"}
+        "--probe-images", {"sweep", "intervene", "zoo", "train", "study"}, {"--ssdc-images", "--rpi-ssdc-images"}
     ),
     "a seed value": Idea("--seed", MEASURING | {"zoo", "train"}, {"--random-seed"}),
     "a number of seeds": Idea("--num-seeds", {"study"}, {"--seeds", "--n-seeds"}),

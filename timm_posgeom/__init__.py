@@ -33,12 +33,16 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
     from .interventions import (
         PEEntry,
+        PEMoveError,
         PEScaleError,
         TokenPermutation,
         TokenPermutationError,
         find_embed_module,
         pe_inventory,
         pe_scale,
+        pe_shift,
+        pe_shuffle,
+        shuffle_tiles,
         token_permutation,
     )
     from .labels import LabelMismatchError, match_labels
@@ -63,7 +67,16 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     # for the submodule)
     from .probes.attention_measures import attention_measures
     from .probes.cka import cka
-    from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
+    from .robustness import (
+        AlphaSweepResult,
+        FragilityResult,
+        InterventionResult,
+        alpha_sweep,
+        fragility,
+        measure_pe_shift,
+        measure_pe_shuffle,
+        measure_tile_shuffle,
+    )
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
     from .synthetic import SyntheticShapes
@@ -83,6 +96,10 @@ __all__ = [
     "pe_inventory",
     "PEEntry",
     "PEScaleError",
+    "pe_shuffle",
+    "pe_shift",
+    "PEMoveError",
+    "shuffle_tiles",
     # probes
     "ssdc",
     "probe_ssdc",
@@ -118,6 +135,10 @@ __all__ = [
     "ImageNetCResult",
     "alpha_sweep",
     "AlphaSweepResult",
+    "measure_pe_shuffle",
+    "measure_pe_shift",
+    "measure_tile_shuffle",
+    "InterventionResult",
     # labels
     "match_labels",
     "LabelMismatchError",
@@ -141,12 +162,16 @@ _LAZY = {
     **dict.fromkeys(
         (
             "PEEntry",
+            "PEMoveError",
             "PEScaleError",
             "TokenPermutation",
             "TokenPermutationError",
             "find_embed_module",
             "pe_inventory",
             "pe_scale",
+            "pe_shift",
+            "pe_shuffle",
+            "shuffle_tiles",
             "token_permutation",
         ),
         "interventions",
@@ -173,7 +198,19 @@ _LAZY = {
         ),
         "probes",
     ),
-    **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
+    **dict.fromkeys(
+        (
+            "AlphaSweepResult",
+            "FragilityResult",
+            "alpha_sweep",
+            "fragility",
+            "InterventionResult",
+            "measure_pe_shuffle",
+            "measure_pe_shift",
+            "measure_tile_shuffle",
+        ),
+        "robustness",
+    ),
     **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
     **dict.fromkeys(("SupportRow", "check_support"), "support"),
     "SyntheticShapes": "synthetic",

@@ -21,6 +21,7 @@ COMMANDS = (
     "attention",
     "fragility",
     "sweep",
+    "intervene",
     "train",
     "study",
     "zoo",
@@ -36,6 +37,7 @@ NEEDS_APP = {
     "attention": _FIGURES,
     "fragility": _FIGURES,
     "sweep": _FIGURES,
+    "intervene": _FIGURES,
     **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES),
 }
 

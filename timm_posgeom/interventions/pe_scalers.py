@@ -49,21 +49,27 @@ def scale_output(module: Any) -> Apply:
     return apply
 
 
+def shadow(module: Any, name: str, method: Callable[..., Any]) -> Callable[[], None]:
+    """Set ``method`` as ``module``'s own attribute ``name`` (over its class's method); return what restores the
+    attribute as it was: an outer context's shadow, or none."""
+    previous = vars(module).get(name)
+    setattr(module, name, method)
+
+    def restore() -> None:
+        if previous is None:
+            delattr(module, name)
+        else:
+            setattr(module, name, previous)
+
+    return restore
+
+
 def shadow_get_bias(module: Any) -> Apply:
     """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
 
     def apply(alpha: float, undo: Undo) -> None:
-        previous = vars(module).get("get_bias")  # an outer pe_scale's shadow, kept for its own exit
         original = module.get_bias
-        module.get_bias = lambda: original() * alpha
-
-        def restore() -> None:
-            if previous is None:
-                del module.get_bias
-            else:
-                module.get_bias = previous
-
-        undo.append(restore)
+        undo.append(shadow(module, "get_bias", lambda: original() * alpha))
 
     return apply
 
