@@ -147,3 +147,16 @@ def test_the_command_writes_each_measure(tmp_path, capsys):
         with pytest.raises(SystemExit) as info:
             main(["intervene", *common, "--measure", "tile-shuffle" if "--grids" in bad else "pe-shift", *bad])
         assert info.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_a_tile_shuffle_of_a_pil_image_is_shuffle_tiles():
+    import PIL.Image
+
+    from timm_posgeom.robustness import TileShuffle
+
+    pixels = torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    perm = torch.randperm(16, generator=torch.Generator().manual_seed(1))
+    shifted = TileShuffle(4, perm, "tiles:4:0")(PIL.Image.fromarray(pixels.permute(1, 2, 0).numpy()))
+    assert torch.equal(torch.from_numpy(np.array(shifted)).permute(2, 0, 1), shuffle_tiles(pixels[None], 4, perm)[0])
+    with pytest.raises(ValueError, match="permutation of the 16 tiles"):
+        TileShuffle(4, torch.arange(15), "bad")

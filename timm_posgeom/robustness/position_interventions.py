@@ -22,13 +22,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import PIL.Image
 import torch
 import torch.nn as nn
-from torchvision.transforms.v2 import functional as F
 
 from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import (
+    check_tile_grid,
     draw_permutations,
     pe_moves,
     pe_shift,
@@ -43,6 +44,7 @@ from ..probes import find_sites, grid_positions, probe_ssdc, ssdc
 from ..protocol import probe_count, rpi_count
 from ..scores import FragilityResult
 from ..shifts import Shift
+from ..transforms import resolve_config
 from .fragility_eval import fragility
 from .intervention_result import InterventionResult, InterventionRow
 
@@ -75,15 +77,24 @@ def default_tile_grids(size: tuple[int, int], tokens: tuple[int, int]) -> list[i
 class TileShuffle(Shift):
     """A tile shuffle as a :class:`~timm_posgeom.shifts.Shift`, so that :func:`~timm_posgeom.robustness.fragility`
     scores it beside the clean image: each image (at the model's input size) cut into ``grid`` x ``grid`` tiles,
-    slot t holding tile ``permutation[t]``; ``spec`` names it in the result."""
+    slot t holding tile ``permutation[t]`` (:func:`~timm_posgeom.interventions.shuffle_tiles`); ``spec`` names it
+    in the result."""
 
     def __init__(self, grid: int, permutation: torch.Tensor, spec: str):
         super().__init__()
-        self.grid, self.permutation, self.spec = int(grid), torch.as_tensor(permutation).long(), spec
+        self.grid, self.spec = int(grid), spec
+        self.permutation = torch.as_tensor(permutation).long().cpu()
+        shuffle_tiles(torch.zeros(1, 1, self.grid, self.grid), self.grid, self.permutation)  # checked once, here
+        self._order = self.permutation.numpy()
 
     def transform(self, inpt: Any, params: dict[str, Any]) -> Any:
-        if isinstance(inpt, PIL.Image.Image):
-            return F.to_pil_image(shuffle_tiles(F.pil_to_tensor(inpt)[None], self.grid, self.permutation)[0])
+        if isinstance(inpt, PIL.Image.Image):  # the loader's images, one by one: numpy, not torch, per image
+            pixels = np.asarray(inpt)
+            h, w = pixels.shape[:2]
+            g, th, tw = self.grid, *check_tile_grid((h, w), self.grid)
+            tiles = pixels.reshape(g, th, g, tw, -1).swapaxes(1, 2).reshape(g * g, th, tw, -1)[self._order]
+            moved = tiles.reshape(g, g, th, tw, -1).swapaxes(1, 2).reshape(pixels.shape)
+            return PIL.Image.fromarray(np.ascontiguousarray(moved))
         if isinstance(inpt, torch.Tensor):
             flat = inpt.reshape(-1, *inpt.shape[-3:])
             return shuffle_tiles(flat, self.grid, self.permutation).reshape(inpt.shape)
@@ -101,7 +112,8 @@ class _Run:
     n_probe: int
     seed: int
     k: int
-    grid: tuple[int, int]
+    size: tuple[int, int]  # the model's input (H, W)
+    grid: tuple[int, int]  # its patch grid
     site: str
     settings: MeasureSettings
     recorded: dict[str, Any] = field(default_factory=dict)
@@ -124,11 +136,12 @@ class _Run:
             num_workers=settings.num_workers,
             img_size=settings.img_size,
         )
-        size = next(iter(loader))[0].shape[-2:]
+        size = tuple(int(v) for v in resolve_config(model, settings.img_size)["input_size"][1:])
         seed = settings.seed if settings.seed is not None else int(torch.randint(2**31, ()).item())
         quiet = settings.replace(progress=False, seed=seed)
-        grid = sites.grid_size((int(size[0]), int(size[1])))
-        return cls(model, data, loader, n_probe, seed, rpi_count(settings.rpi_permutations), grid, own["site"], quiet)
+        grid = sites.grid_size((size[0], size[1]))
+        k = rpi_count(settings.rpi_permutations)
+        return cls(model, data, loader, n_probe, seed, k, (size[0], size[1]), grid, own["site"], quiet)
 
     @property
     def n_tokens(self) -> int:
@@ -296,8 +309,7 @@ def measure_tile_shuffle(
     gives it. ``labels``, ``settings`` and the keywords as in :func:`measure_pe_shuffle`."""
     settings, own = MeasureSettings.resolve("measure_tile_shuffle", settings, options, _OWN)
     run = _Run.prepare(model, data, own, labels, settings)
-    size = tuple(next(iter(run.loader))[0].shape[-2:])
-    grids = default_tile_grids(size, run.grid) if grids is None else [int(g) for g in grids]
+    grids = default_tile_grids(run.size, run.grid) if grids is None else [int(g) for g in grids]
     perms = {g: run.permutations(g * g) for g in grids if g > 1}
     shifts = [TileShuffle(g, p, f"tiles:{g}:{k}") for g, ps in perms.items() for k, p in enumerate(ps)]
     frag = run.top1(shifts)  # every grid and permutation scored in one pass, beside the clean image
