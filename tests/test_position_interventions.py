@@ -160,3 +160,16 @@ def test_a_tile_shuffle_of_a_pil_image_is_shuffle_tiles():
     assert torch.equal(torch.from_numpy(np.array(shifted)).permute(2, 0, 1), shuffle_tiles(pixels[None], 4, perm)[0])
     with pytest.raises(ValueError, match="permutation of the 16 tiles"):
         TileShuffle(4, torch.arange(15), "bad")
+
+
+def test_nan_comes_out_as_nan_with_a_warning(data):
+    from timm_posgeom.errors import NonFiniteWarning
+
+    model = _model("ape")
+    with torch.no_grad():
+        model.pos_embed[0, 6] = float("nan")  # patch (0, 5): token (0, 5) reads it at shift 0, no token at (1, 1)
+    with pytest.warns(NonFiniteWarning):
+        result = measure_pe_shift(model, data, [0, 1], labels="as-is", **KW)
+    zero, one = result.rows
+    assert math.isnan(zero.top1) and all(math.isnan(v) for v in zero.ssdc_content + [zero.mean_content])
+    assert math.isfinite(one.top1) and all(math.isfinite(v) for v in one.ssdc_content)

@@ -75,7 +75,8 @@ _Mover = Callable[[_Move, Undo], None]  # moves one encoding in place and append
 def read_table(table: torch.Tensor, positions: torch.Tensor, edge: str = "clamp") -> torch.Tensor:
     """The rows of a (H, W, C) table at (N, 2) (row, col) positions -> (N, C), bilinear between grid points.
 
-    At integer positions inside the grid this is the table's own rows, bit for bit (the other corners weigh 0).
+    At integer positions inside the grid this is the table's own rows, bit for bit (the other corners, of weight 0,
+    are not read: a non-finite row stays where it is).
     Beyond the grid, ``edge="clamp"`` reads the nearest edge (positions clamped to [0, H - 1] x [0, W - 1]) and
     ``edge="wrap"`` wraps around (positions modulo H and W: a whole-patch shift is ``torch.roll``)."""
     if edge not in EDGES:
@@ -92,12 +93,10 @@ def read_table(table: torch.Tensor, positions: torch.Tensor, edge: str = "clamp"
     r1, c1 = (r0 + 1, c0 + 1) if edge == "wrap" else ((r0 + 1).clamp(max=h - 1), (c0 + 1).clamp(max=w - 1))
     r1, c1 = r1 % h, c1 % w
     fr, fc = frac[:, :1], frac[:, 1:]
-    return (
-        (1 - fr) * (1 - fc) * table[r0, c0]
-        + (1 - fr) * fc * table[r0, c1]
-        + fr * (1 - fc) * table[r1, c0]
-        + fr * fc * table[r1, c1]
-    )
+    corners = (((1 - fr) * (1 - fc), r0, c0), ((1 - fr) * fc, r0, c1), (fr * (1 - fc), r1, c0), (fr * fc, r1, c1))
+    # a corner of weight 0 adds nothing, not 0 * its row (a NaN or inf row would spread to its neighbours)
+    terms = [torch.where(w > 0, w * table[r, c], torch.zeros((), dtype=table.dtype)) for w, r, c in corners]
+    return terms[0] + terms[1] + terms[2] + terms[3]
 
 
 # --- the movers, one per kind of encoding ------------------------------------------------------------
