@@ -173,3 +173,21 @@ def test_nan_comes_out_as_nan_with_a_warning(data):
     zero, one = result.rows
     assert math.isnan(zero.top1) and all(math.isnan(v) for v in zero.ssdc_content + [zero.mean_content])
     assert math.isfinite(one.top1) and all(math.isfinite(v) for v in one.ssdc_content)
+
+
+def test_the_command_leaves_out_what_does_not_apply_unless_asked(tmp_path, capsys):
+    from timm_posgeom.cli.main import main
+
+    common = ["posgeom_vit_micro_patch8_64_nope", "--data", "synthetic", "--num-classes", "10", "--max-images", "4"]
+    common += ["--batch-size", "4", "--rpi-permutations", "2", "--num-workers", "0", "--no-progress"]
+    assert main(["intervene", *common, "--grids", "1,2", "--out", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert "pe-shuffle not measured" in err and "pe-shift not measured" in err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "tile-shuffle.json",
+        "tile-shuffle.md",
+        "tile-shuffle.png",
+    ]
+    with pytest.raises(SystemExit) as info:
+        main(["intervene", *common, "--measure", "pe-shuffle", "--out", str(tmp_path / "b")])
+    assert info.value.code == 2 and "no positional encoding it can move" in capsys.readouterr().err

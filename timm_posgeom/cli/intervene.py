@@ -2,7 +2,8 @@
 
 ``--measure pe-shuffle`` (the encoding permuted, beside the model as it is and RPI), ``pe-shift`` (the encoding
 translated by ``--shifts`` patches) and ``tile-shuffle`` (the image cut into g x g tiles, ``--grids``, the tiles
-permuted); all three by default, each written as soon as it is measured: ``MEASURE.json``, ``MEASURE.md`` and
+permuted); all three by default (a measure that does not apply, e.g. a PE measure on a model without a PE it can
+move, is then left out with a warning), each written as soon as it is measured: ``MEASURE.json``, ``MEASURE.md`` and
 ``MEASURE.png`` under ``--out`` (docs/method.md#pe-shuffle-and-pe-shift, docs/method.md#image-grid-shuffle).
 Permutations follow the RPI protocol (``--rpi-permutations`` K, seeds ``--seed`` .. ``--seed`` + K - 1).
 """
@@ -10,6 +11,7 @@ Permutations follow the RPI protocol (``--rpi-permutations`` K, seeds ``--seed``
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import one_line
+    from ..interventions import PEMoveError
+
     shifts = _numbers(args.shifts, "--shifts")
     grids = _numbers(args.grids, "--grids", int) if args.grids else None
     components = components_arg(args)
@@ -94,7 +99,13 @@ def run(args: argparse.Namespace) -> int:
                 )
             return pi.measure_tile_shuffle(model, data, grids, **common)
 
-        status = run_measurement(args, measure, _report, subset=False)
+        try:
+            status = run_measurement(args, measure, _report, subset=False)
+        except PEMoveError as e:
+            if args.measure:  # asked for by name: an error
+                raise
+            print(f"posgeom intervene: warning: {name} not measured: {one_line(e)}", file=sys.stderr)
+            continue
         if status:
             return status
     return 0

@@ -220,6 +220,8 @@ def measure_pe_shuffle(
     """
     settings, own = MeasureSettings.resolve("measure_pe_shuffle", settings, options, _OWN)
     run = _Run.prepare(model, data, own, labels, settings)
+    with pe_shuffle(model, torch.arange(run.n_tokens), components=components):  # refused here, before measuring
+        pass
     selections: list[Any] = [components]
     if components is None:
         movable = list(dict.fromkeys(e.component for e, ok in pe_moves(model) if ok))
