@@ -114,7 +114,7 @@ def test_a_shared_option_has_one_name_default_and_help_in_every_command(capsys):
     for command in ("probe", "fragility", "sweep", "extrapolate", "zoo"):
         assert table["--max-images"][command][0] is None
     assert (
-        set(table["--probe-images"]) == {"sweep", "extrapolate", "zoo", "train", "study"}
+        set(table["--probe-images"]) == {"sweep", "extrapolate", "intervene", "zoo", "train", "study"}
         and table["--probe-images"]["zoo"][0] is None
     )
     assert "--images" not in table  # zoo's old name: accepted (with a warning), not shown

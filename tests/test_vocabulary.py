@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 import pytest
 
 # the commands by what they do
-MEASURING = {"probe", "attention", "fragility", "sweep", "extrapolate"}  # one model, one split
+MEASURING = {"probe", "attention", "fragility", "sweep", "extrapolate", "intervene"}  # one model, one split
 READ_DATA = MEASURING | {"zoo", "train", "study"}  # read images of a data set
 BUILD_TIMM_NAMES = MEASURING | {"zoo"}  # build a timm name (train and study build from a recipe, at random init)
-SCORE_LABELS = {"fragility", "sweep", "extrapolate", "zoo"}  # score the data's labels against a model's classes
+# score the data's labels against a model's classes
+SCORE_LABELS = {"fragility", "sweep", "extrapolate", "intervene", "zoo"}
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ IDEAS = {
         },
     ),
     "the SSDC probe's own count of images": Idea(
-        "--probe-images", {"sweep", "extrapolate", "zoo", "train", "study"}, {"--ssdc-images", "--rpi-ssdc-images"}
+        "--probe-images",
+        {"sweep", "extrapolate", "intervene", "zoo", "train", "study"},
+        {"--ssdc-images", "--rpi-ssdc-images"},
     ),
     "a seed value": Idea("--seed", MEASURING | {"zoo", "train"}, {"--random-seed"}),
     "a number of seeds": Idea("--num-seeds", {"study"}, {"--seeds", "--n-seeds"}),

@@ -34,12 +34,16 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
     from .interventions import (
         PEEntry,
+        PEMoveError,
         PEScaleError,
         TokenPermutation,
         TokenPermutationError,
         find_embed_module,
         pe_inventory,
         pe_scale,
+        pe_shift,
+        pe_shuffle,
+        shuffle_tiles,
         token_permutation,
     )
     from .labels import LabelMismatchError, match_labels
@@ -78,7 +82,16 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .probes.cka import cka
     from .protocol import Measurement, Protocol, ProtocolError, measure_model, measure_names, register_measure
     from .resolution import ExtrapolationResult, ExtrapolationRow, at_input_size, extrapolate
-    from .robustness import AlphaSweepResult, FragilityResult, alpha_sweep, fragility
+    from .robustness import (
+        AlphaSweepResult,
+        FragilityResult,
+        InterventionResult,
+        alpha_sweep,
+        fragility,
+        measure_pe_shift,
+        measure_pe_shuffle,
+        measure_tile_shuffle,
+    )
     from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
     from .synthetic import SyntheticShapes
@@ -98,6 +111,10 @@ __all__ = [
     "pe_inventory",
     "PEEntry",
     "PEScaleError",
+    "pe_shuffle",
+    "pe_shift",
+    "PEMoveError",
+    "shuffle_tiles",
     # probes
     "ssdc",
     "probe_ssdc",
@@ -156,6 +173,10 @@ __all__ = [
     "ExtrapolationResult",
     "ExtrapolationRow",
     "at_input_size",
+    "measure_pe_shuffle",
+    "measure_pe_shift",
+    "measure_tile_shuffle",
+    "InterventionResult",
     # labels
     "match_labels",
     "LabelMismatchError",
@@ -179,12 +200,16 @@ _LAZY = {
     **dict.fromkeys(
         (
             "PEEntry",
+            "PEMoveError",
             "PEScaleError",
             "TokenPermutation",
             "TokenPermutationError",
             "find_embed_module",
             "pe_inventory",
             "pe_scale",
+            "pe_shift",
+            "pe_shuffle",
+            "shuffle_tiles",
             "token_permutation",
         ),
         "interventions",
@@ -229,7 +254,19 @@ _LAZY = {
         ),
         "probes",
     ),
-    **dict.fromkeys(("AlphaSweepResult", "FragilityResult", "alpha_sweep", "fragility"), "robustness"),
+    **dict.fromkeys(
+        (
+            "AlphaSweepResult",
+            "FragilityResult",
+            "alpha_sweep",
+            "fragility",
+            "InterventionResult",
+            "measure_pe_shuffle",
+            "measure_pe_shift",
+            "measure_tile_shuffle",
+        ),
+        "robustness",
+    ),
     **dict.fromkeys(("ExtrapolationResult", "ExtrapolationRow", "at_input_size", "extrapolate"), "resolution"),
     **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
     **dict.fromkeys(("SupportRow", "check_support"), "support"),

@@ -9,6 +9,9 @@ one measurement, re-exports them. Definitions: docs/method.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "PAPER_SHIFTS",
     "DEFAULT_ALPHAS",
@@ -21,6 +24,10 @@ __all__ = [
     "REDUCTIONS",
     "probe_count",
     "rpi_count",
+    "PE_COMPONENTS",
+    "check_alpha",
+    "check_alpha_spec",
+    "parse_alpha_spec",
 ]
 
 PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
@@ -87,3 +94,52 @@ def rpi_count(permutations: int | None) -> int:
     if isinstance(permutations, bool) or not isinstance(permutations, numbers.Integral) or permutations < 1:
         raise ValueError(f"rpi_permutations must be an integer >= 1, got {permutations!r}")
     return int(permutations)
+
+
+PE_COMPONENTS = ("ape", "sincos", "rope", "relative", "gpsa", "fourier", "conv", "unknown")
+"""The components a model's positional encodings fall in (``PEEntry.component``, the keys of an alpha per
+component): ``ape`` (absolute tables added to the tokens, gemma4's factorised x / y tables too), ``sincos`` (our
+models' fixed table), ``rope`` (every rotary encoding), ``relative`` (relative position biases: tables,
+decomposed tables, RelPosMlp, swinv2's continuous bias), ``gpsa`` (convit's positional attention), ``fourier``
+(PositionalEncodingFourier), ``conv`` (convolutional encodings: no scale) and ``unknown`` (what only looks like
+a PE)."""
+
+
+def check_alpha(alpha: float | str) -> float:
+    """Return ``alpha`` as a float; raise ValueError unless it is finite and >= 0."""
+    import math
+
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    return value
+
+
+def check_alpha_spec(alpha: Any) -> float | dict[str, float]:
+    """One alpha (a finite number >= 0) or a mapping PE component -> alpha (:data:`PE_COMPONENTS`), checked:
+    the float, or a dict of floats; ValueError for anything else (an empty mapping, an unknown component)."""
+    if not isinstance(alpha, Mapping):
+        return check_alpha(alpha)
+    if not alpha:
+        raise ValueError("an alpha per component needs at least one component, got an empty mapping")
+    unknown = [str(name) for name in alpha if name not in PE_COMPONENTS]
+    if unknown:
+        raise ValueError(f"unknown PE component(s) {', '.join(unknown)}: expected among {', '.join(PE_COMPONENTS)}")
+    return {str(name): check_alpha(value) for name, value in alpha.items()}
+
+
+def parse_alpha_spec(text: str) -> float | dict[str, float]:
+    """The command line's ``--alpha``: ``"0.5"`` (every PE) or ``"ape=0,rope=1"`` (one alpha per component;
+    the components not named keep their scale), checked by :func:`check_alpha_spec`."""
+    if "=" not in text:
+        return check_alpha(text)
+    spec: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or name.strip() in spec:
+            raise ValueError(f"--alpha needs a number or COMPONENT=ALPHA pairs (each component once), got {text!r}")
+        spec[name.strip()] = value
+    return check_alpha_spec(spec)

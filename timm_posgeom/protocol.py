@@ -28,11 +28,15 @@ from .defaults import (
     DEFAULT_ALPHAS,
     JACKKNIFE_GROUPS,
     PAPER_SHIFTS,
+    PE_COMPONENTS,
     PROBE_IMAGES,
     REDUCTIONS,
     RPI_PERMUTATIONS,
     SITES,
     SPEC_FORMS,
+    check_alpha,
+    check_alpha_spec,
+    parse_alpha_spec,
     probe_count,
     rpi_count,
 )
@@ -67,6 +71,10 @@ __all__ = [
     "SPEC_FORMS",
     "probe_count",
     "rpi_count",
+    "PE_COMPONENTS",
+    "check_alpha",
+    "check_alpha_spec",
+    "parse_alpha_spec",
 ]
 
 RENAMED_SETTINGS = {"eval_images": "max_images", "workers": "num_workers"}
@@ -116,6 +124,8 @@ class Protocol:
             ``seed + K - 1``; the sweep draws K afresh per alpha), with a 95% interval over them.
         seed: seed of everything random (permutations, bootstrap, random corruptions).
         alphas: the alpha sweep's PE scales (the paper's grid); ``()``: no sweep.
+        alpha_components: the sweep scales these PE components alone (``pe_inventory``'s names, e.g. ``("rope",)``
+            on a model with an APE and RoPE), the others kept as they are; None: every PE.
         sweep_shifts: the shifts whose FS the sweep measures at each alpha (the paper's JPEG q5).
         shifts: the fragility shifts (spec strings, e.g. ``jpeg:5``); ``shift_size``: also each at S x S px
             before the resize to the model's input (``fragility_at_size``); None: not.
@@ -138,6 +148,7 @@ class Protocol:
     rpi_permutations: int = RPI_PERMUTATIONS
     seed: int = 0
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
+    alpha_components: tuple[str, ...] | None = None
     sweep_shifts: tuple[str, ...] = ("jpeg:5",)
     shifts: tuple[str, ...] = PAPER_SHIFTS
     shift_size: int | None = None
@@ -155,7 +166,7 @@ class Protocol:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("alphas", "sweep_shifts", "shifts", "extras"):  # lists from JSON, YAML or flags: tuples
+        for name in ("alphas", "alpha_components", "sweep_shifts", "shifts", "extras"):  # lists: tuples
             value = getattr(self, name)
             if isinstance(value, (list, tuple)):
                 object.__setattr__(self, name, _floats(value) if name == "alphas" else tuple(value))
@@ -181,6 +192,13 @@ class Protocol:
                 yield f"{name} must be distinct{' and not empty' if name == 'shifts' else ''}, got {list(values)}"
         if self.alphas and not self.sweep_shifts:
             yield "sweep_shifts is empty: the alpha sweep needs a shift (or no alphas: no sweep)"
+        if self.alpha_components is not None:
+            unknown = [c for c in self.alpha_components if c not in PE_COMPONENTS]
+            if not self.alpha_components or unknown or not self.alphas:
+                yield (
+                    f"alpha_components names PE components of an alpha sweep (among {', '.join(PE_COMPONENTS)}, with "
+                    f"alphas), got {list(self.alpha_components)}"
+                )
         yield from self._choice_problems()
 
     def _choice_problems(self) -> Iterable[str]:
@@ -552,6 +570,7 @@ def _alpha_sweep(model: Any, data: Any, protocol: Protocol, result: Measurement,
                     labels=protocol.labels,
                     probe_images=protocol.probe_count(),
                     settings=protocol.measure_settings(max_images=protocol.sweep_images or protocol.max_images),
+                    components=protocol.alpha_components,
                 )
                 result.sweep_ssdc = [row.ssdc for row in result.alpha_sweep.rows]
                 return
@@ -559,7 +578,9 @@ def _alpha_sweep(model: Any, data: Any, protocol: Protocol, result: Measurement,
                 result.notes.append("alpha sweep: delta SSDC only (FS needs matched labels)")
         loader = _loader(model, data, protocol, protocol.probe_count())
         settings = protocol.measure_settings(progress=False)
-        result.sweep_ssdc = sweep_ssdc(model, loader, protocol.alphas, site=protocol.site, settings=settings)
+        result.sweep_ssdc = sweep_ssdc(
+            model, loader, protocol.alphas, site=protocol.site, settings=settings, components=protocol.alpha_components
+        )
     except (PEScaleError, AlphaOverflowError, TokenPermutationError, TypeError) as e:
         result.notes.append(f"alpha sweep not measured: {_failure(e)}")
 

@@ -39,7 +39,7 @@ import sys
 from typing import Any
 
 from ..defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
-from ..protocol import PROBE_IMAGES, PROTOCOL_FIELDS, RPI_PERMUTATIONS, SPEC_FORMS, Protocol
+from ..protocol import PROBE_IMAGES, PROTOCOL_FIELDS, RPI_PERMUTATIONS, SPEC_FORMS, Protocol, parse_alpha_spec
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -288,7 +288,40 @@ def add_intervention_args(p: argparse.ArgumentParser, shared: bool = True) -> No
     p.add_argument("--rpi", action="store_true", help=RPI_HELP)
     if shared:
         add_rpi_permutations_arg(p)
-    p.add_argument("--alpha", type=float, default=None, help="scale the positional encoding by alpha")
+    p.add_argument(
+        "--alpha",
+        type=_alpha,
+        default=None,
+        metavar="ALPHA",
+        help="scale the positional encoding by ALPHA, or each encoding by its own: COMPONENT=ALPHA,... "
+        "(e.g. ape=0,rope=1; pe_inventory's components; those not named keep their scale)",
+    )
+
+
+def _alpha(text: str) -> Any:
+    """--alpha: a number or COMPONENT=ALPHA pairs (argparse says a ValueError in one line)."""
+    try:
+        return parse_alpha_spec(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_components_arg(p: argparse.ArgumentParser) -> None:
+    """--components: the positional encodings an intervention acts on (pe_inventory's component names)."""
+    p.add_argument(
+        "--components",
+        default=None,
+        metavar="NAMES",
+        help="the positional encodings to act on, comma-separated (pe_inventory's components: ape, sincos, rope, "
+        "relative, ...), the others kept as they are; default: every one",
+    )
+
+
+def components_arg(args: argparse.Namespace) -> list[str] | None:
+    """--components as a list of names (None: every encoding)."""
+    text = getattr(args, "components", None)
+    names = [c.strip() for c in text.split(",") if c.strip()] if text else []
+    return names or None
 
 
 def add_distance_arg(p: argparse.ArgumentParser) -> None:

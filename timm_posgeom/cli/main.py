@@ -23,6 +23,7 @@ COMMANDS = (
     "fragility",
     "sweep",
     "extrapolate",
+    "intervene",
     "train",
     "study",
     "zoo",
@@ -41,6 +42,7 @@ NEEDS_APP = {
     "fragility": _FIGURES,
     "sweep": _FIGURES,
     "extrapolate": _FIGURES,
+    "intervene": _FIGURES,
     **dict.fromkeys(("recipes", "train", "study", "zoo", "report", "card", "push"), APP_MODULES),
 }
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..protocol import DEFAULT_ALPHAS
 from ._options import (  # noqa: F401  (parse_alphas: its old home, still importable)
+    add_components_arg,
     add_data_args,
     add_labels_arg,
     add_model_args,
@@ -22,6 +23,7 @@ from ._options import (  # noqa: F401  (parse_alphas: its old home, still import
     add_run_args,
     add_shift_arg,
     add_site_arg,
+    components_arg,
     parse_alphas,
 )
 from ._runner import run_measurement
@@ -46,6 +48,7 @@ def add_parser(subparsers) -> None:
         action="store_true",
         help="scale only patch rows of an APE table (default: class row too, as the paper)",
     )
+    add_components_arg(p)
     add_run_args(p, out="sweep_out")
 
 
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
             probe_images=args.probe_images,
             site=args.site,
             include_prefix=not args.patch_only,
+            components=components_arg(args),
             settings=settings.replace(max_images=args.max_images),
         )
 

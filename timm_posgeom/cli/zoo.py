@@ -15,6 +15,7 @@ from typing import Any
 from ._options import (
     PRETRAINED_HELP,
     add_bad_images_arg,
+    add_components_arg,
     add_device_args,
     add_imagenet_c_jpeg_blur_arg,
     add_img_size_arg,
@@ -28,6 +29,7 @@ from ._options import (
     add_site_arg,
     add_split_args,
     check_counts,
+    components_arg,
     protocol_options,
 )
 
@@ -73,6 +75,7 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="comma-separated PE scales for an alpha sweep per model (delta SSDC under RPI, JPEG q5 FS)",
     )
+    add_components_arg(p)  # the sweep's: those encodings alone
     add_imagenet_c_jpeg_blur_arg(p)
     add_loader_args(p)
     add_seed_arg(p)
@@ -198,6 +201,7 @@ def _config(args: argparse.Namespace, pretrained: str) -> Any:
         data=args.data,
         split=args.split,
         pretrained=pretrained,
+        alpha_components=tuple(components_arg(args) or ()) or None,
         shared_decode=not args.decode_per_model,
         data_config=args.data_config,
         revision=args.revision,

@@ -11,22 +11,22 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-_Undo = list  # restore callbacks, run last first
-_Apply = Callable[[float, _Undo], None]  # scales in place for one alpha and appends its restore callbacks
+Undo = list  # restore callbacks, run last first
+Apply = Callable[[float, Undo], None]  # scales in place for one alpha and appends its restore callbacks
 # The PE modules below are third parties' (timm's RoPE, swinv2's attention, ...), read by duck typing: typed
 # ``Any`` (an ``nn.Module`` whose attributes these functions know), as torch types a module's attributes
 # ``Tensor | Module``.
 
 
-def _run_undo(undo: _Undo) -> None:
+def run_undo(undo: Undo) -> None:
     for fn in reversed(undo):
         fn()
 
 
-def _scale_tensor(t: torch.Tensor, rows: slice | None = None) -> _Apply:
+def scale_tensor(t: torch.Tensor, rows: slice | None = None) -> Apply:
     """``t`` (or its rows ``t[:, rows]``) times alpha, in place; restored from a saved copy."""
 
-    def apply(alpha: float, undo: _Undo) -> None:
+    def apply(alpha: float, undo: Undo) -> None:
         original = t.detach().clone()
         undo.append(lambda: t.copy_(original))
         (t if rows is None else t[:, rows]).mul_(alpha)
@@ -34,41 +34,47 @@ def _scale_tensor(t: torch.Tensor, rows: slice | None = None) -> _Apply:
     return apply
 
 
-def _undo_with(scale, module: Any) -> _Apply:
-    """Adapt ``scale(module, alpha) -> restore`` to an :data:`_Apply`."""
+def undo_with(scale, module: Any) -> Apply:
+    """Adapt ``scale(module, alpha) -> restore`` to an :data:`Apply`."""
     return lambda alpha, undo: undo.append(scale(module, alpha))
 
 
-def _scale_output(module: Any) -> _Apply:
+def scale_output(module: Any) -> Apply:
     """A forward hook multiplying ``module``'s output by alpha (none at alpha = 1: bit-identical)."""
 
-    def apply(alpha: float, undo: _Undo) -> None:
+    def apply(alpha: float, undo: Undo) -> None:
         if alpha != 1.0:
             undo.append(module.register_forward_hook(lambda m, args, out: out * alpha).remove)
 
     return apply
 
 
-def _shadow_get_bias(module: Any) -> _Apply:
+def shadow(module: Any, name: str, method: Callable[..., Any]) -> Callable[[], None]:
+    """Set ``method`` as ``module``'s own attribute ``name`` (over its class's method); return what restores the
+    attribute as it was: an outer context's shadow, or none."""
+    previous = vars(module).get(name)
+    setattr(module, name, method)
+
+    def restore() -> None:
+        if previous is None:
+            delattr(module, name)
+        else:
+            setattr(module, name, previous)
+
+    return restore
+
+
+def shadow_get_bias(module: Any) -> Apply:
     """Shadow ``module.get_bias`` (used by both the fused and the explicit attention paths)."""
 
-    def apply(alpha: float, undo: _Undo) -> None:
-        previous = vars(module).get("get_bias")  # an outer pe_scale's shadow, kept for its own exit
+    def apply(alpha: float, undo: Undo) -> None:
         original = module.get_bias
-        module.get_bias = lambda: original() * alpha
-
-        def restore() -> None:
-            if previous is None:
-                del module.get_bias
-            else:
-                module.get_bias = previous
-
-        undo.append(restore)
+        undo.append(shadow(module, "get_bias", lambda: original() * alpha))
 
     return apply
 
 
-def _scale_axial_rope(module: Any, alpha: float):
+def scale_axial_rope(module: Any, alpha: float):
     """timm axial RoPE: angles = pos * bands, so scale the bands and rebuild the cached table."""
     if alpha == 1.0:  # exact no-op (a rebuilt cache can differ from the stored one in the last bits)
         return lambda: None
@@ -98,7 +104,7 @@ def _scale_axial_rope(module: Any, alpha: float):
     return restore
 
 
-def _scale_dinov3_rope(module: Any, alpha: float):
+def scale_dinov3_rope(module: Any, alpha: float):
     """DINOv3 RoPE: angles = 2 pi coords / periods, so divide the periods by alpha."""
     if alpha == 1.0:
         return lambda: None
@@ -119,7 +125,7 @@ def _scale_dinov3_rope(module: Any, alpha: float):
     return restore
 
 
-def _is_swinv2_attention(module: nn.Module) -> bool:
+def is_swinv2_attention(module: nn.Module) -> bool:
     """timm swinv2's WindowAttention: adds 16 * sigmoid(cpb_mlp(...)) to its logits, then calls ``softmax``."""
     return (
         isinstance(getattr(module, "cpb_mlp", None), nn.Module)
@@ -136,11 +142,11 @@ def _swinv2_bias(attn: Any) -> torch.Tensor:
     return 16 * torch.sigmoid(bias)
 
 
-def _scale_swinv2_bias(attn: Any) -> _Apply:
+def scale_swinv2_bias(attn: Any) -> Apply:
     """The logits reach ``attn.softmax`` with the bias b added: a pre-hook adds (alpha - 1) * b, so they carry
     alpha * b. (b = 16 * sigmoid(.) is in (0, 16): no output of cpb_mlp gives alpha * b for alpha > 1.)"""
 
-    def apply(alpha: float, undo: _Undo) -> None:
+    def apply(alpha: float, undo: Undo) -> None:
         if alpha == 1.0:
             return
 

@@ -13,34 +13,69 @@ import torch
 import torch.nn as nn
 
 from .pe_scalers import (
-    _Apply,
-    _is_swinv2_attention,
-    _scale_axial_rope,
-    _scale_dinov3_rope,
-    _scale_output,
-    _scale_swinv2_bias,
-    _scale_tensor,
-    _shadow_get_bias,
-    _undo_with,
+    Apply,
+    is_swinv2_attention,
+    scale_axial_rope,
+    scale_dinov3_rope,
+    scale_output,
+    scale_swinv2_bias,
+    scale_tensor,
+    shadow_get_bias,
+    undo_with,
 )
 
-__all__ = ["PEEntry"]
+__all__ = ["PEEntry", "component_of", "FoundPE", "find_pes", "CONV_PES", "LOOKED_FOR"]
+
+# The component of each kind of encoding, by the start of its ``kind`` text (the kinds below and in
+# :func:`_module_scaler`); our models' kind names its PE: ``our model's PE 'ape' ...``.
+_KIND_COMPONENTS = (
+    ("an absolute position table", "ape"),
+    ("a factorised x / y position table", "ape"),
+    ("axial RoPE", "rope"),
+    ("mixed RoPE", "rope"),
+    ("DINOv3 RoPE", "rope"),
+    ("2-D RoPE", "rope"),
+    ("multimodal RoPE", "rope"),
+    ("a relative position", "relative"),
+    ("a decomposed relative position", "relative"),
+    ("a continuous position bias", "relative"),
+    ("GPSA", "gpsa"),
+    ("a Fourier position encoding", "fourier"),
+    ("a convolutional", "conv"),
+)
+_OURS = re.compile(r"our model's PE '(\w+)'")
+
+
+def component_of(kind: str) -> str:
+    """The component (one of :data:`~timm_posgeom.protocol.PE_COMPONENTS`) of an encoding of ``kind`` (a :class:`PEEntry`'s text)."""
+    ours = _OURS.match(kind)
+    if ours:
+        return ours.group(1)
+    return next((component for start, component in _KIND_COMPONENTS if kind.startswith(start)), "unknown")
 
 
 class PEEntry(NamedTuple):
     """One positional encoding found by :func:`pe_inventory`: ``name`` (dotted path of the tensor or module in
     the model, ``""`` for the model itself), ``kind`` (what it is and what alpha scales) and ``scalable``
-    (whether :func:`pe_scale` scales it)."""
+    (whether :func:`pe_scale` scales it). :attr:`component` names the encoding it belongs to."""
 
     name: str
     kind: str
     scalable: bool
 
+    @property
+    def component(self) -> str:
+        """Which of the model's encodings this is (:data:`~timm_posgeom.protocol.PE_COMPONENTS`): ``ape``, ``rope``, ``relative``, ...;
+        the key of this entry's alpha in ``pe_scale(model, {component: alpha})``."""
+        return component_of(self.kind)
+
 
 @dataclass(frozen=True)
-class _PE:
+class FoundPE:
+    """A PE of a model: its inventory entry and how to scale it in place (None: it cannot be scaled)."""
+
     entry: PEEntry
-    apply: _Apply | None = None  # None: cannot be scaled
+    apply: Apply | None = None
 
 
 # Additive absolute tables, on any module: pos_embed (vit, deit, beit, cait, convit, pit, eva, samvit, hiera,
@@ -51,9 +86,12 @@ _TABLE_KINDS = {
     "relative_position_bias_table": "a relative position bias table (alpha scales the table, added to the logits)",
     "rel_pos_h": "a decomposed relative position table (alpha scales the table, so the logit bias q . R)",
     "rel_pos_w": "a decomposed relative position table (alpha scales the table, so the logit bias q . R)",
+    # gemma4_vit's patch embedding: one table per axis, (2, P, D), the x row plus the y row added to each token
+    "position_embedding_table": "a factorised x / y position table (alpha scales both: their sum is added to the "
+    "tokens)",
 }
 # Position encodings computed by a convolution of the token contents: there is no alpha to set.
-_CONV_PES = {
+CONV_PES = {
     "PosConv": "a convolutional position generator (PosConv)",
     "ConvPosEnc": "a convolutional position encoding (ConvPosEnc)",
     "ConvRelPosEnc": "a convolutional relative position encoding (ConvRelPosEnc)",
@@ -64,12 +102,13 @@ _CONV_PES = {
 _PE_CLASS = re.compile(r"Rotary|Rope|Pos(ition(al)?)?(Enc|Emb|Bias|Conv|Gen)|PEG|CPE")
 _NOT_A_PE_CLASS = re.compile(r"Attn|Attention|Block|Stage|Layer|Transformer|Model")
 _PE_WORDS = {"pos", "position", "positional", "rel", "relative", "rpe", "cpb"}
-_LOOKED_FOR = (
-    "absolute tables (`pos_embed` and its variants, on any module), timm RoPE modules (RotaryEmbedding, "
-    "RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3), relative position tables "
+LOOKED_FOR = (
+    "absolute tables (`pos_embed` and its variants, on any module; gemma4's `position_embedding_table`), timm RoPE "
+    "modules (RotaryEmbedding, RotaryEmbeddingCat, RotaryEmbeddingMixed, RotaryEmbeddingDinoV3, "
+    "RotaryEmbeddingMRope, Gemma4RotaryEmbedding2D), relative position tables "
     "(`relative_position_bias_table`, `rel_pos_h` / `rel_pos_w`), RelPosMlp, convit's GPSA, the continuous "
     "position bias of swinv2 and swinv2-cr, PositionalEncodingFourier, convolutional position encodings "
-    f"({', '.join(_CONV_PES)}) and any other position-like module or tensor"
+    f"({', '.join(CONV_PES)}) and any other position-like module or tensor"
 )
 
 
@@ -78,9 +117,9 @@ def _under(name: str, prefixes: list[str]) -> bool:
     return any(p == "" or name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _find_pes(model: nn.Module, include_prefix: bool) -> list[_PE]:
+def find_pes(model: nn.Module, include_prefix: bool) -> list[FoundPE]:
     """Every PE of ``model`` (not one of ours), in module order, then what only looks like one."""
-    found: list[_PE] = []
+    found: list[FoundPE] = []
     claimed: list[str] = []  # recognised modules: what is inside them is theirs
     seen: set[int] = set()  # tensors already found (a tied table is scaled once)
     for name, module in model.named_modules():
@@ -95,47 +134,52 @@ def _find_pes(model: nn.Module, include_prefix: bool) -> list[_PE]:
     return found + _unknown_pes(model, [pe.entry.name for pe in found], claimed, seen)
 
 
-def _module_pe(name: str, module: nn.Module) -> _PE | None:
+def _module_pe(name: str, module: nn.Module) -> FoundPE | None:
     """The PE that ``module`` is (by its class), or None."""
     kind = type(module).__name__
-    if kind in _CONV_PES:
-        return _PE(PEEntry(name, _CONV_PES[kind], False))
+    if kind in CONV_PES:
+        return FoundPE(PEEntry(name, CONV_PES[kind], False))
     scaler = _module_scaler(module, kind)
-    return None if scaler is None else _PE(PEEntry(name, scaler[0], True), scaler[1])
+    return None if scaler is None else FoundPE(PEEntry(name, scaler[0], True), scaler[1])
 
 
-def _module_scaler(module: Any, kind: str) -> tuple[str, _Apply] | None:
+def _module_scaler(module: Any, kind: str) -> tuple[str, Apply] | None:
     """(what alpha scales, how) for a PE module pe_scale knows, or None."""
     if kind in ("RotaryEmbedding", "RotaryEmbeddingCat") and hasattr(module, "bands"):
-        return "axial RoPE (alpha scales the rotation angles: bands)", _undo_with(_scale_axial_rope, module)
+        return "axial RoPE (alpha scales the rotation angles: bands)", undo_with(scale_axial_rope, module)
     if kind == "RotaryEmbeddingMixed":
-        return "mixed RoPE (alpha scales the rotation angles: learned frequencies)", _scale_tensor(module.freqs)
+        return "mixed RoPE (alpha scales the rotation angles: learned frequencies)", scale_tensor(module.freqs)
+    if kind in ("Gemma4RotaryEmbedding2D", "RotaryEmbeddingMRope") and isinstance(
+        getattr(module, "inv_freq", None), torch.Tensor
+    ):  # angles = position * inv_freq, computed at every forward (no cache)
+        what = "2-D RoPE" if kind.startswith("Gemma4") else "multimodal RoPE"
+        return f"{what} (alpha scales the rotation angles: inv_freq)", scale_tensor(module.inv_freq)
     if kind == "RotaryEmbeddingDinoV3":
         return (
             "DINOv3 RoPE (alpha scales the rotation angles: periods / alpha)",
-            _undo_with(_scale_dinov3_rope, module),
+            undo_with(scale_dinov3_rope, module),
         )
     if kind == "RelPosMlp":
-        return "a relative position MLP, RelPosMlp (alpha scales its bias)", _shadow_get_bias(module)
+        return "a relative position MLP, RelPosMlp (alpha scales its bias)", shadow_get_bias(module)
     if kind == "GPSA" and isinstance(getattr(module, "pos_proj", None), nn.Module):
         return (
             "GPSA positional attention (alpha scales its logits pos_proj(rel_indices): uniform at 0)",
-            _scale_output(module.pos_proj),
+            scale_output(module.pos_proj),
         )
-    if _is_swinv2_attention(module):
+    if is_swinv2_attention(module):
         return (
             "a continuous position bias, swinv2 (alpha scales 16 * sigmoid(cpb_mlp), the bias added to the logits)",
-            _scale_swinv2_bias(module),
+            scale_swinv2_bias(module),
         )
     if isinstance(getattr(module, "meta_mlp", None), nn.Module) and hasattr(module, "relative_coordinates_log"):
         return (
             "a continuous position bias, swinv2-cr (alpha scales meta_mlp's output, the bias added to the logits)",
-            _scale_output(module.meta_mlp),
+            scale_output(module.meta_mlp),
         )
     if kind == "PositionalEncodingFourier":
         return (
             "a Fourier position encoding, PositionalEncodingFourier (alpha scales its output)",
-            _scale_output(module),
+            scale_output(module),
         )
     return None
 
@@ -146,7 +190,7 @@ def _direct_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     return out + [(k, v) for k, v in vars(module).items() if isinstance(v, torch.Tensor)]
 
 
-def _table_pes(model: nn.Module, name: str, module: nn.Module, include_prefix: bool, seen: set[int]) -> list[_PE]:
+def _table_pes(model: nn.Module, name: str, module: nn.Module, include_prefix: bool, seen: set[int]) -> list[FoundPE]:
     """The absolute and relative position tables ``module`` holds itself."""
     out = []
     for leaf, t in _direct_tensors(module):
@@ -163,7 +207,7 @@ def _table_pes(model: nn.Module, name: str, module: nn.Module, include_prefix: b
         rows = None if include_prefix else _patch_rows(model, module, leaf, t)
         if rows is not None:
             kind = "an absolute position table (alpha scales its patch rows, added to the patch tokens)"
-        out.append(_PE(PEEntry(f"{name}.{leaf}" if name else leaf, kind, True), _scale_tensor(t, rows)))
+        out.append(FoundPE(PEEntry(f"{name}.{leaf}" if name else leaf, kind, True), scale_tensor(t, rows)))
     return out
 
 
@@ -186,7 +230,7 @@ def _pe_like(leaf: str) -> bool:
     return leaf == "attention_biases" or any(w in _PE_WORDS for w in re.split(r"[_\d]+", leaf.lower()))
 
 
-def _unknown_pes(model: nn.Module, known: list[str], claimed: list[str], seen: set[int]) -> list[_PE]:
+def _unknown_pes(model: nn.Module, known: list[str], claimed: list[str], seen: set[int]) -> list[FoundPE]:
     """Position-like modules (by class) and tensors (by name) outside everything recognised: never scaled."""
     out = []
     for name, module in model.named_modules():
@@ -194,12 +238,12 @@ def _unknown_pes(model: nn.Module, known: list[str], claimed: list[str], seen: s
         if not name or _under(name, claimed) or not _PE_CLASS.search(kind) or _NOT_A_PE_CLASS.search(kind):
             continue
         if not any(_under(k, [name]) for k in known):  # e.g. RelPosBias: its table was found
-            out.append(_PE(PEEntry(name, f"a position module pe_scale does not know ({kind})", False)))
+            out.append(FoundPE(PEEntry(name, f"a position module pe_scale does not know ({kind})", False)))
             claimed.append(name)
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         owner, _, leaf = name.rpartition(".")
         if id(t) in seen or not t.is_floating_point() or _under(owner, claimed) or not _pe_like(leaf):
             continue
         seen.add(id(t))
-        out.append(_PE(PEEntry(name, f"a position-like tensor pe_scale does not know ({leaf})", False)))
+        out.append(FoundPE(PEEntry(name, f"a position-like tensor pe_scale does not know ({leaf})", False)))
     return out

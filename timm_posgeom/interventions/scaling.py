@@ -5,16 +5,16 @@ what it scales and what it cannot."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from ..defaults import check_alpha_spec
 from ..errors import PosgeomError
-from ..pos.common import check_alpha
-from .pe_scalers import _run_undo, _Undo
-from .pe_search import _CONV_PES, _LOOKED_FOR, PEEntry, _find_pes
+from .pe_scalers import Undo, run_undo
+from .pe_search import CONV_PES, LOOKED_FOR, PEEntry, find_pes
 
 __all__ = ["pe_scale", "pe_inventory", "PEScaleError", "AlphaOverflowError"]
 
@@ -41,12 +41,19 @@ def pe_inventory(model: nn.Module, include_prefix: bool = True) -> list[PEEntry]
         pe = getattr(model, "pe", None)
         kind = f"our model's PE {pe!r} (set_alpha: see docs/method.md#pe-scaling-alpha)"
         return [] if pe == "none" else [PEEntry("", kind, True)]
-    return [pe.entry for pe in _find_pes(model, include_prefix)]
+    return [pe.entry for pe in find_pes(model, include_prefix)]
 
 
 @contextlib.contextmanager
-def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True, strict: bool = True) -> Iterator[nn.Module]:
+def pe_scale(
+    model: nn.Module, alpha: float | Mapping[str, float], include_prefix: bool = True, strict: bool = True
+) -> Iterator[nn.Module]:
     """Scale the positional encoding of ``model`` by ``alpha`` inside the context (alpha = 0: no PE).
+
+    ``alpha`` is one number for every PE, or a mapping component -> alpha (``{"ape": 0.0, "rope": 1.0}``) for a
+    model with several encodings (eva02's APE and RoPE, Naver's ``*_rope_ape``, qwen3_vit, gemma4_vit's table
+    and RoPE): each entry of :func:`pe_inventory` is scaled by the alpha of its ``component``, and the components
+    not named keep their scale. A component the model does not have raises :class:`PEScaleError`.
 
     What alpha scales, per kind (:func:`pe_inventory` lists what a model has):
       * our models (``PosGeomViT``): ``model.set_alpha(model.alpha * alpha)`` (APE table incl. class row, sincos
@@ -69,24 +76,28 @@ def pe_scale(model: nn.Module, alpha: float, include_prefix: bool = True, strict
         no position;
       * ``PositionalEncodingFourier`` (xcit, edgenext): its output times alpha.
 
+      * gemma4_vit: its factorised ``position_embedding_table`` (one table per axis, their rows summed) times
+        alpha, and its 2-D RoPE's angles (``inv_freq``) times alpha; timm's ``RotaryEmbeddingMRope`` likewise.
+
     Convolutional position encodings (twins' PosConv, coat and davit ConvPosEnc, ...) have no scale, and
     position-like modules or tensors it does not know are not guessed at. A model with some of them and
-    some scalable PE raises :class:`PEScaleError` naming what cannot be scaled, unless ``strict=False``:
+    some scalable PE (in the components scaled) raises :class:`PEScaleError` naming what cannot be scaled, unless ``strict=False``:
     then only the scalable ones are scaled (``pe_inventory(model)`` says which). A model with nothing
     scalable always raises, saying what it found (or that it found no positional encoding).
 
     Yields ``model`` itself. Every tensor is restored exactly (saved copies) and every hook removed on exit,
     exceptions included.
     """
-    alpha = check_alpha(alpha)
+    alpha = check_alpha_spec(alpha)
+    largest = max(alpha.values()) if isinstance(alpha, dict) else alpha
     # Rebuilt caches and saved copies must be ordinary tensors even when the context is entered
     # under torch.inference_mode(), or a later training step could not use them.
     with torch.inference_mode(False), torch.no_grad():
-        before = _nonfinite_tensors(model) if alpha > 1 else set()  # only a factor above 1 can overflow
+        before = _nonfinite_tensors(model) if largest > 1 else set()  # only a factor above 1 can overflow
         restore = _apply_pe_scale(model, alpha, include_prefix, strict)
         try:
-            if alpha > 1:
-                _check_finite(model, alpha, before)
+            if largest > 1:
+                _check_finite(model, largest, before)
         except AlphaOverflowError:
             restore()
             raise
@@ -126,35 +137,63 @@ def _is_posgeom(model: nn.Module) -> bool:
     return hasattr(model, "set_alpha") and hasattr(model, "alpha")
 
 
-def _apply_pe_scale(model: Any, alpha: float, include_prefix: bool, strict: bool = True):
-    """Scale every scalable PE of ``model`` in place; return the function that restores them exactly."""
+def _apply_pe_scale(model: Any, alpha: float | dict[str, float], include_prefix: bool, strict: bool = True):
+    """Scale every scalable PE of ``model`` in place (a mapping: each by its component's alpha); return the function
+    that restores them exactly."""
     if _is_posgeom(model):
-        if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
-            raise PEScaleError(
-                f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is nothing to scale"
-            )
-        table = getattr(model, "pos_embed", None)
-        prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 0))
-        if not include_prefix and table is not None and prefix:  # APE with prefix rows: only the patch rows
-            saved = table.detach().clone()
-            table[:, prefix:] *= alpha
-            return lambda: table.copy_(saved)
-        # multiplicative, as on every other model: a model built or exported with alpha a gets a * alpha,
-        # so alpha = 1 is always the model as it stands
-        old = model.alpha
-        model.set_alpha(old * alpha)
-        return lambda: model.set_alpha(old)
-    found = _find_pes(model, include_prefix)
+        return _scale_posgeom(model, _posgeom_alpha(model, alpha), include_prefix)
+    found = find_pes(model, include_prefix)
+    if isinstance(alpha, dict):
+        _check_components(model, [pe.entry for pe in found], alpha)
+        found = [pe for pe in found if pe.entry.component in alpha]
     _check_scalable(model, [pe.entry for pe in found], strict)
-    undo: _Undo = []
+    undo: Undo = []
     try:
         for pe in found:
             if pe.apply is not None:
-                pe.apply(alpha, undo)
+                pe.apply(alpha[pe.entry.component] if isinstance(alpha, dict) else alpha, undo)
     except BaseException:
-        _run_undo(undo)
+        run_undo(undo)
         raise
-    return lambda: _run_undo(undo)
+    return lambda: run_undo(undo)
+
+
+def _posgeom_alpha(model: Any, alpha: float | dict[str, float]) -> float:
+    """Our model's one alpha: ``alpha``, or its PE's entry of a mapping (PEScaleError for a PE it lacks)."""
+    if getattr(model, "pe", None) == "none":  # alpha scales nothing: a silent no-op would look like a result
+        raise PEScaleError(
+            f"pe_scale: {type(model).__name__} has no positional encoding (pe='none'): there is nothing to scale"
+        )
+    if not isinstance(alpha, dict):
+        return alpha
+    _check_components(model, pe_inventory(model), alpha)
+    return alpha[model.pe]
+
+
+def _scale_posgeom(model: Any, alpha: float, include_prefix: bool):
+    """Our model's PE times ``alpha`` in place (see :func:`pe_scale`); returns the function that restores it."""
+    table = getattr(model, "pos_embed", None)
+    prefix = 0 if getattr(model, "no_embed_class", False) else int(getattr(model, "num_prefix_tokens", 0))
+    if not include_prefix and table is not None and prefix:  # APE with prefix rows: only the patch rows
+        saved = table.detach().clone()
+        table[:, prefix:] *= alpha
+        return lambda: table.copy_(saved)
+    # multiplicative, as on every other model: a model built or exported with alpha a gets a * alpha,
+    # so alpha = 1 is always the model as it stands
+    old = model.alpha
+    model.set_alpha(old * alpha)
+    return lambda: model.set_alpha(old)
+
+
+def _check_components(model: nn.Module, entries: list[PEEntry], alpha: dict[str, float]) -> None:
+    """PEScaleError when a mapping names a component ``model`` does not have (saying which it has)."""
+    have = list(dict.fromkeys(e.component for e in entries))
+    missing = [c for c in alpha if c not in have]
+    if missing:
+        raise PEScaleError(
+            f"pe_scale: {type(model).__name__} has no {', '.join(repr(c) for c in missing)} positional encoding: "
+            f"its components are {', '.join(have) or 'none'} (pe_inventory(model) lists them)"
+        )
 
 
 def _check_scalable(model: nn.Module, entries: list[PEEntry], strict: bool) -> None:
@@ -163,7 +202,7 @@ def _check_scalable(model: nn.Module, entries: list[PEEntry], strict: bool) -> N
     scalable = [e for e in entries if e.scalable]
     unscalable = [e for e in entries if not e.scalable]
     if not entries:
-        raise PEScaleError(f"pe_scale found no positional encoding in {cls}: looked for {_LOOKED_FOR}")
+        raise PEScaleError(f"pe_scale found no positional encoding in {cls}: looked for {LOOKED_FOR}")
     if not scalable:
         raise PEScaleError(
             f"pe_scale cannot scale the positional encoding of {cls}: it has {_describe(unscalable)}, "
@@ -178,7 +217,7 @@ def _check_scalable(model: nn.Module, entries: list[PEEntry], strict: bool) -> N
 
 
 def _why(unscalable: list[PEEntry]) -> str:
-    conv = [e for e in unscalable if e.kind in _CONV_PES.values()]
+    conv = [e for e in unscalable if e.kind in CONV_PES.values()]
     reasons = ["a convolution of the token contents has no scale"] if conv else []
     if len(conv) < len(unscalable):
         reasons.append("pe_scale does not guess how to scale a PE it does not know")

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..defaults import rpi_count
 from ..intervals import t_interval
 from ..interventions import draw_permutations, eval_mode, permutation_seeds
 from ..measuring import MeasureSettings
 from ..probes.sites import ProbeSites, find_sites
-from ..protocol import rpi_count
 from .batches import labelled_batches, placed
 from .result import LayerCurves
 from .tally import Tally

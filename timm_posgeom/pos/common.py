@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import math
+from ..defaults import check_alpha
+
+__all__ = ["PE_TYPES", "TOKEN_SHUFFLE_MODES", "check_alpha"]
 
 PE_TYPES = ("none", "ape", "sincos", "rope")
 TOKEN_SHUFFLE_MODES = ("none", "train", "eval", "always")
-
-
-def check_alpha(alpha: float) -> float:
-    """Return ``alpha`` as a float; raise ValueError unless it is finite and >= 0."""
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    return value

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as _dist
-from ..defaults import rpi_count
+from ..defaults import check_alpha_spec, rpi_count
 from ..errors import NonFiniteWarning, nonfinite_message
 from ..intervals import t_interval
 from ..interventions import (
@@ -407,8 +407,8 @@ def _check_measures(
         rpi_per = "image"
     if rpi_per not in RPI_PER:
         raise ValueError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
-    if alpha is not None and not (math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    if alpha is not None:
+        check_alpha_spec(alpha)  # a number, or one per PE component
     measures = list(measures)
     if not measures:
         raise ValueError("measures is empty")

@@ -18,7 +18,6 @@ images, and the SSDC of the mean map gets the interval of a delete-a-group jackk
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from .. import distributed as _dist
-from ..defaults import JACKKNIFE_GROUPS, rpi_count
+from ..defaults import JACKKNIFE_GROUPS, check_alpha_spec, rpi_count
 from ..interventions import (
     TokenPermutationError,
     check_unpermuted,
@@ -121,8 +120,9 @@ def probe_ssdc(
         rpi_permutations (int | None): the K permutations under RPI (default 10,
             :data:`~timm_posgeom.protocol.RPI_PERMUTATIONS`); each image is read once and forwarded K
             times. K = 1 gives no interval (NaN), never one of zero width.
-        alpha (float | None): scale the positional encoding by alpha for the probe (:func:`~timm_posgeom.pe_scale`,
-            the class row included); None: as it is.
+        alpha (float | dict[str, float] | None): scale the positional encoding by alpha for the probe
+            (:func:`~timm_posgeom.pe_scale`, the class row included), or each component by its own
+            (``{"ape": 0.0}``); None: as it is.
         forward_size (int | None): at most this many images per forward pass: under RPI, the permutations of
             a batch are stacked up to it (default 512 images, at least one batch).
         max_images (int | None): stop after this many images (with several processes: this many in all).
@@ -175,9 +175,10 @@ def probe_ssdc(
     return result
 
 
-def _check_alpha(alpha: float | None) -> None:
-    if alpha is not None and not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+def _check_alpha(alpha: Any) -> None:
+    """ValueError unless ``alpha`` is None, a finite number >= 0 or a mapping PE component -> such a number."""
+    if alpha is not None:
+        check_alpha_spec(alpha)
 
 
 def _check_probe(

@@ -24,6 +24,10 @@ copies whatever the batch size or the number of workers.
 paper, sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
 fragility of every shift.
 
+:mod:`.position_interventions` measures top-1 and SSDC with the encoding itself moved (:func:`measure_pe_shuffle`,
+:func:`measure_pe_shift`) or the image's tiles shuffled (:func:`measure_tile_shuffle`), each condition with its
+95% interval, into an :class:`InterventionResult` (:mod:`.intervention_result`).
+
 Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.distributed`):
 each process evaluates its share of the batches, and every process returns the result one process
 would compute (the per-image correctness arrays are re-assembled in data order, so counts,
@@ -45,9 +49,26 @@ from .fragility_eval import (  # noqa: F401  (the private helpers: their old hom
     fragility,
     score_logits,
 )
+from .intervention_result import InterventionResult, InterventionRow
+from .position_interventions import (
+    DEFAULT_PE_SHIFTS,
+    TileShuffle,
+    default_tile_grids,
+    measure_pe_shift,
+    measure_pe_shuffle,
+    measure_tile_shuffle,
+)
 from .sweep import AlphaSweepResult, AlphaSweepRow, alpha_sweep, sweep_ssdc
 
 __all__ = [
+    "measure_pe_shuffle",
+    "measure_pe_shift",
+    "measure_tile_shuffle",
+    "InterventionResult",
+    "InterventionRow",
+    "TileShuffle",
+    "DEFAULT_PE_SHIFTS",
+    "default_tile_grids",
     "fragility",
     "FragilityResult",
     "alpha_sweep",

@@ -217,7 +217,10 @@ def alpha_sweep(
     ``settings`` (a :class:`~timm_posgeom.measuring.MeasureSettings`, or its fields as keywords, which
     override it) is passed to both: ``resize``, ``batch_size``, ``num_workers``, ``seed``, ``max_images``,
     ``device``, ``progress``, ``img_size``, ``distributed`` (``auto`` / ``off``). The keywords
-    ``probe_images`` (int) and ``probe_data`` (a split) are this function's own.
+    ``probe_images`` (int), ``probe_data`` (a split) and ``components`` are this function's own:
+    ``components`` (PE component names, e.g. ``["rope"]``: :attr:`~timm_posgeom.interventions.PEEntry.component`)
+    sweeps alpha on those encodings alone, ``pe_scale(model, {component: alpha})``, the others kept as they are
+    (a model with several: eva02's APE and RoPE, qwen3_vit, gemma4_vit); None (default): every encoding.
 
     ``max_images`` bounds all the work: the probe too uses at most that many images unless
     ``probe_images`` says otherwise (default: 1,000, the paper's count, or ``max_images`` if fewer;
@@ -230,9 +233,12 @@ def alpha_sweep(
     shows progress. Returns an :class:`AlphaSweepResult`.
     """
     settings, own = MeasureSettings.resolve(
-        "alpha_sweep", settings, options, {"probe_images": None, "probe_data": None}
+        "alpha_sweep", settings, options, {"probe_images": None, "probe_data": None, "components": None}
     )
     site, alphas = _check_sweep(model, site, alphas, settings)
+    components = own["components"]
+    with pe_scale(model, _spec(1.0, components), include_prefix=include_prefix):  # a component the model lacks:
+        pass  # refused here, before any data is read
     n_probe, probe_loader, data = _sweep_data(model, data, own, labels, settings)
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
@@ -248,14 +254,17 @@ def alpha_sweep(
         include_prefix=include_prefix,
         settings=quiet.replace(max_images=n_probe),
         progress=show,
+        components=components,
     )
-    rows = _fragility_rows(model, data, shifts, list(zip(alphas, ssdcs)), quiet, include_prefix, show)
+    probed = [(alpha, _spec(alpha, components), ssdc) for alpha, ssdc in zip(alphas, ssdcs)]
+    rows = _fragility_rows(model, data, shifts, probed, quiet, include_prefix, show)
     k, seed = ssdcs[0].settings["rpi_permutations"], ssdcs[0].settings["seed"]
     recorded = {
         "model": _model_name(model),
         "site": site,
         "probe_images": n_probe,
         "include_prefix": include_prefix,
+        "components": None if components is None else list(components),
         "resize": settings.resize,
         "seed": seed,
         "rpi_permutations": k,
@@ -286,18 +295,18 @@ def _fragility_rows(
     model: nn.Module,
     data: Any,
     shifts: Sequence[str | Shift],
-    probed: list[tuple[float, SSDCResult]],
+    probed: list[tuple[float, Any, SSDCResult]],
     settings: MeasureSettings,
     include_prefix: bool,
     show: bool,
 ) -> list[AlphaSweepRow]:
-    """The sweep's rows: per (alpha, its SSDC under RPI) of ``probed``, :func:`fragility` of every shift
-    inside ``pe_scale(model, alpha, include_prefix)``."""
+    """The sweep's rows: per (alpha, what pe_scale is given for it, its SSDC under RPI) of ``probed``,
+    :func:`fragility` of every shift inside ``pe_scale(model, scale, include_prefix)``."""
     from tqdm.auto import tqdm
 
     rows = []
-    for alpha, ssdc in tqdm(probed, desc="fragility per alpha", disable=not show):
-        with pe_scale(model, alpha, include_prefix=include_prefix):
+    for alpha, scale, ssdc in tqdm(probed, desc="fragility per alpha", disable=not show):
+        with pe_scale(model, scale, include_prefix=include_prefix):
             frag = fragility(model, data, shifts, settings=settings, labels="as-is")  # checked (or mapped) above
         rows.append(
             AlphaSweepRow(
@@ -326,9 +335,11 @@ def sweep_ssdc(
     include_prefix: bool = True,
     settings: MeasureSettings | None = None,
     progress: bool = False,
+    components: Sequence[str] | None = None,
 ) -> list[Any]:
     """SSDC under RPI at each alpha, the SSDC part of :func:`alpha_sweep`: one
-    :func:`~timm_posgeom.probes.probe_ssdc` per alpha inside ``pe_scale(model, alpha, include_prefix)``, with
+    :func:`~timm_posgeom.probes.probe_ssdc` per alpha inside ``pe_scale(model, alpha, include_prefix)`` (with
+    ``components``: ``pe_scale(model, {component: alpha, ...})``, the other encodings as they are), with
     ``settings.rpi_permutations`` (K) permutations drawn afresh for every alpha, as the paper draws them: alpha
     j (in the order given) takes the seeds ``seed + jK`` .. ``seed + jK + K - 1``. ``loader``: the probe's
     batches (as ``probe_ssdc`` reads them). Returns one :class:`~timm_posgeom.probes.SSDCResult` per alpha."""
@@ -344,7 +355,7 @@ def sweep_ssdc(
     seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     out = []
     for j, alpha in enumerate(tqdm(alphas, desc="alpha sweep", disable=not progress)):
-        with pe_scale(model, float(alpha), include_prefix=include_prefix):
+        with pe_scale(model, _spec(float(alpha), components), include_prefix=include_prefix):
             out.append(
                 probe_ssdc(
                     model,
@@ -355,6 +366,16 @@ def sweep_ssdc(
                 )
             )
     return out
+
+
+def _spec(alpha: float, components: Sequence[str] | None) -> float | dict[str, float]:
+    """What ``pe_scale`` is given for ``alpha``: the number, or ``{component: alpha}`` for each of ``components``."""
+    if components is None:
+        return alpha
+    names = [components] if isinstance(components, str) else list(components)
+    if not names:
+        raise ValueError("components is empty: name PE components (e.g. ['rope']), or give None for every encoding")
+    return {str(c): alpha for c in names}
 
 
 def _sweep_data(

@@ -15,7 +15,7 @@ from typing import Any
 from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
-from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, probe_count
+from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
@@ -64,6 +64,9 @@ class ZooConfig:
     bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
     shifts: tuple[str, ...] = PAPER_SHIFTS
     alphas: tuple[float, ...] | None = None  # None: no alpha sweep
+    # the alpha sweep scales these PE components alone (pe_scale(model, {component: alpha})), the others kept;
+    # None: every encoding. A model without one of them gets no sweep, with the reason noted
+    alpha_components: tuple[str, ...] | None = None
     seed: int = 0  # random init (torch.manual_seed before each model is built), RPI permutations, bootstrap
     rpi_permutations: int = RPI_PERMUTATIONS  # SSDC and attention under RPI: the mean over this many (seed + k)
     batch_size: int = 64
@@ -107,6 +110,15 @@ class ZooConfig:
         values.update(alphas=self.alphas or (), sweep_shifts=SWEEP_SHIFTS, progress=progress)
         return Protocol(**values)
 
+    def _check_sweep(self) -> None:
+        """ValueError for an empty list of alphas, or components named without a sweep (or unknown)."""
+        if self.alphas is not None and not self.alphas:
+            raise ValueError("alphas is empty")
+        if self.alpha_components is not None:
+            if self.alphas is None or not self.alpha_components:
+                raise ValueError("alpha_components names the PE components of an alpha sweep: give alphas too")
+            check_alpha_spec(dict.fromkeys(self.alpha_components, 1.0))  # known component names
+
     def probe_count(self) -> int:
         """The images of each SSDC probe: ``probe_images``, else 1,000 or ``max_images`` if fewer."""
         return probe_count(self.probe_images, self.max_images)
@@ -125,6 +137,8 @@ class ZooConfig:
         values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
         values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
+        if values.get("alpha_components") is None:  # absent, as in the records written before it existed
+            values.pop("alpha_components", None)
         return to_jsonable(values)
 
 
@@ -178,7 +192,7 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
     """The :class:`ZooConfig` a zoo's recorded settings describe (its neutral fields at their defaults)."""
     known = {f for f in ZooConfig.__dataclass_fields__}
     values = {k: v for k, v in settings.items() if k in known}
-    for key in ("shifts", "alphas"):
+    for key in ("shifts", "alphas", "alpha_components"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])
     return ZooConfig(**values)
