@@ -375,3 +375,36 @@ def test_a_zoo_measured_before_the_protocol_resumes_without_measuring_again(tmp_
     )
     again = run_zoo([name], config, out, progress=False, log=lambda s: None)
     assert again.measured == [] and again.skipped == [name] and not list(out.glob("models/*.replaced-*"))
+
+
+PACKAGE_MEASURES = (
+    "pe_shuffle",
+    "pe_shift",
+    "tile_shuffle",
+    "extrapolation",
+    "activation_patching",
+    "pe_imprint",
+    "position_ablation",
+    "encoding_cka",
+)
+
+
+@pytest.mark.slow
+def test_the_packages_measures_plug_into_the_protocol(val):
+    """Resolution extrapolation, the PE interventions and the localisation measures are entries of the registry:
+    `Protocol(extras=...)` measures each through `measure_model` on a tiny APE ViT into a JSON-able result (under
+    the protocol's seed, permutations and images: the same numbers twice), none refused."""
+    assert set(PACKAGE_MEASURES) <= set(measure_names())
+    protocol = Protocol(
+        extras=PACKAGE_MEASURES, alphas=(), max_images=8, probe_images=8, rpi_permutations=2, batch_size=8
+    )
+    model = _model(val.num_classes)
+    first = measure_model(model, val, protocol, parts=PACKAGE_MEASURES)
+    assert not first.notes, first.notes
+    assert set(first.extras) == set(PACKAGE_MEASURES)
+    dicts = {name: first.extras[name].to_dict() for name in PACKAGE_MEASURES}
+    for name, record in dicts.items():
+        assert json.loads(json.dumps(record, default=str)), name
+    again = measure_model(model, val, protocol, parts=("pe_shuffle", "pe_imprint"))
+    for name in ("pe_shuffle", "pe_imprint"):
+        assert json.dumps(again.extras[name].to_dict(), default=str) == json.dumps(dicts[name], default=str), name

@@ -687,3 +687,67 @@ register_measure(
     "the linear row/col position probe per block, normal and under RPI",
     flat_only=True,
 )
+
+
+# -- the measures of the position interventions, extrapolation and localisation -------------------------------------
+# Each is a library function of its own package; these read the protocol's settings into its arguments.
+def _settings(protocol: Protocol, **changes: Any) -> MeasureSettings:
+    """The protocol's measure settings for a measure that runs in one process, on the probe images."""
+    return protocol.measure_settings(**{"max_images": protocol.probe_count(), "distributed": "off", **changes})
+
+
+def _extrapolation(model: Any, data: Any, protocol: Protocol) -> Any:
+    """:func:`~timm_posgeom.resolution.extrapolate` at its default sizes (0.5 to 4 times the training size) in every
+    mode the model takes: top-1 on ``max_images``, SSDC and attention on the probe images."""
+    from .resolution import extrapolate
+
+    settings = _settings(protocol, max_images=protocol.max_images)
+    return extrapolate(model, data, probe_images=protocol.probe_count(), labels=protocol.labels, settings=settings)
+
+
+def _position_intervention(function: str) -> Callable[[Any, Any, Protocol], Any]:
+    """``measure_pe_shuffle``, ``measure_pe_shift`` or ``measure_tile_shuffle`` under the protocol: top-1 on
+    ``max_images``, SSDC on the probe images at the protocol's site, K permutations."""
+
+    def measure(model: Any, data: Any, protocol: Protocol) -> Any:
+        from . import robustness
+
+        return getattr(robustness, function)(
+            model,
+            data,
+            labels=protocol.labels,
+            probe_images=protocol.probe_count(),
+            site=protocol.site,
+            settings=_settings(protocol, max_images=protocol.max_images),
+        )
+
+    return measure
+
+
+def _localisation(function: str) -> Callable[[Any, Any, Protocol], Any]:
+    """A measure of :mod:`timm_posgeom.localisation` on the probe images (the PE imprint reads none)."""
+
+    def measure(model: Any, data: Any, protocol: Protocol) -> Any:
+        from . import localisation
+
+        batches = None if function == "pe_imprint" else _loader(model, data, protocol, protocol.probe_count())
+        return getattr(localisation, function)(model, batches, _settings(protocol, progress=False))
+
+    return measure
+
+
+for _name, _function, _description in (
+    ("pe_shuffle", _position_intervention("measure_pe_shuffle"), "top-1 and SSDC with the PE permuted, against RPI"),
+    (
+        "pe_shift",
+        _position_intervention("measure_pe_shift"),
+        "top-1 and SSDC with the PE shifted by whole and part patches",
+    ),
+    ("tile_shuffle", _position_intervention("measure_tile_shuffle"), "top-1 and SSDC with the image's tiles shuffled"),
+    ("extrapolation", _extrapolation, "top-1, SSDC and delta SSDC under RPI at input sizes the model never saw"),
+    ("activation_patching", _localisation("activation_patching"), "the clean stream patched into RPI, per block"),
+    ("pe_imprint", _localisation("pe_imprint"), "SSDC of constant images per block: what the PE alone writes"),
+    ("position_ablation", _localisation("position_ablation"), "the position probe's directions ablated per block"),
+    ("encoding_cka", _localisation("encoding_cka"), "CKA of each block at alpha 1 against alpha 0"),
+):
+    register_measure(_name, _function, _description, flat_only=True)
