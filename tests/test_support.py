@@ -21,6 +21,7 @@ GLOBAL_ATTENTION = {
     "naflexvit",
     "qwen3_vit",
     "deepseek_vit",  # its norms compute in float32 whatever the model's dtype: equivariant to that rounding
+    "gemma4_vit",  # its x / y table and 2-D RoPE scaled to 0 by pe_scale
     "vision_transformer",
     "vision_transformer_relpos",
 }
