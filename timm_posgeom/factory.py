@@ -22,6 +22,7 @@ __all__ = [
     "ModelLoadError",
     "check_patch_multiple",
     "load_checkpoint_file",
+    "check_export_config",
 ]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
@@ -81,12 +82,21 @@ def create_model(
                 f"{name}: no config.json in {folder} (an exported run holds config.json and "
                 "model.safetensors, e.g. RUN_DIR/export)"
             )
+        check_export_config(folder / "config.json")
     elif not weighted and not timm.is_model(name):
         raise ValueError(unknown_model_message(name))
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     try:
         model = _create(name, pretrained or weighted, img_size, kwargs)
+    except (TypeError, KeyError, AttributeError) as e:
+        if not name.startswith("local-dir:"):
+            raise
+        # config.json read (check_export_config) but naming arguments or values its model does not take
+        raise ModelLoadError(
+            f"{Path(name.split(':', 1)[1]) / 'config.json'} does not describe a model timm can build "
+            f"({type(e).__name__}: {_first_line(e)}): {_EXPORT_HINT}"
+        ) from e
     except (OSError, RuntimeError, SafetensorError) as e:
         if not weighted or isinstance(e, FileNotFoundError):
             raise
@@ -101,6 +111,34 @@ def create_model(
 
 class ModelLoadError(PosgeomError, ValueError):
     """Weights that cannot be loaded: not a checkpoint, truncated, for another model, or out of reach offline."""
+
+
+_EXPORT_HINT = "export the model again (timm's save_for_hf, or posgeom train at the end of a run)"
+# what timm reads from an export's config.json, and its type
+_CONFIG_FIELDS: dict[str, Any] = {"architecture": str, "model_args": dict, "pretrained_cfg": dict, "num_classes": int}
+
+
+def check_export_config(path: str | os.PathLike) -> None:
+    """Refuse an export's ``config.json`` that timm would choke on with a parser's traceback: not text, not JSON,
+    not an object, no ``architecture`` name, or ``model_args`` / ``pretrained_cfg`` / ``num_classes`` of the
+    wrong type (damaged, truncated, edited by hand): :class:`ModelLoadError`, one line naming the file."""
+    import json
+
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(
+            f"{path} is not valid JSON (damaged or truncated? {_first_line(e)}): {_EXPORT_HINT}"
+        ) from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} holds a JSON {type(config).__name__}, not an object: {_EXPORT_HINT}")
+    if "architecture" not in config:
+        raise ModelLoadError(f"{path} names no architecture: {_EXPORT_HINT}")
+    for key, tp in _CONFIG_FIELDS.items():
+        value = config.get(key, tp())
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ModelLoadError(f"{path}: {key} holds {value!r}, not a {tp.__name__} (edited?): {_EXPORT_HINT}")
 
 
 def _first_line(error: BaseException) -> str:
