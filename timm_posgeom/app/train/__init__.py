@@ -84,12 +84,13 @@ def train(
     from ...distributed import check_port
     from ...factory import unknown_model_message
     from ..recipe import RecipeError
-    from .build import build_session, check_resumable
+    from .build import build_session, check_model, check_resumable
     from .loop import finish, run_epochs
 
     recipe = recipe.validate()
     if not timm.is_model(recipe.model):
         raise RecipeError(unknown_model_message(recipe.model))
+    check_model(recipe)  # model_kwargs, opt and sched as timm's constructors take them: before any folder or data
     resolve_source(recipe.data)
     out = Path(out)
     if resume:  # before `out` is created or locked: a resume of nothing must not start a new run
@@ -108,12 +109,18 @@ def train(
         log_with=trackers or None,
         project_dir=str(out) if trackers else None,
     )
+    fresh, had_identity = not out.exists(), (out / "data.json").is_file()
     check_writable(out)
     lock = RunLock(out)
     try:
         if accelerator.is_main_process:
             lock.acquire(say=accelerator.print)
-        session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
+        try:
+            session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
+        except Exception:  # refused before the first step (too small a split, a bad held-out fraction, ...)
+            if accelerator.is_main_process and lock.held:
+                _undo_setup(out, fresh, had_identity, lock)
+            raise
         if trackers:  # after every check of the run folder: a refused run leaves no tracker files behind
             accelerator.init_trackers(
                 recipe.tracker_project or out.resolve().name, config=tracker_config(recipe.to_dict())
@@ -123,6 +130,18 @@ def train(
     finally:  # let a later train() in this process choose another precision / accumulation
         lock.release()
         _reset_accelerate_state()
+
+
+def _undo_setup(out: Path, fresh: bool, had_identity: bool, lock: RunLock) -> None:
+    """What a run refused during its set-up wrote, removed: the folder it created (data.json, recipe.yaml, the
+    lock: no training step was taken), or in a folder that was there the ``data.json`` it added."""
+    import shutil
+
+    lock.release()
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+    elif not had_identity:
+        (out / "data.json").unlink(missing_ok=True)
 
 
 def _wants_cpu(device: str | None) -> bool:
