@@ -27,6 +27,7 @@ import torch
 from ..intervals import t_interval
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
+from .spearman import FLAT_RTOL
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
 
@@ -60,7 +61,7 @@ def minibatch_cka(
     """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring).
 
     ``constant_a`` / ``constant_b``: per batch, whether that representation is the same for every image of
-    the batch, decided exactly on the features (:class:`_Grams`). Such a batch's Gram matrix is constant, and
+    the batch, decided on the features up to float rounding (:class:`_Grams`). Such a batch's Gram matrix is constant, and
     every HSIC with it is exactly 0: it adds exactly 0 (computed, it would add a rounding error of either
     sign). A representation with no variance across images in every batch gives 0 / 0: NaN, as does a Gram
     matrix that is not finite."""
@@ -95,7 +96,10 @@ class _Grams(Measure):
 
     def update(self, x: torch.Tensor, view: LayerView) -> None:
         flat = x[:, view.prefix :].reshape(x.shape[0], -1)  # (B, N * C)
-        self.constant.setdefault(view.layer, []).append(bool((flat == flat[:1]).all()))  # exactly, in its dtype
+        # the same for every image up to float rounding: its centred Gram matrix holds rounding noise, not variance
+        spread = (flat - flat[:1]).abs().amax() if flat.numel() else flat.new_zeros(())
+        scale = flat.abs().amax() if flat.numel() else flat.new_zeros(())
+        self.constant.setdefault(view.layer, []).append(bool(spread <= FLAT_RTOL * scale))
         flat = flat.to(torch.float64)
         self.grams.setdefault(view.layer, []).append((flat @ flat.T).cpu())
 

@@ -87,6 +87,8 @@ def _finish(
         _map_ssdc(acc, probe, n_images, grids) if acc.want_map else _MapStats(layers, np.full((1, len(layers)), np.nan))
     )  # filled by the per-image reduction
     stats = _image_stats(acc, probe) if acc.want_images else None
+    if stats is not None:
+        _say_flat_images(stats, layers)
     bad, count = acc.nonfinite_layers()
     if bad:  # non-finite tokens: those layers' numbers NaN, said once
         _blank_layers(maps, stats, [layers.index(layer) for layer in bad], probe)
@@ -118,6 +120,19 @@ def _finish(
         rise_ci=maps.rise_ci,
         jackknife=maps.jackknife,
     )
+
+
+def _say_flat_images(stats: _ImageStats, layers: list[int]) -> None:
+    """A warning naming the layers some of whose per-image maps are constant up to float rounding (or not finite):
+    their SSDC is NaN, left out of the per-image statistics, which are NaN where every map is."""
+    flat = [(layer, s.n_nan, s.n + s.n_nan) for layer, s in zip(layers, stats[0]) if s.n_nan]
+    if flat:
+        warnings.warn(
+            "per-image similarity maps constant up to float rounding (or not finite), their SSDC NaN and left out "
+            "of the per-image statistics: " + ", ".join(f"layer {layer}: {k} of {n}" for layer, k, n in flat),
+            ConstantMapWarning,
+            stacklevel=4,
+        )
 
 
 def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> None:
