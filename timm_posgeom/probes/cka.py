@@ -28,6 +28,7 @@ from ..intervals import t_interval
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import FLAT_RTOL
+from .streaming import same_passes
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
 
@@ -173,7 +174,9 @@ def cka(
         model_b: a flat timm ViT; both read the same batches, so they must take the same input
             (transform ``data`` for both).
         data: a (n, C, H, W) tensor (chunks of ``batch_size``) or a fixed iterable of batches (e.g. an
-            ``eval_loader``; it is read once per model, in the same order); batches of >= 4 images.
+            ``eval_loader``; it is read once per model, and the second pass is checked to read the same images in
+            the same order: a shuffling DataLoader is refused, :class:`~.streaming.SamePasses`); batches of >= 4
+            images.
         site: ``attn_input`` or ``block_output``.
         unbiased: HSIC_1 (default) or the biased estimator.
         rpi: both models under RPI, under the same ``rpi_permutations`` shared permutations (seeds ``seed`` ..
@@ -187,6 +190,7 @@ def cka(
     if options.get("distributed", "off") != "off":
         raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
     settings, _ = MeasureSettings.resolve("cka", options.pop("settings", None), {**options, "distributed": "off"})
+    data = same_passes(data, "cka")  # model b's pass checked against model a's: the same images, in order
     ra = run_measures(model_a, data, [_Grams(site)], rpi=rpi, layers=layers_a, settings=settings)
     rb = run_measures(model_b, data, [_Grams(site)], rpi=rpi, layers=layers_b, settings=settings)
     if ra.settings["n_images"] != rb.settings["n_images"]:
