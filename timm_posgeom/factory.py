@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 from .errors import PosgeomError
+from .protocol import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
     "create_model",
@@ -74,6 +75,7 @@ def create_model(
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    _check_counts(img_size, num_classes)
     weighted = name.startswith(WEIGHTED_PREFIXES)
     if name.startswith("local-dir:"):
         folder = Path(name.split(":", 1)[1]).expanduser()
@@ -107,6 +109,18 @@ def create_model(
     if checkpoint is not None:
         load_checkpoint_file(model, checkpoint)
     return model
+
+
+def _check_counts(img_size: Any, num_classes: Any) -> None:
+    """Refuse, before anything is built, an input size or a class count that would build a model of absurd size
+    (a position table, a head): at most :data:`~timm_posgeom.protocol.MAX_IMG_SIZE` px and
+    :data:`~timm_posgeom.protocol.MAX_CLASSES` classes (0: no head, timm's features)."""
+    for name, value, low, top in (
+        ("img_size", img_size, 1, MAX_IMG_SIZE),
+        ("num_classes", num_classes, 0, MAX_CLASSES),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top):
+            raise ValueError(f"{name} must be an integer from {low} to {top:,}, got {value!r}")
 
 
 class ModelLoadError(PosgeomError, ValueError):

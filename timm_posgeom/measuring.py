@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PosgeomError
+from .protocol import MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
 
 __all__ = ["MeasureSettings", "MeasureSettingsError", "DISTRIBUTED_MODES", "RESIZE_MODES"]
 
@@ -51,10 +52,12 @@ class MeasureSettings:
             for the functions that build their own loader from a split (``fragility``, ``alpha_sweep``,
             the ImageNet-C functions); ``probe_ssdc`` and ``run_measures`` read batches already
             transformed (:func:`~timm_posgeom.eval_data.eval_loader`).
-        img_size: the input size S or (H, W) for models that take any size; None: the model's own
+        img_size: the input size S or (H, W) for models that take any size, at most
+            :data:`~timm_posgeom.protocol.MAX_IMG_SIZE` a side; None: the model's own
             (where a loader is built, as ``resize``).
         device: where to run (``"cpu"``, ``"cuda"``, a ``torch.device``); None: the model's device.
-        num_workers: DataLoader workers (where a loader is built); None: ``min(4, cpu_count - 1)``.
+        num_workers: DataLoader workers (where a loader is built), at most 4 per CPU
+            (:func:`~timm_posgeom.protocol.max_workers`); None: ``min(4, cpu_count - 1)``.
         seed: seed of everything random: the RPI permutations, the bootstrap, random corruptions
             (None: one drawn from torch's global RNG, shared by the processes).
         rpi_permutations: under RPI, the K shared permutations every SSDC and attention measure is averaged
@@ -97,14 +100,25 @@ class MeasureSettings:
         if self.resize not in RESIZE_MODES:
             problems.append(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
         sizes = self.img_size if isinstance(self.img_size, tuple) else (self.img_size,) if self.img_size else ()
-        if self.img_size is not None and (len(sizes) not in (1, 2) or not all(_is_int(s) and s >= 1 for s in sizes)):
-            problems.append(f"img_size must be >= 1 (S or (H, W)), got {self.img_size!r}")
-        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
-            problems.append(f"num_workers must be >= 0, got {self.num_workers!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            problems.append(f"seed must be an integer or None, got {self.seed!r}")
-        if self.rpi_permutations is not None and (not _is_int(self.rpi_permutations) or self.rpi_permutations < 1):
-            problems.append(f"rpi_permutations must be an integer >= 1 (or None: 10), got {self.rpi_permutations!r}")
+        if self.img_size is not None and (
+            len(sizes) not in (1, 2) or not all(_is_int(s) and 1 <= s <= MAX_IMG_SIZE for s in sizes)
+        ):
+            problems.append(f"img_size must be from 1 to {MAX_IMG_SIZE} px (S or (H, W)), got {self.img_size!r}")
+        workers = max_workers()
+        if self.num_workers is not None and (not _is_int(self.num_workers) or not 0 <= self.num_workers <= workers):
+            problems.append(
+                f"num_workers must be from 0 to {workers} (4 per CPU here, each a process of its own), got "
+                f"{self.num_workers!r}"
+            )
+        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**63):
+            problems.append(f"seed must be an integer of 64 bits or None, got {self.seed!r}")
+        if self.rpi_permutations is not None and (
+            not _is_int(self.rpi_permutations) or not 1 <= self.rpi_permutations <= MAX_RPI_PERMUTATIONS
+        ):
+            problems.append(
+                f"rpi_permutations must be an integer from 1 to {MAX_RPI_PERMUTATIONS:,} (or None: 10), got "
+                f"{self.rpi_permutations!r}"
+            )
         if self.distributed not in DISTRIBUTED_MODES:
             problems.append(
                 f"unknown distributed mode {self.distributed!r}; expected one of {', '.join(DISTRIBUTED_MODES)}"

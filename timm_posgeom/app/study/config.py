@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import PosgeomError
+from ...protocol import MAX_IMG_SIZE, MAX_SEEDS, rpi_count
 from ..rundir import settings_changes
 
 __all__ = [
@@ -150,12 +151,14 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
     if twice:  # the same run twice would count as a second seed with no spread
         raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --num-seeds for more runs of one")
-    if config.seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {config.seeds}")
-    if config.rpi_permutations < 1:
-        raise ValueError(f"rpi_permutations must be >= 1, got {config.rpi_permutations}")
-    if config.shift_size is not None and config.shift_size < 1:
-        raise ValueError(f"shift_size must be >= 1 px or none, got {config.shift_size}")
+    if not 1 <= config.seeds <= MAX_SEEDS:
+        raise ValueError(
+            f"seeds must be from 1 to {MAX_SEEDS} (each trains every condition once: {len(config.conditions)} runs "
+            f"a seed), got {config.seeds:,}"
+        )
+    rpi_count(config.rpi_permutations)  # 1 .. MAX_RPI_PERMUTATIONS
+    if config.shift_size is not None and not 1 <= config.shift_size <= MAX_IMG_SIZE:
+        raise ValueError(f"shift_size must be from 1 to {MAX_IMG_SIZE} px or none, got {config.shift_size:,}")
     check_init(config.init)
     return config
 

@@ -18,6 +18,7 @@ from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
 from ...labels import LABEL_POLICIES
+from ...measuring import MeasureSettings
 from ...protocol import RPI_PERMUTATIONS, probe_count, rpi_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
@@ -95,10 +96,10 @@ class ZooConfig:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         self.probe_count()  # max_images, probe_images >= 1
         rpi_count(self.rpi_permutations)
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.img_size is not None and self.img_size < 1:
-            raise ValueError(f"img_size must be >= 1, got {self.img_size}")
+        # checked as every measurement checks them (bounded: the workers, the input size, a batch's memory)
+        MeasureSettings(
+            batch_size=self.batch_size, img_size=self.img_size, num_workers=self.num_workers, seed=self.seed
+        )
         if self.alphas is not None and not self.alphas:
             raise ValueError("alphas is empty")
         unknown = [e for e in self.extras if e not in EXTRAS]
