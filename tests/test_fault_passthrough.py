@@ -21,6 +21,7 @@ BAD = [
     ("a depth below one", "model_kwargs.depth=-1", "fix model_kwargs"),
     ("an optimizer timm does not know", "opt=adamm", "opt 'adamm' cannot be made"),
     ("a scheduler timm does not know", "sched=cosin", "sched 'cosin' cannot be made"),
+    ("a tracker accelerate does not know", "log_with=[bogus]", "unknown tracker 'bogus'"),
 ]
 IDS = [b[0] for b in BAD]
 

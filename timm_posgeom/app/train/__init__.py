@@ -75,26 +75,15 @@ def train(
     None: accelerate's choice (the GPU of each process when there is one). Which GPU is accelerate's
     (``CUDA_VISIBLE_DEVICES``, ``accelerate launch --gpu_ids``).
     """
-    import timm
     import torch
     from accelerate import Accelerator
 
-    from ... import models  # noqa: F401  (registers our models with timm)
-    from ...data import resolve_source
     from ...distributed import check_port
-    from ...factory import unknown_model_message
-    from ..recipe import RecipeError
-    from .build import build_session, check_model, check_resumable
+    from .build import build_session
     from .loop import finish, run_epochs
 
-    recipe = recipe.validate()
-    if not timm.is_model(recipe.model):
-        raise RecipeError(unknown_model_message(recipe.model))
-    check_model(recipe)  # model_kwargs, opt and sched as timm's constructors take them: before any folder or data
-    resolve_source(recipe.data)
     out = Path(out)
-    if resume:  # before `out` is created or locked: a resume of nothing must not start a new run
-        check_resumable(out)
+    recipe = _checked(recipe, out, resume)
     check_port()  # a launch with --main_process_port 0 would hang in Accelerator() below (accelerate < 1.7)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
@@ -118,8 +107,7 @@ def train(
         try:
             session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
         except Exception:  # refused before the first step (too small a split, a bad held-out fraction, ...)
-            if accelerator.is_main_process and lock.held:
-                _undo_setup(out, fresh, had_identity, lock)
+            _undo_setup(accelerator, out, fresh, had_identity, lock)
             raise
         if trackers:  # after every check of the run folder: a refused run leaves no tracker files behind
             accelerator.init_trackers(
@@ -132,11 +120,35 @@ def train(
         _reset_accelerate_state()
 
 
-def _undo_setup(out: Path, fresh: bool, had_identity: bool, lock: RunLock) -> None:
-    """What a run refused during its set-up wrote, removed: the folder it created (data.json, recipe.yaml, the
-    lock: no training step was taken), or in a folder that was there the ``data.json`` it added."""
+def _checked(recipe: Recipe, out: Path, resume: bool) -> Recipe:
+    """The recipe validated, before any folder or data: its model known to timm, what it hands to timm's
+    constructors (``check_model``: model_kwargs, opt, sched, trackers), its data source found; with ``resume``
+    a run in ``out`` to resume (a resume of nothing must not start a new run)."""
+    import timm
+
+    from ... import models  # noqa: F401  (registers our models with timm)
+    from ...data import resolve_source
+    from ...factory import unknown_model_message
+    from ..recipe import RecipeError
+    from .build import check_model, check_resumable
+
+    recipe = recipe.validate()
+    if not timm.is_model(recipe.model):
+        raise RecipeError(unknown_model_message(recipe.model))
+    check_model(recipe)
+    resolve_source(recipe.data)
+    if resume:
+        check_resumable(out)
+    return recipe
+
+
+def _undo_setup(accelerator, out: Path, fresh: bool, had_identity: bool, lock: RunLock) -> None:
+    """What a run refused during its set-up wrote, removed by the main process: the folder it created (data.json,
+    recipe.yaml, the lock: no training step was taken), or in a folder that was there the ``data.json`` it added."""
     import shutil
 
+    if not (accelerator.is_main_process and lock.held):
+        return
     lock.release()
     if fresh:
         shutil.rmtree(out, ignore_errors=True)

@@ -23,7 +23,7 @@ from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
-from .metrics import MetricsLog
+from .metrics import MetricsLog, check_tracker_project, check_trackers
 from .monitor import build_monitor, carve_monitor
 
 __all__ = ["Session", "build_session", "build_data", "build_optimizer", "build_scheduler", "check_model"]
@@ -224,12 +224,15 @@ def check_model(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """What the recipe passes through to timm's constructors, checked before any work (no folder, no data): the
     model built on the meta device with the recipe's ``model_kwargs`` (no memory, no init) and one forward pass
     of its shapes, then its optimizer (:func:`build_optimizer`: ``opt``, its betas, eps, momentum, weight-decay
-    groups) and its scheduler (:func:`build_scheduler`: ``sched``, warmup) made over it, as the run makes them. A
-    keyword the model does not take, a width its heads do not divide, an optimizer or a scheduler timm does not
-    know, ... is :class:`RecipeError` in one line, the same in ``posgeom train`` and in a study's plan (and its
-    dry run). Returns the model's normalisation (mean, std)."""
+    groups) and its scheduler (:func:`build_scheduler`: ``sched``, warmup) made over it, as the run makes them;
+    and the trackers of ``log_with``. A keyword the model does not take, a width its heads do not divide, an
+    optimizer or a scheduler timm does not know, a tracker accelerate cannot log with, ... is a user error in one
+    line (:class:`RecipeError`, ValueError), the same in ``posgeom train`` and in a study's plan (and its dry run).
+    Returns the model's normalisation (mean, std)."""
     from timm.data import resolve_data_config
 
+    check_trackers(recipe.log_with)  # accelerate's trackers, and where they would write
+    check_tracker_project(recipe.tracker_project)
     probe = _meta_model(recipe)
     try:
         optimizer = build_optimizer(recipe, probe)
