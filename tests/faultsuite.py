@@ -170,31 +170,38 @@ for line in sys.stdin:
     signal.alarm(0)
     print(json.dumps(dict(code=code, out=out.getvalue()[-50000:], err=err.getvalue()[-20000:], trace=trace, hung=hung)))
     sys.stdout.flush()
+    if "MemoryError" in trace or "allocate" in trace:  # its address space may stay taken: the next in a new process
+        sys.exit(3)
 """
 
 
 def cli_batch(argvs: list[list[Any]], *, memory: int = 6 * 2**30, seconds: int = 60) -> list[Run]:
     """``posgeom ARGV`` for each of ``argvs``, one after another in one new process (one start for many cases)
     whose address space is limited to ``memory`` bytes (a request that grows past it ends in a MemoryError:
-    ``traceback``) and where each command has ``seconds`` (past them: ``hang``)."""
+    ``traceback``) and where each command has ``seconds`` (past them: ``hang``). A case that kills the process (an
+    allocator's abort) is a ``traceback``, and a new process goes on with the next."""
     code = _BATCH.replace("{memory}", str(memory)).replace("{seconds}", str(seconds))
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg", TQDM_DISABLE="1")
-    stdin = "".join(json.dumps([str(a) for a in argv]) + "\n" for argv in argvs)
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=seconds * len(argvs) + 120,
-    )
-    runs = []
-    for line in done.stdout.splitlines():
-        if line.startswith("{"):
-            r = json.loads(line)
-            error = RuntimeError("traceback") if r["trace"] else None
-            runs.append(Run(r["code"], r["out"], r["err"], error, r["trace"], r["hung"]))
-    assert len(runs) == len(argvs), done.stderr[-3000:]
+    runs: list[Run] = []
+    while len(runs) < len(argvs):
+        rest = argvs[len(runs) :]
+        stdin = "".join(json.dumps([str(a) for a in argv]) + "\n" for argv in rest)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=seconds * len(rest) + 120,
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                error = RuntimeError("traceback") if r["trace"] else None
+                runs.append(Run(r["code"], r["out"], r["err"], error, r["trace"], r["hung"]))
+        if len(runs) < len(argvs) and done.returncode != 3:  # the case after the last answered killed the process
+            died = f"the process died (exit {done.returncode}): {done.stderr[-2000:]}"
+            runs.append(Run(done.returncode, "", done.stderr[-2000:], RuntimeError(died), died))
     return runs
 
 
