@@ -145,7 +145,8 @@ def cli_process(
 
 _BATCH = """
 import contextlib, io, json, resource, signal, sys, traceback
-resource.setrlimit(resource.RLIMIT_AS, ({memory}, resource.RLIM_INFINITY))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]  # never above a limit the parent has
+resource.setrlimit(resource.RLIMIT_AS, ({memory} if hard < 0 else min({memory}, hard), hard))
 from timm_posgeom.cli import main
 
 class Hung(BaseException):
