@@ -187,10 +187,10 @@ def test_more_than_ten_thousand_permutations_are_refused(model, call):
 @pytest.mark.parametrize("call", ["probe_ssdc", "run_measures"])
 def test_permutations_whose_running_sums_pass_the_budget_are_refused_with_the_count_that_fits(model, call, monkeypatch):
     """The sums are checked before the first forward pass (probe_ssdc) or after one permutation's (run_measures)."""
-    from timm_posgeom import protocol
+    from timm_posgeom import measuring
     from timm_posgeom.probes import attention_measures, probe_ssdc
 
-    monkeypatch.setattr(protocol, "MEMORY_BUDGET_BYTES", 2**20)  # 1 MiB: an 8 x 8 grid's sums are 17 KiB each
+    monkeypatch.setattr(measuring, "MEMORY_BUDGET_BYTES", 2**20)  # 1 MiB: an 8 x 8 grid's sums are 17 KiB each
     images = torch.rand(2, 3, 64, 64)
     fn = {
         "probe_ssdc": lambda: probe_ssdc(model, images, rpi=True, rpi_permutations=500, progress=False),

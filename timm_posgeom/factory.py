@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 from .errors import PosgeomError
-from .protocol import MAX_CLASSES, MAX_IMG_SIZE
+from .measuring import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
     "create_model",
@@ -113,8 +113,8 @@ def create_model(
 
 def _check_counts(img_size: Any, num_classes: Any) -> None:
     """Refuse, before anything is built, an input size or a class count that would build a model of absurd size
-    (a position table, a head): at most :data:`~timm_posgeom.protocol.MAX_IMG_SIZE` px and
-    :data:`~timm_posgeom.protocol.MAX_CLASSES` classes (0: no head, timm's features)."""
+    (a position table, a head): at most :data:`~timm_posgeom.measuring.MAX_IMG_SIZE` px and
+    :data:`~timm_posgeom.measuring.MAX_CLASSES` classes (0: no head, timm's features)."""
     for name, value, low, top in (
         ("img_size", img_size, 1, MAX_IMG_SIZE),
         ("num_classes", num_classes, 0, MAX_CLASSES),

@@ -20,13 +20,64 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import PosgeomError
-from .protocol import MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
 
-__all__ = ["MeasureSettings", "MeasureSettingsError", "DISTRIBUTED_MODES", "RESIZE_MODES"]
+__all__ = [
+    "MeasureSettings",
+    "MeasureSettingsError",
+    "DISTRIBUTED_MODES",
+    "RESIZE_MODES",
+    "MAX_RPI_PERMUTATIONS",
+    "MEMORY_BUDGET_BYTES",
+    "MAX_IMG_SIZE",
+    "MAX_CLASSES",
+    "max_workers",
+    "sums_budget_error",
+]
 
 DISTRIBUTED_MODES = ("auto", "presharded", "off")
 RESIZE_MODES = ("paper", "timm")
 """How an image is brought to the model's input size (:func:`~timm_posgeom.transforms.resize_transform`)."""
+
+
+# What a request may cost (issue 54): each count is checked against it where it enters, here for every measuring
+# function, and by the command line before anything is loaded.
+MAX_RPI_PERMUTATIONS = 10_000
+"""The most RPI permutations a measurement takes: each is a forward pass of every image and running sums of its
+own; past a few hundred the interval over them no longer narrows what is read (its width shrinks as 1 / sqrt(K))."""
+
+MEMORY_BUDGET_BYTES = 4 * 2**30
+"""The memory the running sums of one measurement may take (every RPI permutation's mean maps or measures): a count
+of permutations whose sums would pass it is refused before the first forward pass, with the count that fits."""
+
+MAX_IMG_SIZE = 4096
+"""The largest input (or shift) size in pixels a side: a ViT's token count grows with its square and its attention
+with the fourth power (4096 px at patch 16 is 65,536 tokens)."""
+
+MAX_CLASSES = 100_000
+"""The most classes a model is built with (``num_classes``): its head holds that many times its width of weights
+(ImageNet-22k has 21,841)."""
+
+
+def max_workers() -> int:
+    """The most DataLoader workers a measurement or a run starts: 4 per CPU this process may use, at least 8 (each
+    worker is a process of its own, holding a copy of the dataset's state)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(8, 4 * cpus)
+
+
+def sums_budget_error(what: str, count: int, each_bytes: int) -> ValueError | None:
+    """The error for ``count`` RPI permutations whose running sums take ``each_bytes`` each when together they
+    pass :data:`MEMORY_BUDGET_BYTES` (None when they fit): it names the count that fits."""
+    if count * each_bytes <= MEMORY_BUDGET_BYTES:
+        return None
+    fits = max(1, MEMORY_BUDGET_BYTES // max(each_bytes, 1))
+    return ValueError(
+        f"{what}: {count:,} RPI permutations would keep {count * each_bytes / 2**30:.1f} GiB of running sums "
+        f"({each_bytes / 2**20:.1f} MiB each), more than the {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB allowed: use at "
+        f"most {fits:,} (rpi_permutations), or fewer layers or a smaller image"
+    )
 
 
 class MeasureSettingsError(PosgeomError, ValueError):
@@ -53,11 +104,11 @@ class MeasureSettings:
             the ImageNet-C functions); ``probe_ssdc`` and ``run_measures`` read batches already
             transformed (:func:`~timm_posgeom.eval_data.eval_loader`).
         img_size: the input size S or (H, W) for models that take any size, at most
-            :data:`~timm_posgeom.protocol.MAX_IMG_SIZE` a side; None: the model's own
+            :data:`MAX_IMG_SIZE` a side; None: the model's own
             (where a loader is built, as ``resize``).
         device: where to run (``"cpu"``, ``"cuda"``, a ``torch.device``); None: the model's device.
         num_workers: DataLoader workers (where a loader is built), at most 4 per CPU
-            (:func:`~timm_posgeom.protocol.max_workers`); None: ``min(4, cpu_count - 1)``.
+            (:func:`max_workers`); None: ``min(4, cpu_count - 1)``.
         seed: seed of everything random: the RPI permutations, the bootstrap, random corruptions
             (None: one drawn from torch's global RNG, shared by the processes).
         rpi_permutations: under RPI, the K shared permutations every SSDC and attention measure is averaged

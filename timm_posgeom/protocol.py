@@ -12,16 +12,9 @@ __all__ = [
     "DEFAULT_ALPHAS",
     "PROBE_IMAGES",
     "RPI_PERMUTATIONS",
-    "MAX_RPI_PERMUTATIONS",
-    "MEMORY_BUDGET_BYTES",
-    "MAX_IMG_SIZE",
-    "MAX_CLASSES",
-    "MAX_SEEDS",
-    "max_workers",
     "JACKKNIFE_GROUPS",
     "SPEC_FORMS",
     "rpi_count",
-    "sums_budget_error",
 ]
 
 PAPER_SHIFTS = ("jpeg:5", "blur:2.5:5")
@@ -39,25 +32,6 @@ RPI_PERMUTATIONS = 10
 mean over this many shared permutations (seeds ``seed`` .. ``seed + 9``), with a Student t interval over them.
 The permutation is the largest source of spread in SSDC under RPI (one permutation's no-PE floor reads about
 +-0.05 at 8 x 8), so one alone hides its own variance (docs/method.md#rpi-and-rpt)."""
-
-MAX_RPI_PERMUTATIONS = 10_000
-"""The most RPI permutations a measurement takes: each is a forward pass of every image and running sums of its
-own; past a few hundred the interval over them no longer narrows what is read (its width shrinks as 1 / sqrt(K))."""
-
-MEMORY_BUDGET_BYTES = 4 * 2**30
-"""The memory the running sums of one measurement may take (every RPI permutation's mean maps or measures): a count
-of permutations whose sums would pass it is refused before the first forward pass, with the count that fits."""
-
-MAX_IMG_SIZE = 4096
-"""The largest input (or shift) size in pixels a side: a ViT's token count grows with its square and its attention
-with the fourth power (4096 px at patch 16 is 65,536 tokens)."""
-
-MAX_CLASSES = 100_000
-"""The most classes a model is built with (``num_classes``): its head holds that many times its width of weights
-(ImageNet-22k has 21,841)."""
-
-MAX_SEEDS = 100
-"""The most seeds a study trains: each seed is one training run of every condition."""
 
 JACKKNIFE_GROUPS = 20
 """Random groups of images of the delete-a-group jackknife that gives the SSDC of the mean map (without RPI) its
@@ -86,38 +60,11 @@ def probe_count(probe_images: int | None, max_images: int | None) -> int:
 
 def rpi_count(permutations: int | None) -> int:
     """The RPI permutations of a measurement: ``permutations``, or :data:`RPI_PERMUTATIONS` when None;
-    ValueError below 1 (or not an integer) or above :data:`MAX_RPI_PERMUTATIONS`."""
+    ValueError below 1 (or not an integer)."""
     if permutations is None:
         return RPI_PERMUTATIONS
     import numbers
 
     if isinstance(permutations, bool) or not isinstance(permutations, numbers.Integral) or permutations < 1:
         raise ValueError(f"rpi_permutations must be an integer >= 1, got {permutations!r}")
-    if permutations > MAX_RPI_PERMUTATIONS:
-        raise ValueError(
-            f"rpi_permutations {permutations:,} is more than {MAX_RPI_PERMUTATIONS:,}, the most a measurement takes "
-            "(each is a forward pass of every image; the interval over them narrows as 1 / sqrt(K))"
-        )
     return int(permutations)
-
-
-def max_workers() -> int:
-    """The most DataLoader workers a measurement or a run starts: 4 per CPU this process may use, at least 8 (each
-    worker is a process of its own, holding a copy of the dataset's state)."""
-    import os
-
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(8, 4 * cpus)
-
-
-def sums_budget_error(what: str, count: int, each_bytes: int) -> ValueError | None:
-    """The error for ``count`` RPI permutations whose running sums take ``each_bytes`` each when together they
-    pass :data:`MEMORY_BUDGET_BYTES` (None when they fit): it names the count that fits."""
-    if count * each_bytes <= MEMORY_BUDGET_BYTES:
-        return None
-    fits = max(1, MEMORY_BUDGET_BYTES // max(each_bytes, 1))
-    return ValueError(
-        f"{what}: {count:,} RPI permutations would keep {count * each_bytes / 2**30:.1f} GiB of running sums "
-        f"({each_bytes / 2**20:.1f} MiB each), more than the {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB allowed: use at most "
-        f"{fits:,} (rpi_permutations), or fewer layers or a smaller image"
-    )

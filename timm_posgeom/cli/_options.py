@@ -340,24 +340,28 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _count_limits() -> dict[str, tuple[int, str]]:
-    """flag dest -> (the most it may ask, what each unit costs): counts checked against what they cost."""
-    from ..protocol import MAX_CLASSES, MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, MAX_SEEDS, max_workers
+def _count_limits(args: argparse.Namespace) -> dict[str, tuple[int, str]]:
+    """flag dest -> (the most it may ask, what each unit costs), for the counts ``args`` gives."""
+    from ..measuring import MAX_CLASSES, MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
 
-    return {
+    limits = {
         "num_workers": (max_workers(), "4 per CPU here: each worker is a process of its own"),
         "img_size": (MAX_IMG_SIZE, "px a side: a ViT's tokens grow with its square"),
         "shift_size": (MAX_IMG_SIZE, "px a side"),
         "num_classes": (MAX_CLASSES, "the head holds classes x width weights"),
         "rpi_permutations": (MAX_RPI_PERMUTATIONS, "each is a forward pass of every image"),
-        "num_seeds": (MAX_SEEDS, "each seed trains every condition once"),
     }
+    if getattr(args, "num_seeds", None) is not None:  # the study's own bound
+        from ..app.study.config import MAX_SEEDS
+
+        limits["num_seeds"] = (MAX_SEEDS, "each seed trains every condition once")
+    return limits
 
 
 def check_counts(args: argparse.Namespace) -> None:
     """Refuse counts no run could use (one line, before anything is loaded): below their least, above what they
     would cost (:func:`_count_limits`), a seed beyond 64 bits."""
-    for flag, (high, why) in _count_limits().items():
+    for flag, (high, why) in _count_limits(args).items():
         value = getattr(args, flag, None)
         if isinstance(value, int) and value > high:
             raise ValueError(f"--{flag.replace('_', '-')} must be at most {high:,} ({why}), got {value:,}")

@@ -16,7 +16,7 @@ import torch
 from ..errors import IntervalWarning
 from ..intervals import image_groups
 from ..interventions.draws import draw_permutations
-from ..protocol import sums_budget_error
+from ..measuring import sums_budget_error
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
@@ -273,7 +273,7 @@ class _Accumulator:
 
     def _check_budget(self, n: int, layers: int) -> None:
         """Under RPI, refuse (ValueError naming the count that fits) a number of permutations whose running sums
-        would pass :data:`~timm_posgeom.protocol.MEMORY_BUDGET_BYTES`: the sums already held, and for ``layers``
+        would pass :data:`~timm_posgeom.measuring.MEMORY_BUDGET_BYTES`: the sums already held, and for ``layers``
         more layers of ``n`` tokens each permutation's summed map (pairs and diagonal, float64) and its
         permutation of the tokens (int64)."""
         if self.permutation_seeds is None:

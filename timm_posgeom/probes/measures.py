@@ -37,8 +37,8 @@ from ..interventions import (
     token_permutation,
 )
 from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings
-from ..protocol import rpi_count, sums_budget_error
+from ..measuring import MeasureSettings, sums_budget_error
+from ..protocol import rpi_count
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import PosgeomError
-from ...protocol import MAX_IMG_SIZE, MAX_SEEDS, rpi_count
+from ...measuring import MAX_IMG_SIZE, MeasureSettings
 from ..rundir import settings_changes
 
 __all__ = [
@@ -138,6 +138,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+MAX_SEEDS = 100
+"""The most seeds a study trains: each seed is one training run of every condition."""
+
+
 def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     """The :class:`StudyConfig` of a preset, with ``overrides`` (None values ignored)."""
     if preset not in PRESETS:
@@ -156,7 +160,7 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
             f"seeds must be from 1 to {MAX_SEEDS} (each trains every condition once: {len(config.conditions)} runs "
             f"a seed), got {config.seeds:,}"
         )
-    rpi_count(config.rpi_permutations)  # 1 .. MAX_RPI_PERMUTATIONS
+    MeasureSettings(rpi_permutations=config.rpi_permutations)  # 1 .. MAX_RPI_PERMUTATIONS, as every measurement
     if config.shift_size is not None and not 1 <= config.shift_size <= MAX_IMG_SIZE:
         raise ValueError(f"shift_size must be from 1 to {MAX_IMG_SIZE} px or none, got {config.shift_size:,}")
     check_init(config.init)

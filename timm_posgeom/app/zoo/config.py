@@ -98,7 +98,11 @@ class ZooConfig:
         rpi_count(self.rpi_permutations)
         # checked as every measurement checks them (bounded: the workers, the input size, a batch's memory)
         MeasureSettings(
-            batch_size=self.batch_size, img_size=self.img_size, num_workers=self.num_workers, seed=self.seed
+            batch_size=self.batch_size,
+            img_size=self.img_size,
+            num_workers=self.num_workers,
+            seed=self.seed,
+            rpi_permutations=self.rpi_permutations,
         )
         if self.alphas is not None and not self.alphas:
             raise ValueError("alphas is empty")
