@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from timm_posgeom.app.claims import LABELS, rpi_cube, spread, spread_sp
-from timm_posgeom.app.records import StudyResults
+from timm_posgeom.app.records import RecordError, StudyResults
 
 # The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep as its appendix table
 # gives it (delta SSDC under RPI, layer 1 - layer 0, mean over 4 seeds, at alpha 1.0 .9 ... .1; the paper has
@@ -84,7 +85,14 @@ def load(spec: str) -> tuple[str, StudyResults]:
     path = Path(where) / "results.json"
     if not path.is_file():
         raise SystemExit(f"{path}: no results yet (run `posgeom study ... --out {where}` first)")
-    return label, StudyResults.read(path)
+    try:
+        return label, StudyResults.read(path)
+    except RecordError as e:  # damaged or edited by hand: one line, exit 2, as the posgeom commands say it
+        print(
+            f"scaling.py: error: {e} (restore it, or run `posgeom study ... --resume` to write it again)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 def condition_table(studies: list[tuple[str, StudyResults]]) -> list[str]:
@@ -191,10 +199,15 @@ def figure(studies: list[tuple[str, StudyResults]], path: Path) -> None:
 
 def width_of(run_dir: Path) -> int:
     """The embedding width of a study run: its recipe's ``model_kwargs.embed_dim``, else the model's own."""
-    import yaml
+    from timm_posgeom.app.rundir import RunFileError, read_yaml_file
 
-    recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
-    width = (recipe.get("model_kwargs") or {}).get("embed_dim")
+    try:
+        recipe = read_yaml_file(run_dir / "recipe.yaml", "restore the run's recipe")
+    except RunFileError as e:  # one line, exit 2, as the posgeom commands say it
+        print(f"scaling.py: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    kwargs = recipe.get("model_kwargs") if isinstance(recipe.get("model_kwargs"), dict) else {}
+    width = kwargs.get("embed_dim")
     if width is None:
         import timm
 
@@ -242,13 +255,12 @@ def width_table(by_ladder: dict[str, dict[int, dict[str, list]]]) -> list[str]:
 
 
 def _history(run_dir: Path, key: str) -> tuple[list[int], list[float]]:
-    import json
+    from timm_posgeom.app.train import read_metrics
 
     steps, values = [], []
     path = run_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        row = json.loads(line)
-        if row.get("kind") == "train" and row.get(key) is not None:
+    for row in read_metrics(path) if path.is_file() else []:  # damaged lines skipped, said
+        if row.get("kind") == "train" and isinstance(row.get(key), (int, float)):
             steps.append(row["step"])
             values.append(float(row[key]))
     return steps, values

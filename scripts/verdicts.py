@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from timm_posgeom.app.claims import CLAIMS, LABELS, evaluate_claims
-from timm_posgeom.app.records import StudyResults
+from timm_posgeom.app.records import RecordError, StudyResults
 from timm_posgeom.app.verdicts import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +70,14 @@ def load(spec: str) -> tuple[str, StudyResults]:
     path = Path(where) / "results.json"
     if not path.is_file():
         raise SystemExit(f"{path}: no results (a `posgeom study` output directory is expected)")
-    return label, StudyResults.read(path)
+    try:
+        return label, StudyResults.read(path)
+    except RecordError as e:  # damaged or edited by hand: one line, exit 2, as the posgeom commands say it
+        print(
+            f"verdicts.py: error: {e} (restore it, or run `posgeom study ... --resume` to write it again)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 def seeds_text(results: StudyResults) -> str:

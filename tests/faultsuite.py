@@ -11,6 +11,7 @@ the library, and is judged (:func:`judge`) as one of
 * ``traceback``: an exception that is not a user error (a bug's traceback);
 * ``silent_wrong``: exit 0 (or a value returned) with a number or file that is wrong, or no word where one is due;
 * ``loss``: data that was there before is gone or changed (a table, an export, a record);
+* ``hang``: a command that did not end within its time (or its memory: :func:`cli_batch`);
 * ``other``: anything else (a refusal where a number was due, a refusal without its line).
 
 Each case records its outcome before it asserts the one expected, so a run on code without the fixes counts
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-OUTCOMES = ("right", "refused", "traceback", "silent_wrong", "loss", "other")
+OUTCOMES = ("right", "refused", "traceback", "silent_wrong", "loss", "hang", "other")
 CLASSES = {
     "nonfinite": "non-finite numbers",
     "records": "records and neutral settings",
@@ -43,6 +45,13 @@ CLASSES = {
     "io": "output and input failures",
     "loss": "nothing destroyed",
     "options": "options dropped on the way",
+    # issue 54
+    "runfiles": "damaged run files",
+    "passthrough": "settings passed through",
+    "degenerate": "degenerate inputs",
+    "passes": "two-pass measures",
+    "unbounded": "unbounded requests",
+    "leftovers": "what a refusal leaves",
 }
 TALLY: dict[str, Counter] = {name: Counter() for name in CLASSES}
 
@@ -56,6 +65,7 @@ class Run:
     err: str
     error: BaseException | None = None
     trace: str = ""
+    hung: bool = False
 
     @property
     def lines(self) -> list[str]:
@@ -134,6 +144,69 @@ def cli_process(
     return Run(done.returncode, done.stdout, done.stderr, error, done.stderr if error else "")
 
 
+_BATCH = """
+import contextlib, io, json, resource, signal, sys, traceback
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]  # never above a limit the parent has
+resource.setrlimit(resource.RLIMIT_AS, ({memory} if hard < 0 else min({memory}, hard), hard))
+from timm_posgeom.cli import main
+
+class Hung(BaseException):
+    pass
+
+def alarm(signum, frame):
+    raise Hung
+signal.signal(signal.SIGALRM, alarm)
+for line in sys.stdin:
+    argv = json.loads(line)
+    out, err, code, trace, hung = io.StringIO(), io.StringIO(), None, "", False
+    signal.alarm({seconds})
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except Hung:
+            hung = True
+        except BaseException:  # MemoryError past the limit included: a traceback
+            trace = traceback.format_exc()
+    signal.alarm(0)
+    print(json.dumps(dict(code=code, out=out.getvalue()[-50000:], err=err.getvalue()[-20000:], trace=trace, hung=hung)))
+    sys.stdout.flush()
+    if "MemoryError" in trace or "allocate" in trace:  # its address space may stay taken: the next in a new process
+        sys.exit(3)
+"""
+
+
+def cli_batch(argvs: list[list[Any]], *, memory: int = 6 * 2**30, seconds: int = 60) -> list[Run]:
+    """``posgeom ARGV`` for each of ``argvs``, one after another in one new process (one start for many cases)
+    whose address space is limited to ``memory`` bytes (a request that grows past it ends in a MemoryError:
+    ``traceback``) and where each command has ``seconds`` (past them: ``hang``). A case that kills the process (an
+    allocator's abort) is a ``traceback``, and a new process goes on with the next."""
+    code = _BATCH.replace("{memory}", str(memory)).replace("{seconds}", str(seconds))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", MPLBACKEND="Agg", TQDM_DISABLE="1")
+    runs: list[Run] = []
+    while len(runs) < len(argvs):
+        rest = argvs[len(runs) :]
+        stdin = "".join(json.dumps([str(a) for a in argv]) + "\n" for argv in rest)
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=seconds * len(rest) + 120,
+        )
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                error = RuntimeError("traceback") if r["trace"] else None
+                runs.append(Run(r["code"], r["out"], r["err"], error, r["trace"], r["hung"]))
+        if len(runs) < len(argvs) and done.returncode != 3:  # the case after the last answered killed the process
+            died = f"the process died (exit {done.returncode}): {done.stderr[-2000:]}"
+            runs.append(Run(done.returncode, "", done.stderr[-2000:], RuntimeError(died), died))
+    return runs
+
+
 def library(fn: Any) -> tuple[Any, BaseException | None, str]:
     """(what ``fn()`` returned, the exception it raised, its traceback)."""
     try:
@@ -144,6 +217,8 @@ def library(fn: Any) -> tuple[Any, BaseException | None, str]:
 
 def refused(run: Run, phrase: str = "") -> str:
     """The outcome of a case that must be refused in one line holding ``phrase``."""
+    if run.hung:
+        return "hang"
     if run.error is not None:
         return "traceback"
     if run.one_error_line(phrase):
@@ -153,6 +228,8 @@ def refused(run: Run, phrase: str = "") -> str:
 
 def right(run: Run, ok: bool) -> str:
     """The outcome of a case that must end with exit 0 and ``ok`` (the right number, the right word)."""
+    if run.hung:
+        return "hang"
     if run.error is not None:
         return "traceback"
     if run.code != 0:
@@ -189,14 +266,16 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def table() -> list[str]:
-    """The counts per class, as markdown lines (empty when no case ran)."""
+    """The counts per class whose cases ran, as markdown lines (empty when no case ran)."""
     if not any(TALLY.values()):
         return []
-    head = "| class | cases | right numbers | one-line refusals | tracebacks | silent wrongs | losses | other |"
-    lines = [head, "|" + "---|" * 8]
+    head = "| class | cases | right numbers | one-line refusals | tracebacks | silent wrongs | losses | hangs | other |"
+    lines = [head, "|" + "---|" * 9]
     total = Counter()
     for name, label in CLASSES.items():
         c = TALLY[name]
+        if not c:  # a class none of whose cases ran
+            continue
         total.update(c)
         lines.append(f"| {label} | {sum(c.values())} | " + " | ".join(str(c[o]) for o in OUTCOMES) + " |")
     lines.append(f"| all | {sum(total.values())} | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")

@@ -137,11 +137,15 @@ def test_an_unknown_keyword_is_a_type_error(model, images, call):
         ("batch_size", 0, "batch_size must be an integer >= 1"),
         ("batch_size", -1, "batch_size must be an integer >= 1"),
         ("max_images", 0, "max_images must be >= 1, got 0"),
-        ("num_workers", -2, "num_workers must be >= 0, got -2"),
-        ("img_size", 0, "img_size must be >= 1"),
+        ("num_workers", -2, "num_workers must be from 0 to .* got -2"),
+        ("num_workers", 10**6, "num_workers must be from 0 to .* got 1000000"),
+        ("img_size", 0, "img_size must be from 1 to 4096"),
+        ("img_size", 10**5, "img_size must be from 1 to 4096"),
         ("resize", "stretch", "resize must be one of paper, timm"),
         ("distributed", "yes", "unknown distributed mode 'yes'"),
-        ("seed", 1.5, "seed must be an integer or None"),
+        ("seed", 1.5, "seed must be an integer of 64 bits or None"),
+        ("seed", 10**30, "seed must be an integer of 64 bits or None"),
+        ("rpi_permutations", 10**9, "rpi_permutations must be an integer from 1 to 10,000"),
     ],
 )
 def test_bad_settings_are_refused_in_one_line_wherever_they_are_given(model, images, field, value, phrase):

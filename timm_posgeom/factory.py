@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 from .errors import PosgeomError
+from .measuring import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
     "create_model",
@@ -23,6 +24,7 @@ __all__ = [
     "check_patch_multiple",
     "load_checkpoint_file",
     "cached_hub_source",
+    "check_export_config",
 ]
 
 # Sources that always load their weights (a Hub repo or an exported folder is its weights).
@@ -74,6 +76,7 @@ def create_model(
 
     if checkpoint is not None and not Path(checkpoint).is_file():
         raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+    _check_counts(img_size, num_classes)
     weighted = name.startswith(WEIGHTED_PREFIXES)
     if name.startswith("local-dir:"):
         folder = Path(name.split(":", 1)[1]).expanduser()
@@ -82,12 +85,21 @@ def create_model(
                 f"{name}: no config.json in {folder} (an exported run holds config.json and "
                 "model.safetensors, e.g. RUN_DIR/export)"
             )
+        check_export_config(folder / "config.json")
     elif not weighted and not timm.is_model(name):
         raise ValueError(unknown_model_message(name))
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     try:
         model = _create(cached_hub_source(name), pretrained or weighted, img_size, kwargs)
+    except (TypeError, KeyError, AttributeError) as e:
+        if not name.startswith("local-dir:"):
+            raise
+        # config.json read (check_export_config) but naming arguments or values its model does not take
+        raise ModelLoadError(
+            f"{Path(name.split(':', 1)[1]) / 'config.json'} does not describe a model timm can build "
+            f"({type(e).__name__}: {_first_line(e)}): {_EXPORT_HINT}"
+        ) from e
     except (OSError, RuntimeError, SafetensorError) as e:
         if not weighted or isinstance(e, FileNotFoundError):
             raise
@@ -98,6 +110,18 @@ def create_model(
     if checkpoint is not None:
         load_checkpoint_file(model, checkpoint)
     return model
+
+
+def _check_counts(img_size: Any, num_classes: Any) -> None:
+    """Refuse, before anything is built, an input size or a class count that would build a model of absurd size
+    (a position table, a head): at most :data:`~timm_posgeom.measuring.MAX_IMG_SIZE` px and
+    :data:`~timm_posgeom.measuring.MAX_CLASSES` classes (0: no head, timm's features)."""
+    for name, value, low, top in (
+        ("img_size", img_size, 1, MAX_IMG_SIZE),
+        ("num_classes", num_classes, 0, MAX_CLASSES),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top):
+            raise ValueError(f"{name} must be an integer from {low} to {top:,}, got {value!r}")
 
 
 class ModelLoadError(PosgeomError, ValueError):
@@ -119,6 +143,34 @@ def cached_hub_source(name: str) -> str:
     if config is None or weights is None or Path(config).parent != Path(weights).parent:
         return name
     return f"local-dir:{Path(config).parent}"
+
+
+_EXPORT_HINT = "export the model again (timm's save_for_hf, or posgeom train at the end of a run)"
+# what timm reads from an export's config.json, and its type
+_CONFIG_FIELDS: dict[str, Any] = {"architecture": str, "model_args": dict, "pretrained_cfg": dict, "num_classes": int}
+
+
+def check_export_config(path: str | os.PathLike) -> None:
+    """Refuse an export's ``config.json`` that timm would choke on with a parser's traceback: not text, not JSON,
+    not an object, no ``architecture`` name, or ``model_args`` / ``pretrained_cfg`` / ``num_classes`` of the
+    wrong type (damaged, truncated, edited by hand): :class:`ModelLoadError`, one line naming the file."""
+    import json
+
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(
+            f"{path} is not valid JSON (damaged or truncated? {_first_line(e)}): {_EXPORT_HINT}"
+        ) from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} holds a JSON {type(config).__name__}, not an object: {_EXPORT_HINT}")
+    if "architecture" not in config:
+        raise ModelLoadError(f"{path} names no architecture: {_EXPORT_HINT}")
+    for key, tp in _CONFIG_FIELDS.items():
+        value = config.get(key, tp())
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ModelLoadError(f"{path}: {key} holds {value!r}, not a {tp.__name__} (edited?): {_EXPORT_HINT}")
 
 
 def _first_line(error: BaseException) -> str:

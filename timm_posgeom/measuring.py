@@ -21,11 +21,63 @@ from typing import Any
 
 from .errors import PosgeomError
 
-__all__ = ["MeasureSettings", "MeasureSettingsError", "DISTRIBUTED_MODES", "RESIZE_MODES"]
+__all__ = [
+    "MeasureSettings",
+    "MeasureSettingsError",
+    "DISTRIBUTED_MODES",
+    "RESIZE_MODES",
+    "MAX_RPI_PERMUTATIONS",
+    "MEMORY_BUDGET_BYTES",
+    "MAX_IMG_SIZE",
+    "MAX_CLASSES",
+    "max_workers",
+    "sums_budget_error",
+]
 
 DISTRIBUTED_MODES = ("auto", "presharded", "off")
 RESIZE_MODES = ("paper", "timm")
 """How an image is brought to the model's input size (:func:`~timm_posgeom.transforms.resize_transform`)."""
+
+
+# What a request may cost (issue 54): each count is checked against it where it enters, here for every measuring
+# function, and by the command line before anything is loaded.
+MAX_RPI_PERMUTATIONS = 10_000
+"""The most RPI permutations a measurement takes: each is a forward pass of every image and running sums of its
+own; past a few hundred the interval over them no longer narrows what is read (its width shrinks as 1 / sqrt(K))."""
+
+MEMORY_BUDGET_BYTES = 4 * 2**30
+"""The memory the running sums of one measurement may take (every RPI permutation's mean maps or measures): a count
+of permutations whose sums would pass it is refused before the first forward pass, with the count that fits."""
+
+MAX_IMG_SIZE = 4096
+"""The largest input (or shift) size in pixels a side: a ViT's token count grows with its square and its attention
+with the fourth power (4096 px at patch 16 is 65,536 tokens)."""
+
+MAX_CLASSES = 100_000
+"""The most classes a model is built with (``num_classes``): its head holds that many times its width of weights
+(ImageNet-22k has 21,841)."""
+
+
+def max_workers() -> int:
+    """The most DataLoader workers a measurement or a run starts: 4 per CPU this process may use, at least 8 (each
+    worker is a process of its own, holding a copy of the dataset's state)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(8, 4 * cpus)
+
+
+def sums_budget_error(what: str, count: int, each_bytes: int) -> ValueError | None:
+    """The error for ``count`` RPI permutations whose running sums take ``each_bytes`` each when together they
+    pass :data:`MEMORY_BUDGET_BYTES` (None when they fit): it names the count that fits."""
+    if count * each_bytes <= MEMORY_BUDGET_BYTES:
+        return None
+    fits = max(1, MEMORY_BUDGET_BYTES // max(each_bytes, 1))
+    return ValueError(
+        f"{what}: {count:,} RPI permutations would keep {count * each_bytes / 2**30:.1f} GiB of running sums "
+        f"({each_bytes / 2**20:.1f} MiB each), more than the {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB allowed: use at "
+        f"most {fits:,} (rpi_permutations), or fewer layers or a smaller image"
+    )
 
 
 class MeasureSettingsError(PosgeomError, ValueError):
@@ -51,10 +103,12 @@ class MeasureSettings:
             for the functions that build their own loader from a split (``fragility``, ``alpha_sweep``,
             the ImageNet-C functions); ``probe_ssdc`` and ``run_measures`` read batches already
             transformed (:func:`~timm_posgeom.eval_data.eval_loader`).
-        img_size: the input size S or (H, W) for models that take any size; None: the model's own
+        img_size: the input size S or (H, W) for models that take any size, at most
+            :data:`MAX_IMG_SIZE` a side; None: the model's own
             (where a loader is built, as ``resize``).
         device: where to run (``"cpu"``, ``"cuda"``, a ``torch.device``); None: the model's device.
-        num_workers: DataLoader workers (where a loader is built); None: ``min(4, cpu_count - 1)``.
+        num_workers: DataLoader workers (where a loader is built), at most 4 per CPU
+            (:func:`max_workers`); None: ``min(4, cpu_count - 1)``.
         seed: seed of everything random: the RPI permutations, the bootstrap, random corruptions
             (None: one drawn from torch's global RNG, shared by the processes).
         rpi_permutations: under RPI, the K shared permutations every SSDC and attention measure is averaged
@@ -97,14 +151,25 @@ class MeasureSettings:
         if self.resize not in RESIZE_MODES:
             problems.append(f"resize must be one of {', '.join(RESIZE_MODES)}, got {self.resize!r}")
         sizes = self.img_size if isinstance(self.img_size, tuple) else (self.img_size,) if self.img_size else ()
-        if self.img_size is not None and (len(sizes) not in (1, 2) or not all(_is_int(s) and s >= 1 for s in sizes)):
-            problems.append(f"img_size must be >= 1 (S or (H, W)), got {self.img_size!r}")
-        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
-            problems.append(f"num_workers must be >= 0, got {self.num_workers!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            problems.append(f"seed must be an integer or None, got {self.seed!r}")
-        if self.rpi_permutations is not None and (not _is_int(self.rpi_permutations) or self.rpi_permutations < 1):
-            problems.append(f"rpi_permutations must be an integer >= 1 (or None: 10), got {self.rpi_permutations!r}")
+        if self.img_size is not None and (
+            len(sizes) not in (1, 2) or not all(_is_int(s) and 1 <= s <= MAX_IMG_SIZE for s in sizes)
+        ):
+            problems.append(f"img_size must be from 1 to {MAX_IMG_SIZE} px (S or (H, W)), got {self.img_size!r}")
+        workers = max_workers()
+        if self.num_workers is not None and (not _is_int(self.num_workers) or not 0 <= self.num_workers <= workers):
+            problems.append(
+                f"num_workers must be from 0 to {workers} (4 per CPU here, each a process of its own), got "
+                f"{self.num_workers!r}"
+            )
+        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**63):
+            problems.append(f"seed must be an integer of 64 bits or None, got {self.seed!r}")
+        if self.rpi_permutations is not None and (
+            not _is_int(self.rpi_permutations) or not 1 <= self.rpi_permutations <= MAX_RPI_PERMUTATIONS
+        ):
+            problems.append(
+                f"rpi_permutations must be an integer from 1 to {MAX_RPI_PERMUTATIONS:,} (or None: 10), got "
+                f"{self.rpi_permutations!r}"
+            )
         if self.distributed not in DISTRIBUTED_MODES:
             problems.append(
                 f"unknown distributed mode {self.distributed!r}; expected one of {', '.join(DISTRIBUTED_MODES)}"

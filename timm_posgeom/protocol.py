@@ -172,6 +172,7 @@ class Protocol:
                 object.__setattr__(self, name, _floats(value) if name == "alphas" else tuple(value))
         for problem in self._problems():
             raise ProtocolError(problem)
+        self.measure_settings()  # the bounds every measurement keeps (RPI permutations, input size, workers, ...)
 
     def _problems(self) -> Iterable[str]:
         """What is wrong with this protocol, one line each."""

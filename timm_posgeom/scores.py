@@ -74,12 +74,13 @@ def paired_bootstrap_fs(
 
     Only the 2x2 table of pair types changes between resamples, so each resample's table is drawn
     from ``Multinomial(N, observed pair frequencies)``, which is exactly the distribution of the
-    table of N pairs drawn with replacement. Resamples with zero clean accuracy are left out.
+    table of N pairs drawn with replacement. Resamples with zero clean accuracy are left out. (NaN, NaN) with
+    fewer than 2 images (one observation gives no interval) or none correct on clean images.
     """
     clean = np.asarray(clean_correct, dtype=bool)
     shifted = np.asarray(shift_correct, dtype=bool)
     n = clean.size
-    if n == 0 or not clean.any():
+    if n < 2 or not clean.any():  # one image: every resample is that image, an interval of zero width
         return (math.nan, math.nan)
     table = np.array(
         [np.sum(~clean & ~shifted), np.sum(~clean & shifted), np.sum(clean & ~shifted), np.sum(clean & shifted)],

@@ -70,6 +70,7 @@ SYNTHETIC_CLASSES: tuple[str, ...] = (
     "square_above_disc",
 )
 _SPLIT_IDS = {"train": 0, "validation": 1, "val": 1, "test": 2}
+MAX_SYNTHETIC = 10_000_000  # images a synthetic split may hold (ImageNet's training split has 1.28 million)
 
 
 def seed32(*parts: int) -> int:
@@ -189,6 +190,8 @@ class SyntheticShapes(torch.utils.data.Dataset):
             raise ValueError(f"unknown synthetic split {split!r}; expected one of {', '.join(_SPLIT_IDS)}")
         if img_size < 8:
             raise ValueError(f"img_size must be >= 8, got {img_size}")
+        if not 0 <= num_samples <= MAX_SYNTHETIC:  # every label is drawn up front (8 bytes each, and a permutation)
+            raise ValueError(f"a synthetic split holds from 0 to {MAX_SYNTHETIC:,} images, got {num_samples:,}")
         self.num_samples = int(num_samples)
         self.img_size = int(img_size)
         self.seed = int(seed)

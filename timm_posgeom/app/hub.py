@@ -20,6 +20,7 @@ from ..errors import PosgeomError
 from ..jsonio import replacing, write_errors
 from ..models.pretrained import weights_sha1  # re-exported: its home is the library
 from .records import RunEval, RunSummary
+from .rundir import RunFileError, check_fields, read_json_file
 
 __all__ = [
     "render_card",
@@ -133,8 +134,17 @@ def _weights_dir(run_dir: Path, weights: str) -> Path:
     return d
 
 
+_EXPORT_HINT = "export the run again (posgeom train writes it at the end of a run)"
+
+
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """An export's ``config.json`` (``{}`` when absent); RunFileError in one line when it is damaged, or its
+    ``model_args`` or ``pretrained_cfg`` is not a mapping."""
+    if not path.is_file():
+        return {}
+    config = read_json_file(path, _EXPORT_HINT)
+    check_fields(path, config, {"architecture": str, "model_args": dict, "pretrained_cfg": dict}, _EXPORT_HINT)
+    return config
 
 
 def _fmt(v: Any) -> str:
@@ -225,6 +235,19 @@ def _fmt3(v: float | None) -> str:
     return "n/a" if v is None else f"{v:.3f}"
 
 
+def _recipe_text(path: Path) -> str:
+    """The run's recipe as the card shows it; a recipe that is not text is said in one line."""
+    if not path.is_file():
+        return "(no recipe recorded)"
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise RunFileError(
+            f"{path} is not text (damaged?): restore the run's recipe, or remove it (the card then says no "
+            "recipe was recorded)"
+        ) from None
+
+
 def _recipe_data(path: Path) -> str | None:
     """The recipe's ``data`` entry (a Hub id or a path), or None."""
     import yaml
@@ -232,8 +255,8 @@ def _recipe_data(path: Path) -> str | None:
     if not path.is_file():
         return None
     try:
-        recipe = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError:
+        recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):  # shown as it is in the card (_recipe_text), its data unnamed
         return None
     data = recipe.get("data") if isinstance(recipe, dict) else None
     return data if isinstance(data, str) else None
@@ -279,6 +302,7 @@ def _card_args(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in _CARD_ARGS if k not in args]
     if (
         missing
+        or not all(isinstance(args.get(k), str) for k in ("pe", "init", "layout"))  # hashable, to look up
         or args.get("pe") not in _PE_TEXT
         or args.get("init") not in _INIT_TEXT
         or args.get("layout") not in _LAYOUT_TEXT
@@ -328,9 +352,7 @@ def render_card(run_dir: str | os.PathLike, repo_id: str = "ORG/NAME", weights: 
     config = _read_json(wdir / "config.json")
     summary = RunSummary.read(run / "summary.json") if (run / "summary.json").is_file() else None
     evals = RunEval.read(run / "eval.json") if (run / "eval.json").is_file() else None
-    recipe_text = (
-        (run / "recipe.yaml").read_text().strip() if (run / "recipe.yaml").is_file() else "(no recipe recorded)"
-    )
+    recipe_text = _recipe_text(run / "recipe.yaml")
     arch = config.get("architecture", "unknown")
     args = _card_args(wdir / "config.json", config)
     pe, token_shuffle = args["pe"], args["token_shuffle"]

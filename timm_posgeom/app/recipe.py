@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ..errors import PosgeomError
+from ..measuring import MAX_IMG_SIZE, max_workers
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
     from importlib.resources.abc import Traversable
@@ -175,7 +176,11 @@ def _check_choices_and_counts(r: Recipe) -> None:
     for key in ("max_steps", "max_train_images", "max_val_images", "eval_batch_size"):
         value = getattr(r, key)
         _need(value is None or value >= 1, f"{key} must be >= 1 or none, got {value}")
-    _need(r.workers >= 0, f"workers must be >= 0, got {r.workers}")
+    _need(
+        0 <= r.workers <= max_workers(),
+        f"workers must be from 0 to {max_workers()} (4 per CPU here, each a process), got {r.workers:,}",
+    )
+    _need(r.img_size <= MAX_IMG_SIZE, f"img_size must be at most {MAX_IMG_SIZE} px, got {r.img_size:,}")
     _need(0 <= r.heldout_fraction < 1, f"heldout_fraction must be in [0, 1), got {r.heldout_fraction}")
     _need(r.probe_images >= 0, f"probe_images must be >= 0, got {r.probe_images}")
 

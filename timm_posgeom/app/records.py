@@ -153,7 +153,8 @@ class Record:
 
 
 def _build(tp: Any, value: Any, source: str) -> Any:
-    """``value`` as annotation ``tp``: nested records (also in lists and Optionals) are built; the rest kept."""
+    """``value`` as annotation ``tp``: nested records (also in lists and Optionals) are built, the rest checked
+    against its annotation (:func:`_check_type`) and kept."""
     if value is None:
         return None
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -166,7 +167,39 @@ def _build(tp: Any, value: Any, source: str) -> Any:
         if not isinstance(value, list):
             raise RecordError(f"{source}: expected a list, got {type(value).__name__}")
         return [args[0].from_dict(v, f"{source}[{i}]") for i, v in enumerate(value)]
+    _check_type(tp, value, source)
     return value
+
+
+_PLAIN = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}
+
+
+def _check_type(tp: Any, value: Any, source: str) -> None:
+    """RecordError (one line, naming ``source``) when ``value`` read from a file is not of annotation ``tp``
+    (a record edited by hand: a number written as text, a list where a number goes); None is NaN or not
+    recorded anywhere, and ``Any`` holds anything."""
+    if value is None or tp is Any:
+        return
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        for option in inner:
+            try:
+                _check_type(option, value, source)
+                return
+            except RecordError:
+                continue
+        raise RecordError(f"{source}: holds {str(value)[:60]!r}, not a {tp} (edited?)")
+    if origin in (list, dict):
+        if not isinstance(value, origin):
+            raise RecordError(f"{source}: expected a {origin.__name__}, got {type(value).__name__} (edited?)")
+        items = value if origin is list else value.values()
+        for item in items:
+            _check_type(args[-1] if args else Any, item, source)
+        return
+    allowed = _PLAIN.get(tp)
+    if allowed is not None and (not isinstance(value, allowed) or (tp is not bool and isinstance(value, bool))):
+        raise RecordError(f"{source}: expected a {tp.__name__}, got {str(value)[:60]!r} (edited?)")
 
 
 # --------------------------------------------------------------------------------------------

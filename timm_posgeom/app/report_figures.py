@@ -5,6 +5,7 @@ tables (runs by condition, the no-PE floor, training curves averaged over seeds)
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -229,11 +230,31 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
     return True
 
 
+def _read_maps(path: Path) -> dict[str, Any] | None:
+    """A run's ``maps.pt`` (mean maps of layers 0 and 1, normal and under RPI), or None with a warning when it is
+    damaged (truncated, not a tensor file, other contents): the figure then leaves that run out."""
+    import torch
+
+    try:
+        maps = torch.load(path, weights_only=True)
+        ok = isinstance(maps, dict) and all(
+            isinstance(maps.get(k), torch.Tensor) and maps[k].ndim == 3 and len(maps[k]) >= 2 for k in ("normal", "rpi")
+        )
+    except Exception as e:  # noqa: BLE001  a damaged file fed to the unpickler raises anything (EOFError, ...)
+        ok, why = False, f"{type(e).__name__}"
+    else:
+        why = "not the mean maps of layers 0 and 1"
+    if not ok:
+        warnings.warn(
+            f"{path} is damaged ({why}): its similarity maps are left out of the figure", RuntimeWarning, stacklevel=3
+        )
+        return None
+    return maps
+
+
 def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     """Mean token-similarity maps of each condition's first seed: layers 0 and 1, normal and under RPI;
     diagonal masked (as in every map of the package), one colour scale and colour bar per condition."""
-    import torch
-
     from ..plotting import MAP_LABEL, show_map
 
     plt = _plt()
@@ -241,8 +262,9 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     rows = []
     for c, runs in by.items():
         maps_file = out / runs[0].run_dir / "maps.pt"
-        if maps_file.is_file():
-            rows.append((c, torch.load(maps_file, weights_only=True)))
+        maps = _read_maps(maps_file) if maps_file.is_file() else None
+        if maps is not None:
+            rows.append((c, maps))
     if not rows:
         return False
     fig, axes = plt.subplots(len(rows), 4, figsize=(9, 2.2 * len(rows) + 0.4), squeeze=False, layout="constrained")

@@ -10,6 +10,10 @@
   differ between what a folder was made with and what is asked now (a resume onto another model,
   learning rate or data is refused unless allowed explicitly).
 * :func:`set_aside`: a file or folder about to be made again is renamed ``<name>.replaced-N``, kept.
+* :func:`read_json_file` and :func:`read_yaml_file`: the one reader of the files a command reads back (a
+  training run's recipe and data identity, a study's plan, an export's configuration): a file that is not
+  text, not JSON / YAML or not a mapping (damaged, truncated, edited by hand) is :class:`RunFileError`, one
+  line naming the file and what to do, never a parser's traceback.
 
 Files are written with :func:`timm_posgeom.jsonio.write_atomic` (the one atomic writer).
 """
@@ -25,10 +29,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PosgeomError
+from ..errors import PosgeomError, one_line
 from ..jsonio import to_jsonable
 
-__all__ = ["RunLock", "RunDirError", "NEUTRAL_KEYS", "LEGACY_KEYS", "settings_changes", "describe_changes", "set_aside"]
+__all__ = [
+    "RunLock",
+    "RunDirError",
+    "RunFileError",
+    "NEUTRAL_KEYS",
+    "LEGACY_KEYS",
+    "settings_changes",
+    "describe_changes",
+    "set_aside",
+    "read_json_file",
+    "read_yaml_file",
+    "check_fields",
+]
 
 # For each kind of folder, the settings that change how it is made (logged, saved, loaded, how fast, which
 # runs a study holds), never its weights or its numbers; a change of any other setting is a change of result.
@@ -86,6 +102,62 @@ LEGACY_KEYS: dict[str, dict[str, Any]] = {
 
 class RunDirError(PosgeomError, RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, not a run, or holding another recipe)."""
+
+
+class RunFileError(PosgeomError, ValueError):
+    """A file a command reads back (a recipe, a plan, a data identity, an export's configuration) that cannot be
+    read: not text, not JSON or YAML, not a mapping, or holding values of the wrong type (damaged, truncated,
+    edited by hand). Its one line names the file and what to do."""
+
+
+def _file_text(path: Path, hint: str) -> str:
+    """The text of ``path``; RunFileError when it is not UTF-8 text (binary, or cut inside a character)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise RunFileError(f"{path} is not text (damaged?): {hint}") from None
+
+
+def read_json_file(path: str | os.PathLike, hint: str) -> dict[str, Any]:
+    """The JSON object in ``path``; :class:`RunFileError` (``<path> <what is wrong>: <hint>``) when it is not
+    text, not JSON (empty, truncated, edited by hand) or not an object. ``hint`` says what to do, e.g. "restore
+    it, or start the run again in another --out". FileNotFoundError when it is missing."""
+    path = Path(path)
+    try:
+        value = json.loads(_file_text(path, hint))
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{path} is not valid JSON (damaged or truncated? {e}): {hint}") from None
+    if not isinstance(value, dict):
+        raise RunFileError(f"{path} holds a JSON {type(value).__name__}, not an object (edited?): {hint}")
+    return value
+
+
+def read_yaml_file(path: str | os.PathLike, hint: str) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (an empty file: RunFileError too, it holds no settings), as
+    :func:`read_json_file` reads JSON."""
+    import yaml
+
+    path = Path(path)
+    try:
+        value = yaml.safe_load(_file_text(path, hint))
+    except yaml.YAMLError as e:
+        raise RunFileError(f"{path} is not valid YAML (damaged or truncated? {one_line(e)}): {hint}") from None
+    if not isinstance(value, dict) or not value:
+        what = "nothing" if value is None or value == {} else f"a YAML {type(value).__name__}"
+        raise RunFileError(f"{path} holds {what}, not a mapping of settings (damaged or edited?): {hint}")
+    return value
+
+
+def check_fields(path: str | os.PathLike, values: dict[str, Any], types: dict[str, Any], hint: str) -> None:
+    """RunFileError when a key of ``types`` present in ``values`` (read from ``path``) does not hold a value of
+    its type (a type or a tuple of them; a bool is no number)."""
+    for key, tp in types.items():
+        if key not in values:
+            continue
+        value = values[key]
+        numeric = tp in (int, float) or (isinstance(tp, tuple) and set(tp) & {int, float})
+        if not isinstance(value, tp) or (numeric and isinstance(value, bool)):
+            raise RunFileError(f"{path}: {key} holds {value!r}, which is not what it records (edited?): {hint}")
 
 
 def settings_changes(kind: str, saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -374,8 +374,34 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _count_limits(args: argparse.Namespace) -> dict[str, tuple[int, str]]:
+    """flag dest -> (the most it may ask, what each unit costs), for the counts ``args`` gives."""
+    from ..measuring import MAX_CLASSES, MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
+
+    limits = {
+        "num_workers": (max_workers(), "4 per CPU here: each worker is a process of its own"),
+        "img_size": (MAX_IMG_SIZE, "px a side: a ViT's tokens grow with its square"),
+        "shift_size": (MAX_IMG_SIZE, "px a side"),
+        "num_classes": (MAX_CLASSES, "the head holds classes x width weights"),
+        "rpi_permutations": (MAX_RPI_PERMUTATIONS, "each is a forward pass of every image"),
+    }
+    if getattr(args, "num_seeds", None) is not None:  # the study's own bound
+        from ..app.study.config import MAX_SEEDS
+
+        limits["num_seeds"] = (MAX_SEEDS, "each seed trains every condition once")
+    return limits
+
+
 def check_counts(args: argparse.Namespace) -> None:
-    """Refuse counts no run could use (one line, before anything is loaded)."""
+    """Refuse counts no run could use (one line, before anything is loaded): below their least, above what they
+    would cost (:func:`_count_limits`), a seed beyond 64 bits."""
+    for flag, (high, why) in _count_limits(args).items():
+        value = getattr(args, flag, None)
+        if isinstance(value, int) and value > high:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at most {high:,} ({why}), got {value:,}")
+    seed = getattr(args, "seed", None)
+    if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
+        raise ValueError(f"--seed must fit in 64 bits (from -2**63 to 2**63 - 1), got {seed}")
     for flag in (
         "batch_size",
         "max_images",

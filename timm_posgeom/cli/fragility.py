@@ -191,9 +191,14 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
     reference = ImageNetCResult.from_json(args.reference) if args.reference else None
     folders = None
     if args.imagenet_c_class_folders:
-        folders = [
-            line.strip() for line in Path(args.imagenet_c_class_folders).read_text().splitlines() if line.strip()
-        ]
+        try:
+            lines = Path(args.imagenet_c_class_folders).read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise ValueError(
+                f"--imagenet-c-class-folders {args.imagenet_c_class_folders} is not a text file (one folder name "
+                "a line)"
+            ) from None
+        folders = [line.strip() for line in lines if line.strip()]
     if args.imagenet_c_root is None:
         for name in names:  # the imagecorruptions package: a clear line now rather than after loading the model
             imagenet_c(name, severities[0])

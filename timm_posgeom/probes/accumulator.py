@@ -16,6 +16,7 @@ import torch
 from ..errors import IntervalWarning
 from ..intervals import image_groups
 from ..interventions.draws import draw_permutations
+from ..measuring import sums_budget_error
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
@@ -141,6 +142,8 @@ class _Accumulator:
         """A new forward pass of ``batch`` images (the first at index ``offset`` in the data), stacked once
         per replica of ``replicas`` (default [0]); ``grid`` is the image's patch grid where one grid serves
         every layer (flat ViTs)."""
+        if grid is not None and not self.grids:  # a flat ViT's first batch: every layer's sums, before the forward
+            self._check_budget(grid[0] * grid[1], len(self.layers))
         self.grid = grid
         self._batch = {}
         self._replicas = list(replicas) if replicas is not None else [0]
@@ -210,19 +213,7 @@ class _Accumulator:
     def add(self, layer: int, patches: torch.Tensor, grid: tuple[int, int]) -> None:
         """Add one layer's (R * B, N, C) tokens on ``grid`` (N = H * W) to the running sums (chunk r of the
         batch to replica ``replicas[r]``)."""
-        known = self.grids.setdefault(layer, grid)
-        if known != grid and self.want_map:
-            raise ValueError(
-                f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
-                "mean map needs one image size (resize the data, or use reduction='per_image')"
-            )
-        n = grid[0] * grid[1]  # tokens on the layer's grid
-        if n > MAX_GRID_TOKENS:
-            raise ValueError(
-                f"layer {layer}'s grid {grid[0]}x{grid[1]} has {n:,} tokens, more than the "
-                f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
-                "tens of GB): probe the other layers (layers=...) or smaller images"
-            )
+        n = self._check_grid(layer, grid)  # tokens on the layer's grid
         if n < 2:  # no pair i < j (a 1 x 1 last stage of a CNN on small images): NaN, said in _finish
             self.too_small.add(layer)
             return
@@ -259,6 +250,39 @@ class _Accumulator:
                 flat = part.transpose(0, 1).reshape(part.shape[1], -1)
                 total = flat @ flat.T  # (N, N)
                 self._add_slot(layer, slot, upper_pairs(total), total.diagonal())
+
+    def _check_grid(self, layer: int, grid: tuple[int, int]) -> int:
+        """The tokens on ``layer``'s ``grid``; ValueError for a grid that changed between batches (mean map),
+        one too large for a similarity map, or (a stage's own grid, first seen) running sums past the budget."""
+        known = self.grids.setdefault(layer, grid)
+        if known != grid and self.want_map:
+            raise ValueError(
+                f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
+                "mean map needs one image size (resize the data, or use reduction='per_image')"
+            )
+        n = grid[0] * grid[1]
+        if n > MAX_GRID_TOKENS:
+            raise ValueError(
+                f"layer {layer}'s grid {grid[0]}x{grid[1]} has {n:,} tokens, more than the "
+                f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
+                "tens of GB): probe the other layers (layers=...) or smaller images"
+            )
+        if self.grid is None and n >= 2 and layer not in self.map_sum:  # a stage's own grid: before its sums
+            self._check_budget(n, 1)
+        return n
+
+    def _check_budget(self, n: int, layers: int) -> None:
+        """Under RPI, refuse (ValueError naming the count that fits) a number of permutations whose running sums
+        would pass :data:`~timm_posgeom.measuring.MEMORY_BUDGET_BYTES`: the sums already held, and for ``layers``
+        more layers of ``n`` tokens each permutation's summed map (pairs and diagonal, float64) and its
+        permutation of the tokens (int64)."""
+        if self.permutation_seeds is None:
+            return
+        held = sum(p.numel() + d.numel() for p, d in self.map_sum.values()) * 8
+        each = (layers * (n * (n - 1) // 2 + n) * 8 if self.want_map else 0) + n * 8 + held // self.num_replicas
+        error = sums_budget_error("probe_ssdc", self.num_replicas, each)
+        if error is not None:
+            raise error
 
     def _slots_of(self, replica: int, batch: int) -> list[tuple[int, torch.Tensor | None]]:
         """[(slot, the batch's images of that slot, None for all)]: one slot per replica, or per jackknife group

@@ -22,6 +22,7 @@ the blocks' tokens in the same pass.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch.nn as nn
 from ..errors import require
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
-from .spearman import DISTANCES, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
+from .spearman import DISTANCES, ConstantMapWarning, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
 __all__ = [
     "attention_measures",
@@ -138,7 +139,16 @@ class AttentionSSDC(AttentionMeasure):
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
         target = _distance_ranks(grid, self.distance, None, torch.device("cpu"))
         rows = [ssdc_pairs(self.sums[("pair_sum", layer)] / n_images, [target])[0] for layer in layers]
-        return {"ssdc": torch.stack(rows).numpy()}
+        values = torch.stack(rows).numpy()
+        flat = [f"layer {lay}: head(s) {np.flatnonzero(np.isnan(v)).tolist()}" for lay, v in zip(layers, values)]
+        if np.isnan(values).any():
+            warnings.warn(
+                "attention SSDC is undefined (NaN) where a head's averaged attention map is constant up to float "
+                f"rounding (uniform attention) or not finite: {'; '.join(f for f in flat if not f.endswith('[]'))}",
+                ConstantMapWarning,
+                stacklevel=2,
+            )
+        return {"ssdc": values}
 
     def metadata(self) -> dict[str, Any]:
         return {"ssdc_distance": self.distance}

@@ -27,6 +27,8 @@ import torch
 from ..intervals import jackknife_interval, t_interval
 from ..measuring import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
+from .spearman import FLAT_RTOL
+from .streaming import same_passes
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]
 
@@ -60,7 +62,7 @@ def minibatch_cka(
     """CKA from the per-batch Gram matrices of two representations of the same batches (module docstring).
 
     ``constant_a`` / ``constant_b``: per batch, whether that representation is the same for every image of
-    the batch, decided exactly on the features (:class:`_Grams`). Such a batch's Gram matrix is constant, and
+    the batch, decided on the features up to float rounding (:class:`_Grams`). Such a batch's Gram matrix is constant, and
     every HSIC with it is exactly 0: it adds exactly 0 (computed, it would add a rounding error of either
     sign). A representation with no variance across images in every batch gives 0 / 0: NaN, as does a Gram
     matrix that is not finite."""
@@ -95,7 +97,10 @@ class _Grams(Measure):
 
     def update(self, x: torch.Tensor, view: LayerView) -> None:
         flat = x[:, view.prefix :].reshape(x.shape[0], -1)  # (B, N * C)
-        self.constant.setdefault(view.layer, []).append(bool((flat == flat[:1]).all()))  # exactly, in its dtype
+        # the same for every image up to float rounding: its centred Gram matrix holds rounding noise, not variance
+        spread = (flat - flat[:1]).abs().amax() if flat.numel() else flat.new_zeros(())
+        scale = flat.abs().amax() if flat.numel() else flat.new_zeros(())
+        self.constant.setdefault(view.layer, []).append(bool(spread <= FLAT_RTOL * scale))
         flat = flat.to(torch.float64)
         self.grams.setdefault(view.layer, []).append((flat @ flat.T).cpu())
 
@@ -192,7 +197,9 @@ def cka(
         model_b: a flat timm ViT; both read the same batches, so they must take the same input
             (transform ``data`` for both).
         data: a (n, C, H, W) tensor (chunks of ``batch_size``) or a fixed iterable of batches (e.g. an
-            ``eval_loader``; it is read once per model, in the same order); batches of >= 4 images.
+            ``eval_loader``; it is read once per model, and the second pass is checked to read the same images in
+            the same order: a shuffling DataLoader is refused, :class:`~.streaming.SamePasses`); batches of >= 4
+            images.
         site: ``attn_input`` or ``block_output``.
         unbiased: HSIC_1 (default) or the biased estimator.
         rpi: both models under RPI, under the same ``rpi_permutations`` shared permutations (seeds ``seed`` ..
@@ -206,6 +213,7 @@ def cka(
     if options.get("distributed", "off") != "off":
         raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
     settings, _ = MeasureSettings.resolve("cka", options.pop("settings", None), {**options, "distributed": "off"})
+    data = same_passes(data, "cka")  # model b's pass checked against model a's: the same images, in order
     ra = run_measures(model_a, data, [_Grams(site)], rpi=rpi, layers=layers_a, settings=settings)
     rb = run_measures(model_b, data, [_Grams(site)], rpi=rpi, layers=layers_b, settings=settings)
     if ra.settings["n_images"] != rb.settings["n_images"]:

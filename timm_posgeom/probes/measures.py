@@ -38,7 +38,7 @@ from ..interventions import (
     token_permutation,
 )
 from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings
+from ..measuring import MeasureSettings, sums_budget_error
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites
@@ -178,6 +178,7 @@ class _Router:
         self.grid: tuple[int, int] | None = None
         self.heads: dict[int, int] = {}
         self.nonfinite: dict[tuple[int, int], int] = {}  # (layer, replica) -> images whose input was not finite
+        self.sized = False  # whether the replicas' running sums were checked against the budget (first forward)
 
     def receive(self, source: str, layer: int, x: torch.Tensor) -> None:
         if self.grid is None:
@@ -471,11 +472,15 @@ def _forward_replicas(
     model: nn.Module, images: torch.Tensor, offset: int, router: _Router, plan: _RPIPlan, handle: Any
 ) -> None:
     """One batch through the model under every replica (its permutations stacked, ``plan.per_forward`` at a
-    time) or, per image, under each image's permutation."""
+    time) or, per image, under each image's permutation. The call's first forward runs the first replica alone:
+    the running sums it makes, times the replicas, are checked against the budget before any other is made."""
     step = plan.per_forward(len(images))
     count = len(router.replicas)
-    for first in range(0, count, step):
-        replicas = list(range(first, min(first + step, count)))
+    starts = list(range(0, count, step))
+    if not router.sized:
+        starts = [0, *range(1, count, step)]
+    for first in starts:
+        replicas = list(range(first, min(first + (1 if not router.sized else step), count)))
         x = images if len(replicas) == 1 else images.repeat(len(replicas), 1, 1, 1)
         if plan.per == "call":
             handle.give(lambda n, ks=replicas: plan.shared(n)[ks])
@@ -487,6 +492,12 @@ def _forward_replicas(
             model(x)
         except _StopForward:
             pass
+        if not router.sized:
+            router.sized = True
+            each = sum(t.numel() * t.element_size() for m in router.replicas[0] for t in m.sums.values())
+            error = sums_budget_error("run_measures", count, each)
+            if error is not None:
+                raise error
 
 
 def _reduce(

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ssdc", "DISTANCES", "ConstantMapWarning", "grid_positions", "pair_distances", "rankdata"]
+__all__ = ["ssdc", "DISTANCES", "FLAT_RTOL", "ConstantMapWarning", "grid_positions", "pair_distances", "rankdata"]
 
 DISTANCES = ("manhattan", "euclidean", "chebyshev")
 
@@ -136,7 +136,8 @@ def _spearman_chunk_np(
     targets: centred distance ranks, each (M,) float64. payload: optional :func:`_rank_payload` of the
     single target.
     Returns nums (T, b) = sum_k (rank_k - mean) d_k, norms (b,) = |rank - mean|, where rank is
-    the tie-averaged rank of row b's k-th pair, and the rows holding a NaN (b,) bool.
+    the tie-averaged rank of row b's k-th pair, and the rows without a ranking (b,) bool: holding a NaN, or
+    constant up to float rounding (:func:`_flat_rows`).
 
     float32 rows are sorted as float64 keys whose 29 spare low mantissa bits carry a payload below
     2^28: the keys sort as the floats do (equal floats stay adjacent), so one values-only SIMD sort
@@ -168,6 +169,7 @@ def _spearman_chunk_np(
         # back to float32 (vals is not read again): rounding to nearest drops the payload, which is
         # below half a float32 ulp, so each sorted key gives back exactly its float
         np.copyto(pairs, keys, casting="same_kind")
+        flat = _flat_rows(pairs[:, 0], pairs[:, -1])  # sorted: the spread of each row is last - first
         np.equal(pairs[:, 1:], pairs[:, :-1], out=equal_next)  # (b, M - 1): sorted k and k + 1 are one float
         if payload is not None:  # the sorted payloads are the target's 2 d + M
             np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=sorted_d, casting="unsafe")
@@ -177,7 +179,7 @@ def _spearman_chunk_np(
             order = np.bitwise_and(bits, (1 << _INDEX_BITS) - 1, out=bits)
             nums = np.stack([np.take(d, order, out=sorted_d, mode="clip") @ centred for d in targets])  # (T, b)
             nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
-        return nums, norms, np.zeros(b, dtype=bool)
+        return nums, norms, flat
     if pair_index is not None:
         vals = np.take(vals, pair_index, axis=1)
     return _spearman_chunk_generic(vals, targets)
@@ -190,11 +192,27 @@ def _spearman_chunk_generic(vals: np.ndarray, targets: list[np.ndarray]) -> tupl
     vals = np.where(nan_rows[:, None], 0.0, vals.astype(np.float64))
     order = np.argsort(vals, axis=1)
     sorted_vals = np.take_along_axis(vals, order, 1)
+    nan_rows |= _flat_rows(sorted_vals[:, 0], sorted_vals[:, -1])
     equal_next = sorted_vals[:, 1:] == sorted_vals[:, :-1]
     centred = _ordinal(M)[1]
     nums = np.stack([np.take(d, order) @ centred for d in targets])  # (T, b)
     nums, norms = _tie_correct(nums, equal_next, lambda r, p: [d[order[r, p]] for d in targets])
     return nums, norms, nan_rows
+
+
+# A map whose pairs spread less than this, relative to their largest magnitude, is constant up to float rounding
+# (a float32 similarity of unit vectors is exact to ~1e-7): the order of its pairs is rounding noise, not a
+# ranking, and its SSDC is NaN, as a constant map's is (scipy's spearmanr gives a number made of that noise).
+FLAT_RTOL = 1e-5
+
+
+def _flat_rows(first: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """(b,) bool: rows whose smallest and largest values ``first`` and ``last`` are equal up to float rounding
+    (:data:`FLAT_RTOL`); an exactly constant row is flat too."""
+    first, last = first.astype(np.float64), last.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf: a row with infinities is flat only when it is all one value
+        close = (last - first) <= FLAT_RTOL * np.maximum(np.abs(first), np.abs(last))
+    return (first == last) | (np.isfinite(first) & np.isfinite(last) & close)
 
 
 def _tie_correct(
@@ -240,25 +258,28 @@ def _spearman_torch(pairs: torch.Tensor, targets: list[torch.Tensor]) -> tuple[t
     """Device-agnostic twin of :func:`_spearman_chunk_np` (used off CPU): torch.sort + dense tie averaging.
 
     pairs: (B, M); targets: centred distance ranks (M,) float64 on the same device.
-    Returns nums (T, B), norms (B,), NaN rows (B,) bool.
+    Returns nums (T, B), norms (B,), rows without a ranking (B,) bool (a NaN, or constant up to rounding).
     """
     M = pairs.shape[1]
     nan_rows = torch.isnan(pairs).any(dim=1)  # (B,)
     pairs = torch.where(nan_rows[:, None], torch.zeros_like(pairs), pairs)
     sorted_vals, order = torch.sort(pairs, dim=1)
+    first, last = sorted_vals[:, 0].double(), sorted_vals[:, -1].double()
+    close = (last - first) <= FLAT_RTOL * torch.maximum(first.abs(), last.abs())
+    flat = (first == last) | (first.isfinite() & last.isfinite() & close)  # as _flat_rows
     centred = _average_ranks_sorted(sorted_vals) - (M + 1) / 2  # (B, M) float64
     nums = torch.stack([(centred * d[order]).sum(dim=1) for d in targets])
     norms = centred.square().sum(dim=1).sqrt()
-    return nums, norms, nan_rows
+    return nums, norms, nan_rows | flat
 
 
 def _spearman_rows(values: torch.Tensor, targets: Sequence[tuple[torch.Tensor, float]]) -> list[torch.Tensor]:
     """Spearman correlation of each pair vector with each target (centred ranks (M,), norm).
 
     values: (B, M) pair vectors, or (B, N, N) maps whose pairs i < j are used. Returns one (B,)
-    float64 tensor per target on the input's device; NaN for rows that are constant or hold a NaN,
-    as scipy. CPU: numpy, in chunks of rows (cache-sized) over a thread pool (numpy releases the
-    GIL); maps are read pair by pair inside each chunk, so the (B, M) copy never exists. Other
+    float64 tensor per target on the input's device; NaN for rows that are constant (up to float rounding:
+    :data:`FLAT_RTOL`) or hold a NaN. CPU: numpy, in chunks of rows (cache-sized) over a thread pool (numpy
+    releases the GIL); maps are read pair by pair inside each chunk, so the (B, M) copy never exists. Other
     devices: torch.sort.
     """
     B = values.shape[0]
@@ -380,8 +401,8 @@ def ssdc_pairs(pairs: torch.Tensor, d_centred_list: Sequence[tuple[torch.Tensor,
     """SSDC of a batch of pair vectors (or maps) against one or more centred distance-rank vectors.
 
     pairs: (B, M) similarities over the pairs i < j, or (B, N, N) maps (only i < j is read).
-    Returns one (B,) float64 tensor per entry of ``d_centred_list`` (NaN for constant rows or rows
-    with a NaN; +-inf rank as extremes, as in scipy). Shares one sort across the entries.
+    Returns one (B,) float64 tensor per entry of ``d_centred_list`` (NaN for rows constant up to float
+    rounding or with a NaN; +-inf rank as extremes, as in scipy). Shares one sort across the entries.
     """
     return _spearman_rows(pairs, d_centred_list)
 
@@ -416,8 +437,9 @@ def ssdc(
     Returns:
         A 0-d tensor for one map, (B,) for a batch, in the input's floating dtype (float32 for
         integer input) on its device. NaN (with a :class:`ConstantMapWarning`) for a map that is
-        constant over the pairs, and NaN for a map with a NaN entry, like scipy; +-inf entries rank
-        as the largest / smallest values, as in scipy (a finite result).
+        constant over the pairs up to float rounding (they spread less than :data:`FLAT_RTOL` of their
+        largest magnitude: scipy would rank the rounding noise), and NaN for a map with a NaN entry, like
+        scipy; +-inf entries rank as the largest / smallest values, as in scipy (a finite result).
     """
     if not isinstance(similarity, torch.Tensor):
         similarity = torch.as_tensor(similarity)
@@ -450,8 +472,8 @@ def _warn_constant(rho: torch.Tensor, maps: torch.Tensor) -> None:
     if bool(nan.any()):
         n_nan = int(nan.sum())
         warnings.warn(
-            f"{n_nan} of {rho.numel()} similarity maps are constant over the pairs i < j or "
-            "not finite: their SSDC is NaN",
+            f"{n_nan} of {rho.numel()} similarity maps are constant over the pairs i < j (up to float "
+            "rounding) or not finite: their SSDC is NaN",
             ConstantMapWarning,
             stacklevel=3,
         )

@@ -24,7 +24,7 @@ from ..intervals import jackknife_interval, t_interval
 from .accumulator import _Accumulator, _Moments
 from .result import PerImageStats, SSDCResult
 from .sites import ProbeSites, StageSites
-from .spearman import ConstantMapWarning, ssdc_pairs
+from .spearman import FLAT_RTOL, ConstantMapWarning, ssdc_pairs
 from .streaming import _model_name
 
 
@@ -52,21 +52,18 @@ class _Probe:
         return self.sites.num_prefix_tokens if isinstance(self.sites, ProbeSites) else 0
 
 
-# The similarities are float32 dot products of unit vectors (relative error ~1e-6 and below); a map whose
-# pairs spread less than this, relative to their size, holds no ranking but rounding noise.
-_CONSTANT_RTOL = 1e-5
-
 # Per layer, the per-image statistics against the index grid and (RPI; else empty) the content grid; under RPI
 # also the (K, L) arrays of each permutation's image means (index grid, content grid), else None.
 _ImageStats = tuple[list[PerImageStats], list[PerImageStats], np.ndarray | None, np.ndarray | None]
 
 
 def _near_constant(pairs: torch.Tensor) -> bool:
-    """The summed (or mean) similarities of the pairs i < j (M,) are equal up to float32 rounding (NaN: False)."""
+    """The summed (or mean) similarities of the pairs i < j (M,) are equal up to float rounding, as
+    :data:`~.spearman.FLAT_RTOL` defines it for every map (NaN: False)."""
     if pairs.numel() == 0 or not torch.isfinite(pairs).all():
         return False
-    spread = float(pairs.max() - pairs.min())
-    return spread <= _CONSTANT_RTOL * max(float(pairs.abs().mean()), 1e-12)
+    low, high = float(pairs.min()), float(pairs.max())
+    return high - low <= FLAT_RTOL * max(abs(low), abs(high))
 
 
 def _finish(
@@ -87,6 +84,8 @@ def _finish(
         _map_ssdc(acc, probe, n_images, grids) if acc.want_map else _MapStats(layers, np.full((1, len(layers)), np.nan))
     )  # filled by the per-image reduction
     stats = _image_stats(acc, probe) if acc.want_images else None
+    if stats is not None:
+        _say_flat_images(stats, layers)
     bad, count = acc.nonfinite_layers()
     if bad:  # non-finite tokens: those layers' numbers NaN, said once
         _blank_layers(maps, stats, [layers.index(layer) for layer in bad], probe)
@@ -118,6 +117,19 @@ def _finish(
         rise_ci=maps.rise_ci,
         jackknife=maps.jackknife,
     )
+
+
+def _say_flat_images(stats: _ImageStats, layers: list[int]) -> None:
+    """A warning naming the layers some of whose per-image maps are constant up to float rounding (or not finite):
+    their SSDC is NaN, left out of the per-image statistics, which are NaN where every map is."""
+    flat = [(layer, s.n_nan, s.n + s.n_nan) for layer, s in zip(layers, stats[0]) if s.n_nan]
+    if flat:
+        warnings.warn(
+            "per-image similarity maps constant up to float rounding (or not finite), their SSDC NaN and left out "
+            "of the per-image statistics: " + ", ".join(f"layer {layer}: {k} of {n}" for layer, k, n in flat),
+            ConstantMapWarning,
+            stacklevel=4,
+        )
 
 
 def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> None:
@@ -263,18 +275,29 @@ def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple
             for r in range(k):  # against where each token's content came from: permutation r's own grid
                 (rho,) = ssdc_pairs(ranked[r::rows_of].contiguous(), acc.distance_targets(grid, r, first.device)[1:])
                 stats.content[r, [i for i, _ in items]] = rho.cpu().numpy()
-    if stats.flat:
-        warnings.warn(
-            f"the mean similarity map of layer(s) {', '.join(map(str, stats.flat))} is constant up to float "
-            "rounding (every patch token alike): its SSDC is undefined (NaN)",
-            ConstantMapWarning,
-            stacklevel=4,
-        )
+    _say_flat(stats, summed)
     _intervals(stats, acc, probe, deleted)
     maps = [acc.mean_map(layer, n_images, pair_sum=summed.get(layer)) for layer in layers]  # (N_l, N_l) each
     same = len({m.shape for m in maps}) == 1
     stats.mean_maps = torch.stack(maps).cpu() if same else [m.cpu() for m in maps]
     return stats
+
+
+def _say_flat(stats: _MapStats, summed: dict[int, torch.Tensor]) -> None:
+    """The layers whose mean map is constant up to float rounding, in ``stats.flat`` (those found before ranking,
+    and any whose finite map ranked NaN once divided into float32, a hair's breadth from the bound), said once."""
+    for i, layer in enumerate(stats.layers):
+        finite = layer in summed and bool(torch.isfinite(summed[layer]).all())
+        if finite and layer not in stats.flat and np.isnan(stats.index[:, i]).any():
+            stats.flat.append(layer)
+    stats.flat.sort()
+    if stats.flat:
+        warnings.warn(
+            f"the mean similarity map of layer(s) {', '.join(map(str, stats.flat))} is constant up to float "
+            "rounding (every patch token alike): its SSDC is undefined (NaN)",
+            ConstantMapWarning,
+            stacklevel=5,
+        )
 
 
 def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.ndarray | None) -> None:

@@ -107,6 +107,72 @@ class _Shard:
                 break
 
 
+class SamePasses:
+    """``data`` (an iterable of batches) for a measure that reads it more than once, each pass checked against
+    the first: CKA reads it once per model, the alpha sweep once per alpha, and each compares what the passes
+    measured as if they had read the same images.
+
+    Every image's fingerprint is kept from the first pass, in order: its sum and its sum weighted by position
+    (a flipped, shifted or other image differs). A later pass that reads another image at a place (a shuffling
+    ``DataLoader``, random transforms), or ends before the first did (a one-shot iterator), is refused with a
+    ValueError (one line, naming ``what``) at the first batch that differs, before its numbers exist. Images past
+    where the first pass stopped reading (its consumer's ``max_images``) are not compared.
+    """
+
+    def __init__(self, data: Any, what: str) -> None:
+        self.data, self.what = data, what
+        self.prints: list[torch.Tensor] = []  # the first pass's (B, 2) float64 fingerprints, batch by batch
+        self.first_ended: bool | None = None  # None: no pass yet; whether the first read the data to its end
+        self.passes = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.passes += 1
+        first, seen = self.passes == 1, 0
+        known = torch.cat(self.prints) if self.prints else torch.empty(0, 2, dtype=torch.float64)
+        self.first_ended = False if first else self.first_ended
+        for batch in self.data:
+            prints = _fingerprints(_images_of(batch))
+            if first:
+                self.prints.append(prints)
+            else:
+                self._compare(prints, known[seen : seen + len(prints)], seen)
+            seen += len(prints)
+            yield batch
+        if first:
+            self.first_ended = True
+        elif seen < len(known):
+            self._refuse(f"it gave {seen} images where the first gave {len(known)}")
+
+    def _compare(self, prints: torch.Tensor, known: torch.Tensor, seen: int) -> None:
+        if len(known) < len(prints) and self.first_ended:
+            self._refuse(
+                f"it gave more images than the first ({seen + len(prints)} and more, against {seen + len(known)})"
+            )
+        same = torch.isclose(prints[: len(known)], known, rtol=1e-9, atol=1e-9).all(1)
+        if not bool(same.all()):
+            self._refuse(f"image {seen + int((~same).nonzero()[0])} is another image")
+
+    def _refuse(self, why: str) -> None:
+        raise ValueError(
+            f"{self.what} reads the data once per pass and compares the passes, but pass {self.passes} read other "
+            f"images than the first ({why}): give data that yields the same images in the same order every time "
+            "(a DataLoader without shuffle, no random transforms, not a one-shot iterator), e.g. eval_loader(...)"
+        )
+
+
+def _fingerprints(images: torch.Tensor) -> torch.Tensor:
+    """(B, 2) float64 on the CPU: each image's sum, and its sum weighted by its entries' positions."""
+    flat = images.detach().reshape(len(images), -1).to("cpu", torch.float64)
+    ramp = torch.linspace(0.0, 1.0, flat.shape[1], dtype=torch.float64)
+    return torch.stack([flat.sum(1), flat @ ramp], dim=1)
+
+
+def same_passes(data: Any, what: str) -> Any:
+    """``data`` wrapped in :class:`SamePasses`, unless it reads the same every time by its nature (a tensor, one
+    dict batch)."""
+    return data if isinstance(data, (torch.Tensor, dict)) else SamePasses(data, what)
+
+
 def _numbered(batches: Iterable[torch.Tensor]) -> Iterator[tuple[int, torch.Tensor]]:
     """(index of the batch's first image, images) for each batch of one process reading all the data."""
     start = 0

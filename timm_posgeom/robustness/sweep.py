@@ -25,7 +25,7 @@ from ..jsonio import dump_json, tagged, to_jsonable
 from ..labels import match_labels
 from ..measuring import MeasureSettings
 from ..probes.result import SSDCResult
-from ..probes.streaming import _model_name
+from ..probes.streaming import _model_name, same_passes
 from ..scores import FragilityResult
 from ..shifts import Shift, parse_shift
 from .fragility_eval import _model_device, fragility
@@ -342,15 +342,18 @@ def sweep_ssdc(
     ``components``: ``pe_scale(model, {component: alpha, ...})``, the other encodings as they are), with
     ``settings.rpi_permutations`` (K) permutations drawn afresh for every alpha, as the paper draws them: alpha
     j (in the order given) takes the seeds ``seed + jK`` .. ``seed + jK + K - 1``. ``loader``: the probe's
-    batches (as ``probe_ssdc`` reads them). Returns one :class:`~timm_posgeom.probes.SSDCResult` per alpha."""
+    batches (as ``probe_ssdc`` reads them), read once per alpha: each pass is checked to read the first pass's
+    images in its order (:class:`~timm_posgeom.probes.streaming.SamePasses`; a shuffling DataLoader is refused).
+    Returns one :class:`~timm_posgeom.probes.SSDCResult` per alpha."""
     from tqdm.auto import tqdm
 
     from ..probes import probe_ssdc
 
     settings = settings or MeasureSettings()
     k = rpi_count(settings.rpi_permutations)
-    if settings.distributed == "auto":
-        _dist.setup()
+    world = _dist.setup() if settings.distributed == "auto" else 1
+    if world == 1 or _dist.shard_dataloader(loader) is None:  # sharded by index, a DataLoader reads in order
+        loader = same_passes(loader, "sweep_ssdc")  # each alpha's pass checked against the first
     seed = _dist.shared_seed(settings.seed)  # None alone: one from torch's global RNG; shared by processes
     seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     out = []

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...defaults import IMAGENET_C_JPEG_BLUR
 from ...errors import PosgeomError
+from ...measuring import MAX_IMG_SIZE, MeasureSettings
 from ...protocol import DEFAULT_ALPHAS, PROTOCOL_FIELDS, RENAMED_SETTINGS, Protocol, current_names
 from ..rundir import settings_changes
 
@@ -171,6 +172,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+MAX_SEEDS = 100
+"""The most seeds a study trains: each seed is one training run of every condition."""
+
+
 def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     """The :class:`StudyConfig` of a preset, with ``overrides`` (None values ignored; a setting's former name,
     ``eval_images`` or ``workers``, is read as its one name with a DeprecationWarning, for one release)."""
@@ -193,8 +198,14 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
     if twice:  # the same run twice would count as a second seed with no spread
         raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --num-seeds for more runs of one")
-    if config.seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {config.seeds}")
+    if not 1 <= config.seeds <= MAX_SEEDS:
+        raise ValueError(
+            f"seeds must be from 1 to {MAX_SEEDS} (each trains every condition once: {len(config.conditions)} runs "
+            f"a seed), got {config.seeds:,}"
+        )
+    MeasureSettings(rpi_permutations=config.rpi_permutations)  # 1 .. MAX_RPI_PERMUTATIONS, as every measurement
+    if config.shift_size is not None and not 1 <= config.shift_size <= MAX_IMG_SIZE:
+        raise ValueError(f"shift_size must be from 1 to {MAX_IMG_SIZE} px or none, got {config.shift_size:,}")
     config.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
     check_init(config.init)
     return config

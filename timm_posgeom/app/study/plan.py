@@ -109,8 +109,11 @@ def _run_overrides(config: StudyConfig, seed: int) -> tuple[str, ...]:
 
 def make_plan(config: StudyConfig, out: str | os.PathLike) -> StudyPlan:
     """The study's runs, each recipe built once and validated: RecipeError / ValueError for a recipe that no
-    run could use, before anything runs."""
+    run could use, before anything runs; each condition's model, optimizer and scheduler checked as ``posgeom
+    train`` checks them (:func:`~timm_posgeom.app.train.build.check_model`), so a dry run refuses what the runs
+    would."""
     from ..recipe import load_recipe
+    from ..train.build import check_model
 
     out = Path(out)
     runs = []
@@ -119,6 +122,8 @@ def make_plan(config: StudyConfig, out: str | os.PathLike) -> StudyPlan:
             name, overrides = f"{config.recipe_prefix}_{condition}", _run_overrides(config, seed)
             recipe = load_recipe(name, list(overrides))
             check_init(recipe.model_kwargs.get("init"))
+            if seed == 0:  # the seed changes no constructor's argument
+                check_model(recipe)
             runs.append(
                 PlannedRun(
                     condition=condition,

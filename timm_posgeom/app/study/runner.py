@@ -3,7 +3,6 @@ report from the results in memory (:func:`run_study`); and what a resume checks 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, replace
@@ -12,7 +11,7 @@ from typing import Any
 
 from ..provenance import package_versions
 from ..records import RunSummary, StudyResults, StudyRun
-from ..rundir import describe_changes
+from ..rundir import check_fields, describe_changes, read_json_file
 from .config import CONDITIONS, StudyConfig, StudyError, config_changes
 from .measure import Measuring, check_evals, eval_settings, measure_run, untrained_ssdc
 from .plan import PlannedRun, StudyPlan, make_plan, write_plan
@@ -40,13 +39,13 @@ def run_study(
 
     from ..report import write_report
 
-    out = _open_out(Path(out), resume)
+    out = _open_out(Path(out), resume, create=False)  # created once every check has passed: a refusal leaves none
     # the invocations this one resumes: their measured runs stay in the study, their time is added to its own
     previous = StudyResults.read(out / "results.json") if resume and (out / "results.json").is_file() else None
     if previous is not None:
         config = _keep_measured(config, previous.runs, out)
     plan = make_plan(config, out)  # every recipe built and validated once, before anything runs
-    saved = json.loads((out / "plan.json").read_text()) if resume and (out / "plan.json").is_file() else None
+    saved = _saved_plan(out) if resume and (out / "plan.json").is_file() else None
     _check_settings(saved, config, out, allow_changes)
     val, identity = _eval_split(plan, saved, out)
     m = Measuring(
@@ -58,6 +57,7 @@ def run_study(
         allow_changes=allow_changes,
     )
     check_evals(list(plan.runs), m)  # a refused resume writes nothing: every run checked before the plan is
+    _open_out(out, resume)
     planned = plan.to_json()
     write_plan(config, out, planned, data=identity)  # a plan written before the data was identified gains it here
     started, earlier = time.time(), previous.elapsed_s if previous is not None else 0.0
@@ -112,14 +112,24 @@ def _run_one(run: PlannedRun, m: Measuring, out: Path) -> StudyRun:
     )
 
 
-def _open_out(out: Path, resume: bool) -> Path:
-    """``out``, created; FileExistsError when it holds a study and this is not a resume."""
+def _open_out(out: Path, resume: bool, create: bool = True) -> Path:
+    """``out``, created (with ``create``); FileExistsError when it holds a study and this is not a resume."""
     if out.exists() and any(out.iterdir()) and not resume:
         raise FileExistsError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+    if not create:
+        return out
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise PermissionError(f"cannot write to {out}")
     return out
+
+
+def _saved_plan(out: Path) -> dict[str, Any]:
+    """``plan.json`` of the study being resumed; RunFileError (one line) when it is damaged."""
+    path, hint = out / "plan.json", "restore it, or start the study again in another --out"
+    saved = read_json_file(path, hint)
+    check_fields(path, saved, {"config": dict, "plan": list, "data": dict}, hint)
+    return saved
 
 
 def _check_settings(saved: dict[str, Any] | None, config: StudyConfig, out: Path, allow_changes: bool) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..records import HistoryPoint
-from ..rundir import describe_changes, set_aside, settings_changes
+from ..rundir import RunFileError, describe_changes, read_yaml_file, set_aside, settings_changes
 from .config import StudyConfig, StudyError
 from .plan import PlannedRun
 
@@ -55,18 +55,23 @@ def recipe_changes(run: PlannedRun) -> dict[str, Any]:
     path = run.run_dir / "recipe.yaml"
     if not path.is_file():
         return {}
-    import yaml
-
     from ..recipe import upgrade_keys
 
-    saved = upgrade_keys(yaml.safe_load(path.read_text()) or {}, warn=False)  # old key names: their new ones
+    hint = "restore it, or pass --allow-changes to train the run again (its folder is kept beside)"
+    saved = upgrade_keys(read_yaml_file(path, hint), warn=False)  # old key names: their new ones
     return settings_changes("recipe", saved, run.recipe.to_dict())
 
 
 def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
     """What exists in the run's folder was trained (or started) with its recipe; set aside when not and
     ``allow_changes``, StudyError when not otherwise."""
-    changes = recipe_changes(run)
+    try:
+        changes = recipe_changes(run)
+    except RunFileError as e:  # damaged: what the folder was trained with cannot be told, so it counts as changed
+        if not allow_changes:
+            raise
+        log(f"{run.label}: {e}")
+        changes = {"recipe.yaml": ("unreadable", "the run's recipe")}
     if changes and not allow_changes:
         raise StudyError(
             f"{run.run_dir} was trained with another recipe ({describe_changes(changes)}); pass "
@@ -105,12 +110,17 @@ def training_history(run_dir: Path) -> list[HistoryPoint]:
         HistoryPoint(
             step=int(r["step"]),
             epoch=round(float(r["epoch"]), 3),
-            val_top1=r.get("val_top1"),
-            rpi_ssdc=r.get("rpi_ssdc"),
-            pe_ssdc=r.get("pe_ssdc"),
-            monitor=r.get("monitor"),
-            heldout_top1=r.get("heldout_top1"),
+            val_top1=_number(r.get("val_top1")),
+            rpi_ssdc=r.get("rpi_ssdc") if isinstance(r.get("rpi_ssdc"), list) else None,
+            pe_ssdc=_number(r.get("pe_ssdc")),
+            monitor=r.get("monitor") if isinstance(r.get("monitor"), str) else None,
+            heldout_top1=_number(r.get("heldout_top1")),
         )
-        for r in read_metrics(path)
-        if r.get("kind") == "eval"
+        for r in read_metrics(path)  # damaged lines skipped, said
+        if r.get("kind") == "eval" and _number(r.get("step")) is not None and _number(r.get("epoch")) is not None
     ]
+
+
+def _number(value: Any) -> float | int | None:
+    """``value`` when it is a number (a log edited by hand may hold anything), else None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -75,25 +75,15 @@ def train(
     None: accelerate's choice (the GPU of each process when there is one). Which GPU is accelerate's
     (``CUDA_VISIBLE_DEVICES``, ``accelerate launch --gpu_ids``).
     """
-    import timm
     import torch
     from accelerate import Accelerator
 
-    from ... import models  # noqa: F401  (registers our models with timm)
-    from ...data import resolve_source
     from ...distributed import check_port
-    from ...factory import unknown_model_message
-    from ..recipe import RecipeError
-    from .build import build_session, check_resumable
+    from .build import build_session
     from .loop import finish, run_epochs
 
-    recipe = recipe.validate()
-    if not timm.is_model(recipe.model):
-        raise RecipeError(unknown_model_message(recipe.model))
-    resolve_source(recipe.data)
     out = Path(out)
-    if resume:  # before `out` is created or locked: a resume of nothing must not start a new run
-        check_resumable(out)
+    recipe = _checked(recipe, out, resume)
     check_port()  # a launch with --main_process_port 0 would hang in Accelerator() below (accelerate < 1.7)
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     # several processes on a machine without CUDA (`accelerate launch --multi_gpu` or torchrun there): gloo on CPU
@@ -108,12 +98,17 @@ def train(
         log_with=trackers or None,
         project_dir=str(out) if trackers else None,
     )
+    fresh, had_identity = not out.exists(), (out / "data.json").is_file()
     check_writable(out)
     lock = RunLock(out)
     try:
         if accelerator.is_main_process:
             lock.acquire(say=accelerator.print)
-        session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
+        try:
+            session = build_session(accelerator, recipe, out, resume, progress, allow_changes=allow_changes)
+        except Exception:  # refused before the first step (too small a split, a bad held-out fraction, ...)
+            _undo_setup(accelerator, out, fresh, had_identity, lock)
+            raise
         if trackers:  # after every check of the run folder: a refused run leaves no tracker files behind
             accelerator.init_trackers(
                 recipe.tracker_project or out.resolve().name, config=tracker_config(recipe.to_dict())
@@ -123,6 +118,42 @@ def train(
     finally:  # let a later train() in this process choose another precision / accumulation
         lock.release()
         _reset_accelerate_state()
+
+
+def _checked(recipe: Recipe, out: Path, resume: bool) -> Recipe:
+    """The recipe validated, before any folder or data: its model known to timm, what it hands to timm's
+    constructors (``check_model``: model_kwargs, opt, sched, trackers), its data source found; with ``resume``
+    a run in ``out`` to resume (a resume of nothing must not start a new run)."""
+    import timm
+
+    from ... import models  # noqa: F401  (registers our models with timm)
+    from ...data import resolve_source
+    from ...factory import unknown_model_message
+    from ..recipe import RecipeError
+    from .build import check_model, check_resumable
+
+    recipe = recipe.validate()
+    if not timm.is_model(recipe.model):
+        raise RecipeError(unknown_model_message(recipe.model))
+    check_model(recipe)
+    resolve_source(recipe.data)
+    if resume:
+        check_resumable(out)
+    return recipe
+
+
+def _undo_setup(accelerator, out: Path, fresh: bool, had_identity: bool, lock: RunLock) -> None:
+    """What a run refused during its set-up wrote, removed by the main process: the folder it created (data.json,
+    recipe.yaml, the lock: no training step was taken), or in a folder that was there the ``data.json`` it added."""
+    import shutil
+
+    if not (accelerator.is_main_process and lock.held):
+        return
+    lock.release()
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+    elif not had_identity:
+        (out / "data.json").unlink(missing_ok=True)
 
 
 def _wants_cpu(device: str | None) -> bool:

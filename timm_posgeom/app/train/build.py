@@ -18,14 +18,15 @@ import torch.nn as nn
 import yaml
 
 from ...distributed import broadcast_object
+from ...errors import one_line
 from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
-from ..rundir import RunDirError, describe_changes, settings_changes
+from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
-from .metrics import MetricsLog
+from .metrics import MetricsLog, check_tracker_project, check_trackers
 from .monitor import build_monitor, carve_monitor
 
-__all__ = ["Session", "build_session", "build_data", "build_optimizer"]
+__all__ = ["Session", "build_session", "build_data", "build_optimizer", "build_scheduler", "check_model"]
 
 
 @dataclass
@@ -203,7 +204,9 @@ def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str |
 
     path = out / "data.json"
     if resuming and path.is_file():
-        saved = json.loads(path.read_text())
+        hint = "restore it, or remove it (the resume then writes it again, without comparing the data)"
+        saved = read_json_file(path, hint)
+        check_fields(path, saved, {"train": dict, "validation": dict, "heldout": dict}, hint)
         for split in ("train", "validation"):
             what = identity_change(saved[split], identity[split]) if saved.get(split) else None
             if what:
@@ -217,18 +220,77 @@ def _check_data(out: Path, identity: dict[str, Any], resuming: bool, data: str |
         path.write_text(json.dumps(identity, indent=2) + "\n")
 
 
-def _data_stats(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The model's normalisation (mean, std), from a meta-device model: no memory, no init, and bad
-    model kwargs surface before any data is loaded."""
-    import timm
+def check_model(recipe: Recipe) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """What the recipe passes through to timm's constructors, checked before any work (no folder, no data): the
+    model built on the meta device with the recipe's ``model_kwargs`` (no memory, no init) and one forward pass
+    of its shapes, then its optimizer (:func:`build_optimizer`: ``opt``, its betas, eps, momentum, weight-decay
+    groups) and its scheduler (:func:`build_scheduler`: ``sched``, warmup) made over it, as the run makes them;
+    and the trackers of ``log_with``. A keyword the model does not take, a width its heads do not divide, an
+    optimizer or a scheduler timm does not know, a tracker accelerate cannot log with, ... is a user error in one
+    line (:class:`RecipeError`, ValueError), the same in ``posgeom train`` and in a study's plan (and its dry run).
+    Returns the model's normalisation (mean, std)."""
     from timm.data import resolve_data_config
 
-    with torch.device("meta"):
-        probe = timm.create_model(
-            recipe.model, pretrained=False, num_classes=0, img_size=recipe.img_size, **recipe.model_kwargs
-        )
+    check_trackers(recipe.log_with)  # accelerate's trackers, and where they would write
+    check_tracker_project(recipe.tracker_project)
+    probe = _meta_model(recipe)
+    try:
+        optimizer = build_optimizer(recipe, probe)
+    except Exception as e:  # noqa: BLE001  timm's factory and the optimizers' constructors: ValueError, TypeError
+        raise RecipeError(
+            f"opt {recipe.opt!r} cannot be made ({one_line(e, first_line=True)}): {_known_optimizers(recipe.opt)}"
+        ) from None
+    try:
+        build_scheduler(recipe, optimizer, total_steps=100 * recipe.epochs, steps_per_epoch=100)
+    except Exception as e:  # noqa: BLE001
+        raise RecipeError(
+            f"sched {recipe.sched!r} cannot be made ({one_line(e, first_line=True)}): timm's schedulers are cosine, "
+            "tanh, step, multistep, poly, wsd, rsqrt, constant, plateau, or none (a constant lr)"
+        ) from None
     cfg = resolve_data_config({}, model=probe)
     return tuple(cfg["mean"]), tuple(cfg["std"])
+
+
+def _meta_model(recipe: Recipe) -> nn.Module:
+    """The recipe's model on the meta device, after one forward pass of its shapes; RecipeError (one line) when
+    its constructor or that pass refuses the recipe's ``model_kwargs`` or ``img_size``. An operation without a
+    meta kernel leaves the check to the run itself (the model is then built on the CPU, the pass skipped)."""
+    import timm
+
+    def build(device: str) -> nn.Module:
+        with torch.device(device):
+            return timm.create_model(
+                recipe.model, pretrained=False, num_classes=2, img_size=recipe.img_size, **recipe.model_kwargs
+            )
+
+    try:
+        try:
+            model = build("meta")
+        except NotImplementedError:
+            return build("cpu")
+        with torch.device("meta"), torch.no_grad():  # shapes only: a width its heads do not divide fails here
+            model.eval()(torch.empty(2, 3, recipe.img_size, recipe.img_size))
+    except NotImplementedError:
+        return model.train()
+    except Exception as e:  # noqa: BLE001  a constructor refuses a keyword or a value with any exception
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in recipe.model_kwargs.items()) or "no model_kwargs"
+        raise RecipeError(
+            f"{recipe.model} cannot be built with {kwargs} at img_size {recipe.img_size} "
+            f"({type(e).__name__}: {one_line(e, first_line=True)}): fix model_kwargs (or img_size)"
+        ) from None
+    return model.train()
+
+
+def _known_optimizers(asked: str) -> str:
+    """What to write instead of ``asked``: timm's closest optimizer names."""
+    import difflib
+
+    from timm.optim import list_optimizers
+
+    close = difflib.get_close_matches(str(asked).lower(), list_optimizers(), n=3, cutoff=0.5)
+    return (
+        f"did you mean {', '.join(close)}? " if close else ""
+    ) + "timm.optim.list_optimizers() lists timm's optimizers"
 
 
 def _groups_without_model_list(recipe: Recipe):
@@ -270,14 +332,11 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> torch.optim.Optimizer:
     )
 
 
-def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_steps: int, steps_per_epoch: int):
-    """(optimizer, scheduler, mixup, loss) from timm's factories; the schedule is stepped per update."""
-    from timm.data import Mixup
-    from timm.loss import SoftTargetCrossEntropy
+def build_scheduler(recipe: Recipe, optimizer: torch.optim.Optimizer, total_steps: int, steps_per_epoch: int):
+    """The recipe's learning-rate schedule (timm's ``create_scheduler_v2``; None for ``sched: none``), stepped per
+    optimizer update: one timm scheduler "epoch" is one update."""
     from timm.scheduler import create_scheduler_v2
 
-    optimizer = build_optimizer(recipe, model)
-    # one timm scheduler "epoch" = one optimizer update
     scheduler, _ = create_scheduler_v2(
         optimizer,
         sched=recipe.sched,
@@ -286,6 +345,16 @@ def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_step
         warmup_lr=recipe.warmup_lr,
         min_lr=recipe.min_lr,
     )
+    return scheduler
+
+
+def _optimisation(recipe: Recipe, model: nn.Module, num_classes: int, total_steps: int, steps_per_epoch: int):
+    """(optimizer, scheduler, mixup, loss) from timm's factories; the schedule is stepped per update."""
+    from timm.data import Mixup
+    from timm.loss import SoftTargetCrossEntropy
+
+    optimizer = build_optimizer(recipe, model)
+    scheduler = build_scheduler(recipe, optimizer, total_steps, steps_per_epoch)
     if recipe.mixup > 0 or recipe.cutmix > 0:
         mixup = Mixup(
             mixup_alpha=recipe.mixup,
@@ -357,7 +426,8 @@ def _check_run_dir(
     saved = out / "recipe.yaml"
     changes: dict[str, tuple[Any, Any]] = {}
     if resume and checkpoint is not None and saved.is_file():
-        saved_values = upgrade_keys(yaml.safe_load(saved.read_text()) or {}, warn=False)  # old key names: new ones
+        hint = "restore the run's recipe, or start the run again in another --out"
+        saved_values = upgrade_keys(read_yaml_file(saved, hint), warn=False)  # old key names: their new ones
         changes = settings_changes("recipe", saved_values, recipe.to_dict())
         listed = describe_changes(changes)
         if changes and not allow_changes:
@@ -504,7 +574,7 @@ def build_session(
     """Check, then build data, model and optimisation, and resume: the :class:`Session` of a run."""
     batch = per_process_batch(accelerator, recipe)
     checkpoint, changes = _check_run_dir(out, recipe, resume, allow_changes, accelerator.print)
-    mean, std = _data_stats(recipe)
+    mean, std = check_model(recipe)
     classes, train_ds, val_ds, train_sampler, val_sampler, skipped, monitor = _session_data(
         accelerator, recipe, out, mean, std, batch, progress, resuming=checkpoint is not None
     )

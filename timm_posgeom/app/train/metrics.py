@@ -4,6 +4,7 @@ recipe names in ``log_with`` (TensorBoard, W&B, trackio, MLflow...)."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +56,19 @@ def tracker_config(recipe: dict[str, Any]) -> dict[str, Any]:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``, in file order; a torn line (an interrupted write) is skipped, and
     a step logged more than once under one kind (a log of a version that repeated the last evaluation on
-    resume) counts once, its last record in the place of its first: no reader counts a step twice."""
+    resume) counts once, its last record in the place of its first: no reader counts a step twice. A damaged
+    line elsewhere (not text, not a JSON object, a step that is not a number) is skipped with a warning."""
     records: list[dict[str, Any]] = []
     where: dict[tuple[Any, Any], int] = {}
-    for line in path.read_text().splitlines():
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()
+    damaged = 0
+    for i, line in enumerate(lines):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("step", 0), (int, float)):
+            damaged += i < len(lines) - 1 and bool(line.strip())  # the last line torn by a kill: expected
             continue
         key = (record.get("kind"), record.get("step"))
         if key[1] is not None and key in where:
@@ -69,6 +76,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             continue
         where[key] = len(records)
         records.append(record)
+    if damaged:
+        warnings.warn(f"{path}: skipped {damaged} damaged line(s) (not a JSON record)", RuntimeWarning, stacklevel=2)
     return records
 
 

@@ -147,8 +147,12 @@ def read_models_file(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"models file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ZooError(f"{path} is not a text file: a models file lists one model name per line") from None
     names = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         name = line.split("#", 1)[0].strip()
         if name:
             names.append(name)
@@ -194,6 +198,8 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
     values = {k: v for k, v in settings.items() if k in known}
     for key in ("shifts", "alphas", "alpha_components"):
         if values.get(key) is not None:
+            if not isinstance(values[key], list):  # a zoo.json edited by hand
+                raise ZooError(f"the zoo's recorded {key} are {values[key]!r}, not a list: restore its zoo.json")
             values[key] = tuple(values[key])
     return ZooConfig(**values)
 

@@ -263,16 +263,40 @@ def _measure_one(zoo: _Zoo, name: str, data: Any, say: Callable[[str], None], wh
         say(f"{where}: measuring")
         record = measure_model(name, zoo.config, data, progress=zoo.progress and zoo.main)
         zoo.records[name] = record
-        if zoo.main:
-            record.write(zoo.out / "models" / f"{safe_name(name)}.json")
-            with _index_lock(zoo.out, zoo.say_now):  # the table so far, every shard's records in it
-                write_csv(read_records(zoo.out, zoo.names)[0], zoo.out / "zoo.csv", zoo.config)
+        refused = _write_record(zoo, name, record) if zoo.main else None
+        refused = broadcast_object(refused)  # every process of a launch stops with main
+        if refused:
+            raise ZooError(refused)
     finally:
         if lock is not None:
             lock.release()
     state = "done" if record.status == "ok" else f"FAILED ({record.error})"
     say(f"{where}: {state} in {record.elapsed_s:.1f} s")
     return record
+
+
+def _write_record(zoo: _Zoo, name: str, record: ZooModel) -> str | None:
+    """Under the folder's lock, the model's record and the table so far (every shard's records in it); None, or
+    the refusal when the zoo's settings were changed by another process since this one read them (a shard started
+    with --allow-changes and other settings): neither the record nor a table mixing two measurements is
+    written then."""
+    with _index_lock(zoo.out, zoo.say_now):
+        index = ZooIndex.read(zoo.out / "zoo.json") if (zoo.out / "zoo.json").is_file() else None
+        changes = settings_changes("zoo", index.settings, zoo.settings) if index is not None else {}
+        if changes:
+            return (
+                f"{zoo.out}: another process changed this zoo's settings since this one started (the zoo's -> this "
+                f"process's: {describe_changes(changes)}): {name} is not written, a table would mix two "
+                "measurements; measure into another --out, or run again with the zoo's settings"
+            )
+        record.write(zoo.out / "models" / f"{safe_name(name)}.json")
+        records = read_records(zoo.out, zoo.names)[0]
+        try:
+            check_records(zoo.out, records, zoo.settings)
+        except ZooError as e:
+            return str(e)
+        write_csv(records, zoo.out / "zoo.csv", zoo.config)
+    return None
 
 
 def _finish(zoo: _Zoo, summary: ZooSummary, say: Callable[[str], None]) -> None:
