@@ -107,6 +107,9 @@ def concerns() -> dict[str, list[Check]]:
         "rpi_permutations": [(f, _same("rpi_permutations"), lambda p: p.rpi_permutations) for f in settings_of],
         "seed": [(f, _same("seed"), lambda p: p.seed) for f in (*settings_of, "position_probe")],
         "alphas": [("alpha_sweep", lambda c: tuple(c["alphas"]), lambda p: p.alphas)],
+        "alpha_components": [
+            ("alpha_sweep", lambda c: tuple(received(c, "components") or ()) or None, lambda p: p.alpha_components)
+        ],
         "sweep_shifts": [("alpha_sweep", lambda c: tuple(c["shifts"]), lambda p: p.sweep_shifts)],
         "shifts": [("fragility", lambda c: tuple(c["shifts"]), lambda p: p.shifts)],
         "shift_size": [("fragility", _same("shift_size"), lambda p: {None, p.shift_size})],
@@ -197,6 +200,7 @@ AWAY = dict(  # every measuring setting away from its default (and from the othe
     rpi_permutations=2,
     seed=3,
     alphas=(1.0, 0.5),
+    alpha_components=("ape",),
     sweep_shifts=("blur:1.5",),
     shifts=("jpeg:10", "blur:1.5"),
     shift_size=40,
@@ -325,7 +329,9 @@ def test_every_zoo_option_reaches_every_function_it_concerns(zoo_calls, setting,
     judge("options", outcome, "right", f"zoo {setting} -> {function}: received {got}, due {due(due_from)}")
 
 
-STUDY_FIXED = dict(seed=0, reduction="both", labels="check", site="auto", resize="paper", img_size=None)
+STUDY_FIXED = dict(
+    seed=0, reduction="both", labels="check", site="auto", resize="paper", img_size=None, alpha_components=None
+)  # the study sweeps every PE of its models (one each)
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +381,7 @@ def test_every_study_option_reaches_every_function_it_concerns(study_calls, sett
 ZOO_OWN = {
     "help", "models", "models_file", "filter", "data", "split", "data_config", "revision", "streaming", "out",
     "pretrained", "bad_images", "images", "allow_changes", "shard", "decode_per_model", "merge", "no_progress",
-    "imagenet_c",
+    "imagenet_c", "model_set",
 }  # fmt: skip
 # posgeom zoo's measuring flags, set away from their defaults, and the protocol they must give
 ZOO_FLAGS = {
@@ -393,7 +399,9 @@ ZOO_FLAGS = {
     "--labels": ("as-is", "labels", "as-is"),
     "--device": ("cpu", "device", "cpu"),
     "--extras": ("attention_rpi", "extras", ("attention_rpi",)),
+    "--components": ("ape", "alpha_components", ("ape",)),  # of a sweep: with --alphas (SWEEP_FOR)
 }
+SWEEP_FOR = {"--components": ["--alphas", "1,0.5"]}  # flags that need another to mean anything
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -454,6 +462,7 @@ def test_every_measuring_flag_lands_in_the_protocol(command, flag):
     from timm_posgeom.defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
 
     _, flags, argv = COMMANDS[command]
+    argv = [*argv, *SWEEP_FOR.get(flag, [])]
     value, setting, due = flags[flag]
     if setting == "shifts":
         due = (*PAPER_SHIFTS, *IMAGENET_C_JPEG_BLUR)

@@ -99,8 +99,7 @@ class ZooConfig:
             raise ValueError(f"bad_images must be error or skip, got {self.bad_images!r}")
         if self.pretrained not in PRETRAINED_MODES:
             raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
-        if self.alphas is not None and not self.alphas:
-            raise ValueError("alphas is empty")
+        self._check_sweep()
         self.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
 
     def protocol(self, progress: bool = False) -> Protocol:
