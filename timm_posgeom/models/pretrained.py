@@ -158,7 +158,7 @@ def hub_weights_file(name: str, repo_id: str, cache_dir: str | os.PathLike | Non
     if found is not None:
         return found
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    from huggingface_hub.utils import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled  # 0.23: no .errors
 
     try:
         return hf_hub_download(repo_id, WEIGHTS_FILE, cache_dir=None if cache_dir is None else str(cache_dir))
