@@ -19,6 +19,8 @@ base=experiments/extrapolation
 # Imagenette's validation split from the local parquet copy beside the checkout (IMAGENETTE=PATH for another
 # copy; a user's own copy is the folder the fastai archive unpacks to, imagenette2-320)
 data=${IMAGENETTE:-../shared/data/imagenette}
+# the committed runs' weights live outside git: from this clone's history into the Hugging Face cache (docs/guide.md)
+posgeom weights restore 8x8-paper --no-progress
 declare -A modes=(
   [nope]=none
   [ape]=ape-bicubic-aa

@@ -109,8 +109,10 @@ def _done(path: Path) -> set[tuple[str, int]]:
 
 def run(args: argparse.Namespace) -> None:
     from timm_posgeom import load_split
+    from timm_posgeom.app.weights import ensure_restored
     from timm_posgeom.eval_data import DecodedImages
 
+    ensure_restored(["8x8-paper"], Path(__file__).resolve().parents[2])  # the weights live outside git
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = out / "8x8-paper.csv"

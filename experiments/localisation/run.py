@@ -179,8 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figure", type=Path, default=FIGURE, help="where the figure goes (docs/results.md shows it)")
     args = parser.parse_args(argv)
     out = args.out
+    from timm_posgeom.app.weights import ensure_restored
     from timm_posgeom.data import load_split
 
+    ensure_restored(["8x8-paper"], ROOT)  # the committed runs' weights live outside git
     torch.set_num_threads(max(1, torch.get_num_threads()))
     validation = load_split(args.data, "validation", subset=args.images)
     train = load_split(args.data, "train", subset=args.images)

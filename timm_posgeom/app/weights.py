@@ -60,6 +60,7 @@ __all__ = [
     "RestoreReport",
     "entry_state",
     "add_runs",
+    "ensure_restored",
 ]
 
 MANIFEST = Path("experiments") / "weights.json"  # relative to the repository's root
@@ -653,3 +654,13 @@ def add_runs(manifest: Manifest, runs: Iterable[Path], hub_repo: Callable[[Path]
             manifest.entries = [e for e in manifest.entries if e.path != rel] + [entry]
             added.append(entry)
     return added
+
+
+def ensure_restored(names: Iterable[str], root: str | os.PathLike, progress: bool = False) -> RestoreReport:
+    """Restore what ``names`` name from the manifest of the repository ``root`` (nothing copied where it is in
+    place already): for scripts that read the committed runs' weights (``posgeom weights restore NAME ...``)."""
+    manifest = Manifest.read(Path(root) / MANIFEST)
+    cache = hub_cache_dir()
+    return restore(
+        manifest.select(names), manifest.root, default_sources(manifest.root, cache), cache, progress=progress
+    )
