@@ -32,8 +32,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     import timm_posgeom  # noqa: F401  (registers the models)
-    from timm_posgeom import distributed
     from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.synthetic import SyntheticShapes
 

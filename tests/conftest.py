@@ -132,7 +132,7 @@ LAUNCH_MARK = "POSGEOM_TEST_LAUNCH"
 
 def free_port() -> int:
     """A TCP port free on this machine now, for one launch's rendezvous: two launches never share the
-    default 29500, and port 0 is no port to the workers (see timm_posgeom.distributed)."""
+    default 29500, and port 0 is no port to the workers (see timm_posgeom.measuring.distributed)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -1,4 +1,4 @@
-"""Data-parallel measuring (timm_posgeom.distributed): the helpers alone, the sharding simulated
+"""Data-parallel measuring (timm_posgeom.measuring.distributed): the helpers alone, the sharding simulated
 process by process, and probe_ssdc / fragility / alpha_sweep / the CLI under a real two-process
 launch compared with one process."""
 
@@ -19,7 +19,7 @@ from conftest import free_port, run_launched
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom import distributed
+from timm_posgeom.measuring import distributed
 from timm_posgeom.probes.probe import _batches, _Moments, _Shard
 
 # The measurement, run once by two launched processes and once here: a tiny random-init ViT, 21

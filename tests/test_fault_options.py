@@ -66,7 +66,7 @@ class Spy:
 def received(call: dict[str, Any], name: str) -> Any:
     """What a call gave ``name``: its own argument, a keyword of its ``**options``, or its MeasureSettings' field
     (explicit settings, else the defaults the function would use)."""
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
 
     if name in call:
         return call[name]

@@ -41,7 +41,7 @@ def test_the_settings_are_exported_from_the_root():
     assert "MeasureSettings" in timm_posgeom.__all__ and timm_posgeom.MeasureSettings is MeasureSettings
     assert issubclass(MeasureSettingsError, PosgeomError) and issubclass(MeasureSettingsError, ValueError)
     assert MeasureSettings().to_dict()["batch_size"] == 64
-    from timm_posgeom.measuring import RESIZE_MODES as modes
+    from timm_posgeom.measuring.settings import RESIZE_MODES as modes
 
     assert modes == RESIZE_MODES  # one meaning of resize, whichever module checks it
 

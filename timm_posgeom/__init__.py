@@ -25,7 +25,10 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import _compat
 from .version import __version__
+
+_compat.install()  # the module paths that moved (issue 49) keep working for one release, with a warning
 
 if TYPE_CHECKING:  # what each public name is, for type checkers and readers; loaded lazily below
     from .data import ImageSplit, load_split
@@ -59,7 +62,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         position_ablation,
     )
     from .localisation.encoding_cka import encoding_cka  # the function, not its submodule (see below)
-    from .measuring import MeasureSettings, MeasureSettingsError
+    from .measuring.settings import MeasureSettings, MeasureSettingsError
     from .models import PosGeomViT, list_models
     from .probes import (
         AttentionMeasure,
@@ -230,7 +233,7 @@ _LAZY = {
         ),
         "localisation",
     ),
-    **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
+    **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring.settings"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
     **dict.fromkeys(
         ("Measurement", "Protocol", "ProtocolError", "measure_model", "measure_names", "register_measure"), "protocol"

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from . import models as _models  # noqa: F401  (registers this package's models with timm)
 from .errors import PosgeomError
-from .measuring import MAX_CLASSES, MAX_IMG_SIZE
+from .measuring.settings import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
     "create_model",

@@ -60,7 +60,7 @@ from .imagenet_c_tree import (
 )
 from .interventions import eval_mode, image_permutations, pe_scale, token_permutation
 from .labels import match_labels
-from .measuring import MeasureSettings
+from .measuring.settings import MeasureSettings
 from .robustness import (
     FragilityResult,
     _model_device,

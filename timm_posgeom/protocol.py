@@ -42,7 +42,7 @@ from .defaults import (
 )
 from .errors import PosgeomError, one_line
 from .labels import LABEL_POLICIES
-from .measuring import RESIZE_MODES, MeasureSettings
+from .measuring.settings import RESIZE_MODES, MeasureSettings
 
 if TYPE_CHECKING:
     import torch.nn as nn

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as F
 
 from .eval_data import prepare_shared, resized_item
-from .measuring import MAX_IMG_SIZE
+from .measuring.settings import MAX_IMG_SIZE
 from .shifts import Shift
 from .transforms import resize_transform
 

@@ -26,7 +26,7 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
     """The :class:`~timm_posgeom.measuring.MeasureSettings` of the shared flags (``--batch-size``, ``--resize``,
     ``--img-size``, ``--num-workers``, ``--seed``, ``--rpi-permutations``, ``--no-progress``) on ``device``. ``--max-images`` is not
     among them: the loaded split is cut to it already (a command that cuts it itself adds it)."""
-    from ..measuring import MeasureSettings
+    from ..measuring.settings import MeasureSettings
 
     return MeasureSettings(
         batch_size=args.batch_size,
@@ -67,7 +67,7 @@ def run_measurement(
     settings recorded in ``result.settings`` and ``report(args, result, out)`` (writes and prints) with the
     ``--out`` folder made. ``subset``: the split cut to ``--max-images`` on loading (False: the command's
     measurement applies it). Returns the exit status."""
-    from .. import distributed
+    from ..measuring import distributed
 
     world = distributed.setup()  # launched as several processes: each measures its share of the batches
     if args.device is None and world > 1:

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..interventions import check_unpermuted, eval_mode
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.position import PositionMap, fit_position_map
 from ..probes.sites import find_sites
 from .batches import labelled_batches, placed

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 
 __all__ = ["labelled_batches", "placed", "model_device"]
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from ..errors import require
 from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .ablation import AblationResult, position_ablation
 from .encoding_cka import EncodingCKAResult, encoding_cka
 from .imprint import ImprintResult, pe_imprint

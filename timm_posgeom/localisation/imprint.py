@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ..intervals import t_interval
 from ..interventions import check_unpermuted, eval_mode
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.sites import find_sites
 from ..probes.spearman import ConstantMapWarning, ssdc
 from ..transforms import resolve_config

@@ -33,7 +33,7 @@ import torch.nn as nn
 from ..defaults import rpi_count
 from ..intervals import t_interval
 from ..interventions import draw_permutations, eval_mode, permutation_seeds
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.sites import ProbeSites, find_sites
 from .batches import labelled_batches, placed
 from .result import LayerCurves

@@ -16,7 +16,7 @@ import torch
 from ..errors import IntervalWarning
 from ..intervals import image_groups
 from ..interventions.draws import draw_permutations
-from ..measuring import sums_budget_error
+from ..measuring.settings import sums_budget_error
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward

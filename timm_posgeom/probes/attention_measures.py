@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import require
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import DISTANCES, ConstantMapWarning, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 

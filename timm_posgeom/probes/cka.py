@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..intervals import jackknife_interval, t_interval
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .spearman import FLAT_RTOL
 from .streaming import same_passes

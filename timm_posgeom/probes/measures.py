@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import distributed as _dist
 from ..defaults import check_alpha_spec, rpi_count
 from ..errors import NonFiniteWarning, nonfinite_message
 from ..intervals import t_interval
@@ -38,7 +37,8 @@ from ..interventions import (
     token_permutation,
 )
 from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings, sums_budget_error
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings, sums_budget_error
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites

@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from .. import distributed as _dist
 from ..defaults import JACKKNIFE_GROUPS, check_alpha_spec, rpi_count
 from ..interventions import (
     TokenPermutationError,
@@ -36,7 +35,8 @@ from ..interventions import (
     permutation_seeds,
     token_permutation,
 )
-from ..measuring import DISTRIBUTED_MODES, MeasureSettings
+from ..measuring import distributed as _dist
+from ..measuring.settings import DISTRIBUTED_MODES, MeasureSettings
 from .accumulator import MAX_GRID_TOKENS, _Accumulator, _Moments
 from .result import SSDCResult
 from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
@@ -130,7 +130,7 @@ def probe_ssdc(
         progress (bool): show a tqdm bar (on the main process only, when several share the probe).
         batch_size (int): chunk size when ``data`` is one tensor.
         distributed (str): how several processes (``accelerate launch``, ``torchrun``: see
-            :mod:`timm_posgeom.distributed`) share the probe. ``auto`` (default): alone, nothing
+            :mod:`timm_posgeom.measuring.distributed`) share the probe. ``auto`` (default): alone, nothing
             changes; launched as W > 1 processes, each takes global batches r, r + W, ... (the
             batches one process would read: chunks of ``batch_size`` of a tensor, or the data's own
             batches), cut at the global ``max_images``. A DataLoader over a map-style dataset read in

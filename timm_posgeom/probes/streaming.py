@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from .. import distributed as _dist
-from ..measuring import MeasureSettings
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
 
 # Under RPI, the permutations of one batch are stacked into forwards of up to this many images (at least one
 # batch): the images are read once, and bigger forwards use the hardware better (benchmarks/bench_rpi.py).

@@ -26,7 +26,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..defaults import probe_count, rpi_count
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .carry import ExtrapolationError, at_input_size, check_modes, patch_size, training_size
 from .result import ExtrapolationResult, ExtrapolationRow
 

@@ -28,7 +28,7 @@ fragility of every shift.
 :func:`measure_pe_shift`) or the image's tiles shuffled (:func:`measure_tile_shuffle`), each condition with its
 95% interval, into an :class:`InterventionResult` (:mod:`.intervention_result`).
 
-Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.distributed`):
+Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.measuring.distributed`):
 each process evaluates its share of the batches, and every process returns the result one process
 would compute (the per-image correctness arrays are re-assembled in data order, so counts,
 accuracies, FS and the bootstrap intervals are identical).

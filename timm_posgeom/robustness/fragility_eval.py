@@ -20,11 +20,11 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
-from .. import distributed as _dist
 from ..eval_data import check_split, default_workers, first_items, prepare_shared, resized_item
 from ..interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
 from ..labels import match_labels
-from ..measuring import MeasureSettings
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
 from ..probes.streaming import _model_name
 from ..scores import FragilityResult
 from ..shift_size import ShiftedAtSize, check_shift_size, pre_resize
@@ -151,7 +151,7 @@ def fragility(
         img_size (int | tuple[int, int] | None): input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
             default the model's own. A model with one fixed other size is refused.
         distributed (str): ``auto`` (default) or ``off`` (``presharded`` is refused): alone, nothing changes; launched as W > 1 processes
-            (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.distributed`), the batches of
+            (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.measuring.distributed`), the batches of
             ``batch_size`` images of the first ``max_images`` are shared, global batch k to process
             k mod W (each loads and shifts only its own images); the per-image correctness arrays
             are gathered back into data order, so every process returns exactly the single-process

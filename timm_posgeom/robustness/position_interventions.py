@@ -40,7 +40,7 @@ from ..interventions import (
     tile_token_permutation,
 )
 from ..labels import match_labels
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes import find_sites, grid_positions, probe_ssdc, ssdc
 from ..scores import FragilityResult
 from ..shifts import Shift

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import distributed as _dist
 from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..errors import require
 from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import pe_scale
 from ..jsonio import dump_json, tagged, to_jsonable
 from ..labels import match_labels
-from ..measuring import MeasureSettings
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
 from ..probes.result import SSDCResult
 from ..probes.streaming import _model_name, same_passes
 from ..scores import FragilityResult

@@ -78,7 +78,7 @@ def train(
     import torch
     from accelerate import Accelerator
 
-    from ...distributed import check_port
+    from ...measuring.distributed import check_port
     from .build import build_session
     from .loop import finish, run_epochs
 

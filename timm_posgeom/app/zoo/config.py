@@ -12,9 +12,9 @@ from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ...distributed import is_main
 from ...errors import PosgeomError, one_line
 from ...jsonio import to_jsonable
+from ...measuring.distributed import is_main
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions

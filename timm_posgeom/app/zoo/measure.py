@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...distributed import fail_together
 from ...errors import NonFiniteWarning
 from ...jsonio import to_jsonable
 from ...labels import map_by_name
+from ...measuring.distributed import fail_together
 from ..records import SweepSummary, ZooModel
 from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ...distributed import broadcast_object
+from ...measuring.distributed import broadcast_object
 from ..records import ZooIndex, ZooModel
 from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
 from .config import _NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name

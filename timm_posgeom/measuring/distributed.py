@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from .errors import require
+from ..errors import require
 
 __all__ = [
     "launched_world_size",

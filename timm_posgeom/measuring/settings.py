@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PosgeomError
+from ..errors import PosgeomError
 
 __all__ = [
     "MeasureSettings",
