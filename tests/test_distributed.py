@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
     from timm_posgeom import distributed, interventions
     from timm_posgeom.cli import main as cli
     from timm_posgeom.eval_data import eval_loader
-    from timm_posgeom.jsonio import dumps
+    from timm_posgeom.results.jsonio import dumps
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
     from timm_posgeom.synthetic import SyntheticShapes

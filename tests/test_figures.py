@@ -155,7 +155,7 @@ def test_a_map_larger_than_a_panel_is_drawn_as_its_block_means() -> None:
     out; a map within MAP_PIXELS is drawn as it is."""
     from matplotlib.figure import Figure
 
-    from timm_posgeom.plotting import MAP_PIXELS, show_map
+    from timm_posgeom.results.plotting import MAP_PIXELS, show_map
 
     rng = np.random.default_rng(0)
     n = 3136

@@ -14,8 +14,8 @@ from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.intervals import image_groups, jackknife_interval, t_interval, t_quantile
 from timm_posgeom.probes import probe_ssdc
+from timm_posgeom.results.intervals import image_groups, jackknife_interval, t_interval, t_quantile
 
 
 def test_t_interval_is_students_and_needs_two_finite_replicates():

@@ -147,7 +147,7 @@ def test_measure_model_is_the_library_functions_composed(val):
     assert measured.alpha_sweep.delta_ssdc == sweep.delta_ssdc and measured.alpha_sweep.fs == sweep.fs
     assert measured.labels == "check" and not measured.notes
     assert next(model.parameters()).device.type == "cpu" and not model.training
-    json.dumps(timm_posgeom.jsonio.to_jsonable(measured.to_dict()))  # every part JSON-ready
+    json.dumps(timm_posgeom.results.jsonio.to_jsonable(measured.to_dict()))  # every part JSON-ready
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from timm_posgeom.app.records import (
     StudyRun,
     SweepSummary,
 )
-from timm_posgeom.jsonio import dumps, replacing, write_atomic, write_json
+from timm_posgeom.results.jsonio import dumps, replacing, write_atomic, write_json
 
 
 def _ssdc(nan: bool = False) -> SSDCSummary:

@@ -23,6 +23,10 @@ MOVED: dict[str, str] = {
     # the runtime of a measurement
     "timm_posgeom.distributed": "timm_posgeom.measuring.distributed",
     "timm_posgeom.seeding": "timm_posgeom.measuring.seeding",
+    # what every result shares
+    "timm_posgeom.intervals": "timm_posgeom.results.intervals",
+    "timm_posgeom.jsonio": "timm_posgeom.results.jsonio",
+    "timm_posgeom.plotting": "timm_posgeom.results.plotting",
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .imagenet_c_tree import SEVERITIES
-from .jsonio import dump_json, tagged, to_jsonable
+from .results.jsonio import dump_json, tagged, to_jsonable
 from .scores import FragilityResult
 from .shifts import IMAGENET_C_CORRUPTIONS
 

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _over_seeds(values: list[float]) -> tuple[float, float, float]:
-    from timm_posgeom.intervals import t_interval
+    from timm_posgeom.results.intervals import t_interval
 
     mean, low, high = t_interval(np.asarray(values, dtype=float))
     return float(mean), float(low), float(high)

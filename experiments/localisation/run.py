@@ -103,7 +103,7 @@ def _rows(records: dict[str, dict]) -> list[dict]:
 
 
 def _by_condition(rows: list[dict]) -> list[dict]:
-    from timm_posgeom.intervals import t_interval
+    from timm_posgeom.results.intervals import t_interval
 
     groups: dict[tuple, list[float]] = {}
     for r in rows:

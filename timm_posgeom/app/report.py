@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..intervals import t_quantile
+from ..results.intervals import t_quantile
 from ..shifts import PAPER_SHIFTS
 from .claims import (
     CHANCE_FACTOR,

@@ -103,7 +103,7 @@ def _proxy_band(label: str) -> Any:
 
 def _save(fig: Any, path: Path, dpi: int = 120) -> None:
     """Fit the titles to the canvas, save, close."""
-    from ..plotting import fit_titles
+    from ..results.plotting import fit_titles
 
     fit_titles(fig)
     fig.savefig(path, dpi=dpi)
@@ -255,7 +255,7 @@ def _read_maps(path: Path) -> dict[str, Any] | None:
 def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     """Mean token-similarity maps of each condition's first seed: layers 0 and 1, normal and under RPI;
     diagonal masked (as in every map of the package), one colour scale and colour bar per condition."""
-    from ..plotting import MAP_LABEL, show_map
+    from ..results.plotting import MAP_LABEL, show_map
 
     plt = _plt()
     by = _by_condition(results)

@@ -6,7 +6,7 @@ each process takes a device, the main process loads the model and the data first
 once), every process measures its share with the same :class:`~timm_posgeom.measuring.MeasureSettings`
 (:func:`measure_settings`: from the shared flags), and only the main process adds the run's own settings
 (model, data, split, checkpoint, processes) to the result's ``settings`` and writes it (the result's
-``to_json`` and ``plot`` write atomically, tables through :func:`~timm_posgeom.jsonio.write_atomic`).
+``to_json`` and ``plot`` write atomically, tables through :func:`~timm_posgeom.results.jsonio.write_atomic`).
 Like every ``cli/`` module, nothing heavy is imported before :func:`run_measurement` runs.
 """
 

@@ -217,7 +217,7 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
 
 
 def _report_imagenet_c(args: argparse.Namespace, result: Any, out: Path, reference: Any) -> None:
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     if reference is not None:
         result.settings["reference"] = args.reference

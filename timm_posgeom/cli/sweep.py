@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     result.to_json(out / "sweep.json")
     write_atomic(out / "sweep.md", result.to_markdown() + "\n")

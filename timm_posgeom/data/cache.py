@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..jsonio import replacing, write_errors
+from ..results.jsonio import replacing, write_errors
 from ..synthetic import SyntheticShapes
 from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
 from .splits import ImageSplit, SubsetSplit

@@ -31,10 +31,10 @@ import torch
 import torch.nn as nn
 
 from ..defaults import rpi_count
-from ..intervals import t_interval
 from ..interventions import draw_permutations, eval_mode, permutation_seeds
 from ..measuring.settings import MeasureSettings
 from ..probes.sites import ProbeSites, find_sites
+from ..results.intervals import t_interval
 from .batches import labelled_batches, placed
 from .result import LayerCurves
 from .tally import Tally

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from ..errors import IntervalWarning
-from ..intervals import image_groups
 from ..interventions.draws import draw_permutations
 from ..measuring.settings import sums_budget_error
+from ..results.intervals import image_groups
 from .result import PerImageStats
 from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 from .streaming import _StopForward
@@ -93,7 +93,7 @@ class _Accumulator:
     carries R of them as R equal chunks of its batch (the same images R times, chunk r permuted by replica
     ``replicas[r]``, :meth:`start_batch`). Without RPI there is one replica, and its summed map is kept per
     jackknife group of images (``groups``; group of image i from (``group_seed``, i)): the interval of the
-    mean map's SSDC over images (:func:`~timm_posgeom.intervals.jackknife_interval`). ``map_sum[layer]`` is
+    mean map's SSDC over images (:func:`~timm_posgeom.results.intervals.jackknife_interval`). ``map_sum[layer]`` is
     (pairs (S, M), diagonal (S, N)) float64 with slot ``replica * G + group`` (G = max(groups, 1)).
     """
 

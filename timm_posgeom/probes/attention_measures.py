@@ -188,7 +188,7 @@ class AttentionResult(MeasureResult):
         heads under each permutation, Student t); None without shared RPI permutations."""
         if name not in self.replicates:
             return None
-        from ..intervals import t_interval
+        from ..results.intervals import t_interval
 
         with np.errstate(all="ignore"):
             per = np.nanmean(self.replicates[name], axis=2)  # (K, L)
@@ -230,7 +230,7 @@ class AttentionResult(MeasureResult):
         FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import save_figure
+        from ..results.plotting import save_figure
 
         cols = [f for f in FIELDS[:4] if f in self.values]
         labels = {

@@ -26,7 +26,6 @@ import torch.nn as nn
 
 from ..defaults import check_alpha_spec, rpi_count
 from ..errors import NonFiniteWarning, nonfinite_message
-from ..intervals import t_interval
 from ..interventions import (
     check_unpermuted,
     draw_permutations,
@@ -36,9 +35,10 @@ from ..interventions import (
     permutation_seeds,
     token_permutation,
 )
-from ..jsonio import dump_json, tagged
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings, sums_budget_error
+from ..results.intervals import t_interval
+from ..results.jsonio import dump_json, tagged
 from .attention import attention_modules, capture_attention
 from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites

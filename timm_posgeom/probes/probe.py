@@ -12,7 +12,7 @@ permutations of the protocol (:mod:`~timm_posgeom.interventions.draws`); a forwa
 them (``forward_size``) as chunks of one batch. Each permutation keeps its own sums, and the result is their
 mean with a Student t interval over permutations. Without RPI the summed map is kept per random group of
 images, and the SSDC of the mean map gets the interval of a delete-a-group jackknife over images
-(:mod:`~timm_posgeom.intervals`).
+(:mod:`~timm_posgeom.results.intervals`).
 """
 
 from __future__ import annotations

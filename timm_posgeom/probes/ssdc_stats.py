@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import NonFiniteWarning, nonfinite_message
-from ..intervals import jackknife_interval, t_interval
+from ..results.intervals import jackknife_interval, t_interval
 from .accumulator import _Accumulator, _Moments
 from .result import PerImageStats, SSDCResult
 from .sites import ProbeSites, StageSites

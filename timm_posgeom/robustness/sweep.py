@@ -20,12 +20,12 @@ from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..errors import require
 from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import pe_scale
-from ..jsonio import dump_json, tagged, to_jsonable
 from ..labels import match_labels
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
 from ..probes.result import SSDCResult
 from ..probes.streaming import _model_name, same_passes
+from ..results.jsonio import dump_json, tagged, to_jsonable
 from ..scores import FragilityResult
 from ..shifts import Shift, parse_shift
 from .fragility_eval import _model_device, fragility
@@ -137,7 +137,7 @@ class AlphaSweepResult:
         Returns the matplotlib Figure; also saved to ``path`` if given."""
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import fit_titles, save_figure
+        from ..results.plotting import fit_titles, save_figure
 
         fig = Figure(figsize=(5.4, 5.4), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)

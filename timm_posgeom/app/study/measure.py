@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ...jsonio import to_jsonable, write_errors
 from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
+from ...results.jsonio import to_jsonable, write_errors
 from ..records import AttentionSummary, RunEval, RunSummary, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi

@@ -18,8 +18,8 @@ import torch.nn as nn
 import yaml
 
 from ...errors import one_line
-from ...jsonio import dumps
 from ...measuring.distributed import broadcast_object
+from ...results.jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves

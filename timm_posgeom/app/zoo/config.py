@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import PosgeomError, one_line
-from ...jsonio import to_jsonable
 from ...measuring.distributed import is_main
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
+from ...results.jsonio import to_jsonable
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS

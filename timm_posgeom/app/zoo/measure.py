@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from ...errors import NonFiniteWarning
-from ...jsonio import to_jsonable
 from ...labels import map_by_name
 from ...measuring.distributed import fail_together
+from ...results.jsonio import to_jsonable
 from ..records import SweepSummary, ZooModel
 from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import write_atomic
+from ...results.jsonio import write_atomic
 from ..records import ZooModel
 from ..rundir import set_aside
 from .config import SWEEP_SHIFTS, ZooConfig, _num
