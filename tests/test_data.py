@@ -1,4 +1,4 @@
-"""Tests of timm_posgeom.data and timm_posgeom.synthetic (small, CPU)."""
+"""Tests of timm_posgeom.data and timm_posgeom.data.synthetic (small, CPU)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from timm_posgeom.data import (
     resolve_source,
     train_transform,
 )
-from timm_posgeom.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
-from timm_posgeom.transforms import eval_transform
+from timm_posgeom.data.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
+from timm_posgeom.data.transforms import eval_transform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -70,7 +70,7 @@ def test_synthetic_labels_survive_a_horizontal_flip():
     """Version 1's classes 6 and 7 were "disc left of square" and "square left of disc": the recipes' flip
     augmentation swapped their labels on half the training images. No class may depend on left vs right: in
     every class holding a disc and a square, the disc is left of the square about half the time."""
-    from timm_posgeom.synthetic import _layout
+    from timm_posgeom.data.synthetic import _layout
 
     g = torch.Generator().manual_seed(0)
     for label in (6, 7, 8, 9):
@@ -122,8 +122,8 @@ def test_synthetic_grating_marks_the_half_and_jpeg_q5_removes_it():
     which a model without PE can read and which the paper's JPEG q5 shift removes (its 2 x 2 chroma
     subsampling averages a colour that alternates every pixel). Version 2 had no grating: its amplitude
     was 0 and JPEG q5 cost a PE-blind model nothing it had learnt."""
-    from timm_posgeom.shifts import parse_shift
-    from timm_posgeom.synthetic import _GRATING, grating
+    from timm_posgeom.data.shifts import parse_shift
+    from timm_posgeom.data.synthetic import _GRATING, grating
 
     size = 64
     pattern = grating(size)
@@ -241,7 +241,7 @@ def test_first_images_of_an_image_folder_mix_the_classes(tmp_path):
     were the first two classes of four; the order is now fixed and mixed, as in the parquet sets."""
     from collections import Counter
 
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
 
     _tree(tmp_path, {"train": {c: 25 for c in "abcd"}})
     sub = load_split(tmp_path, "train", subset=40)

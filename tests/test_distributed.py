@@ -36,11 +36,11 @@ SCRIPT = textwrap.dedent("""
     import timm_posgeom  # noqa: F401
     from timm_posgeom import distributed, interventions
     from timm_posgeom.cli import main as cli
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
     from timm_posgeom.results.jsonio import dumps
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
-    from timm_posgeom.synthetic import SyntheticShapes
+    from timm_posgeom.data.synthetic import SyntheticShapes
 
 
     RANDOM_SHIFTS = ["imagenet-c:gaussian_noise:3"] if importlib.util.find_spec("imagecorruptions") else []

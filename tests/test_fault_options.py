@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.xdist_group("fault_options"), pytest.mark.filterwarnin
 SPIED = {
     "timm_posgeom.probes": ("probe_ssdc", "attention_measures", "position_probe"),
     "timm_posgeom.robustness": ("fragility", "alpha_sweep", "sweep_ssdc"),
-    "timm_posgeom.eval_data": ("eval_loader",),
+    "timm_posgeom.data.eval_data": ("eval_loader",),
 }
 # the modules whose calls are the runner's own (the library's calls inside the library are its business)
 CALLERS = ("timm_posgeom.protocol", "timm_posgeom.app.zoo.measure", "timm_posgeom.app.study.measure")

@@ -14,11 +14,11 @@ from PIL import Image
 
 import timm_posgeom
 from timm_posgeom import MeasureSettings, MeasureSettingsError
+from timm_posgeom.data.transforms import RESIZE_MODES
 from timm_posgeom.errors import PosgeomError, one_line
 from timm_posgeom.imagenet_c import imagenet_c_released
 from timm_posgeom.probes import SSDCResult, attention_measures, probe_ssdc, run_measures
 from timm_posgeom.robustness import alpha_sweep, fragility
-from timm_posgeom.transforms import RESIZE_MODES
 
 
 @pytest.fixture(scope="module")

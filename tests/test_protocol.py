@@ -128,7 +128,7 @@ def test_the_package_exports_the_protocol():
 def test_measure_model_is_the_library_functions_composed(val):
     """measure_model's numbers are those of probe_ssdc, fragility and alpha_sweep called directly with the same
     settings: it composes them, it does not redo them."""
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
 

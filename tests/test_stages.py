@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.eval_data import eval_loader
+from timm_posgeom.data.eval_data import eval_loader
+from timm_posgeom.data.synthetic import SyntheticShapes
 from timm_posgeom.probes import ConstantMapWarning, UnsupportedModelError, probe_ssdc
 from timm_posgeom.robustness import fragility
-from timm_posgeom.synthetic import SyntheticShapes
 
 
 def smooth_images(n: int, size: int, seed: int = 0) -> torch.Tensor:

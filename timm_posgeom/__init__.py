@@ -32,7 +32,11 @@ _compat.install()  # the module paths that moved (issue 49) keep working for one
 
 if TYPE_CHECKING:  # what each public name is, for type checkers and readers; loaded lazily below
     from .data import ImageSplit, load_split
-    from .eval_data import eval_loader
+    from .data.eval_data import eval_loader
+    from .data.labels import LabelMismatchError, match_labels
+    from .data.shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
+    from .data.synthetic import SyntheticShapes
+    from .data.transforms import eval_transform
     from .factory import create_model
     from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
     from .interventions import (
@@ -49,7 +53,6 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         shuffle_tiles,
         token_permutation,
     )
-    from .labels import LabelMismatchError, match_labels
     from .localisation import (
         AblationResult,
         EncodingCKAResult,
@@ -95,10 +98,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         measure_pe_shuffle,
         measure_tile_shuffle,
     )
-    from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .support import SupportRow, check_support
-    from .synthetic import SyntheticShapes
-    from .transforms import eval_transform
 
 __all__ = [
     "__version__",
@@ -195,7 +195,7 @@ __all__ = [
 # public name -> the module (relative to this package) that defines it
 _LAZY = {
     **dict.fromkeys(("ImageSplit", "load_split"), "data"),
-    "eval_loader": "eval_data",
+    "eval_loader": "data.eval_data",
     "create_model": "factory",
     **dict.fromkeys(
         ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"), "imagenet_c"
@@ -217,7 +217,7 @@ _LAZY = {
         ),
         "interventions",
     ),
-    **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
+    **dict.fromkeys(("LabelMismatchError", "match_labels"), "data.labels"),
     **dict.fromkeys(
         (
             "AblationResult",
@@ -271,10 +271,12 @@ _LAZY = {
         "robustness",
     ),
     **dict.fromkeys(("ExtrapolationResult", "ExtrapolationRow", "at_input_size", "extrapolate"), "resolution"),
-    **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
+    **dict.fromkeys(
+        ("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "data.shifts"
+    ),
     **dict.fromkeys(("SupportRow", "check_support"), "support"),
-    "SyntheticShapes": "synthetic",
-    "eval_transform": "transforms",
+    "SyntheticShapes": "data.synthetic",
+    "eval_transform": "data.transforms",
 }
 
 

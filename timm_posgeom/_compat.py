@@ -1,6 +1,6 @@
 """Module paths that moved when the package was cut into rooms by idea (issue 49), kept for one release.
 
-``import timm_posgeom.shifts`` (or ``from timm_posgeom.shifts import JPEG``) still works: it warns once with a
+``import timm_posgeom.data.shifts`` (or ``from timm_posgeom.data.shifts import JPEG``) still works: it warns once with a
 ``DeprecationWarning`` naming the new path and gives the module that now lives there (the same module object,
 so its names, its state and a patch of it are the new module's). CHANGELOG.md lists these paths under
 "Deprecated"; the next release removes this file and its one line in ``__init__.py``.
@@ -27,6 +27,12 @@ MOVED: dict[str, str] = {
     "timm_posgeom.intervals": "timm_posgeom.results.intervals",
     "timm_posgeom.jsonio": "timm_posgeom.results.jsonio",
     "timm_posgeom.plotting": "timm_posgeom.results.plotting",
+    # images and what is done to them before the model
+    "timm_posgeom.eval_data": "timm_posgeom.data.eval_data",
+    "timm_posgeom.labels": "timm_posgeom.data.labels",
+    "timm_posgeom.shifts": "timm_posgeom.data.shifts",
+    "timm_posgeom.synthetic": "timm_posgeom.data.synthetic",
+    "timm_posgeom.transforms": "timm_posgeom.data.transforms",
 }
 
 

@@ -17,7 +17,7 @@ Definitions (docs/method.md#imagenet-c), for corruption c at severity s = 1..5:
 Two sources of corrupted images:
 
 * :func:`imagenet_c_fragility` generates them on the fly from the clean split (each image resized to
-  the model's input, then corrupted; :func:`~timm_posgeom.shifts.imagenet_c`), all corruptions and
+  the model's input, then corrupted; :func:`~timm_posgeom.data.shifts.imagenet_c`), all corruptions and
   severities in one pass over the clean images with one model (one :func:`~timm_posgeom.robustness.fragility`
   call), seeded per image;
 * :func:`imagenet_c_released` reads the released images from a folder tree
@@ -44,8 +44,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .data.eval_data import check_split, eval_loader
+from .data.labels import match_labels
+from .data.shifts import _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
 from .errors import NonFiniteWarning, nonfinite_message
-from .eval_data import check_split, eval_loader
 from .imagenet_c_result import ImageNetCResult, _spec
 from .imagenet_c_tree import (
     CLEAN_FRAMINGS,
@@ -59,7 +61,6 @@ from .imagenet_c_tree import (
     frame_like_imagenet_c,
 )
 from .interventions import eval_mode, image_permutations, pe_scale, token_permutation
-from .labels import match_labels
 from .measuring.settings import MeasureSettings
 from .robustness import (
     FragilityResult,
@@ -70,7 +71,6 @@ from .robustness import (
     score_logits,
     wilson_interval,
 )
-from .shifts import _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
 
 __all__ = [
     "ImageNetCResult",
@@ -137,7 +137,7 @@ def imagenet_c_fragility(
     One :func:`~timm_posgeom.robustness.fragility` call: one pass over the clean images with the model
     loaded once; each image is decoded and resized once and every corrupted copy made from it in the
     loader's workers (a copy per corruption and severity, 75 for ``"all"``); clean accuracy is counted
-    once. Image i is corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``
+    once. Image i is corrupted with :func:`~timm_posgeom.data.shifts.image_seed` ``(seed, i, name)``
     (reproducible; the same draws at every severity).
 
     Args:

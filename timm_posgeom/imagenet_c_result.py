@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from .data.shifts import IMAGENET_C_CORRUPTIONS
 from .imagenet_c_tree import SEVERITIES
 from .results.jsonio import dump_json, tagged, to_jsonable
 from .scores import FragilityResult
-from .shifts import IMAGENET_C_CORRUPTIONS
 
 __all__ = ["ImageNetCResult"]
 

@@ -15,10 +15,10 @@ from typing import Any
 import PIL.Image
 from torch.utils.data import Dataset
 
+from .data.eval_data import split_item
+from .data.shifts import _check_severity, _corruption_list
+from .data.transforms import to_rgb
 from .errors import PosgeomError
-from .eval_data import split_item
-from .shifts import _check_severity, _corruption_list
-from .transforms import to_rgb
 
 __all__ = [
     "check_imagenet_c_tree",

@@ -199,7 +199,7 @@ def check_support(
     cfg = getattr(model, "pretrained_cfg", None) or {}
     name = name or str(cfg.get("architecture") or type(model).__name__)
     if img_size is None:
-        from .transforms import resolve_config
+        from .data.transforms import resolve_config
 
         img_size = tuple(resolve_config(model)["input_size"][1:])
     images = smooth_images(num_images, img_size)

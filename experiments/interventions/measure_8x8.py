@@ -109,7 +109,7 @@ def _done(path: Path) -> set[tuple[str, int]]:
 
 def run(args: argparse.Namespace) -> None:
     from timm_posgeom import load_split
-    from timm_posgeom.eval_data import DecodedImages
+    from timm_posgeom.data.eval_data import DecodedImages
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -71,9 +71,9 @@ def _rounded(value):
 
 
 def measure(run: str, args: argparse.Namespace, validation, train) -> dict:
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
+    from timm_posgeom.data.labels import match_labels
     from timm_posgeom.factory import create_model
-    from timm_posgeom.labels import match_labels
     from timm_posgeom.localisation import localise
     from timm_posgeom.measuring.settings import MeasureSettings
 

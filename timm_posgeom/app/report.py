@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..data.shifts import PAPER_SHIFTS
 from ..results.intervals import t_quantile
-from ..shifts import PAPER_SHIFTS
 from .claims import (
     CHANCE_FACTOR,
     LABELS,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..shifts import PAPER_SHIFTS
+from ..data.shifts import PAPER_SHIFTS
 from .claims import LABELS, SUBSTANTIAL, Spread, rpi_cube, spread, spread_sp
 from .records import HistoryPoint, StudyResults, StudyRun
 

@@ -41,9 +41,9 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
 
 
 def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:
-    """The probe batches of the loader flags (:func:`~timm_posgeom.eval_data.eval_loader`), for the commands
+    """The probe batches of the loader flags (:func:`~timm_posgeom.data.eval_data.eval_loader`), for the commands
     that read transformed batches (``probe``, ``attention``)."""
-    from ..eval_data import eval_loader
+    from ..data.eval_data import eval_loader
 
     return eval_loader(
         model,

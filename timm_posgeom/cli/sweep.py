@@ -53,8 +53,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..data.shifts import parse_shift
     from ..robustness import alpha_sweep
-    from ..shifts import parse_shift
 
     alphas = parse_alphas(args.alphas)
     shifts = args.shift or ["jpeg:5"]

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..synthetic import seed32
-from ..transforms import eval_transform, to_rgb
+from .synthetic import seed32
+from .transforms import eval_transform, to_rgb
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -110,7 +110,7 @@ def eval_config(
     interpolation: str = "bicubic",
     crop_pct: float = 0.875,
 ) -> dict[str, Any]:
-    """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.transforms.eval_transform`
+    """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.data.transforms.eval_transform`
     (the one owner of evaluation transforms): ``eval_transform(eval_config(64), resize="paper")``."""
     return dict(
         input_size=(3, img_size, img_size),

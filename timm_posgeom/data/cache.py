@@ -14,9 +14,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..results.jsonio import replacing, write_errors
-from ..synthetic import SyntheticShapes
 from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
 from .splits import ImageSplit, SubsetSplit
+from .synthetic import SyntheticShapes
 
 __all__ = ["CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "default_cache_dir"]
 

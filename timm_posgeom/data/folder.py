@@ -18,7 +18,7 @@ __all__ = ["is_image_folder", "load_folder_split", "LeftOutFilesWarning"]
 
 def _open_image(path: str) -> Image.Image:
     """An image file decoded in its own mode (torchvision's default loader converts to RGB itself, which
-    clips 16-bit images at 255: :func:`~timm_posgeom.transforms.to_rgb` converts it later, correctly)."""
+    clips 16-bit images at 255: :func:`~timm_posgeom.data.transforms.to_rgb` converts it later, correctly)."""
     with open(path, "rb") as f:
         image = Image.open(f)
         image.load()

@@ -92,7 +92,7 @@ def position_ablation(
 
     Args:
         model: a flat timm ViT; eval mode for the call, restored.
-        data: the images measured: ``(images, labels)`` batches (:func:`~timm_posgeom.eval_data.eval_loader`) or
+        data: the images measured: ``(images, labels)`` batches (:func:`~timm_posgeom.data.eval_data.eval_loader`) or
             a tensor with ``labels``; read twice when it is also the fit's. Without labels top-1 is NaN.
         settings: :class:`~timm_posgeom.measuring.MeasureSettings` (``max_images``, ``batch_size``, ``seed``: the
             jackknife's groups and the control subspaces, ``device``, ``progress``); fields as keywords too.

@@ -133,7 +133,7 @@ def activation_patching(
     Args:
         model: a flat timm ViT (:func:`~timm_posgeom.probes.find_sites`) with a patch embedding to permute
             after; eval mode is set for the call and restored.
-        data: ``(images, labels)`` batches transformed for the model (:func:`~timm_posgeom.eval_data.eval_loader`),
+        data: ``(images, labels)`` batches transformed for the model (:func:`~timm_posgeom.data.eval_data.eval_loader`),
             or one (n, C, H, W) tensor (with ``labels``); without labels top-1 is NaN, with a warning.
         settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``max_images``, ``batch_size`` (for a
             tensor), ``seed`` (permutation k: ``seed + k``; the jackknife's groups), ``rpi_permutations`` (K,

@@ -36,7 +36,7 @@ __all__ = [
 
 DISTRIBUTED_MODES = ("auto", "presharded", "off")
 RESIZE_MODES = ("paper", "timm")
-"""How an image is brought to the model's input size (:func:`~timm_posgeom.transforms.resize_transform`)."""
+"""How an image is brought to the model's input size (:func:`~timm_posgeom.data.transforms.resize_transform`)."""
 
 
 # What a request may cost (issue 54): each count is checked against it where it enters, here for every measuring
@@ -102,7 +102,7 @@ class MeasureSettings:
         resize: ``"paper"`` (straight to the input size) or ``"timm"`` (timm's resize + centre crop),
             for the functions that build their own loader from a split (``fragility``, ``alpha_sweep``,
             the ImageNet-C functions); ``probe_ssdc`` and ``run_measures`` read batches already
-            transformed (:func:`~timm_posgeom.eval_data.eval_loader`).
+            transformed (:func:`~timm_posgeom.data.eval_data.eval_loader`).
         img_size: the input size S or (H, W) for models that take any size, at most
             :data:`MAX_IMG_SIZE` a side; None: the model's own
             (where a loader is built, as ``resize``).

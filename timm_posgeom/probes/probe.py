@@ -87,7 +87,7 @@ def probe_ssdc(
         data: a tensor batch (B, C, H, W) (split into chunks of ``batch_size``), or any iterable of
             batches: tensors, (images, labels) tuples, or dicts with "image"/"pixel_values" (e.g. a
             DataLoader). Images must already be transformed for the model, at the size to probe
-            (:func:`~timm_posgeom.eval_data.eval_loader` with ``img_size``).
+            (:func:`~timm_posgeom.data.eval_data.eval_loader` with ``img_size``).
         site: ``auto`` (default: ``attn_input`` for a flat ViT, ``stage_output`` otherwise),
             ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output),
             ``block_output`` (the residual stream) or ``stage_output`` (each feature map of timm's
@@ -134,7 +134,7 @@ def probe_ssdc(
             changes; launched as W > 1 processes, each takes global batches r, r + W, ... (the
             batches one process would read: chunks of ``batch_size`` of a tensor, or the data's own
             batches), cut at the global ``max_images``. A DataLoader over a map-style dataset read in
-            order (:func:`~timm_posgeom.eval_data.eval_loader`'s) is re-batched so that each process
+            order (:func:`~timm_posgeom.data.eval_data.eval_loader`'s) is re-batched so that each process
             loads only its own images; any other iterable is read whole by every process, which
             forwards only its own batches: it must yield the same batches in the same order
             everywhere (a shuffling DataLoader without a seeded generator is refused). ``presharded``:

@@ -20,16 +20,16 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
-from ..eval_data import check_split, default_workers, first_items, prepare_shared, resized_item
+from ..data.eval_data import check_split, default_workers, first_items, prepare_shared, resized_item
+from ..data.labels import match_labels
+from ..data.shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
+from ..data.transforms import normalize_batch, resize_transform, resolve_config
 from ..interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
-from ..labels import match_labels
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
 from ..probes.streaming import _model_name
 from ..scores import FragilityResult
 from ..shift_size import ShiftedAtSize, check_shift_size, pre_resize
-from ..shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
-from ..transforms import normalize_batch, resize_transform, resolve_config
 
 __all__ = ["fragility", "check_labels", "score_logits"]
 
@@ -114,7 +114,7 @@ def fragility(
     Each image is resized to the model's input (``resize``: ``paper`` straight to (H, W); ``timm``
     timm's resize + centre crop), each shift is applied to the resized uint8 image, and every copy
     is normalised with the model's mean / std (the same values as
-    :func:`~timm_posgeom.transforms.eval_transform` gives, bit for bit). Counts are exact over all
+    :func:`~timm_posgeom.data.transforms.eval_transform` gives, bit for bit). Counts are exact over all
     images; clean accuracy is computed once. FS and its intervals: :mod:`timm_posgeom.robustness`.
 
     The settings (``settings``, a :class:`~timm_posgeom.measuring.MeasureSettings`, or its fields as
@@ -131,10 +131,10 @@ def fragility(
             the data), shared by its clean and shifted copies; the accuracies are then means over as many
             permutations as images, whatever the batch size or the number of processes.
         alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
-        blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
+        blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.data.shifts.gaussian_blur_batch`,
             same values) instead of in the loader workers.
-        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
-            ``"check"`` (default) raises :class:`~timm_posgeom.labels.LabelMismatchError` when they differ
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.data.labels.match_labels`):
+            ``"check"`` (default) raises :class:`~timm_posgeom.data.labels.LabelMismatchError` when they differ
             (e.g. a 1000-class ImageNet model on 10-class data), ``"by-name"`` maps the data's classes onto
             the model's (recorded class names, or an ImageNet head's WordNet ids and names), ``"as-is"``
             uses the indices unchecked.
@@ -144,7 +144,7 @@ def fragility(
             (in pieces of ``forward_size``).
         num_workers (int | None): DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
         seed (int | None): seeds the RPI permutations, the bootstrap, and the random shifts (image i of the data is
-            corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``).
+            corrupted with :func:`~timm_posgeom.data.shifts.image_seed` ``(seed, i, name)``).
         max_images (int | None): evaluate only the first ``max_images`` images.
         device (str | torch.device | None): where to run (the model is moved there); default the model's device.
         progress (bool): show a tqdm bar.

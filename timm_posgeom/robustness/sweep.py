@@ -16,18 +16,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..data.eval_data import check_split, eval_loader, first_items
+from ..data.labels import match_labels
+from ..data.shifts import Shift, parse_shift
 from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..errors import require
-from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import pe_scale
-from ..labels import match_labels
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
 from ..probes.result import SSDCResult
 from ..probes.streaming import _model_name, same_passes
 from ..results.jsonio import dump_json, tagged, to_jsonable
 from ..scores import FragilityResult
-from ..shifts import Shift, parse_shift
 from .fragility_eval import _model_device, fragility
 
 __all__ = ["alpha_sweep", "sweep_ssdc", "AlphaSweepResult", "AlphaSweepRow"]

@@ -137,7 +137,7 @@ def _datasets(
 ) -> tuple[Any, Any]:
     """(train dataset, val dataset): the uint8 cache (``cache``) or timm's transforms."""
     from ... import data as D
-    from ...transforms import eval_transform
+    from ...data.transforms import eval_transform
 
     if recipe.cache:
         show = progress and accelerator.is_main_process

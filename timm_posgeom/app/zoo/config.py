@@ -12,11 +12,11 @@ from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ...data.shifts import PAPER_SHIFTS
 from ...errors import PosgeomError, one_line
 from ...measuring.distributed import is_main
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
 from ...results.jsonio import to_jsonable
-from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
 
@@ -58,7 +58,7 @@ class ZooConfig:
     resize: str = "paper"
     img_size: int | None = None  # None: each model's own input size
     pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
-    # how the data's labels meet each model's classes (timm_posgeom.labels.match_labels); a model they cannot
+    # how the data's labels meet each model's classes (timm_posgeom.data.labels.match_labels); a model they cannot
     # meet gets no top-1 and FS (the reason noted), never an error
     labels: str = "by-name"
     bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)

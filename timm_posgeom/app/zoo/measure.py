@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...data.labels import map_by_name
 from ...errors import NonFiniteWarning
-from ...labels import map_by_name
 from ...measuring.distributed import fail_together
 from ...results.jsonio import to_jsonable
 from ..records import SweepSummary, ZooModel
@@ -24,11 +24,11 @@ from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
 
 
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
-    """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
+    """Deprecated: :func:`timm_posgeom.data.labels.map_by_name` (the library's, used by every function that
     scores labels); kept for one release."""
     warnings.warn(
         "timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
-        "timm_posgeom.labels.map_by_name",
+        "timm_posgeom.data.labels.map_by_name",
         DeprecationWarning,
         stacklevel=2,
     )
@@ -199,9 +199,9 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
 
 def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> None:
     """What the model is: architecture, parameters, input size, data config, positional encodings."""
+    from ...data.transforms import resolve_config
     from ...interventions import pe_inventory
     from ...probes.probe import _model_name
-    from ...transforms import resolve_config
 
     cfg = resolve_config(model, config.img_size)
     record.architecture = _model_name(model)

@@ -235,7 +235,7 @@ def _load_data(config: ZooConfig, progress: bool) -> tuple[Any, ZooConfig]:
 
 def _decoded(config: ZooConfig, data: Any, progress: bool, decode: bool) -> Any:
     """The zoo's images, decoded once for every model (``shared_decode``) when a model is to be measured."""
-    from ...eval_data import DecodedImages
+    from ...data.eval_data import DecodedImages
 
     if config.shared_decode and decode:
         # decoded once here and resized once per input configuration, for every model: the same batches

@@ -65,8 +65,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
-from .defaults import PAPER_SHIFTS, SPEC_FORMS
-from .errors import MissingDependencyError, one_line
+from ..defaults import PAPER_SHIFTS, SPEC_FORMS
+from ..errors import MissingDependencyError, one_line
 from .synthetic import seed32
 
 __all__ = [
@@ -365,7 +365,7 @@ def _corruption_functions() -> dict[str, Any]:
 def image_seed(seed: int, index: int, name: str) -> int:
     """The 32-bit seed of corruption ``name`` on image ``index`` of a run seeded by ``seed``.
 
-    A hash of the three (``blake2b``, see :func:`~timm_posgeom.synthetic.seed32`); it leaves out the
+    A hash of the three (``blake2b``, see :func:`~timm_posgeom.data.synthetic.seed32`); it leaves out the
     severity, so the five severities of a corruption make the same random draws on an image (the
     noise, the frost crop, the snow and elastic fields, the glass-blur swaps) and differ in strength only.
     """
