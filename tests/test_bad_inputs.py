@@ -329,7 +329,7 @@ def test_an_input_size_off_a_timm_vits_patch_grid_is_one_line(tmp_path, capsys, 
     root, _ = _write(tmp_path / "d", "rgb", n=1)
     code, err, _ = _probe(capsys, root, tmp_path / "out", "--img-size", "72", model="vit_tiny_patch16_224")
     _refused(code, err, "not a multiple of the patch size 16x16")
-    from timm_posgeom.factory import create_model
+    from timm_posgeom.models.factory import create_model
 
     assert create_model("vit_tiny_patch16_224", img_size=80, depth=1).patch_embed.grid_size == (5, 5)
 

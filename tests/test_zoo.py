@@ -38,7 +38,7 @@ from timm_posgeom.data import load_split
 from timm_posgeom.data.eval_data import eval_loader
 from timm_posgeom.data.labels import map_by_name
 from timm_posgeom.data.shifts import PAPER_SHIFTS
-from timm_posgeom.factory import create_model
+from timm_posgeom.models.factory import create_model
 from timm_posgeom.probes import probe_ssdc
 from timm_posgeom.robustness import alpha_sweep, fragility
 

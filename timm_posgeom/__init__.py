@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .data.shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .data.synthetic import SyntheticShapes
     from .data.transforms import eval_transform
-    from .factory import create_model
     from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
     from .interventions import (
         PEEntry,
@@ -67,6 +66,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .localisation.encoding_cka import encoding_cka  # the function, not its submodule (see below)
     from .measuring.settings import MeasureSettings, MeasureSettingsError
     from .models import PosGeomViT, list_models
+    from .models.factory import create_model
     from .probes import (
         AttentionMeasure,
         AttentionResult,
@@ -196,7 +196,7 @@ __all__ = [
 _LAZY = {
     **dict.fromkeys(("ImageSplit", "load_split"), "data"),
     "eval_loader": "data.eval_data",
-    "create_model": "factory",
+    "create_model": "models.factory",
     **dict.fromkeys(
         ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"), "imagenet_c"
     ),

@@ -33,6 +33,8 @@ MOVED: dict[str, str] = {
     "timm_posgeom.shifts": "timm_posgeom.data.shifts",
     "timm_posgeom.synthetic": "timm_posgeom.data.synthetic",
     "timm_posgeom.transforms": "timm_posgeom.data.transforms",
+    # what is measured
+    "timm_posgeom.factory": "timm_posgeom.models.factory",
 }
 
 

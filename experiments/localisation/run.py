@@ -73,9 +73,9 @@ def _rounded(value):
 def measure(run: str, args: argparse.Namespace, validation, train) -> dict:
     from timm_posgeom.data.eval_data import eval_loader
     from timm_posgeom.data.labels import match_labels
-    from timm_posgeom.factory import create_model
     from timm_posgeom.localisation import localise
     from timm_posgeom.measuring.settings import MeasureSettings
+    from timm_posgeom.models.factory import create_model
 
     model = create_model(f"local-dir:{STUDY / 'runs' / run / 'export'}").eval()
     loader = eval_loader(model, match_labels(model, validation, "by-name"), max_images=args.images, num_workers=0)

@@ -429,7 +429,7 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
     import torch
 
     from ..data import check_images, load_split
-    from ..factory import create_model
+    from ..models.factory import create_model
 
     check_counts(args)
     data = load_split(args.data, args.split, subset=args.max_images if subset else None, **hub_data_kwargs(args))

@@ -150,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         text = one_line(e)
         labels = sys.modules.get("timm_posgeom.data.labels")  # not imported here: data/ imports torch
-        if labels is not None and isinstance(e, labels.LabelMismatchError):  # the library names its parameter; the command line, its flag
+        if labels is not None and isinstance(
+            e, labels.LabelMismatchError
+        ):  # the library names its parameter; the command line, its flag
             text = re.sub(r"labels='([\w-]+)'", r"--labels \1", text)
         parser.exit(2, f"posgeom {args.command}: error: {text}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours

@@ -84,7 +84,7 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
     """Fragility, SSDC, (for PE models) the alpha sweep, attention per head and the other optional measures of a
     trained run; each part is written to ``eval.json`` as soon as it exists, and a resumed study measures only the
     parts not there yet."""
-    from ...factory import create_model
+    from ...models.factory import create_model
 
     eval_path = run.run_dir / "eval.json"
     evals = _open_eval(eval_path, run, m)

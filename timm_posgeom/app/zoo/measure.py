@@ -95,7 +95,7 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     which weights it has (set before loading, so a failed load says what was tried)."""
     import timm
 
-    from ...factory import create_model
+    from ...models.factory import create_model
 
     pretrained = False
     if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
