@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
 from timm_posgeom.measuring import distributed
-from timm_posgeom.probes.probe import _batches, _Moments, _Shard
+from timm_posgeom.probes.ssdc_probe.accumulator import Moments
+from timm_posgeom.probes.streaming import Shard, image_batches
 
 # The measurement, run once by two launched processes and once here: a tiny random-init ViT, 21
 # synthetic images (odd: uneven shards), batches of 4 (the last one partial).
@@ -230,7 +231,7 @@ def _shard_batches(data, world, max_images=None, batch_size=4):
     comes with the global index of its first image (checked: the image ids are the indices)."""
     out = []
     for r in range(world):
-        shard = _Shard(data, batch_size, world, r, max_images, presharded=False)
+        shard = Shard(data, batch_size, world, r, max_images, presharded=False)
         batches = []
         for offset, x in shard:
             ids = x[:, 0, 0, 0].long().tolist()
@@ -250,7 +251,7 @@ def test_shards_together_are_the_single_process_batches(kind, max_images):
         "list": [images[i : i + 4] for i in range(0, 21, 4)],
     }[kind]
     expected = list(range(21))[:max_images]
-    single = [x[:, 0, 0, 0].long().tolist() for x in _batches(data, 4)]
+    single = [x[:, 0, 0, 0].long().tolist() for x in image_batches(data, 4)]
     for world in (1, 2, 3, 8):
         shards = _shard_batches(data, world, max_images)
         assert {seen for _, seen in shards} == {len(expected)}
@@ -267,20 +268,20 @@ def test_shards_together_are_the_single_process_batches(kind, max_images):
 def test_a_shuffling_loader_without_a_seed_is_refused():
     loader = DataLoader(TensorDataset(torch.zeros(8, 3, 4, 4)), batch_size=2, shuffle=True)
     with pytest.raises(ValueError, match="shuffling DataLoader"):
-        _Shard(loader, None, 2, 0, None, presharded=False)
+        Shard(loader, None, 2, 0, None, presharded=False)
 
 
 def test_moments_merge_equals_one_stream():
     values = torch.randn(37, dtype=torch.float64)
     values[[3, 20]] = math.nan
-    one = _Moments()
+    one = Moments()
     for chunk in values.split(4):
         one.update(chunk)
-    parts = [_Moments() for _ in range(3)]
+    parts = [Moments() for _ in range(3)]
     for k, chunk in enumerate(values.split(4)):
         parts[k % 3].update(chunk)
-    merged = _Moments()
-    for part in [_Moments(), *parts]:  # an empty process too
+    merged = Moments()
+    for part in [Moments(), *parts]:  # an empty process too
         merged.merge(part.state())
     assert (merged.n, merged.n_nan) == (one.n, one.n_nan) == (35, 2)
     assert merged.mean == pytest.approx(one.mean, abs=1e-14) and merged.m2 == pytest.approx(one.m2, rel=1e-13)

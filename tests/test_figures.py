@@ -109,7 +109,7 @@ def assert_bands_labelled(fig: Any) -> None:
 def _ssdc_result(rpi: bool = False) -> Any:
     import torch
 
-    from timm_posgeom.probes.result import PerImageStats, SSDCResult
+    from timm_posgeom.probes.ssdc_probe.result import PerImageStats, SSDCResult
 
     per_layer = [0.62, 0.55, 0.41, 0.30]
     per_image = [PerImageStats(m - 0.15, 0.2, m - 0.19, m - 0.11, 100) for m in per_layer]

@@ -136,6 +136,6 @@ def test_the_checker_sees_what_it_should(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text(
         "from .. import __version__\nfrom ..hub import render_card\nimport timm_posgeom.app.report\n"
-        "from . import spearman\n\ndef f():\n    from ..train import train\n"
+        "from . import streaming\n\ndef f():\n    from ..train import train\n"
     )
-    assert _imports("probes.fake", fake, _modules()) == {"", "hub", "app.report", "probes.spearman", "train"}
+    assert _imports("probes.fake", fake, _modules()) == {"", "hub", "app.report", "probes.streaming", "train"}

@@ -22,7 +22,7 @@ from timm_posgeom.localisation.ablation import _ablate
 from timm_posgeom.localisation.patching import _edit
 from timm_posgeom.localisation.tracing import EMBEDDING, traced_forward
 from timm_posgeom.probes import ConstantMapWarning, cka, find_sites, fit_position_map
-from timm_posgeom.support import smooth_images
+from timm_posgeom.probes.support import smooth_images
 
 TINY = dict(img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 

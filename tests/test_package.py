@@ -171,7 +171,7 @@ def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
     [
         "import timm_posgeom; timm_posgeom.check_support",
         "from timm_posgeom.interventions import pe_scale",
-        "import timm_posgeom.support",
+        "import timm_posgeom.probes.support",
     ],
 )
 @pytest.mark.slow

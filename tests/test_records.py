@@ -138,7 +138,7 @@ def test_replacing_a_folder_swaps_it_whole_or_not_at_all(tmp_path):
 
 def test_results_to_json_write_atomically(tmp_path, monkeypatch):
     """The result classes' to_json(path) wrote with Path.write_text: a kill half way left a truncated file."""
-    from timm_posgeom.probes.result import SSDCResult
+    from timm_posgeom.probes.ssdc_probe.result import SSDCResult
     from timm_posgeom.robustness import AlphaSweepResult
 
     results = [SSDCResult(per_layer=[0.5], layers=[0]), AlphaSweepResult(rows=[], shifts=[])]

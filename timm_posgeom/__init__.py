@@ -86,6 +86,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     # for the submodule)
     from .probes.attention_measures import attention_measures
     from .probes.cka import cka
+    from .probes.support import SupportRow, check_support
     from .protocol import Measurement, Protocol, ProtocolError, measure_model, measure_names, register_measure
     from .resolution import ExtrapolationResult, ExtrapolationRow, at_input_size, extrapolate
     from .robustness import (
@@ -98,7 +99,6 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         measure_pe_shuffle,
         measure_tile_shuffle,
     )
-    from .support import SupportRow, check_support
 
 __all__ = [
     "__version__",
@@ -274,7 +274,7 @@ _LAZY = {
     **dict.fromkeys(
         ("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "data.shifts"
     ),
-    **dict.fromkeys(("SupportRow", "check_support"), "support"),
+    **dict.fromkeys(("SupportRow", "check_support"), "probes.support"),
     "SyntheticShapes": "data.synthetic",
     "eval_transform": "data.transforms",
 }

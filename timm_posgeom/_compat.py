@@ -35,6 +35,12 @@ MOVED: dict[str, str] = {
     "timm_posgeom.transforms": "timm_posgeom.data.transforms",
     # what is measured
     "timm_posgeom.factory": "timm_posgeom.models.factory",
+    # the SSDC probe (one package) and what the package measures on a model
+    "timm_posgeom.probes.accumulator": "timm_posgeom.probes.ssdc_probe.accumulator",
+    "timm_posgeom.probes.probe": "timm_posgeom.probes.ssdc_probe.probe",
+    "timm_posgeom.probes.result": "timm_posgeom.probes.ssdc_probe.result",
+    "timm_posgeom.probes.spearman": "timm_posgeom.probes.ssdc_probe.spearman",
+    "timm_posgeom.support": "timm_posgeom.probes.support",
 }
 
 

@@ -27,7 +27,7 @@ from ..data.transforms import resolve_config
 from ..interventions import check_unpermuted, eval_mode
 from ..measuring.settings import MeasureSettings
 from ..probes.sites import find_sites
-from ..probes.spearman import ConstantMapWarning, ssdc
+from ..probes.ssdc_probe.spearman import ConstantMapWarning, ssdc
 from ..results.intervals import t_interval
 from .batches import placed
 from .result import LayerCurves

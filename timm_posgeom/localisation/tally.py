@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..probes.spearman import ssdc
+from ..probes.ssdc_probe.spearman import ssdc
 from ..results.intervals import image_groups, jackknife_interval
 
 __all__ = ["Tally", "Estimate"]

@@ -27,7 +27,7 @@ from ..data.transforms import normalize_batch, resize_transform, resolve_config
 from ..interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
-from ..probes.streaming import _model_name
+from ..probes.streaming import model_name
 from ..scores import FragilityResult
 from ..shift_size import ShiftedAtSize, check_shift_size, pre_resize
 
@@ -189,7 +189,7 @@ def fragility(
     shift_seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     loader = _loader(data, plan, settings, cfg, shift_seed, dev)
     recorded = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "resize": settings.resize,
         "rpi": rpi,
         "alpha": alpha,

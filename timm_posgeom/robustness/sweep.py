@@ -24,8 +24,8 @@ from ..errors import require
 from ..interventions import pe_scale
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
-from ..probes.result import SSDCResult
-from ..probes.streaming import _model_name, same_passes
+from ..probes.ssdc_probe.result import SSDCResult
+from ..probes.streaming import model_name, same_passes
 from ..results.jsonio import dump_json, tagged, to_jsonable
 from ..scores import FragilityResult
 from .fragility_eval import _model_device, fragility
@@ -260,7 +260,7 @@ def alpha_sweep(
     rows = _fragility_rows(model, data, shifts, probed, quiet, include_prefix, show)
     k, seed = ssdcs[0].settings["rpi_permutations"], ssdcs[0].settings["seed"]
     recorded = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "site": site,
         "probe_images": n_probe,
         "include_prefix": include_prefix,

@@ -201,10 +201,10 @@ def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> No
     """What the model is: architecture, parameters, input size, data config, positional encodings."""
     from ...data.transforms import resolve_config
     from ...interventions import pe_inventory
-    from ...probes.probe import _model_name
+    from ...probes.streaming import model_name
 
     cfg = resolve_config(model, config.img_size)
-    record.architecture = _model_name(model)
+    record.architecture = model_name(model)
     record.params = int(sum(p.numel() for p in model.parameters()))
     record.input_size = [int(v) for v in cfg["input_size"]]
     record.data_config = to_jsonable({k: cfg.get(k) for k in ("interpolation", "mean", "std", "crop_pct", "crop_mode")})
