@@ -283,7 +283,7 @@ LAUNCHED = textwrap.dedent("""
     import torch.nn.functional as F
 
     import timm_posgeom  # noqa: F401
-    from timm_posgeom import distributed
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.probes import attention_measures
 
 

@@ -5,10 +5,14 @@ and nothing of ours (package, tests, scripts, benchmarks, experiments) imports a
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+
+import pytest
 
 import timm_posgeom
 from timm_posgeom._compat import MOVED
@@ -17,6 +21,7 @@ REPO = Path(timm_posgeom.__file__).parent.parent
 OURS = ("timm_posgeom", "tests", "scripts", "benchmarks", "experiments")
 
 
+@pytest.mark.slow
 def test_every_old_path_warns_and_is_the_new_module(tmp_path):
     """Run in a fresh interpreter: an old path imported here would stay bound on its parent package (the old
     ``timm_posgeom.imagenet_c`` module would hide the function of that name for the tests after this one)."""
@@ -66,31 +71,43 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _old_paths_used(path: Path, name: str | None = None) -> list[str]:
-    """The old paths the file imports (``import``, ``from ... import``, relative ones resolved from its module
-    ``name``) or names in a string (a monkeypatch target, a ``module:function`` entry)."""
-    here = (name or _module_name(path)).split(".")
-    package = here if path.name == "__init__.py" else here[:-1]
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        targets: list[str] = []
+def _imported(tree: ast.AST, package: list[str]) -> list[str]:
+    """The modules (and ``module.name`` for ``from module import name``) a tree imports, relative imports
+    resolved from ``package``."""
+    out = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+            out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out += [base] + [f"{base}.{a.name}" for a in node.names]
+    return out
+
+
+def _old_paths_used(path: Path, name: str | None = None) -> list[str]:
+    """The old paths the file imports (``import``, ``from ... import``, relative ones resolved from its module
+    ``name``; in a script it writes out too) or names in a string (a monkeypatch target, a ``module:function``
+    entry)."""
+    here = (name or _module_name(path)).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    tree = ast.parse(path.read_text())
+    found = [t for t in _imported(tree, package) if t in MOVED]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
             targets = [node.value.split(":")[0]]
-        found += [f"{path.name}:{node.lineno} {t}" for t in targets if t in MOVED]
+            if "import" in node.value and "\n" in node.value:  # a script written out: its imports too
+                with contextlib.suppress(SyntaxError):
+                    targets += _imported(ast.parse(textwrap.dedent(node.value)), [])
+            found += [t for t in targets if t in MOVED]
     return found
 
 
 def test_nothing_of_ours_imports_an_old_path():
     files = [p for room in OURS for p in sorted((REPO / room).rglob("*.py"))]
     files = [p for p in files if p.name not in (Path(__file__).name, "_compat.py")]
-    used = [f"{p.relative_to(REPO)}: {hit}" for p in files for hit in _old_paths_used(p)]
+    used = [f"{p.relative_to(REPO)}: {old}" for p in files for old in _old_paths_used(p)]
     assert not used, "old module paths (for users only; import the new one): " + ", ".join(used)
 
 
@@ -99,14 +116,10 @@ def test_the_checker_sees_old_paths(tmp_path):
     fake.write_text(
         "from .. import seeding\nfrom ..distributed import rank\nimport timm_posgeom.seeding\n"
         "x = 'timm_posgeom.distributed:rank'\nfrom ..measuring.seeding import index_hash\n"
+        'SCRIPT = """\nimport os\nfrom timm_posgeom import distributed\n"""\n'
     )
-    hits = [h.split(" ")[1] for h in _old_paths_used(fake, "timm_posgeom.data.fake")]
-    assert hits == [
-        "timm_posgeom.seeding",
-        "timm_posgeom.distributed",
-        "timm_posgeom.seeding",
-        "timm_posgeom.distributed",
-    ]
+    hits = _old_paths_used(fake, "timm_posgeom.data.fake")
+    assert sorted(hits) == ["timm_posgeom.distributed"] * 3 + ["timm_posgeom.seeding"] * 2, hits
 
 
 def test_old_paths_are_listed_in_the_changelog():

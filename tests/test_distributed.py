@@ -35,7 +35,8 @@ SCRIPT = textwrap.dedent("""
     import torch
 
     import timm_posgeom  # noqa: F401
-    from timm_posgeom import distributed, interventions
+    from timm_posgeom import interventions
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.cli import main as cli
     from timm_posgeom.data.eval_data import eval_loader
     from timm_posgeom.results.jsonio import dumps
