@@ -15,9 +15,9 @@ import timm_posgeom  # noqa: F401  (registers the models)
 from timm_posgeom.data import ImageSplit
 from timm_posgeom.data.labels import LabelMismatchError, map_by_name, match_labels
 from timm_posgeom.errors import PosgeomError, one_line
-from timm_posgeom.imagenet_c import imagenet_c_fragility
 from timm_posgeom.protocol import PROBE_IMAGES, probe_count
 from timm_posgeom.robustness import alpha_sweep, fragility
+from timm_posgeom.robustness.imagenet_c import imagenet_c_fragility
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -139,3 +139,15 @@ def test_the_checker_sees_what_it_should(tmp_path):
         "from . import streaming\n\ndef f():\n    from ..train import train\n"
     )
     assert _imports("probes.fake", fake, _modules()) == {"", "hub", "app.report", "probes.streaming", "train"}
+
+
+def test_no_public_name_is_hidden_by_a_module():
+    """A module at the root named like a public function (0.1.0's ``imagenet_c.py`` beside the shift builder
+    ``imagenet_c``) replaced the function with itself once anything imported it (``timm_posgeom.imagenet_c``
+    read as the module after ``imagenet_c_fragility`` was used)."""
+    import types
+
+    for name in timm_posgeom.__all__:  # loads every public name, and the modules that define them
+        getattr(timm_posgeom, name)
+    hidden = [n for n in timm_posgeom.__all__ if isinstance(getattr(timm_posgeom, n), types.ModuleType)]
+    assert not hidden, f"public names bound to a module: {hidden}"

@@ -16,9 +16,9 @@ import timm_posgeom
 from timm_posgeom import MeasureSettings, MeasureSettingsError
 from timm_posgeom.data.transforms import RESIZE_MODES
 from timm_posgeom.errors import PosgeomError, one_line
-from timm_posgeom.imagenet_c import imagenet_c_released
 from timm_posgeom.probes import SSDCResult, attention_measures, probe_ssdc, run_measures
 from timm_posgeom.robustness import alpha_sweep, fragility
+from timm_posgeom.robustness.imagenet_c import imagenet_c_released
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_results_name_their_settings_settings_and_read_the_old_name(model, image
 def test_every_result_file_carries_the_record_schemas_tags(model, images, tmp_path):
     """One serialisation: the library's result files are tagged as the application's records are."""
     from timm_posgeom.app.records import SCHEMA_VERSION, RunSummary
-    from timm_posgeom.imagenet_c import ImageNetCResult
+    from timm_posgeom.robustness.imagenet_c import ImageNetCResult
 
     results = {
         "ssdc-result": probe_ssdc(model, images, batch_size=3, progress=False),

@@ -17,7 +17,7 @@ import timm_posgeom  # noqa: F401
 from timm_posgeom.data.shifts import parse_shift
 from timm_posgeom.data.transforms import resize_transform, resolve_config
 from timm_posgeom.robustness import fragility
-from timm_posgeom.shift_size import ShiftedAtSize, pre_resize
+from timm_posgeom.robustness.shift_size import ShiftedAtSize, pre_resize
 
 
 @pytest.fixture(scope="module")

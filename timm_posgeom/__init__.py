@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     from .data.shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
     from .data.synthetic import SyntheticShapes
     from .data.transforms import eval_transform
-    from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
     from .interventions import (
         PEEntry,
         PEMoveError,
@@ -99,6 +98,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         measure_pe_shuffle,
         measure_tile_shuffle,
     )
+    from .robustness.imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
 
 __all__ = [
     "__version__",
@@ -198,7 +198,8 @@ _LAZY = {
     "eval_loader": "data.eval_data",
     "create_model": "models.factory",
     **dict.fromkeys(
-        ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"), "imagenet_c"
+        ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"),
+        "robustness.imagenet_c",
     ),
     **dict.fromkeys(
         (

@@ -41,6 +41,12 @@ MOVED: dict[str, str] = {
     "timm_posgeom.probes.result": "timm_posgeom.probes.ssdc_probe.result",
     "timm_posgeom.probes.spearman": "timm_posgeom.probes.ssdc_probe.spearman",
     "timm_posgeom.support": "timm_posgeom.probes.support",
+    # robustness: what a shift does to a model's accuracy
+    "timm_posgeom.imagenet_c": "timm_posgeom.robustness.imagenet_c",
+    "timm_posgeom.imagenet_c_result": "timm_posgeom.robustness.imagenet_c_result",
+    "timm_posgeom.imagenet_c_tree": "timm_posgeom.robustness.imagenet_c_tree",
+    "timm_posgeom.scores": "timm_posgeom.robustness.scores",
+    "timm_posgeom.shift_size": "timm_posgeom.robustness.shift_size",
 }
 
 

@@ -150,7 +150,7 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
 
 
 def _run_imagenet_c(args: argparse.Namespace) -> int:
-    from ..imagenet_c import imagenet_c_fragility, imagenet_c_released
+    from ..robustness.imagenet_c import imagenet_c_fragility, imagenet_c_released
 
     names, severities, reference, folders = _imagenet_c_inputs(args)
 
@@ -177,7 +177,7 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
     """(corruptions, severities, the reference result or None, the class folders or None), each checked before
     anything is loaded."""
     from ..data.shifts import imagenet_c, imagenet_c_shifts
-    from ..imagenet_c import ImageNetCResult
+    from ..robustness.imagenet_c import ImageNetCResult
 
     if args.shift:
         raise ValueError("--shift and --imagenet-c exclude each other: run them separately")

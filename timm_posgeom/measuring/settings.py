@@ -2,7 +2,7 @@
 
 :func:`~timm_posgeom.probes.probe_ssdc`, :func:`~timm_posgeom.probes.run_measures` (and the measures built
 on it), :func:`~timm_posgeom.robustness.fragility`, :func:`~timm_posgeom.robustness.alpha_sweep`,
-:func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` and :func:`~timm_posgeom.imagenet_c.imagenet_c_released`
+:func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_fragility` and :func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_released`
 read their images, batches, device, workers, seed, distributed mode and progress bar from one
 :class:`MeasureSettings`, passed as ``settings=``. The plain keywords keep working: a keyword named like a
 field (``batch_size=8``) overrides that field of ``settings`` (or of the defaults), and any other unknown

@@ -44,9 +44,9 @@ from ..interventions import (
 )
 from ..measuring.settings import MeasureSettings
 from ..probes import find_sites, grid_positions, probe_ssdc, ssdc
-from ..scores import FragilityResult
 from .fragility_eval import fragility
 from .intervention_result import InterventionResult, InterventionRow
+from .scores import FragilityResult
 
 __all__ = [
     "measure_pe_shuffle",

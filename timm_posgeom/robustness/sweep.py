@@ -27,8 +27,8 @@ from ..measuring.settings import MeasureSettings
 from ..probes.ssdc_probe.result import SSDCResult
 from ..probes.streaming import model_name, same_passes
 from ..results.jsonio import dump_json, tagged, to_jsonable
-from ..scores import FragilityResult
-from .fragility_eval import _model_device, fragility
+from .fragility_eval import device_of, fragility
+from .scores import FragilityResult
 
 __all__ = ["alpha_sweep", "sweep_ssdc", "AlphaSweepResult", "AlphaSweepRow"]
 
@@ -242,7 +242,7 @@ def alpha_sweep(
     n_probe, probe_loader, data = _sweep_data(model, data, own, labels, settings)
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
-    dev = _model_device(model, settings.device)
+    dev = device_of(model, settings.device)
     quiet = settings.replace(device=dev, progress=False)
     world = _dist.setup() if settings.distributed == "auto" else 1
     show = settings.progress and (world == 1 or _dist.is_main())

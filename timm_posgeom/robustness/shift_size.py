@@ -26,10 +26,10 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as F
 
-from .data.eval_data import prepare_shared, resized_item
-from .data.shifts import Shift
-from .data.transforms import resize_transform
-from .measuring.settings import MAX_IMG_SIZE
+from ..data.eval_data import prepare_shared, resized_item
+from ..data.shifts import Shift
+from ..data.transforms import resize_transform
+from ..measuring.settings import MAX_IMG_SIZE
 
 __all__ = ["check_shift_size", "pre_resize", "ShiftedAtSize"]
 
