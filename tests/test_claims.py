@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import t
 
-from timm_posgeom.app.claims import ONE_SEED, evaluate_claims, spread
 from timm_posgeom.app.records import RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
+from timm_posgeom.app.report.claims import ONE_SEED, evaluate_claims, spread
 
 OLD = "2026-11"  # the rule before issue 39
 
@@ -201,7 +201,7 @@ def test_one_seed_mover_interval_is_rescaled_to_the_level_tested():
     half-width by z((1 + L) / 2) / z(0.975) (the bootstrap interval read as a normal one)."""
     from scipy.stats import norm
 
-    from timm_posgeom.app.verdicts import less
+    from timm_posgeom.app.report.verdicts import less
 
     a, b = spread([0.30]), spread([0.40])
     test = less(a, b, (0.27, 0.33), (0.36, 0.44))
@@ -417,7 +417,7 @@ def test_a_trend_of_the_mean_curve_against_the_seeds_is_not_a_no():
 
 
 def test_spread_over_seeds_and_permutations_adds_the_permutation_variance():
-    from timm_posgeom.app.claims import spread_sp
+    from timm_posgeom.app.report.claims import spread_sp
 
     cells = [[0.10, 0.20, 0.30], [0.12, 0.22, 0.29]]  # 2 seeds x 3 permutations, permutation p shared
     s = spread_sp(cells)
@@ -442,7 +442,7 @@ def test_two_seeds_decide_on_one_degree_of_freedom():
     degrees of freedom far above the seeds' 1; on seeds - 1 it is within noise (the only change here)."""
     import dataclasses
 
-    from timm_posgeom.app.verdicts import RULES
+    from timm_posgeom.app.report.verdicts import RULES
 
     rng = np.random.default_rng(1)
     runs = _seeds(2)
@@ -478,7 +478,7 @@ def _known(p: float):
 
 
 def test_holm_tests_the_kth_smallest_p_at_alpha_over_m_minus_k_plus_1():
-    from timm_posgeom.app.verdicts import RULES, decide, p_value
+    from timm_posgeom.app.report.verdicts import RULES, decide, p_value
 
     assert p_value(_known(0.0123)) == pytest.approx(0.0123, rel=1e-6)
     new, old = RULES["2026-12"], RULES[OLD]
@@ -495,7 +495,7 @@ def test_holm_tests_the_kth_smallest_p_at_alpha_over_m_minus_k_plus_1():
 def test_p_value_of_a_part_is_the_t_tests():
     from scipy.stats import t as student
 
-    from timm_posgeom.app.verdicts import RULES, above, p_value
+    from timm_posgeom.app.report.verdicts import RULES, above, p_value
 
     s = spread([0.12, 0.15, 0.11, 0.16])
     p = 2 * student.sf((s.mean - 0.1) / math.sqrt(s.var), s.df)
@@ -554,7 +554,7 @@ def test_report_html_is_a_rendered_page_that_links_its_figures(tmp_path):
 
 def test_claim_evidence_with_pipes_stays_in_its_cell():
     """|SSDC| in a claim's evidence split the markdown cell, and the deciding interval never reached the page."""
-    from timm_posgeom.app.report import _claims_table, render_html
+    from timm_posgeom.app.report.document import _claims_table, render_html
 
     claim = {
         "claim": "no PE collapses",
@@ -578,7 +578,7 @@ def _interval(values: list[float]) -> str:
 
 def _kept_figure(draw, results: StudyResults, path, monkeypatch: pytest.MonkeyPatch):
     """``draw(results, path)``'s return value and its figure, kept open (the drawing closes it after saving)."""
-    from timm_posgeom.app.report_figures import _plt
+    from timm_posgeom.app.report.figures import _plt
 
     plt = _plt()
     monkeypatch.setattr(plt, "close", lambda fig=None: None)
@@ -602,7 +602,7 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkey
     """With 2 seeds every number is a mean with its spread; figures draw the seed bands."""
     from PIL import Image
 
-    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth
+    from timm_posgeom.app.report.document import _tables, fig_alpha_sweep, fig_ssdc_depth
 
     results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))  # seed 0 shifted by -0.02, seed 1 by +0.02
     text = "\n".join(_tables(results))
@@ -652,7 +652,7 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkey
 def test_report_shows_the_no_pe_floor_next_to_every_rpi_table(tmp_path):
     """No PE under RPI read 0.046-0.049 at 8 x 8: the structure a permuted model shows by chance. The report
     states it (over seeds x permutations) beside the SSDC-under-RPI tables and draws it in their figures."""
-    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth, no_pe_floor
+    from timm_posgeom.app.report.document import _tables, fig_alpha_sweep, fig_ssdc_depth, no_pe_floor
 
     runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
     for r in runs:

@@ -454,8 +454,8 @@ def _attention(seed: int) -> Any:
 @pytest.fixture(scope="module")
 def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each study figure drawn from the hand-built study, kept open (savefig recorded, close skipped)."""
-    from timm_posgeom.app import report_figures as report
     from timm_posgeom.app.records import StudyResults
+    from timm_posgeom.app.report import figures as report
 
     out = _study(tmp_path_factory.mktemp("study"))
     results = StudyResults.read(out / "results.json")
@@ -520,7 +520,7 @@ def test_study_alpha_sweep_no_twin_axes_alpha_upwards(study_figures: dict[str, A
 def test_study_attention_heads_one_panel_per_condition_heads_as_points(study_figures: dict[str, Any]) -> None:
     """Issue 33: the per-head figure: a panel per condition, every head of every seed a point at its layer,
     without RPI and under RPI, with the uniform-attention reference."""
-    from timm_posgeom.app.report_figures import uniform_distance
+    from timm_posgeom.app.report.figures import uniform_distance
 
     fig = study_figures["attention_heads"]
     assert len(fig.axes) == len(CONDITIONS)
@@ -552,7 +552,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     the anchors the HTML page gives them; each figure sits in the section of its table, captioned."""
     import re
 
-    from timm_posgeom.app.report import _slug, write_report
+    from timm_posgeom.app.report.document import _slug, write_report
 
     out = _study(tmp_path)
     md = write_report(out).read_text()

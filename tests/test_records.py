@@ -198,8 +198,8 @@ def test_report_refuses_a_foreign_results_file(tmp_path):
 def test_version_1_results_still_read_and_version_2_keeps_the_rpi_permutations(tmp_path):
     """Schema version 2 added SSDCSummary.rpi_permutations / rpi_by_permutation (issue 32): a results.json
     written by version 1 (neither key) still reads, as one permutation; a version 2 file round-trips them."""
-    from timm_posgeom.app.claims import rpi_cube
     from timm_posgeom.app.records import READABLE_VERSIONS
+    from timm_posgeom.app.report.claims import rpi_cube
 
     assert SCHEMA_VERSION >= 2 and {1, 2} <= set(READABLE_VERSIONS)  # 3 added summary.json's weights hashes
     raw = _study().to_dict()

@@ -139,7 +139,7 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     from test_records import _study
 
     from timm_posgeom.app.records import StudyResults
-    from timm_posgeom.app.report_shift_size import fragility_at_size_lines
+    from timm_posgeom.app.report.shift_size import fragility_at_size_lines
     from timm_posgeom.app.study import preset_config
     from timm_posgeom.app.study.config import PART_SETTINGS
     from timm_posgeom.app.study.fragility_at_size import fragility_at_size

@@ -19,8 +19,9 @@ import torch
 
 from timm_posgeom.app import study as study_mod
 from timm_posgeom.app.records import HistoryPoint, RunEval, StudyResults
-from timm_posgeom.app.report import _formed_at, _training_table, evaluate_claims
-from timm_posgeom.app.report_figures import _history, _history_std
+from timm_posgeom.app.report import evaluate_claims
+from timm_posgeom.app.report.document import _formed_at, _training_table
+from timm_posgeom.app.report.runs import seed_history, seed_history_std
 from timm_posgeom.app.study import StudyError, dry_run, plan_study, preset_config, run_study
 from timm_posgeom.app.study import runner as study_runner
 from timm_posgeom.cli import main as cli_main
@@ -322,7 +323,7 @@ def test_training_table_finds_when_the_anchor_forms():
     row = next(line for line in _training_table(results) if line.startswith("| APE"))
     assert row.split("|")[-3].strip() == "6" and row.split("|")[-2].strip() == "0.800±0.000"
     assert "0.300±0.141 (ep 8)" in row  # mean ± std over seeds of (0.4, 0.2)
-    ssdc_sd, top1_sd = _history_std(_history(results.runs)[3])  # the training figure's bands
+    ssdc_sd, top1_sd = seed_history_std(seed_history(results.runs)[3])  # the training figure's bands
     assert ssdc_sd.shape == (4, 2) and np.allclose(ssdc_sd[-1], np.std([0.4, 0.2], ddof=1)) and np.allclose(top1_sd, 0)
 
 

@@ -18,7 +18,8 @@ import sys
 import warnings
 from typing import Any
 
-# old module path -> its new path (every module path 0.1.0 had or documented that has moved)
+# old module path -> its new path: every module path 0.1.0 had or documented that has moved. Only strings: the
+# library imports nothing of the application, and a target is imported when its old path is.
 MOVED: dict[str, str] = {
     # the runtime of a measurement
     "timm_posgeom.distributed": "timm_posgeom.measuring.distributed",
@@ -47,6 +48,11 @@ MOVED: dict[str, str] = {
     "timm_posgeom.imagenet_c_tree": "timm_posgeom.robustness.imagenet_c_tree",
     "timm_posgeom.scores": "timm_posgeom.robustness.scores",
     "timm_posgeom.shift_size": "timm_posgeom.robustness.shift_size",
+    # the application's report (timm_posgeom.app.report itself is the package, with the names report.py had)
+    "timm_posgeom.app.claims": "timm_posgeom.app.report.claims",
+    "timm_posgeom.app.report_figures": "timm_posgeom.app.report.figures",
+    "timm_posgeom.app.report_header": "timm_posgeom.app.report.header",
+    "timm_posgeom.app.verdicts": "timm_posgeom.app.report.verdicts",
 }
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..data.shifts import PAPER_SHIFTS
-from ..results.intervals import t_quantile
+from ...data.shifts import PAPER_SHIFTS
+from ...results.intervals import t_quantile
+from ..records import StudyResults, StudyRun
 from .claims import (
     CHANCE_FACTOR,
     LABELS,
@@ -25,14 +26,7 @@ from .claims import (
     spread,
     spread_sp,
 )
-from .records import StudyResults, StudyRun
-from .report_figures import (
-    _by_condition,
-    _floats,
-    _fs,
-    _history,
-    _layers,
-    _sweep_order,
+from .figures import (
     fig_alpha_sweep,
     fig_attention_heads,
     fig_fragility,
@@ -41,8 +35,9 @@ from .report_figures import (
     fig_training,
     no_pe_floor,
 )
-from .report_header import report_header, report_intro, versions_text
-from .report_shift_size import fragility_at_size_lines
+from .header import report_header, report_intro, versions_text
+from .runs import by_condition, layer_mean_std, nan_for_none, run_fs, seed_history, sweep_order
+from .shift_size import fragility_at_size_lines
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -98,8 +93,8 @@ def _monitor_split(results: StudyResults) -> str:
 
 def _training_table(results: StudyResults) -> list[str]:
     rows = []
-    for c, runs in _by_condition(results).items():
-        epochs, ssdc_l, top1, records = _history(runs)
+    for c, runs in by_condition(results).items():
+        epochs, ssdc_l, top1, records = seed_history(runs)
         if not epochs.size:
             continue
         mean = np.nanmean(ssdc_l, 1)
@@ -107,12 +102,12 @@ def _training_table(results: StudyResults) -> list[str]:
         formed = _formed_at(epochs, mean)
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
-        at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
+        at = [_short(spread([float(np.nanmean(nan_for_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
         rows.append(
             f"| {LABELS.get(c, c)} | "
             + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
             + f" | {'never' if formed is None else f'{formed:g}'} | "
-            + _short(spread(_floats(r.monitor_top1 for r in records[-1])))
+            + _short(spread(nan_for_none(r.monitor_top1 for r in records[-1])))
             + " |"
         )
     if not rows:
@@ -136,7 +131,7 @@ def _attention_table(results: StudyResults) -> list[str]:
     """Per condition and measured layer: mean attention distance (normal and under RPI), entropy and attention
     SSDC, each the mean over heads and seeds with its range; [] when no run has attention per head."""
     rows = []
-    for c, runs in _by_condition(results).items():
+    for c, runs in by_condition(results).items():
         summaries = [r.eval.attention for r in runs if r.eval.attention is not None]
         for k, layer in enumerate(summaries[0].layers if summaries else []):
             cells = [
@@ -163,7 +158,7 @@ def _attention_table(results: StudyResults) -> list[str]:
 
 def _head_range(rows: list[list[float | None]]) -> str:
     """``mean [min, max]`` over every head of ``rows`` (one list of heads per seed), NaN left out; n/a if none."""
-    values = np.array([v for row in rows for v in _floats(row)], dtype=float)
+    values = np.array([v for row in rows for v in nan_for_none(row)], dtype=float)
     values = values[np.isfinite(values)]
     if not values.size:
         return "n/a"
@@ -172,7 +167,7 @@ def _head_range(rows: list[list[float | None]]) -> str:
 
 def _tables(results: StudyResults) -> list[str]:
     """The study's tables: accuracy and fragility, SSDC across depth, and the alpha sweep when measured."""
-    by = _by_condition(results)
+    by = by_condition(results)
     return _accuracy_table(results, by) + _ssdc_table(results, by) + _alpha_sweep_tables(results, by)
 
 
@@ -186,8 +181,8 @@ def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> lis
     ]
     for c, runs in by.items():
         acc = spread([r.eval.clean_accuracy for r in runs]).text()
-        fj = spread([_fs(r, "jpeg:5") for r in runs]).text()
-        fb = spread([_fs(r, "blur:2.5:5") for r in runs]).text()
+        fj = spread([run_fs(r, "jpeg:5") for r in runs]).text()
+        fb = spread([run_fs(r, "blur:2.5:5") for r in runs]).text()
         pa = PAPER.get(c, (math.nan,) * 3)
         lines.append(
             f"| {LABELS.get(c, c)} | {len(runs)} | {acc} | {fj} | {fb} | {pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |"
@@ -203,7 +198,9 @@ def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> lis
         ]
         for c, runs in by.items():
             lines.append(
-                f"| {LABELS.get(c, c)} | " + " | ".join(spread([_fs(r, s) for r in runs]).text() for s in extra) + " |"
+                f"| {LABELS.get(c, c)} | "
+                + " | ".join(spread([run_fs(r, s) for r in runs]).text() for s in extra)
+                + " |"
             )
     lines += fragility_at_size_lines(results)
     return lines
@@ -265,7 +262,7 @@ def _alpha_sweep_tables(results: StudyResults, by: dict[str, list[StudyRun]]) ->
                 "|---|" + "---|" * len(swept),
             ]
             alphas = swept[0][1][0].alphas
-            for i in _sweep_order(alphas):  # alpha upwards, as in the figure
+            for i in sweep_order(alphas):  # alpha upwards, as in the figure
                 a = alphas[i]
                 lines.append(
                     f"| {a:g} | "
@@ -298,7 +295,7 @@ def _short(s) -> str:
 
 def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
     """Per layer: the mean over seeds (± std with 2 seeds or more)."""
-    m, sd = _layers(runs, key, source)
+    m, sd = layer_mean_std(runs, key, source)
     many = sum(1 for r in runs if (r.eval.ssdc if source == "eval" else getattr(r, source)) is not None) > 1
     return ", ".join(f"{a:.3f}±{b:.3f}" if many else f"{a:.3f}" for a, b in zip(m, sd))
 
