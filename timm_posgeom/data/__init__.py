@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from .augment import AUGMENTATIONS, TimmAugment, TransformDataset, crop_flip, eval_config, train_transform
 from .cache import CachedEvalDataset, CachedSplit, CachedTrainDataset, cache_uint8, default_cache_dir
-from .folder import _file_key as _file_key  # a file's content key: app/zoo keys a weights folder with it
 from .heldout import HeldoutError, carve_heldout, heldout_indices
 from .hub import DataSourceError, HubOptions, find_columns
 from .sampling import EpochBatchSampler, make_loader

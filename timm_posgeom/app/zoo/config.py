@@ -32,7 +32,7 @@ PRETRAINED_MODES = ("auto", "on", "off")
 EXTRAS = ("attention", "position")  # the default measures beyond SSDC and fragility, each a group of columns
 
 
-_NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
+NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
 
 
 class ZooError(PosgeomError, RuntimeError):
@@ -204,14 +204,14 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
     return ZooConfig(**values)
 
 
-def _floats(values: Iterable[float]) -> list[float | None]:
+def finite_or_none_list(values: Iterable[float]) -> list[float | None]:
     return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
 
 
-def _num(value: float | None) -> float | None:
+def finite_or_none(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def _failure_text(error: BaseException) -> str:
+def failure_text(error: BaseException) -> str:
     """``"ErrorClass: message"`` on one line: a zoo record names what failed."""
     return f"{type(error).__name__}: {one_line(error)}"

@@ -14,7 +14,7 @@ from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
 from .model_sets import PUBLISHED_SETS, PUBLISHED_SOURCE, published_top1
-from .table import _fmt, layer_summary, pe_kinds, relative_depth, write_csv
+from .table import fmt_cell, layer_summary, pe_kinds, relative_depth, write_csv
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -283,7 +283,7 @@ def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         cells = [
             f"`{_md_cell(r.model)}`",
             r.weights or "",
-            _fmt(r.params / 1e6 if r.params else None, ".2f"),
+            fmt_cell(r.params / 1e6 if r.params else None, ".2f"),
             "x".join(map(str, size[1:])),
             _md_cell(pe_kinds(r.pe)),
             _ci3(r.clean_accuracy, r.clean_accuracy_ci),
