@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import free_port, run_launched
+from conftest import assert_json_close, free_port, launch_env, run_launched
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
@@ -104,14 +104,14 @@ SCRIPT = textwrap.dedent("""
                                                         progress=False)),
         }
         applied = []  # the permutation each forward applies, in this process's order
-        permute = interventions.permutation._permute_tokens
-        interventions.permutation._permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
+        permute = interventions.permutation.permute_tokens
+        interventions.permutation.permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
                                                                              permute(x, perm, layout))[1]
         try:
             out["fragility_rpi"] = frag_dict(fragility(model, data, ["jpeg:5"], batch_size=4, num_workers=0,
                                                        rpi=True, seed=1, max_images=17, progress=False))
         finally:
-            interventions.permutation._permute_tokens = permute
+            interventions.permutation.permute_tokens = permute
         out["fragility_rpi_perms"] = applied
         sweep = alpha_sweep(model, data, [1.0, 0.5], ["jpeg:5"], probe_images=9, batch_size=4, num_workers=0,
                             progress=False)
@@ -137,14 +137,6 @@ SCRIPT = textwrap.dedent("""
         with open(f"{prefix}.{distributed.rank()}.json", "w") as f:
             f.write(dumps(result))
 """)
-
-
-def _env() -> dict[str, str]:
-    # one thread per process: deterministic and kind to a shared machine
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", ACCELERATE_USE_CPU="1")
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,20 +296,6 @@ def test_unknown_modes_are_refused():
 # --------------------------------------------------------------------------------------------
 # two launched processes against one
 # --------------------------------------------------------------------------------------------
-def _close(a, b, tol: float, path: str = "") -> None:
-    """``a`` and ``b`` (JSON values) equal: ints, bools, strings and None exactly; floats within ``tol``."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], tol, f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, tol, f"{path}[{i}]")
-    elif isinstance(a, float) and not isinstance(b, bool):
-        assert isinstance(b, (int, float)) and abs(a - b) <= tol, (path, a, b)
-    else:
-        assert a == b and type(a) is type(b), (path, a, b)
 
 
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
@@ -375,7 +353,7 @@ def test_two_launched_processes_equal_one(tmp_path):
         str(tmp_path / "launched"),
         str(tmp_path / "cli2"),
     ]
-    run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
+    run = run_launched(cmd, env=launch_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())
     rank1 = json.loads((tmp_path / "launched.1.json").read_text())
@@ -407,7 +385,7 @@ def test_two_launched_processes_equal_one(tmp_path):
     # counts, per-image correctness, accuracies, FS and every interval: exactly
     for key in ("fragility", "fragility_rpi", "fragility_rpi_pieces"):
         assert rank0[key]["counts"] == single[key]["counts"] and rank0[key]["correct"] == single[key]["correct"]
-        _close(rank0[key], single[key], 0.0, key)
+        assert_json_close(rank0[key], single[key], 0.0, key)
     assert single["fragility_rpi_pieces"]["correct"] == single["fragility_rpi"]["correct"]
     has_extra = importlib.util.find_spec("imagecorruptions") is not None  # then a random corruption, seeded per image
     assert ("imagenet-c:gaussian_noise:3" in rank0["fragility"]["shifts"]) == has_extra
@@ -417,9 +395,9 @@ def test_two_launched_processes_equal_one(tmp_path):
         assert rank0[key]["metadata"]["n_images"] == n
         assert [s["n"] for s in rank0[key]["per_image"]] == [n] * 4
         assert rank0[key]["permutation"] == single[key]["permutation"]
-        _close(rank0[key], single[key], 1e-6, key)
+        assert_json_close(rank0[key], single[key], 1e-6, key)
     assert rank0["loader_rpi"]["permutation"] is not None and rank0["loader_rpi"]["content_per_layer"]
-    _close(rank0["sweep"], single["sweep"], 1e-6, "sweep")
+    assert_json_close(rank0["sweep"], single["sweep"], 1e-6, "sweep")
 
     # the CLI under the launch: the main process alone wrote and printed, the same numbers as one process
     assert run.stdout.count("wrote ") == 2, run.stdout
@@ -429,5 +407,5 @@ def test_two_launched_processes_equal_one(tmp_path):
         one = json.loads((tmp_path / "cli1" / name).read_text())
         for section in sections:
             assert two[section].pop("processes") == 2 and "processes" not in one[section]
-        _close(two, one, 1e-6, name)
+        assert_json_close(two, one, 1e-6, name)
     assert json.loads((tmp_path / "cli2" / "probe" / "ssdc.json").read_text())["metadata"]["n_images"] == 13

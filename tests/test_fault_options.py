@@ -438,7 +438,7 @@ def _protocol(argv: list[str]) -> Any:
     from timm_posgeom.cli.main import build_parser
 
     args = build_parser().parse_args(argv)
-    return zoo._config(args, "off").protocol() if argv[0] == "zoo" else study._config(args).protocol("ape")
+    return zoo.zoo_config(args, "off").protocol() if argv[0] == "zoo" else study.study_config(args).protocol("ape")
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

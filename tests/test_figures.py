@@ -552,7 +552,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     the anchors the HTML page gives them; each figure sits in the section of its table, captioned."""
     import re
 
-    from timm_posgeom.app.report.document import _slug, write_report
+    from timm_posgeom.app.report.document import heading_slug, write_report
 
     out = _study(tmp_path)
     md = write_report(out).read_text()
@@ -573,7 +573,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     # contents: one link per section, each to an anchor the HTML page has
     sections = [line[3:] for line in lines if line.startswith("## ") and line != "## Contents"]
     links = re.findall(r"^- \[(.+)\]\(#([^)]+)\)$", md.split("## Contents")[1].split("\n## ")[0], re.M)
-    assert [t for t, _ in links] == sections and all(a == _slug(t) for t, a in links)
+    assert [t for t, _ in links] == sections and all(a == heading_slug(t) for t, a in links)
     page = (out / "report.html").read_text()
     for _, anchor in links:
         assert f'id="{anchor}"' in page, anchor

@@ -5,6 +5,8 @@ must be put in its room), the root exports only the library, and nothing imports
 from __future__ import annotations
 
 import ast
+import contextlib
+import textwrap
 from pathlib import Path
 
 import timm_posgeom
@@ -151,3 +153,65 @@ def test_no_public_name_is_hidden_by_a_module():
         getattr(timm_posgeom, name)
     hidden = [n for n in timm_posgeom.__all__ if isinstance(getattr(timm_posgeom, n), types.ModuleType)]
     assert not hidden, f"public names bound to a module: {hidden}"
+
+
+# -- privacy: a helper two modules share is public in its one home (or a `_module.py` of its package's own) ----
+REPO = ROOT.parent
+OURS = ("timm_posgeom", "tests", "scripts", "benchmarks", "experiments")
+
+
+def _private_imports(source: str, name: str, where: str) -> list[str]:
+    """``where:line module [names]`` for each ``from module import _name`` of the source (of module ``name``)
+    whose module is another one; in the scripts it writes out too (a string of Python with imports)."""
+    here = name.split(".")
+    package = here if where.endswith("__init__.py") else here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            target = node.module or ""
+            if node.level:
+                target = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            if private and target != name:
+                found.append(f"{where}:{node.lineno} {target} {private}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            with contextlib.suppress(SyntaxError):
+                found += _private_imports(textwrap.dedent(node.value), "__main__", f"{where}:{node.lineno} (a script)")
+    return found
+
+
+def _our_files() -> dict[Path, str]:
+    """Every Python file of ours -> its module name (the package's dotted; elsewhere the file's stem)."""
+    files = {}
+    for room in OURS:
+        for path in sorted((REPO / room).rglob("*.py")):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if room == "timm_posgeom":
+                files[path] = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            else:
+                files[path] = parts[-1]
+    return files
+
+
+def test_no_module_imports_another_modules_private_name():
+    """timm's rule: a name with a leading underscore is its module's own. What two modules share is public in
+    one home; the tests test through public names too (a private helper's test goes through its module)."""
+    found = [
+        hit
+        for path, name in _our_files().items()
+        if path != Path(__file__).resolve()  # its checker's test below holds made-up private imports
+        for hit in _private_imports(path.read_text(), name, str(path.relative_to(REPO)))
+    ]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_the_privacy_checker_sees_private_imports():
+    source = (
+        "from .streaming import _helper, public\nfrom . import _sibling\nfrom .fake import _mine\n"
+        'from timm_posgeom.data import __all__\nSCRIPT = """\nfrom timm_posgeom.data.folder import _key\n"""\n'
+    )
+    assert _private_imports(source, "timm_posgeom.probes.fake", "fake.py") == [
+        "fake.py:1 timm_posgeom.probes.streaming ['_helper']",
+        "fake.py:2 timm_posgeom.probes ['_sibling']",
+        "fake.py:5 (a script):2 timm_posgeom.data.folder ['_key']",
+    ]

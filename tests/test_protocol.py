@@ -245,7 +245,7 @@ def test_every_runner_picks_up_a_registered_measure(registry, tmp_path, val, exp
     from timm_posgeom.app.zoo import ZooConfig
     from timm_posgeom.app.zoo.measure import measure_model as measure_zoo_model
     from timm_posgeom.cli.main import build_parser
-    from timm_posgeom.cli.zoo import _config
+    from timm_posgeom.cli.zoo import zoo_config
 
     small = dict(max_images=8, probe_images=6, rpi_permutations=2, batch_size=4, num_workers=0, extras=("toy",))
     row = measure_zoo_model(f"local-dir:{export}", ZooConfig(data="synthetic", pretrained="off", **small), val)
@@ -258,7 +258,7 @@ def test_every_runner_picks_up_a_registered_measure(registry, tmp_path, val, exp
     ev = measure_run(PlannedRun("nope", 0, run_dir, "x", (), None), m)  # type: ignore[arg-type]
     assert ev.measures == {"toy": Toy(6.0).to_dict()} and ev.attention is None and ev.alpha_sweep is None
     args = build_parser().parse_args(["zoo", "M", "--data", "synthetic", "--extras", "toy,attention"])
-    assert _config(args, "off").protocol().extras == ("toy", "attention")
+    assert zoo_config(args, "off").protocol().extras == ("toy", "attention")
 
 
 def test_the_studys_alpha_grid_is_the_protocols_and_the_cpu_presets_say_why_not():

@@ -136,7 +136,7 @@ def test_the_cli_takes_shift_size(tmp_path, imagenette_path, capsys):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:clean accuracy is 0")
 def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(tmp_path):
-    from test_records import _study
+    from studies import one_run_study
 
     from timm_posgeom.app.records import StudyResults
     from timm_posgeom.app.report.shift_size import fragility_at_size_lines
@@ -161,7 +161,7 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     )
     assert record.shift_size == 96 and record.num_images == 8 and record.fs.keys() == set(config.shifts)
     assert record.clean_accuracy == direct.clean_accuracy and record.accuracy == direct.accuracy
-    results = _study()
+    results = one_run_study()
     results.runs[0].eval.fragility_at_size = record
     results.recipes = {"ape": {"img_size": 64}}
     again = StudyResults.from_dict(results.to_dict())
@@ -169,4 +169,4 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     lines = "\n".join(fragility_at_size_lines(again))
     assert "applied at 96 px, before the resize to the model's input (64 px)" in lines
     assert "jpeg:5 FS at 64 px | jpeg:5 FS at 96 px" in lines and "| APE |" in lines
-    assert fragility_at_size_lines(_study()) == []
+    assert fragility_at_size_lines(one_run_study()) == []

@@ -57,7 +57,7 @@ def random_subspace(dim: int, rank: int, seed: int) -> torch.Tensor:
     return torch.linalg.qr(gaussian)[0][:, :rank]
 
 
-def _ablate(basis: torch.Tensor, mean: torch.Tensor, n_patches: int):
+def ablation_edit(basis: torch.Tensor, mean: torch.Tensor, n_patches: int):
     """The edit of :func:`~timm_posgeom.localisation.tracing.traced_forward` that ablates ``basis`` (C, r) of the
     block's patch tokens around ``mean`` (C,)."""
 
@@ -128,7 +128,7 @@ def position_ablation(
             tally.add("clean", similarity_maps(run.outputs[last], None, n), hits(run.logits, batch_labels), groups)
             for variant, bases in spaces.items():
                 for layer in layer_ids:
-                    edit = (layer, _ablate(bases[layer], fitted.mean[layer], n))
+                    edit = (layer, ablation_edit(bases[layer], fitted.mean[layer], n))
                     run = traced_forward(model, sites, x, record={last}, edit=edit)
                     maps = similarity_maps(run.outputs[last], None, n)
                     tally.add((variant, layer), maps, hits(run.logits, batch_labels), groups)

@@ -71,7 +71,7 @@ def _restored(patched: np.ndarray, rpi: np.ndarray, clean: float, atol: float) -
         return np.where(real, (patched - rpi[:, None]) / np.where(real, gap, 1.0), math.nan)
 
 
-def _edit(layer: int, clean: Trace, permutation: torch.Tensor, patch: str):
+def patch_edit(layer: int, clean: Trace, permutation: torch.Tensor, patch: str):
     """The edit of :func:`traced_forward` that puts the clean run's layer ``layer`` into the permuted run."""
     if layer == EMBEDDING or patch == "residual":
         source = align(clean.outputs[layer], permutation)
@@ -102,7 +102,7 @@ def _run_batch(model: nn.Module, plan: _Plan, images, labels, groups: torch.Tens
         rpi = traced_forward(model, sites, images, p, record={last})
         plan.permuted.add(("rpi", k), similarity_maps(rpi.outputs[last], p, n), hits(rpi.logits, labels), one)
         for layer in plan.layers:
-            run = traced_forward(model, sites, images, p, record={last}, edit=_edit(layer, clean, p, plan.patch))
+            run = traced_forward(model, sites, images, p, record={last}, edit=patch_edit(layer, clean, p, plan.patch))
             maps = similarity_maps(run.outputs[last], p, n)
             plan.permuted.add(("patched", k, layer), maps, hits(run.logits, labels), one)
 

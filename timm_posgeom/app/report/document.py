@@ -72,7 +72,7 @@ def _floor_line(results: StudyResults, delta: bool = False) -> str:
     )
 
 
-def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
+def formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
     """First logged epoch from which the mean SSDC under RPI stays above SUBSTANTIAL, or None."""
     above = mean_ssdc > SUBSTANTIAL
     for i in range(len(epochs)):
@@ -91,7 +91,7 @@ def _monitor_split(results: StudyResults) -> str:
     )
 
 
-def _training_table(results: StudyResults) -> list[str]:
+def training_table(results: StudyResults) -> list[str]:
     rows = []
     for c, runs in by_condition(results).items():
         epochs, ssdc_l, top1, records = seed_history(runs)
@@ -99,7 +99,7 @@ def _training_table(results: StudyResults) -> list[str]:
             continue
         mean = np.nanmean(ssdc_l, 1)
         marks = [int(round(q * (len(epochs) - 1))) for q in (0.25, 0.5, 0.75, 1.0)]
-        formed = _formed_at(epochs, mean)
+        formed = formed_at(epochs, mean)
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
         at = [_short(spread([float(np.nanmean(nan_for_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
@@ -165,7 +165,7 @@ def _head_range(rows: list[list[float | None]]) -> str:
     return f"{values.mean():.3f} [{values.min():.3f}, {values.max():.3f}]"
 
 
-def _tables(results: StudyResults) -> list[str]:
+def study_tables(results: StudyResults) -> list[str]:
     """The study's tables: accuracy and fragility, SSDC across depth, and the alpha sweep when measured."""
     by = by_condition(results)
     return _accuracy_table(results, by) + _ssdc_table(results, by) + _alpha_sweep_tables(results, by)
@@ -300,7 +300,7 @@ def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
     return ", ".join(f"{a:.3f}±{b:.3f}" if many else f"{a:.3f}" for a, b in zip(m, sd))
 
 
-def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
+def claims_table(claims: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## The paper's five claims in this run",
         "",
@@ -336,7 +336,7 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split("\n")).replace("|", "\\|")
 
 
-def _slug(heading: str) -> str:
+def heading_slug(heading: str) -> str:
     """A heading's anchor as GitHub writes it (lower case, punctuation dropped, spaces to hyphens); the
     HTML page uses the same (:func:`render_html`), so the contents' links work in both."""
     import re
@@ -347,7 +347,7 @@ def _slug(heading: str) -> str:
 def _contents(lines: list[str]) -> list[str]:
     """A table of contents: a link to every second-level heading in ``lines``."""
     heads = [line[3:].strip() for line in lines if line.startswith("## ")]
-    return ["## Contents", ""] + [f"- [{h}](#{_slug(h)})" for h in heads] + [""]
+    return ["## Contents", ""] + [f"- [{h}](#{heading_slug(h)})" for h in heads] + [""]
 
 
 def _place(lines: list[str], heading: str, block: list[str]) -> list[str]:
@@ -385,9 +385,9 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None, fi
     drawn = _draw_figures(out, results) if figures else _figures_present(out)
     title, varied = report_header(results)
     body = _with_figures(
-        _claims_table(evaluate_claims(results))
-        + _tables(results)
-        + _training_table(results)
+        claims_table(evaluate_claims(results))
+        + study_tables(results)
+        + training_table(results)
         + _attention_table(results),
         drawn,
     )
@@ -521,7 +521,7 @@ def render_html(md: str, figures: Path) -> str:
     import markdown
     from markdown.extensions.toc import TocExtension
 
-    toc = TocExtension(slugify=lambda value, separator: _slug(value))  # the anchors report.md links to
+    toc = TocExtension(slugify=lambda value, separator: heading_slug(value))  # the anchors report.md links to
     body = markdown.markdown(md, extensions=["tables", "sane_lists", toc], output_format="html")
     title = next((line[2:].strip() for line in md.splitlines() if line.startswith("# ")), "timm-posgeom report")
     title = html.escape(title.replace("`", ""))
