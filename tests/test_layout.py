@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import re
 import textwrap
 from pathlib import Path
 
@@ -215,3 +216,80 @@ def test_the_privacy_checker_sees_private_imports():
         "fake.py:2 timm_posgeom.probes ['_sibling']",
         "fake.py:5 (a script):2 timm_posgeom.data.folder ['_key']",
     ]
+
+
+# -- docs/architecture.md is the truth: its tree names every package and module, and no other ----------------------
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def _architecture_tree() -> dict[str, str]:
+    """The first fenced block of docs/architecture.md: each entry's path (relative to ``timm_posgeom/``: a package
+    ``probes/``, a module ``errors.py``) -> its text. An entry starts at two spaces' indent, its text runs on."""
+    block = ARCHITECTURE.read_text().split("```\n")[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines()[1:]:
+        if line.startswith("  --"):  # a heading of the tree
+            current = None
+        elif re.match(r"^  \S", line):
+            current, _, text = line.strip().partition(" ")
+            entries[current] = text
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def _named_modules(text: str) -> set[str]:
+    """The modules an entry names: ``name.py`` (of the entry's package) and ``room/name.py`` (a path)."""
+    return set(re.findall(r"(?<![\w/.<])((?:\w+/)*\w+)\.py\b", text))
+
+
+def test_the_architecture_document_names_every_package_and_module():
+    from timm_posgeom.cli.main import COMMANDS
+
+    entries = _architecture_tree()
+    packages = {str(p.parent.relative_to(ROOT)) + "/" for p in ROOT.rglob("__init__.py") if p.parent != ROOT}
+    packages -= {f"{d}/" for d in DATA}
+    named: set[str] = set()
+    for path, text in entries.items():
+        package = path if path.endswith("/") else ""
+        assert (ROOT / path).is_file() if not package else path in packages, f"the tree names {path}: none such"
+        named |= {path} if not package else set()
+        for module in _named_modules(text):
+            full = f"{module}.py" if "/" in module else f"{package}{module}.py"
+            assert (ROOT / full).is_file(), f"the tree's {path} names {module}.py: no {full}"
+            named.add(full)
+    assert not packages - set(entries), f"packages the tree leaves out: {sorted(packages - set(entries))}"
+    modules = {
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*.py")
+        if not p.name.startswith("__") and p.parent.name not in DATA
+    }
+    commands = {f"cli/{c}.py" for c in COMMANDS}  # one module per command: `cli/<command>.py`
+    left_out = sorted(modules - named - commands)
+    assert not left_out, f"modules the tree of docs/architecture.md leaves out: {left_out}"
+
+
+def test_the_tree_reader_sees_what_it_should():
+    assert _named_modules("main.py (x), <command>.py; app/report/runs.py, timm_posgeom.data and recipes/") == {
+        "main",
+        "app/report/runs",
+    }
+    entries = _architecture_tree()
+    assert {"errors.py", "probes/", "probes/ssdc_probe/", "app/report/", "cli/"} <= set(entries)
+    assert "spearman.py" in entries["probes/ssdc_probe/"] and "protocol.py" not in entries["errors.py"]
+
+
+def test_every_room_of_the_library_is_layered_inside_it():
+    """The second layers contract orders the library's rooms; a new room must take its place there."""
+    import pytest
+
+    if not PYPROJECT.is_file():
+        pytest.skip("pyproject.toml is not beside the package (an installed wheel)")
+    tomllib = pytest.importorskip("tomllib")
+    contracts = [
+        c for c in tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"] if c["type"] == "layers"
+    ]
+    inside = {m.strip().removeprefix("timm_posgeom.") for layer in contracts[1]["layers"] for m in layer.split("|")}
+    assert _library() - inside == {"_compat"}, sorted(_library() - inside)  # _compat imports nothing of ours
+    assert len([m for m in ROOT.glob("*.py") if m.name != "__init__.py"]) <= 5, "the root keeps the face"

@@ -16,6 +16,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from types import FrameType
 from typing import Any
 
 # old module path -> its new path: every module path 0.1.0 had or documented that has moved. Only strings: the
@@ -61,7 +62,8 @@ def _importer_stacklevel() -> int:
     the old path: the first frame outside importlib and this file. The warnings module itself passes over
     importlib's bootstrap frames without counting them (so that a warning raised by an import reaches its
     importer); those are not counted here either."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name, file = frame.f_globals.get("__name__", ""), frame.f_code.co_filename
         bootstrap = "importlib" in file and "_bootstrap" in file
