@@ -1,7 +1,7 @@
 """Benchmark of data-parallel measuring (issue 15): throughput of ``probe_ssdc`` with 1 and 2 processes,
 measured in one run on this machine (and on GPUs when there are some).
 
-The probe reads :func:`~timm_posgeom.eval_data.eval_loader` batches of synthetic images (rendered on the
+The probe reads :func:`~timm_posgeom.data.eval_data.eval_loader` batches of synthetic images (rendered on the
 fly, so each process renders only its own shard) through a random-init ViT, reduction "both". One
 process runs alone (no launcher) with every core, and with one core (the kernels of each of W
 single-thread processes); W processes run under ``accelerate launch`` (CPU: its torchrun-based
@@ -32,10 +32,10 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
 
     import timm_posgeom  # noqa: F401  (registers the models)
-    from timm_posgeom import distributed
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
+    from timm_posgeom.data.synthetic import SyntheticShapes
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.probes import probe_ssdc
-    from timm_posgeom.synthetic import SyntheticShapes
 
     world = distributed.setup()
     torch.set_num_threads(max(1, args.threads))

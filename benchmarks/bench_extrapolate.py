@@ -15,7 +15,7 @@ over ``--repeats`` of three timings:
   on the top-1 images once and on the probe images 2 + K times (clean SSDC, K permutations, attention): the
   forwards alone, so the ratio is what the measures themselves add.
 
-Both read the same decoded images (a fresh :class:`~timm_posgeom.eval_data.DecodedImages` for every timing, made
+Both read the same decoded images (a fresh :class:`~timm_posgeom.data.eval_data.DecodedImages` for every timing, made
 outside it, so that none reuses another's resized images). Printed: seconds and the ratios of extrapolate to the
 measures by hand and to the plain forwards, per size and mode, and the load average. At the training size
 extrapolate carries nothing (every mode is the model itself), so the sizes worth timing are the others.
@@ -39,7 +39,7 @@ import timm
 import torch
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.eval_data import DecodedImages, eval_loader
+from timm_posgeom.data.eval_data import DecodedImages, eval_loader
 from timm_posgeom.resolution import at_input_size, extrapolate
 
 

@@ -95,7 +95,7 @@ def bench_interval_cost(model_name: str, batch: int, img: int, repeats: int, bat
     """The interval over images' own cost: ``probe_ssdc`` without RPI with its 20 jackknife group sums against
     the same probe with none (the groups set to 0 for the comparison alone), per reduction, interleaved, over
     ``batches`` batches (the groups' SSDC is ranked once per call, after the last batch)."""
-    from timm_posgeom.probes import probe as probe_module
+    from timm_posgeom.probes.ssdc_probe import probe as probe_module
 
     torch.manual_seed(0)
     model = timm.create_model(model_name, img_size=img).eval()

@@ -24,9 +24,9 @@ import PIL.Image
 import torch
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.eval_data import default_workers
-from timm_posgeom.shifts import parse_shift
-from timm_posgeom.transforms import resize_transform
+from timm_posgeom.data.eval_data import default_workers
+from timm_posgeom.data.shifts import parse_shift
+from timm_posgeom.data.transforms import resize_transform
 
 SHIFTS = (
     "jpeg:5",

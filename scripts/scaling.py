@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from timm_posgeom.app.claims import LABELS, rpi_cube, spread, spread_sp
 from timm_posgeom.app.records import RecordError, StudyResults
+from timm_posgeom.app.report.claims import LABELS, rpi_cube, spread, spread_sp
 
 # The paper (arXiv 2606.00124), ViT-S/16 on ImageNet-100, 4 seeds: its APE alpha sweep as its appendix table
 # gives it (delta SSDC under RPI, layer 1 - layer 0, mean over 4 seeds, at alpha 1.0 .9 ... .1; the paper has

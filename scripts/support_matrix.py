@@ -3,8 +3,8 @@
     python scripts/support_matrix.py            # run every row, write docs/support.md
     python scripts/support_matrix.py --check    # run every row, exit 1 if docs/support.md differs
 
-Each row is measured by :func:`timm_posgeom.support.check_support` on a random-weight model at a small
-test size (see ``timm_posgeom.support.MATRIX``); ``tests/test_support.py`` runs the same rows in CI and
+Each row is measured by :func:`timm_posgeom.probes.support.check_support` on a random-weight model at a small
+test size (see ``timm_posgeom.probes.support.MATRIX``); ``tests/test_support.py`` runs the same rows in CI and
 compares them with the file, so the page cannot drift from the code.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import timm
 
 import timm_posgeom
-from timm_posgeom.support import MATRIX, build_matrix_model, check_support, support_page
+from timm_posgeom.probes.support import MATRIX, build_matrix_model, check_support, support_page
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "support.md"
 

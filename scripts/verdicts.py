@@ -27,9 +27,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from timm_posgeom.app.claims import CLAIMS, LABELS, evaluate_claims
 from timm_posgeom.app.records import RecordError, StudyResults
-from timm_posgeom.app.verdicts import RULES
+from timm_posgeom.app.report.claims import CLAIMS, LABELS, evaluate_claims
+from timm_posgeom.app.report.verdicts import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = (

@@ -132,7 +132,7 @@ LAUNCH_MARK = "POSGEOM_TEST_LAUNCH"
 
 def free_port() -> int:
     """A TCP port free on this machine now, for one launch's rendezvous: two launches never share the
-    default 29500, and port 0 is no port to the workers (see timm_posgeom.distributed)."""
+    default 29500, and port 0 is no port to the workers (see timm_posgeom.measuring.distributed)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -187,3 +187,62 @@ def run_launched(cmd: list[str], *, env: dict[str, str], timeout: float, cwd=Non
             pytrace=False,
         )
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+# -- helpers several test files share --------------------------------------------------------------------------
+def launch_env() -> dict[str, str]:
+    """The environment of a launched measurement (tests/test_distributed.py, tests/test_attention.py): one thread
+    per process (deterministic and kind to a shared machine), CPU, no launch variables of ours leaking in."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", ACCELERATE_USE_CPU="1")
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    return env
+
+
+def assert_json_close(a, b, tol: float, path: str = "") -> None:
+    """``a`` and ``b`` (JSON values) equal: ints, bools, strings and None exactly; floats within ``tol``."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_json_close(a[k], b[k], tol, f"{path}.{k}")
+    elif isinstance(a, list):
+        assert isinstance(b, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_json_close(x, y, tol, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert isinstance(b, (int, float)) and abs(a - b) <= tol, (path, a, b)
+    else:
+        assert a == b and type(a) is type(b), (path, a, b)
+
+
+def parquet_set(root: Path) -> Path:
+    """A tiny Hub-layout set with two configurations (``small``: 3 classes, ``big``: 4), each with a train
+    and a validation split of distinct images, as the Hub lays out ``configs:`` in the README."""
+    import io
+
+    import datasets
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for config, classes in (("small", 3), ("big", 4)):
+        for split, n in (("train", 12), ("validation", 6)):
+            images = []
+            for _ in range(n):
+                buf = io.BytesIO()
+                Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buf, format="JPEG")
+                images.append({"bytes": buf.getvalue(), "path": None})
+            features = datasets.Features(
+                {"image": datasets.Image(), "label": datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])}
+            )
+            ds = datasets.Dataset.from_dict(
+                {"image": images, "label": [i % classes for i in range(n)]}, features=features
+            )
+            (root / config).mkdir(parents=True, exist_ok=True)
+            ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
+    card = ["---", "configs:"]
+    for config in ("small", "big"):
+        card += [f"- config_name: {config}", "  data_files:"]
+        card += [f"  - split: {s}\n    path: {config}/{s}-*.parquet" for s in ("train", "validation")]
+    (root / "README.md").write_text("\n".join(card + ["---", ""]))
+    return root

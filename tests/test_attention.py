@@ -283,7 +283,7 @@ LAUNCHED = textwrap.dedent("""
     import torch.nn.functional as F
 
     import timm_posgeom  # noqa: F401
-    from timm_posgeom import distributed
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.probes import attention_measures
 
 
@@ -311,8 +311,7 @@ LAUNCHED = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_launched_processes_equal_one(tmp_path):
-    from conftest import free_port, run_launched
-    from test_distributed import _close, _env
+    from conftest import assert_json_close, free_port, launch_env, run_launched
 
     script = tmp_path / "measure.py"
     script.write_text(LAUNCHED)
@@ -334,7 +333,7 @@ def test_two_launched_processes_equal_one(tmp_path):
         str(script),
         str(tmp_path / "launched"),
     ]
-    run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
+    run = run_launched(cmd, env=launch_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())
     rank1 = json.loads((tmp_path / "launched.1.json").read_text())
@@ -345,7 +344,7 @@ def test_two_launched_processes_equal_one(tmp_path):
     assert single.pop("world") == 1
     assert rank0["rpi"]["metadata"]["n_images"] == 9 and rank0["few"]["metadata"]["n_images"] == 3
     assert rank0["rpi"]["permutation"] == single["rpi"]["permutation"]
-    _close(rank0, single, 1e-9)  # float64 sums added in another order
+    assert_json_close(rank0, single, 1e-9)  # float64 sums added in another order
 
 
 def test_token_and_attention_measures_in_one_pass(images, one_thread):

@@ -242,7 +242,7 @@ def test_fractional_labels_are_refused_and_whole_float_labels_read(tmp_path, cap
     _refused(*_probe(capsys, _parquet(tmp_path / "frac", [0.0, 7.7, 1.0]), tmp_path / "o1")[:2], "label 7.7")
     split = load_split(_parquet(tmp_path / "whole", [0.0, 7.0, 1.0]), "validation")
     assert split.labels == [0, 7, 1] and split.num_classes == 8
-    from timm_posgeom.eval_data import split_item
+    from timm_posgeom.data.eval_data import split_item
 
     with pytest.raises(ValueError, match="label 2.5 is not a class index"):
         split_item((Image.new("RGB", (4, 4)), 2.5))
@@ -329,7 +329,7 @@ def test_an_input_size_off_a_timm_vits_patch_grid_is_one_line(tmp_path, capsys, 
     root, _ = _write(tmp_path / "d", "rgb", n=1)
     code, err, _ = _probe(capsys, root, tmp_path / "out", "--img-size", "72", model="vit_tiny_patch16_224")
     _refused(code, err, "not a multiple of the patch size 16x16")
-    from timm_posgeom.factory import create_model
+    from timm_posgeom.models.factory import create_model
 
     assert create_model("vit_tiny_patch16_224", img_size=80, depth=1).patch_embed.grid_size == (5, 5)
 
@@ -412,7 +412,7 @@ def test_an_empty_split_is_one_line(tmp_path, capsys):
 # the library: image modes, 16 and 32 bit
 # --------------------------------------------------------------------------------------------
 def test_to_rgb_scales_16_bit_and_refuses_what_has_no_range():
-    from timm_posgeom.transforms import ImageModeError, to_rgb
+    from timm_posgeom.data.transforms import ImageModeError, to_rgb
 
     v = np.array([[0, 128, 257, 32896, 65535, 65278]], dtype=np.uint16)
     assert Image.fromarray(v).mode == "I;16"

@@ -12,93 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scipy.stats import t
+from studies import claims_ssdc, paper_like, paper_seeds, results_of
 
-from timm_posgeom.app.claims import ONE_SEED, evaluate_claims, spread
-from timm_posgeom.app.records import RunEval, RunSummary, SSDCSummary, StudyResults, StudyRun, SweepSummary
+from timm_posgeom.app.records import StudyResults, StudyRun
+from timm_posgeom.app.report.claims import ONE_SEED, evaluate_claims, spread
 
 OLD = "2026-11"  # the rule before issue 39
-
-ALPHAS = [1.0, 0.5, 0.0]
-
-
-def _ssdc(plain: float, rpi: list[float]) -> SSDCSummary:
-    return SSDCSummary(
-        n_images=10,
-        per_layer=[plain] * len(rpi),
-        rise=0.0,
-        rpi_per_layer=list(rpi),
-        rpi_delta=rpi[1] - rpi[0],
-        rpi_content_per_layer=[plain] * len(rpi),
-    )
-
-
-def _run(
-    condition: str,
-    seed: int,
-    acc: float,
-    fs: float,
-    plain: float,
-    rpi: list[float],
-    sweep: tuple[list[float], list[float]] | None = None,
-) -> StudyRun:
-    summary = RunSummary(
-        model="m", steps=1, epochs=1.0, train_images=1, val_images=1, processes=1, time_s=1.0, val_top1=acc
-    )
-    sw = None
-    if sweep is not None:
-        sw = SweepSummary(
-            alphas=ALPHAS,
-            delta_ssdc=sweep[0],
-            fs={"jpeg:5": sweep[1]},
-            clean_accuracy=[acc] * 3,
-            rpi_per_layer=[rpi] * 3,
-        )
-    ev = RunEval(
-        clean_accuracy=acc,
-        fs={"jpeg:5": fs},
-        fs_interval={"jpeg:5": [fs - 0.01, fs + 0.01]},
-        num_images=1000,
-        ssdc=_ssdc(plain, rpi),
-        alpha_sweep=sw,
-    )
-    return StudyRun(
-        condition=condition,
-        seed=seed,
-        run_dir="r",
-        train=summary,
-        eval=ev,
-        history=[],
-        untrained=_ssdc(0.1, [0.0] * len(rpi)),
-    )
-
-
-def _results(runs: list[StudyRun], classes: int = 10) -> StudyResults:
-    return StudyResults(
-        config={},
-        plan=[],
-        versions={},
-        runs=runs,
-        eval_data={"source": "x", "split": "validation", "images": 1000, "classes": classes},
-    )
-
-
-def _paper_like(seed: int, jitter: float = 0.0, nope_acc: float = 0.6) -> list[StudyRun]:
-    """A study where every claim holds clearly."""
-    j = jitter * (1 if seed % 2 else -1)
-    return [
-        _run("nope", seed, nope_acc, 0.60 + j, 0.5 + j, [0.01, 0.0, 0.02, 0.01]),
-        _run(
-            "ape", seed, 0.7, 0.40 + j, 0.6, [0.5 + j, 0.4, 0.3, 0.2], sweep=([0.5 + j, 0.2, 0.0], [0.3, 0.4, 0.5 + j])
-        ),
-        _run("sincos", seed, 0.7, 0.41 + j, 0.6, [0.45, 0.35 + j, 0.3, 0.2]),
-        _run("rope", seed, 0.72, 0.30 + j, 0.6, [0.1 + j, 0.2, 0.3, 0.4]),
-        _run("rpt", seed, 0.6, 0.62 + j, 0.5, [0.0, 0.02 + j, 0.01, 0.0]),
-    ]
-
-
-def _seeds(n: int, jitter: float = 0.005, nope_acc: float = 0.6) -> list[StudyRun]:
-    """``n`` seeds of :func:`_paper_like`."""
-    return [r for seed in range(n) for r in _paper_like(seed, jitter, nope_acc)]
 
 
 def _status(results: StudyResults, rule: str = "2026-12") -> list[str]:
@@ -121,54 +40,54 @@ def test_spread_is_the_student_t_interval_over_seeds():
 
 
 def test_every_claim_holds_beyond_the_spread_when_it_does():
-    assert _status(_results(_seeds(4))) == ["held"] * 5
-    assert _status(_results(_seeds(2)), rule=OLD) == ["held"] * 5  # the old rule: each part at its own 95%
+    assert _status(results_of(paper_seeds(4))) == ["held"] * 5
+    assert _status(results_of(paper_seeds(2)), rule=OLD) == ["held"] * 5  # the old rule: each part at its own 95%
 
 
 def test_a_difference_inside_the_seed_spread_is_undecided_not_decided():
     """Fragility: PE models 0.02 less fragile on average, seeds 0.2 apart: within noise."""
     for rule in ("2026-12", OLD):
-        claims = evaluate_claims(_results(_seeds(2, 0.1)), rule=rule)
+        claims = evaluate_claims(results_of(paper_seeds(2, 0.1)), rule=rule)
         assert claims[3]["status"] == "undecided" and "within noise" in claims[3]["reason"]
         assert claims[3]["held"] is None
 
 
 def test_a_model_near_chance_makes_its_claims_undecided_never_no():
     """The demo's no-PE model at 0.116 top-1 on 10 classes: claims 1 and 4 involve it."""
-    runs = _seeds(4, nope_acc=0.116)
-    claims = evaluate_claims(_results(runs))
+    runs = paper_seeds(4, nope_acc=0.116)
+    claims = evaluate_claims(results_of(runs))
     assert [c["status"] for c in claims] == ["undecided", "held", "held", "undecided", "held"]
     assert "near chance (no PE at top-1 0.116; chance 0.100" in claims[0]["reason"]
     # without the number of classes the check cannot be made, and the verdict stands
-    assert _status(_results(runs, classes=0))[0] == "held"
+    assert _status(results_of(runs, classes=0))[0] == "held"
 
 
 def test_a_claim_that_fails_beyond_the_spread_is_no():
-    runs = _seeds(2)
+    runs = paper_seeds(2)
     for r in runs:
         if r.condition == "rpt":  # RPT keeps a strong index anchor: claim 3 fails
             r.eval.ssdc.rpi_per_layer = [0.5, 0.5, 0.5, 0.5]
     for rule in ("2026-12", OLD):
-        claims = evaluate_claims(_results(runs), rule=rule)
+        claims = evaluate_claims(results_of(runs), rule=rule)
         assert claims[2]["status"] == "not held" and claims[2]["held"] is False
         assert "outside ±0.1" in claims[2]["evidence"]
 
 
 def test_one_seed_never_decides_and_still_shows_its_evidence():
     """With one seed spread() set lo = hi = mean, so a point estimate decided (the old rule, kept reachable)."""
-    claims = evaluate_claims(_results(_paper_like(0)))
+    claims = evaluate_claims(results_of(paper_like(0)))
     assert all(c["status"] == "undecided" and c["reason"] == ONE_SEED and c["held"] is None for c in claims)
     assert all("1 seed" in c["evidence"] and "[" in c["evidence"] for c in claims[:4])
     assert "no interval, not decided" in claims[0]["evidence"]  # trained - untrained on one seed: a point value
-    assert all(c["status"] == "held" for c in evaluate_claims(_results(_paper_like(0)), rule=OLD))
-    runs = _paper_like(0)
+    assert all(c["status"] == "held" for c in evaluate_claims(results_of(paper_like(0)), rule=OLD))
+    runs = paper_like(0)
     for r in runs:  # overlapping bootstrap intervals: the one-seed comparison cannot decide
         r.eval.fs_interval = {"jpeg:5": [0.0, 1.0]}
-    assert evaluate_claims(_results(runs), rule=OLD)[3]["status"] == "undecided"
+    assert evaluate_claims(results_of(runs), rule=OLD)[3]["status"] == "undecided"
     # a claim whose own conditions have 2 seeds is decided though another condition has one
-    runs = _seeds(4) + [r for r in _paper_like(4) if r.condition == "ape"]
+    runs = paper_seeds(4) + [r for r in paper_like(4) if r.condition == "ape"]
     runs = [r for r in runs if not (r.condition == "rope" and r.seed > 0)]
-    claims = evaluate_claims(_results(runs))
+    claims = evaluate_claims(results_of(runs))
     assert claims[0]["status"] == "held" and claims[2]["status"] == "held"
     assert claims[1]["reason"] == ONE_SEED and claims[3]["reason"] == ONE_SEED
 
@@ -179,21 +98,21 @@ def test_one_seed_decides_on_the_interval_of_the_difference_not_on_overlap():
     0.015 > 0); with +-0.08 it is not (0.10 - 0.113 < 0)."""
 
     def with_half_width(h: float) -> list[StudyRun]:
-        runs = _paper_like(0)
+        runs = paper_like(0)
         for r in runs:
             fs = r.eval.fs["jpeg:5"]
             r.eval.fs_interval = {"jpeg:5": [fs - h, fs + h]}
         return runs
 
-    decided = evaluate_claims(_results(with_half_width(0.06)), rule=OLD)[3]
+    decided = evaluate_claims(results_of(with_half_width(0.06)), rule=OLD)[3]
     assert decided["status"] == "held", decided
-    within = evaluate_claims(_results(with_half_width(0.08)), rule=OLD)[3]
+    within = evaluate_claims(results_of(with_half_width(0.08)), rule=OLD)[3]
     assert within["status"] == "undecided" and "evaluation images" in within["reason"]
     runs = with_half_width(0.06)  # RoPE above APE beyond the interval of the difference: decided "not held"
     rope = next(r for r in runs if r.condition == "rope")
     rope.eval.fs = {"jpeg:5": 0.50}
     rope.eval.fs_interval = {"jpeg:5": [0.44, 0.56]}
-    assert evaluate_claims(_results(runs), rule=OLD)[3]["status"] == "not held"
+    assert evaluate_claims(results_of(runs), rule=OLD)[3]["status"] == "not held"
 
 
 def test_one_seed_mover_interval_is_rescaled_to_the_level_tested():
@@ -201,7 +120,7 @@ def test_one_seed_mover_interval_is_rescaled_to_the_level_tested():
     half-width by z((1 + L) / 2) / z(0.975) (the bootstrap interval read as a normal one)."""
     from scipy.stats import norm
 
-    from timm_posgeom.app.verdicts import less
+    from timm_posgeom.app.report.verdicts import less
 
     a, b = spread([0.30]), spread([0.40])
     test = less(a, b, (0.27, 0.33), (0.36, 0.44))
@@ -220,33 +139,33 @@ def test_one_seed_alpha_claim_needs_the_fs_change_beyond_its_interval():
     decides nothing on one seed)."""
 
     def with_sweep_fs(fs: list[float], half: float) -> list[StudyRun]:
-        runs = _paper_like(0)
+        runs = paper_like(0)
         sweep = next(r for r in runs if r.condition == "ape").eval.alpha_sweep
         sweep.fs = {"jpeg:5": fs}
         sweep.fs_interval = {"jpeg:5": [[v - half, v + half] for v in fs]}
         return runs
 
-    assert evaluate_claims(_results(with_sweep_fs([0.022, 0.034, 0.009], 0.02)), rule=OLD)[4]["status"] == "undecided"
-    assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.02)), rule=OLD)[4]["status"] == "held"
-    assert evaluate_claims(_results(with_sweep_fs([0.30, 0.40, 0.50], 0.2)), rule=OLD)[4]["status"] == "undecided"
-    falls = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)), rule=OLD)[
+    assert evaluate_claims(results_of(with_sweep_fs([0.022, 0.034, 0.009], 0.02)), rule=OLD)[4]["status"] == "undecided"
+    assert evaluate_claims(results_of(with_sweep_fs([0.30, 0.40, 0.50], 0.02)), rule=OLD)[4]["status"] == "held"
+    assert evaluate_claims(results_of(with_sweep_fs([0.30, 0.40, 0.50], 0.2)), rule=OLD)[4]["status"] == "undecided"
+    falls = evaluate_claims(results_of(with_sweep_fs([0.50, 0.40, 0.30], 0.02)), rule=OLD)[
         4
     ]  # beyond noise, the wrong way
     assert falls["status"] == "not held" and "FS at alpha 0 minus at 1: difference -0.200 [" in falls["evidence"]
     runs = with_sweep_fs([0.022, 0.034, 0.009], 0.02)  # without the intervals (older records): the trend alone
     next(r for r in runs if r.condition == "ape").eval.alpha_sweep.fs_interval = None
-    assert evaluate_claims(_results(runs), rule=OLD)[4]["status"] == "not held"
-    new = evaluate_claims(_results(with_sweep_fs([0.50, 0.40, 0.30], 0.02)))[4]
+    assert evaluate_claims(results_of(runs), rule=OLD)[4]["status"] == "not held"
+    new = evaluate_claims(results_of(with_sweep_fs([0.50, 0.40, 0.30], 0.02)))[4]
     assert new["status"] == "undecided" and new["reason"] == ONE_SEED and "FS rises: no (" in new["evidence"]
 
 
 def test_missing_conditions_are_not_measured():
     """Claim 2 is about APE, sincos and RoPE, claim 4 about every condition: run on some, they were decided
     from those alone (APE alone 'held' claim 2)."""
-    claims = evaluate_claims(_results([r for r in _seeds(2) if r.condition in ("ape",)]))
+    claims = evaluate_claims(results_of([r for r in paper_seeds(2) if r.condition in ("ape",)]))
     assert [c["status"] for c in claims] == ["not measured", "not measured", "not measured", "not measured", "held"]
     assert "not run: sincos, RoPE" in claims[1]["reason"]
-    claims = evaluate_claims(_results([r for r in _paper_like(0) if r.condition in ("nope", "rope")]))
+    claims = evaluate_claims(results_of([r for r in paper_like(0) if r.condition in ("nope", "rope")]))
     assert claims[3]["status"] == "not measured" and "missing: APE, sincos, RPT" in claims[3]["reason"]
 
 
@@ -254,46 +173,46 @@ def test_a_comparison_without_a_spread_on_one_side_is_not_decided():
     """RoPE on 1 seed (FS .199) against APE on 2 (.200, .202): decided on the point values, 'RoPE least' and
     the claim were 'held'; then within noise, the reason naming the seed counts (rule 2026-11); now a claim with
     a one-seed condition is not decided."""
-    runs = _paper_like(0) + _paper_like(1)
+    runs = paper_like(0) + paper_like(1)
     runs = [r for r in runs if not (r.condition == "rope" and r.seed == 1)]
     for r in runs:
         r.eval.fs["jpeg:5"] = {"nope": 0.300, "ape": 0.200, "sincos": 0.201, "rope": 0.199, "rpt": 0.310}[
             r.condition
         ] + (0.002 * r.seed if r.condition != "rope" else 0.0)
-    claim = evaluate_claims(_results(runs), rule=OLD)[3]
+    claim = evaluate_claims(results_of(runs), rule=OLD)[3]
     assert (
         claim["status"] == "undecided"
         and "different seed counts (no PE 2, APE 2, sincos 2, RoPE 1, RPT 2)" in (claim["reason"])
     )
-    claim = evaluate_claims(_results(runs))[3]
+    claim = evaluate_claims(results_of(runs))[3]
     assert claim["status"] == "undecided" and claim["reason"] == ONE_SEED
     assert "RoPE least: within noise (RoPE < no PE: difference +0.102 without an interval" in claim["evidence"]
 
 
 def test_a_run_counted_twice_is_refused():
-    runs = _paper_like(0)
+    runs = paper_like(0)
     with pytest.raises(ValueError, match="APE seed 0 twice|ape seed 0 twice"):
-        evaluate_claims(_results(runs + [runs[1]]))
+        evaluate_claims(results_of(runs + [runs[1]]))
     with pytest.raises(ValueError, match="unknown verdict rule 'x'; the rules are 2026-12, 2026-11"):
-        evaluate_claims(_results(_paper_like(0)), rule="x")
+        evaluate_claims(results_of(paper_like(0)), rule="x")
 
 
 def test_claim_5_with_undefined_or_too_few_alphas_is_not_decided():
     """A NaN in the mean delta SSDC curve (a one-block model has none) or a one-alpha sweep gave 'not held'."""
-    runs = _paper_like(0)
+    runs = paper_like(0)
     sweep = next(r for r in runs if r.condition == "ape").eval.alpha_sweep
     sweep.delta_ssdc = [0.3, None, 0.0]
-    claim = evaluate_claims(_results(runs))[4]
+    claim = evaluate_claims(results_of(runs))[4]
     assert claim["status"] == "undecided" and "undefined (NaN)" in claim["reason"]
     sweep.alphas, sweep.delta_ssdc, sweep.fs = [1.0], [0.3], {"jpeg:5": [0.3]}
-    assert evaluate_claims(_results(runs))[4]["status"] == "not measured"
+    assert evaluate_claims(results_of(runs))[4]["status"] == "not measured"
 
 
 def test_fragility_evidence_names_which_half_of_claim_4_fails():
     """Claim 4 has two halves, PE models below no PE / RPT and RoPE least of all; a reader must see which one
     decided it. The demo on synthetic set v3 (1 seed): no PE 0.640, RPT 0.234 against APE 0.024, sincos
     0.019 and RoPE 0.045, so the first half holds and the second fails (sincos and APE below RoPE)."""
-    runs = _paper_like(0)
+    runs = paper_like(0)
     values = {
         "nope": (0.640, 0.02),
         "rpt": (0.234, 0.04),
@@ -304,7 +223,7 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
     for r in runs:
         fs, half = values[r.condition]
         r.eval.fs, r.eval.fs_interval = {"jpeg:5": fs}, {"jpeg:5": [fs - half, fs + half]}
-    claim = evaluate_claims(_results(runs), rule=OLD)[3]
+    claim = evaluate_claims(results_of(runs), rule=OLD)[3]
     assert claim["status"] == "not held"
     # each failing comparison with the interval of the difference that decided it (MOVER, 1 seed) and its level
     assert "PE below no PE / RPT: yes (tightest: RoPE < RPT: difference +0.189 [" in claim["evidence"]
@@ -312,18 +231,18 @@ def test_fragility_evidence_names_which_half_of_claim_4_fails():
         "; RoPE least: no (not RoPE < APE: difference -0.021 [-0.031, -0.011] at 95%, "
         "RoPE < sincos: difference -0.026 [-0.035, -0.017] at 95%)"
     ) in claim["evidence"]
-    new = evaluate_claims(_results(runs))[3]  # one seed: not decided, the same halves in its evidence
+    new = evaluate_claims(results_of(runs))[3]  # one seed: not decided, the same halves in its evidence
     assert new["status"] == "undecided" and new["reason"] == ONE_SEED
     assert "PE below no PE / RPT: yes (tightest: RoPE < RPT" in new["evidence"]
     assert "; RoPE least: no (not RoPE < APE: difference -0.021 [" in new["evidence"] and "of 10)" in new["evidence"]
-    held = evaluate_claims(_results(_seeds(4)))[3]
+    held = evaluate_claims(results_of(paper_seeds(4)))[3]
     assert held["status"] == "held" and "PE below no PE / RPT: yes (" in held["evidence"]
     assert "; RoPE least: yes (tightest: RoPE < " in held["evidence"] and "Holm step 10 of 10)" in held["evidence"]
-    runs = _seeds(4)
+    runs = paper_seeds(4)
     for r in runs:  # RoPE ties sincos and APE within the noise: that half is "within noise", shown by the
         if r.condition == "rope":  # comparison whose difference leans against the claim
             r.eval.fs = {"jpeg:5": 0.405 + 0.02 * (r.seed % 2)}
-    claim = evaluate_claims(_results(runs))[3]
+    claim = evaluate_claims(results_of(runs))[3]
     assert (
         claim["status"] == "undecided"
         and "RoPE least: within noise (RoPE < APE: difference -0.015" in claim["evidence"]
@@ -337,11 +256,11 @@ def test_an_early_or_late_peak_within_the_seed_spread_is_not_a_no():
     """At 8 x 8 with timm's init APE's two seeds peaked at layers 0 and 3 and the seed means differed by 0.008:
     the argmax of the mean profile said "peaks late" and claim 2 was "not held" (rule 2026-11's early peak: the
     maximum over the first half of the layers minus the maximum over the rest)."""
-    runs = _seeds(2)
+    runs = paper_seeds(2)
     for r in runs:
         if r.condition == "ape":  # means [0.30, 0.30, 0.30, 0.308]: argmax 3
             r.eval.ssdc.rpi_per_layer = [0.40, 0.30, 0.30, 0.30] if r.seed == 0 else [0.20, 0.30, 0.30, 0.316]
-    claim = evaluate_claims(_results(runs), rule=OLD)[1]
+    claim = evaluate_claims(results_of(runs), rule=OLD)[1]
     assert claim["status"] == "undecided" and "within noise" in claim["reason"]
     # the interval that decided it: max of the first half - max of the rest, 0.042 +- 8.98 x 0.082
     assert "APE under RPI" in claim["evidence"] and "early or late peak within noise" in claim["evidence"]
@@ -349,15 +268,15 @@ def test_an_early_or_late_peak_within_the_seed_spread_is_not_a_no():
     for r in runs:  # both seeds peak late, by more than the spread: the opposite holds beyond it
         if r.condition == "ape":
             r.eval.ssdc.rpi_per_layer = [0.20, 0.25, 0.30, 0.40 + 0.01 * r.seed]
-    claim = evaluate_claims(_results(runs), rule=OLD)[1]
+    claim = evaluate_claims(results_of(runs), rule=OLD)[1]
     assert claim["status"] == "not held" and "peaks late" in claim["evidence"] and "< 0 at 95%" in claim["evidence"]
 
 
 def _with_ape_curve(curve: list[float], seeds: int = 4, permutations: int = 5, noise: float = 0.01) -> list[StudyRun]:
-    """``seeds`` seeds of :func:`_paper_like` whose APE SSDC under RPI is ``curve`` plus Gaussian noise per seed
+    """``seeds`` seeds of :func:`paper_like` whose APE SSDC under RPI is ``curve`` plus Gaussian noise per seed
     x permutation x layer (fixed seed)."""
     rng = np.random.default_rng(0)
-    runs = _seeds(seeds)
+    runs = paper_seeds(seeds)
     for r in runs:
         if r.condition == "ape":
             r.eval.ssdc.rpi_by_permutation = (
@@ -379,7 +298,7 @@ def _with_ape_curve(curve: list[float], seeds: int = 4, permutations: int = 5, n
 def test_early_is_the_rise_over_block_1_against_the_rest(curve, shape, status):
     """ "Peaks early" as the paper means it (an injection at the first block): per seed x permutation, (S1 - S0)
     - (S_last - S1) > 0, on records whose answer is known (4 seeds x 5 permutations, noise 0.01)."""
-    claim = evaluate_claims(_results(_with_ape_curve(curve)))[1]
+    claim = evaluate_claims(results_of(_with_ape_curve(curve)))[1]
     ape = claim["evidence"].split("; sincos")[0]
     assert f"{shape}: (S1 - S0) - (S_last - S1)" in ape and claim["status"] == status, claim
 
@@ -389,8 +308,8 @@ def test_the_old_early_peak_called_an_injection_late():
     0.050 0.253 0.305 0.315, block 1 carrying 76% of the rise) as "peaks late"; the rise over block 1 reads it
     early."""
     runs = _with_ape_curve([0.05, 0.25, 0.30, 0.315])
-    assert "peaks late" in evaluate_claims(_results(runs), rule=OLD)[1]["evidence"].split("; sincos")[0]
-    ape = evaluate_claims(_results(runs))[1]["evidence"].split("; sincos")[0]
+    assert "peaks late" in evaluate_claims(results_of(runs), rule=OLD)[1]["evidence"].split("; sincos")[0]
+    ape = evaluate_claims(results_of(runs))[1]["evidence"].split("; sincos")[0]
     assert "peaks early" in ape and "block 1 carries 75% of the mean rise" in ape
 
 
@@ -398,26 +317,26 @@ def test_a_trend_of_the_mean_curve_against_the_seeds_is_not_a_no():
     """Claim 5's "no" was the sign of the mean curve's Spearman correlation with alpha: one seed whose delta
     SSDC falls and one whose delta SSDC rises, means [0.25, 0.25, 0.26] (rising as alpha shrinks), gave
     "not held"."""
-    runs = _seeds(2)
+    runs = paper_seeds(2)
     for r in runs:
         if r.condition == "ape":
             r.eval.alpha_sweep.delta_ssdc = [0.5, 0.2, 0.0] if r.seed == 0 else [0.0, 0.3, 0.52]
-    claim = evaluate_claims(_results(runs))[4]
+    claim = evaluate_claims(results_of(runs))[4]
     assert claim["status"] == "undecided" and "within noise" in claim["reason"]
     assert "delta SSDC falls: within noise (Spearman with alpha per seed +1.00, -1.00" in claim["evidence"]
     for r in runs:  # both seeds rise as alpha shrinks, beyond the spread: "no"
         if r.condition == "ape":
             r.eval.alpha_sweep.delta_ssdc = [0.0, 0.2, 0.5 + 0.01 * r.seed]
-    claim = evaluate_claims(_results(runs))[4]
+    claim = evaluate_claims(results_of(runs))[4]
     assert claim["status"] == "not held" and "delta SSDC falls: no" in claim["evidence"]
     for r in runs:  # every seed agrees, but the change is inside the spread: within noise, not "yes"
         if r.condition == "ape":
             r.eval.alpha_sweep.delta_ssdc = [0.05, 0.02, 0.0] if r.seed == 0 else [0.5, 0.2, 0.0]
-    assert evaluate_claims(_results(runs))[4]["status"] == "undecided"
+    assert evaluate_claims(results_of(runs))[4]["status"] == "undecided"
 
 
 def test_spread_over_seeds_and_permutations_adds_the_permutation_variance():
-    from timm_posgeom.app.claims import spread_sp
+    from timm_posgeom.app.report.claims import spread_sp
 
     cells = [[0.10, 0.20, 0.30], [0.12, 0.22, 0.29]]  # 2 seeds x 3 permutations, permutation p shared
     s = spread_sp(cells)
@@ -442,29 +361,29 @@ def test_two_seeds_decide_on_one_degree_of_freedom():
     degrees of freedom far above the seeds' 1; on seeds - 1 it is within noise (the only change here)."""
     import dataclasses
 
-    from timm_posgeom.app.verdicts import RULES
+    from timm_posgeom.app.report.verdicts import RULES
 
     rng = np.random.default_rng(1)
-    runs = _seeds(2)
+    runs = paper_seeds(2)
     for r in runs:
         if r.condition == "rpt":
             r.eval.ssdc.rpi_by_permutation = (-0.015 + 0.005 * r.seed + 0.03 * rng.standard_normal((10, 4))).tolist()
             r.eval.ssdc.rpi_permutations = list(range(10))
-    assert evaluate_claims(_results(runs), rule=OLD)[2]["status"] == "held"
+    assert evaluate_claims(results_of(runs), rule=OLD)[2]["status"] == "held"
     seeds_df = dataclasses.replace(RULES[OLD], df="seeds")
-    assert evaluate_claims(_results(runs), rule=seeds_df)[2]["status"] == "undecided"
+    assert evaluate_claims(results_of(runs), rule=seeds_df)[2]["status"] == "undecided"
 
 
 def test_rpt_whose_permutations_disagree_is_within_noise_not_held():
     """RPT at 0.03 under permutation 0 (the one every run used to draw) but up to 0.16 under others: the
     permutation's own variance enters the interval, and 'collapses' is no longer decided."""
-    runs = _seeds(2)
+    runs = paper_seeds(2)
     for r in runs:
         if r.condition == "rpt":
             r.eval.ssdc.rpi_by_permutation = [[0.03] * 4, [0.16] * 4, [0.0] * 4]
             r.eval.ssdc.rpi_permutations = [0, 1, 2]
     for rule in ("2026-12", OLD):
-        claim = evaluate_claims(_results(runs), rule=rule)[2]
+        claim = evaluate_claims(results_of(runs), rule=rule)[2]
         assert claim["status"] == "undecided" and "(2 seeds x 3 RPI permutations)" in claim["evidence"]
         assert "crosses ±0.1" in claim["evidence"]
 
@@ -478,7 +397,7 @@ def _known(p: float):
 
 
 def test_holm_tests_the_kth_smallest_p_at_alpha_over_m_minus_k_plus_1():
-    from timm_posgeom.app.verdicts import RULES, decide, p_value
+    from timm_posgeom.app.report.verdicts import RULES, decide, p_value
 
     assert p_value(_known(0.0123)) == pytest.approx(0.0123, rel=1e-6)
     new, old = RULES["2026-12"], RULES[OLD]
@@ -495,7 +414,7 @@ def test_holm_tests_the_kth_smallest_p_at_alpha_over_m_minus_k_plus_1():
 def test_p_value_of_a_part_is_the_t_tests():
     from scipy.stats import t as student
 
-    from timm_posgeom.app.verdicts import RULES, above, p_value
+    from timm_posgeom.app.report.verdicts import RULES, above, p_value
 
     s = spread([0.12, 0.15, 0.11, 0.16])
     p = 2 * student.sf((s.mean - 0.1) / math.sqrt(s.var), s.df)
@@ -505,12 +424,12 @@ def test_p_value_of_a_part_is_the_t_tests():
 def test_holm_turns_a_lone_no_among_many_parts_into_within_noise():
     """Paper init, 4 seeds: "RoPE is not the least fragile" rested on RoPE minus APE +0.027 [0.000, 0.054], one
     of claim 4's 10 comparisons at its own 95%; tested at the level Holm gives it, it is within noise."""
-    runs = _seeds(4)
+    runs = paper_seeds(4)
     fs = {"nope": 0.291, "ape": 0.205, "sincos": 0.232, "rope": 0.232, "rpt": 0.246}
     for r in runs:
         r.eval.fs = {"jpeg:5": fs[r.condition] + [-0.010, 0.010, -0.008, 0.008][r.seed]}
-    assert evaluate_claims(_results(runs), rule=OLD)[3]["status"] == "not held"
-    claim = evaluate_claims(_results(runs))[3]
+    assert evaluate_claims(results_of(runs), rule=OLD)[3]["status"] == "not held"
+    claim = evaluate_claims(results_of(runs))[3]
     assert (
         claim["status"] == "undecided"
         and "RoPE least: within noise (RoPE < APE: difference -0.027 [" in claim["evidence"]
@@ -522,13 +441,13 @@ def test_claim_1_compares_the_trained_model_with_its_untrained_start(untrained, 
     """The untrained no-PE model has SSDC 0.57, above the trained 0.50-0.52 (the paper: 0.57-0.64 untrained):
     a fixed 0.1 threshold held "builds structure" at random initialisation. Now trained minus the same seed's
     untrained mean SSDC, paired over seeds."""
-    runs = _seeds(4)
+    runs = paper_seeds(4)
     for r in runs:
         if r.condition == "nope":
-            r.untrained = _ssdc(untrained + 0.003 * r.seed, [0.0] * 4)
-    claim = evaluate_claims(_results(runs))[0]
+            r.untrained = claims_ssdc(untrained + 0.003 * r.seed, [0.0] * 4)
+    claim = evaluate_claims(results_of(runs))[0]
     assert claim["status"] == status and "untrained (same seeds), trained - untrained" in claim["evidence"]
-    assert evaluate_claims(_results(runs), rule=OLD)[0]["status"] == "held"  # the threshold held it every time
+    assert evaluate_claims(results_of(runs), rule=OLD)[0]["status"] == "held"  # the threshold held it every time
 
 
 def test_report_html_is_a_rendered_page_that_links_its_figures(tmp_path):
@@ -554,7 +473,7 @@ def test_report_html_is_a_rendered_page_that_links_its_figures(tmp_path):
 
 def test_claim_evidence_with_pipes_stays_in_its_cell():
     """|SSDC| in a claim's evidence split the markdown cell, and the deciding interval never reached the page."""
-    from timm_posgeom.app.report import _claims_table, render_html
+    from timm_posgeom.app.report.document import claims_table, render_html
 
     claim = {
         "claim": "no PE collapses",
@@ -563,7 +482,7 @@ def test_claim_evidence_with_pipes_stays_in_its_cell():
         "evidence": "no PE under RPI -0.010 [-0.030, 0.010], |SSDC| < 0.1 at every layer? yes: layer 3 "
         "[-0.031, 0.012] inside (-0.1, 0.1)",
     }
-    page = render_html("\n".join(_claims_table([claim])), Path("."))
+    page = render_html("\n".join(claims_table([claim])), Path("."))
     cells = re.findall(r"<td[^>]*>(.*?)</td>", page)
     assert len(cells) == 4 and "|SSDC| &lt; 0.1" in cells[3] and cells[3].endswith("inside (-0.1, 0.1)")
 
@@ -578,9 +497,11 @@ def _interval(values: list[float]) -> str:
 
 def _kept_figure(draw, results: StudyResults, path, monkeypatch: pytest.MonkeyPatch):
     """``draw(results, path)``'s return value and its figure, kept open (the drawing closes it after saving)."""
-    from timm_posgeom.app.report_figures import _plt
+    import matplotlib
 
-    plt = _plt()
+    matplotlib.use("Agg")  # as the report's figures draw
+    import matplotlib.pyplot as plt
+
     monkeypatch.setattr(plt, "close", lambda fig=None: None)
     returned = draw(results, path)
     fig = plt.gcf()
@@ -602,10 +523,10 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkey
     """With 2 seeds every number is a mean with its spread; figures draw the seed bands."""
     from PIL import Image
 
-    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth
+    from timm_posgeom.app.report.document import fig_alpha_sweep, fig_ssdc_depth, study_tables
 
-    results = _results(_paper_like(0, 0.02) + _paper_like(1, 0.02))  # seed 0 shifted by -0.02, seed 1 by +0.02
-    text = "\n".join(_tables(results))
+    results = results_of(paper_like(0, 0.02) + paper_like(1, 0.02))  # seed 0 shifted by -0.02, seed 1 by +0.02
+    text = "\n".join(study_tables(results))
     depth = text.split("## SSDC across depth")[1].split("##")[0]
     rows = [line for line in depth.splitlines() if line.startswith("| ") and not line.startswith("| condition")]
     assert rows and all(
@@ -652,18 +573,18 @@ def test_two_seed_report_shows_spreads_in_every_table_and_bands(tmp_path, monkey
 def test_report_shows_the_no_pe_floor_next_to_every_rpi_table(tmp_path):
     """No PE under RPI read 0.046-0.049 at 8 x 8: the structure a permuted model shows by chance. The report
     states it (over seeds x permutations) beside the SSDC-under-RPI tables and draws it in their figures."""
-    from timm_posgeom.app.report import _tables, fig_alpha_sweep, fig_ssdc_depth, no_pe_floor
+    from timm_posgeom.app.report.document import fig_alpha_sweep, fig_ssdc_depth, no_pe_floor, study_tables
 
-    runs = _paper_like(0, 0.005) + _paper_like(1, 0.005)
+    runs = paper_like(0, 0.005) + paper_like(1, 0.005)
     for r in runs:
         r.eval.ssdc.rpi_permutations = [0, 1, 2]
         base = r.eval.ssdc.rpi_per_layer
         r.eval.ssdc.rpi_by_permutation = [[v + d for v in base] for d in (0.046, 0.0, -0.01)]
-    results = _results(runs)
+    results = results_of(runs)
     layers, mean, delta = no_pe_floor(results)
     assert mean.n == 2 and mean.permutations == 3 and len(layers) == 4
     assert mean.mean == pytest.approx(np.mean([0.01, 0.0, 0.02, 0.01]) + 0.012, abs=1e-3)
-    text = "\n".join(_tables(results))
+    text = "\n".join(study_tables(results))
     depth = text.split("## SSDC across depth")[1].split("## Alpha sweep")[0]
     assert "No-PE floor under RPI" in depth and "same 3 permutations" in depth and f"{mean.mean:.3f}" in depth
     assert "permutations ±" in depth  # the permutation spread is reported
@@ -671,5 +592,5 @@ def test_report_shows_the_no_pe_floor_next_to_every_rpi_table(tmp_path):
     assert "No-PE floor under RPI" in sweep and "delta SSDC" in sweep
     assert fig_ssdc_depth(results, tmp_path / "d.png") is None and (tmp_path / "d.png").stat().st_size > 0
     assert fig_alpha_sweep(results, tmp_path / "a.png")
-    without = _results([r for r in runs if r.condition != "nope"])
-    assert no_pe_floor(without) is None and "not measured" in "\n".join(_tables(without))
+    without = results_of([r for r in runs if r.condition != "nope"])
+    assert no_pe_floor(without) is None and "not measured" in "\n".join(study_tables(without))

@@ -1,4 +1,4 @@
-"""Tests of timm_posgeom.data and timm_posgeom.synthetic (small, CPU)."""
+"""Tests of timm_posgeom.data and timm_posgeom.data.synthetic (small, CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from conftest import IMAGENETTE
+from conftest import IMAGENETTE, parquet_set
 from PIL import Image
 
 from timm_posgeom.data import (
@@ -26,8 +26,8 @@ from timm_posgeom.data import (
     resolve_source,
     train_transform,
 )
-from timm_posgeom.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
-from timm_posgeom.transforms import eval_transform
+from timm_posgeom.data.synthetic import SYNTHETIC_CLASSES, SyntheticShapes, pink_noise
+from timm_posgeom.data.transforms import eval_transform
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -70,18 +70,18 @@ def test_synthetic_labels_survive_a_horizontal_flip():
     """Version 1's classes 6 and 7 were "disc left of square" and "square left of disc": the recipes' flip
     augmentation swapped their labels on half the training images. No class may depend on left vs right: in
     every class holding a disc and a square, the disc is left of the square about half the time."""
-    from timm_posgeom.synthetic import _layout
+    from timm_posgeom.data.synthetic import class_layout
 
     g = torch.Generator().manual_seed(0)
     for label in (6, 7, 8, 9):
         left = [
             next(x for k, x, _ in shapes if k == "disc") < next(x for k, x, _ in shapes if k == "square")
-            for shapes in (_layout(label, g) for _ in range(400))
+            for shapes in (class_layout(label, g) for _ in range(400))
         ]
         assert 0.4 < sum(left) / len(left) < 0.6, (SYNTHETIC_CLASSES[label], sum(left) / len(left))
     # and the vertical layout that tells each pair apart is kept: 6 is above 7
-    top = [max(y for _, _, y in _layout(6, g)) for _ in range(100)]
-    bottom = [min(y for _, _, y in _layout(7, g)) for _ in range(100)]
+    top = [max(y for _, _, y in class_layout(6, g)) for _ in range(100)]
+    bottom = [min(y for _, _, y in class_layout(7, g)) for _ in range(100)]
     assert max(top) < 0.5 < min(bottom)
 
 
@@ -122,8 +122,8 @@ def test_synthetic_grating_marks_the_half_and_jpeg_q5_removes_it():
     which a model without PE can read and which the paper's JPEG q5 shift removes (its 2 x 2 chroma
     subsampling averages a colour that alternates every pixel). Version 2 had no grating: its amplitude
     was 0 and JPEG q5 cost a PE-blind model nothing it had learnt."""
-    from timm_posgeom.shifts import parse_shift
-    from timm_posgeom.synthetic import _GRATING, grating
+    from timm_posgeom.data.shifts import parse_shift
+    from timm_posgeom.data.synthetic import GRATING_AMPLITUDE, grating
 
     size = 64
     pattern = grating(size)
@@ -135,7 +135,7 @@ def test_synthetic_grating_marks_the_half_and_jpeg_q5_removes_it():
     ds = SyntheticShapes(24, img_size=size, split="validation")
     clean = torch.stack([ds.render(i) for i in range(len(ds))])
     shifted = parse_shift("jpeg:5")(clean)
-    expected = _GRATING * 255
+    expected = GRATING_AMPLITUDE * 255
     for part in (upper, lower):  # each half carries its grating at close to the full amplitude (shapes too)
         assert (_grating_amplitude(clean, part) > 0.8 * expected).all()
         assert (_grating_amplitude(shifted, part).abs() < 0.1 * expected).all()
@@ -241,7 +241,7 @@ def test_first_images_of_an_image_folder_mix_the_classes(tmp_path):
     were the first two classes of four; the order is now fixed and mixed, as in the parquet sets."""
     from collections import Counter
 
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
 
     _tree(tmp_path, {"train": {c: 25 for c in "abcd"}})
     sub = load_split(tmp_path, "train", subset=40)
@@ -366,35 +366,6 @@ def test_loader_leaves_global_rng_alone():
 # --------------------------------------------------------------------------------------------
 # Hub-style parquet sets: one split at a time, configs, streaming
 # --------------------------------------------------------------------------------------------
-def _parquet_set(root: Path) -> Path:
-    """A tiny Hub-layout set with two configurations (``small``: 3 classes, ``big``: 4), each with a train
-    and a validation split of distinct images, as the Hub lays out ``configs:`` in the README."""
-    import io
-
-    import datasets
-
-    rng = np.random.default_rng(0)
-    for config, classes in (("small", 3), ("big", 4)):
-        for split, n in (("train", 12), ("validation", 6)):
-            images = []
-            for _ in range(n):
-                buf = io.BytesIO()
-                Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(buf, format="JPEG")
-                images.append({"bytes": buf.getvalue(), "path": None})
-            features = datasets.Features(
-                {"image": datasets.Image(), "label": datasets.ClassLabel(names=[f"c{i}" for i in range(classes)])}
-            )
-            ds = datasets.Dataset.from_dict(
-                {"image": images, "label": [i % classes for i in range(n)]}, features=features
-            )
-            (root / config).mkdir(parents=True, exist_ok=True)
-            ds.to_parquet(str(root / config / f"{split}-00000-of-00001.parquet"))
-    card = ["---", "configs:"]
-    for config in ("small", "big"):
-        card += [f"- config_name: {config}", "  data_files:"]
-        card += [f"  - split: {s}\n    path: {config}/{s}-*.parquet" for s in ("train", "validation")]
-    (root / "README.md").write_text("\n".join(card + ["---", ""]))
-    return root
 
 
 @pytest.fixture
@@ -408,7 +379,7 @@ def fresh_hf_cache(tmp_path, monkeypatch):
 
 
 def test_only_the_asked_split_is_prepared(tmp_path, fresh_hf_cache):
-    root = _parquet_set(tmp_path / "set")
+    root = parquet_set(tmp_path / "set")
     val = load_split(root, "validation", config="big")
     assert len(val) == 6 and val.classes == ["c0", "c1", "c2", "c3"]
     prepared = sorted(p.name for p in fresh_hf_cache.rglob("*.arrow"))
@@ -420,7 +391,7 @@ def test_only_the_asked_split_is_prepared(tmp_path, fresh_hf_cache):
 def test_streaming_reads_the_same_first_items_and_needs_a_count(tmp_path, fresh_hf_cache):
     from timm_posgeom.data import data_identity
 
-    root = _parquet_set(tmp_path / "set")
+    root = parquet_set(tmp_path / "set")
     streamed = load_split(root, "train", config="big", subset=5, streaming=True)
     assert not list(fresh_hf_cache.rglob("*.arrow"))  # a stream prepares nothing
     loaded = load_split(root, "train", config="big", subset=5)
@@ -437,7 +408,7 @@ def test_cli_streams_a_config_of_a_hub_style_set_and_probes_the_same_images(tmp_
 
     from timm_posgeom.cli import main
 
-    root = _parquet_set(tmp_path / "set")
+    root = parquet_set(tmp_path / "set")
     common = [
         "probe",
         "posgeom_vit_micro_patch8_64_nope",
@@ -485,7 +456,7 @@ def test_fragility_and_the_alpha_sweep_read_a_stream_as_its_first_max_images(tmp
 
     from timm_posgeom import alpha_sweep, fragility
 
-    root = _parquet_set(tmp_path / "set")
+    root = parquet_set(tmp_path / "set")
     files = {"validation": str(root / "big" / "validation-00000-of-00001.parquet")}
     stream = datasets.load_dataset("parquet", data_files=files, split="validation", streaming=True)
     assert not hasattr(stream, "__len__")
@@ -509,7 +480,7 @@ def test_cli_fragility_streams_the_same_images_as_it_loads(tmp_path, fresh_hf_ca
 
     from timm_posgeom.cli import main
 
-    root = _parquet_set(tmp_path / "set")
+    root = parquet_set(tmp_path / "set")
     common = [
         "fragility",
         "posgeom_vit_micro_patch8_64_nope",

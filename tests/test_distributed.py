@@ -1,4 +1,4 @@
-"""Data-parallel measuring (timm_posgeom.distributed): the helpers alone, the sharding simulated
+"""Data-parallel measuring (timm_posgeom.measuring.distributed): the helpers alone, the sharding simulated
 process by process, and probe_ssdc / fragility / alpha_sweep / the CLI under a real two-process
 launch compared with one process."""
 
@@ -15,12 +15,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import free_port, run_launched
+from conftest import assert_json_close, free_port, launch_env, run_launched
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom import distributed
-from timm_posgeom.probes.probe import _batches, _Moments, _Shard
+from timm_posgeom.measuring import distributed
+from timm_posgeom.probes.ssdc_probe.accumulator import Moments
+from timm_posgeom.probes.streaming import Shard, image_batches
 
 # The measurement, run once by two launched processes and once here: a tiny random-init ViT, 21
 # synthetic images (odd: uneven shards), batches of 4 (the last one partial).
@@ -34,13 +35,14 @@ SCRIPT = textwrap.dedent("""
     import torch
 
     import timm_posgeom  # noqa: F401
-    from timm_posgeom import distributed, interventions
+    from timm_posgeom import interventions
+    from timm_posgeom.measuring import distributed
     from timm_posgeom.cli import main as cli
-    from timm_posgeom.eval_data import eval_loader
-    from timm_posgeom.jsonio import dumps
+    from timm_posgeom.data.eval_data import eval_loader
+    from timm_posgeom.results.jsonio import dumps
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
-    from timm_posgeom.synthetic import SyntheticShapes
+    from timm_posgeom.data.synthetic import SyntheticShapes
 
 
     RANDOM_SHIFTS = ["imagenet-c:gaussian_noise:3"] if importlib.util.find_spec("imagecorruptions") else []
@@ -102,14 +104,14 @@ SCRIPT = textwrap.dedent("""
                                                         progress=False)),
         }
         applied = []  # the permutation each forward applies, in this process's order
-        permute = interventions.permutation._permute_tokens
-        interventions.permutation._permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
+        permute = interventions.permutation.permute_tokens
+        interventions.permutation.permute_tokens = lambda x, perm, layout: (applied.append(perm.tolist()),
                                                                              permute(x, perm, layout))[1]
         try:
             out["fragility_rpi"] = frag_dict(fragility(model, data, ["jpeg:5"], batch_size=4, num_workers=0,
                                                        rpi=True, seed=1, max_images=17, progress=False))
         finally:
-            interventions.permutation._permute_tokens = permute
+            interventions.permutation.permute_tokens = permute
         out["fragility_rpi_perms"] = applied
         sweep = alpha_sweep(model, data, [1.0, 0.5], ["jpeg:5"], probe_images=9, batch_size=4, num_workers=0,
                             progress=False)
@@ -135,14 +137,6 @@ SCRIPT = textwrap.dedent("""
         with open(f"{prefix}.{distributed.rank()}.json", "w") as f:
             f.write(dumps(result))
 """)
-
-
-def _env() -> dict[str, str]:
-    # one thread per process: deterministic and kind to a shared machine
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", ACCELERATE_USE_CPU="1")
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +224,7 @@ def _shard_batches(data, world, max_images=None, batch_size=4):
     comes with the global index of its first image (checked: the image ids are the indices)."""
     out = []
     for r in range(world):
-        shard = _Shard(data, batch_size, world, r, max_images, presharded=False)
+        shard = Shard(data, batch_size, world, r, max_images, presharded=False)
         batches = []
         for offset, x in shard:
             ids = x[:, 0, 0, 0].long().tolist()
@@ -250,7 +244,7 @@ def test_shards_together_are_the_single_process_batches(kind, max_images):
         "list": [images[i : i + 4] for i in range(0, 21, 4)],
     }[kind]
     expected = list(range(21))[:max_images]
-    single = [x[:, 0, 0, 0].long().tolist() for x in _batches(data, 4)]
+    single = [x[:, 0, 0, 0].long().tolist() for x in image_batches(data, 4)]
     for world in (1, 2, 3, 8):
         shards = _shard_batches(data, world, max_images)
         assert {seen for _, seen in shards} == {len(expected)}
@@ -267,20 +261,20 @@ def test_shards_together_are_the_single_process_batches(kind, max_images):
 def test_a_shuffling_loader_without_a_seed_is_refused():
     loader = DataLoader(TensorDataset(torch.zeros(8, 3, 4, 4)), batch_size=2, shuffle=True)
     with pytest.raises(ValueError, match="shuffling DataLoader"):
-        _Shard(loader, None, 2, 0, None, presharded=False)
+        Shard(loader, None, 2, 0, None, presharded=False)
 
 
 def test_moments_merge_equals_one_stream():
     values = torch.randn(37, dtype=torch.float64)
     values[[3, 20]] = math.nan
-    one = _Moments()
+    one = Moments()
     for chunk in values.split(4):
         one.update(chunk)
-    parts = [_Moments() for _ in range(3)]
+    parts = [Moments() for _ in range(3)]
     for k, chunk in enumerate(values.split(4)):
         parts[k % 3].update(chunk)
-    merged = _Moments()
-    for part in [_Moments(), *parts]:  # an empty process too
+    merged = Moments()
+    for part in [Moments(), *parts]:  # an empty process too
         merged.merge(part.state())
     assert (merged.n, merged.n_nan) == (one.n, one.n_nan) == (35, 2)
     assert merged.mean == pytest.approx(one.mean, abs=1e-14) and merged.m2 == pytest.approx(one.m2, rel=1e-13)
@@ -302,20 +296,6 @@ def test_unknown_modes_are_refused():
 # --------------------------------------------------------------------------------------------
 # two launched processes against one
 # --------------------------------------------------------------------------------------------
-def _close(a, b, tol: float, path: str = "") -> None:
-    """``a`` and ``b`` (JSON values) equal: ints, bools, strings and None exactly; floats within ``tol``."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], tol, f"{path}.{k}")
-    elif isinstance(a, list):
-        assert isinstance(b, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, tol, f"{path}[{i}]")
-    elif isinstance(a, float) and not isinstance(b, bool):
-        assert isinstance(b, (int, float)) and abs(a - b) <= tol, (path, a, b)
-    else:
-        assert a == b and type(a) is type(b), (path, a, b)
 
 
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
@@ -373,7 +353,7 @@ def test_two_launched_processes_equal_one(tmp_path):
         str(tmp_path / "launched"),
         str(tmp_path / "cli2"),
     ]
-    run = run_launched(cmd, env=_env(), timeout=300, cwd=tmp_path)
+    run = run_launched(cmd, env=launch_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())
     rank1 = json.loads((tmp_path / "launched.1.json").read_text())
@@ -405,7 +385,7 @@ def test_two_launched_processes_equal_one(tmp_path):
     # counts, per-image correctness, accuracies, FS and every interval: exactly
     for key in ("fragility", "fragility_rpi", "fragility_rpi_pieces"):
         assert rank0[key]["counts"] == single[key]["counts"] and rank0[key]["correct"] == single[key]["correct"]
-        _close(rank0[key], single[key], 0.0, key)
+        assert_json_close(rank0[key], single[key], 0.0, key)
     assert single["fragility_rpi_pieces"]["correct"] == single["fragility_rpi"]["correct"]
     has_extra = importlib.util.find_spec("imagecorruptions") is not None  # then a random corruption, seeded per image
     assert ("imagenet-c:gaussian_noise:3" in rank0["fragility"]["shifts"]) == has_extra
@@ -415,9 +395,9 @@ def test_two_launched_processes_equal_one(tmp_path):
         assert rank0[key]["metadata"]["n_images"] == n
         assert [s["n"] for s in rank0[key]["per_image"]] == [n] * 4
         assert rank0[key]["permutation"] == single[key]["permutation"]
-        _close(rank0[key], single[key], 1e-6, key)
+        assert_json_close(rank0[key], single[key], 1e-6, key)
     assert rank0["loader_rpi"]["permutation"] is not None and rank0["loader_rpi"]["content_per_layer"]
-    _close(rank0["sweep"], single["sweep"], 1e-6, "sweep")
+    assert_json_close(rank0["sweep"], single["sweep"], 1e-6, "sweep")
 
     # the CLI under the launch: the main process alone wrote and printed, the same numbers as one process
     assert run.stdout.count("wrote ") == 2, run.stdout
@@ -427,5 +407,5 @@ def test_two_launched_processes_equal_one(tmp_path):
         one = json.loads((tmp_path / "cli1" / name).read_text())
         for section in sections:
             assert two[section].pop("processes") == 2 and "processes" not in one[section]
-        _close(two, one, 1e-6, name)
+        assert_json_close(two, one, 1e-6, name)
     assert json.loads((tmp_path / "cli2" / "probe" / "ssdc.json").read_text())["metadata"]["n_images"] == 13

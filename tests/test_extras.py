@@ -52,7 +52,7 @@ def test_the_app_modules_are_the_app_extra():
 
 
 def test_plotting_without_matplotlib_is_one_line(monkeypatch, tmp_path):
-    from timm_posgeom.probes.result import SSDCResult
+    from timm_posgeom.probes.ssdc_probe.result import SSDCResult
 
     result = SSDCResult(per_layer=[0.5, 0.4], layers=[0, 1], metadata={"model": "m", "site": "attn_input"})
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)

@@ -117,7 +117,7 @@ def test_cka_of_a_representation_the_same_up_to_rounding_is_nan(one_thread):
 @pytest.mark.parametrize("pair", [(True, False), (True, True)], ids=["kept", "lost"])
 def test_one_images_bootstrap_gives_no_interval(pair):
     """One image: every resample is that image, and the interval was [FS, FS]."""
-    from timm_posgeom.scores import paired_bootstrap_fs
+    from timm_posgeom.robustness.scores import paired_bootstrap_fs
 
     low, high = paired_bootstrap_fs(np.array([pair[0]]), np.array([pair[1]]))
     judge("degenerate", "right" if math.isnan(low) and math.isnan(high) else "silent_wrong", "right", (low, high))

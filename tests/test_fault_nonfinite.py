@@ -81,7 +81,7 @@ def _fragility(source, rpi=False):
 
 
 def _imagenet_c(source):
-    from timm_posgeom.imagenet_c import imagenet_c_fragility
+    from timm_posgeom.robustness.imagenet_c import imagenet_c_fragility
 
     res = imagenet_c_fragility(
         _model(source), _images(), ["gaussian_noise"], [1], alpha=_alpha(source), num_workers=0, progress=False, seed=0

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.xdist_group("fault_options"), pytest.mark.filterwarnin
 SPIED = {
     "timm_posgeom.probes": ("probe_ssdc", "attention_measures", "position_probe"),
     "timm_posgeom.robustness": ("fragility", "alpha_sweep", "sweep_ssdc"),
-    "timm_posgeom.eval_data": ("eval_loader",),
+    "timm_posgeom.data.eval_data": ("eval_loader",),
 }
 # the modules whose calls are the runner's own (the library's calls inside the library are its business)
 CALLERS = ("timm_posgeom.protocol", "timm_posgeom.app.zoo.measure", "timm_posgeom.app.study.measure")
@@ -66,7 +66,7 @@ class Spy:
 def received(call: dict[str, Any], name: str) -> Any:
     """What a call gave ``name``: its own argument, a keyword of its ``**options``, or its MeasureSettings' field
     (explicit settings, else the defaults the function would use)."""
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
 
     if name in call:
         return call[name]
@@ -446,7 +446,7 @@ def _protocol(argv: list[str]) -> Any:
     from timm_posgeom.cli.main import build_parser
 
     args = build_parser().parse_args(argv)
-    return zoo._config(args, "off").protocol() if argv[0] == "zoo" else study._config(args).protocol("ape")
+    return zoo.zoo_config(args, "off").protocol() if argv[0] == "zoo" else study.study_config(args).protocol("ape")
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))

@@ -79,7 +79,7 @@ def test_cka_of_a_model_with_itself_on_a_fixed_loader_is_one(model, images, one_
 @pytest.mark.parametrize("loader", UNTRUSTED[:2])
 def test_the_sweeps_ssdc_refuses_data_whose_passes_differ(model, images, loader, one_thread):
     """Each alpha read other images (max_images 8 of a shuffled 24): a delta SSDC that changed with the draw."""
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
     from timm_posgeom.robustness import sweep_ssdc
 
     torch.manual_seed(4)
@@ -91,7 +91,7 @@ def test_the_sweeps_ssdc_refuses_data_whose_passes_differ(model, images, loader,
 
 def test_the_sweeps_ssdc_on_a_fixed_loader_is_each_alphas_probe(model, images, one_thread):
     from timm_posgeom.interventions import pe_scale
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import sweep_ssdc
 

@@ -211,16 +211,16 @@ def test_a_study_resumed_over_a_damaged_file_is_one_line(folders, tmp_path, file
 
 def test_a_damaged_run_recipe_counts_as_changed_with_allow_changes(folders, tmp_path, one_thread):
     """--allow-changes trains a run again when its recipe changed: a recipe that cannot be read is one."""
-    from timm_posgeom.app.study.training import _check_recipe
+    from timm_posgeom.app.study.training import check_recipe
 
     out = _copy(folders, "study", tmp_path)
     _binary(out / "runs" / "nope_s0" / "recipe.yaml")
     said: list[str] = []
 
-    class Run:  # what _check_recipe reads of a planned run
+    class Run:  # what check_recipe reads of a planned run
         run_dir, label, recipe = out / "runs" / "nope_s0", "nope s0", None
 
-    _check_recipe(Run, said.append, allow_changes=True)
+    check_recipe(Run, said.append, allow_changes=True)
     ok = not (out / "runs" / "nope_s0").exists() and (out / "runs" / "nope_s0.replaced-1").is_dir()
     judge("runfiles", "right" if ok and "is not text" in said[0] else "silent_wrong", "right", said)
 

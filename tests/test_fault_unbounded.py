@@ -171,7 +171,7 @@ def model():
 
 @pytest.mark.parametrize("call", ["probe_ssdc", "run_measures", "MeasureSettings"])
 def test_more_than_ten_thousand_permutations_are_refused(model, call):
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
     from timm_posgeom.probes import attention_measures, probe_ssdc
 
     images = torch.rand(2, 3, 64, 64)
@@ -187,7 +187,7 @@ def test_more_than_ten_thousand_permutations_are_refused(model, call):
 @pytest.mark.parametrize("call", ["probe_ssdc", "run_measures"])
 def test_permutations_whose_running_sums_pass_the_budget_are_refused_with_the_count_that_fits(model, call, monkeypatch):
     """The sums are checked before the first forward pass (probe_ssdc) or after one permutation's (run_measures)."""
-    from timm_posgeom import measuring
+    from timm_posgeom.measuring import settings as measuring
     from timm_posgeom.probes import attention_measures, probe_ssdc
 
     monkeypatch.setattr(measuring, "MEMORY_BUDGET_BYTES", 2**20)  # 1 MiB: an 8 x 8 grid's sums are 17 KiB each

@@ -109,7 +109,7 @@ def assert_bands_labelled(fig: Any) -> None:
 def _ssdc_result(rpi: bool = False) -> Any:
     import torch
 
-    from timm_posgeom.probes.result import PerImageStats, SSDCResult
+    from timm_posgeom.probes.ssdc_probe.result import PerImageStats, SSDCResult
 
     per_layer = [0.62, 0.55, 0.41, 0.30]
     per_image = [PerImageStats(m - 0.15, 0.2, m - 0.19, m - 0.11, 100) for m in per_layer]
@@ -155,7 +155,7 @@ def test_a_map_larger_than_a_panel_is_drawn_as_its_block_means() -> None:
     out; a map within MAP_PIXELS is drawn as it is."""
     from matplotlib.figure import Figure
 
-    from timm_posgeom.plotting import MAP_PIXELS, show_map
+    from timm_posgeom.results.plotting import MAP_PIXELS, show_map
 
     rng = np.random.default_rng(0)
     n = 3136
@@ -454,8 +454,8 @@ def _attention(seed: int) -> Any:
 @pytest.fixture(scope="module")
 def study_figures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each study figure drawn from the hand-built study, kept open (savefig recorded, close skipped)."""
-    from timm_posgeom.app import report_figures as report
     from timm_posgeom.app.records import StudyResults
+    from timm_posgeom.app.report import figures as report
 
     out = _study(tmp_path_factory.mktemp("study"))
     results = StudyResults.read(out / "results.json")
@@ -520,7 +520,7 @@ def test_study_alpha_sweep_no_twin_axes_alpha_upwards(study_figures: dict[str, A
 def test_study_attention_heads_one_panel_per_condition_heads_as_points(study_figures: dict[str, Any]) -> None:
     """Issue 33: the per-head figure: a panel per condition, every head of every seed a point at its layer,
     without RPI and under RPI, with the uniform-attention reference."""
-    from timm_posgeom.app.report_figures import uniform_distance
+    from timm_posgeom.app.report.figures import uniform_distance
 
     fig = study_figures["attention_heads"]
     assert len(fig.axes) == len(CONDITIONS)
@@ -552,7 +552,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     the anchors the HTML page gives them; each figure sits in the section of its table, captioned."""
     import re
 
-    from timm_posgeom.app.report import _slug, write_report
+    from timm_posgeom.app.report.document import heading_slug, write_report
 
     out = _study(tmp_path)
     md = write_report(out).read_text()
@@ -573,7 +573,7 @@ def test_report_header_contents_and_captions(tmp_path: Path) -> None:
     # contents: one link per section, each to an anchor the HTML page has
     sections = [line[3:] for line in lines if line.startswith("## ") and line != "## Contents"]
     links = re.findall(r"^- \[(.+)\]\(#([^)]+)\)$", md.split("## Contents")[1].split("\n## ")[0], re.M)
-    assert [t for t, _ in links] == sections and all(a == _slug(t) for t, a in links)
+    assert [t for t, _ in links] == sections and all(a == heading_slug(t) for t, a in links)
     page = (out / "report.html").read_text()
     for _, anchor in links:
         assert f'id="{anchor}"' in page, anchor

@@ -17,18 +17,8 @@ import torch.nn as nn
 from conftest import IMAGENETTE
 from torchvision.transforms.v2 import functional as F
 
-import timm_posgeom.shifts as shifts_module
-from timm_posgeom.imagenet_c import (
-    ImageNetCResult,
-    ImageNetCTreeError,
-    check_imagenet_c_tree,
-    frame_like_imagenet_c,
-    imagenet_c_fragility,
-    imagenet_c_released,
-)
-from timm_posgeom.interventions import image_permutations, token_permutation
-from timm_posgeom.robustness import _forward_in_pieces, fragility
-from timm_posgeom.shifts import (
+import timm_posgeom.data.shifts as shifts_module
+from timm_posgeom.data.shifts import (
     IMAGENET_C_CORRUPTIONS,
     IMAGENET_C_EXTRA,
     JPEG,
@@ -40,7 +30,18 @@ from timm_posgeom.shifts import (
     imagenet_c_shifts,
     parse_shift,
 )
-from timm_posgeom.transforms import eval_transform
+from timm_posgeom.data.transforms import eval_transform
+from timm_posgeom.interventions import image_permutations, token_permutation
+from timm_posgeom.robustness import fragility
+from timm_posgeom.robustness.fragility_eval import forward_in_pieces
+from timm_posgeom.robustness.imagenet_c import (
+    ImageNetCResult,
+    ImageNetCTreeError,
+    check_imagenet_c_tree,
+    frame_like_imagenet_c,
+    imagenet_c_fragility,
+    imagenet_c_released,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = dict(num_workers=0, progress=False)
@@ -327,9 +328,9 @@ def test_forward_in_pieces_equals_one_forward_with_rpi():
         return perms
 
     with torch.no_grad(), token_permutation(model, per="given") as handle:
-        pieces = _forward_in_pieces(model, x, 3, handle, rows)
-        whole = _forward_in_pieces(model, x, None, handle, rows)
-        shared = _forward_in_pieces(model, x, None, handle, lambda n: perms[:1].expand(7, -1))
+        pieces = forward_in_pieces(model, x, 3, handle, rows)
+        whole = forward_in_pieces(model, x, None, handle, rows)
+        shared = forward_in_pieces(model, x, None, handle, lambda n: perms[:1].expand(7, -1))
     assert (pieces - whole).abs().max() < 1e-6
     assert (shared - whole).abs().max() > 1e-4  # another permutation for the other images shows
 

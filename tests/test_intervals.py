@@ -14,8 +14,8 @@ from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401
-from timm_posgeom.intervals import image_groups, jackknife_interval, t_interval, t_quantile
 from timm_posgeom.probes import probe_ssdc
+from timm_posgeom.results.intervals import image_groups, jackknife_interval, t_interval, t_quantile
 
 
 def test_t_interval_is_students_and_needs_two_finite_replicates():
@@ -86,7 +86,7 @@ def test_the_probes_interval_is_the_jackknife_of_the_mean_maps_ssdc(monkeypatch,
     """probe_ssdc's interval without RPI against a brute-force jackknife: each group of images left out of the
     mean map, its SSDC by scipy. Both ways of summing the groups: a batch's per-image maps (small maps), and one
     GEMM per group (maps whose batch exceeds _DEFER_BYTES)."""
-    from timm_posgeom.probes import accumulator
+    from timm_posgeom.probes.ssdc_probe import accumulator
 
     if defer_bytes is not None:
         monkeypatch.setattr(accumulator, "_DEFER_BYTES", defer_bytes)
@@ -130,7 +130,7 @@ def test_group_sums_over_the_memory_budget_give_the_same_numbers_and_a_nan_inter
     SSDC (to float32 rounding: a batch's map is summed in one GEMM instead of one per group) and gives its interval up: NaN and a warning, never an out-of-memory kill. ``fits`` layers'
     sums fit: 2.5, the groups are summed into one when the third layer comes (what was held is merged)."""
     from timm_posgeom.errors import IntervalWarning
-    from timm_posgeom.probes import accumulator
+    from timm_posgeom.probes.ssdc_probe import accumulator
 
     torch.manual_seed(0)
     model = timm.create_model("posgeom_vit_micro_patch8_64_ape").eval()

@@ -403,11 +403,11 @@ def test_permutation_follows_the_token_layout(name, kwargs, size, tokens):
 
 def test_permuting_an_nchw_embedding_moves_whole_tokens():
     """Each spatial position keeps its channel vector: slot i holds the content of patch p[i]."""
-    from timm_posgeom.interventions.permutation import _permute_tokens
+    from timm_posgeom.interventions.permutation import permute_tokens
 
     x = torch.arange(2 * 3 * 2 * 2, dtype=torch.float32).reshape(2, 3, 2, 2)  # (B, C, H, W)
     perm = torch.tensor([3, 0, 2, 1])
-    y = _permute_tokens(x, perm, "NCHW")
+    y = permute_tokens(x, perm, "NCHW")
     assert torch.equal(y.flatten(2)[:, :, 0], x.flatten(2)[:, :, 3])
     assert torch.equal(y.flatten(2)[:, :, 1], x.flatten(2)[:, :, 0])
 

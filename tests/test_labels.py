@@ -1,4 +1,4 @@
-"""The library checks the data's labels against the model's classes as the command line does (timm_posgeom.labels).
+"""The library checks the data's labels against the model's classes as the command line does (timm_posgeom.data.labels).
 
 An ImageNet-1k model scored on 10-class data (Imagenette's WordNet ids) is refused unless a mapping is
 chosen; with the mapping the scores are counted on the mapped ImageNet classes."""
@@ -13,11 +13,11 @@ from timm.data import ImageNetInfo
 
 import timm_posgeom  # noqa: F401  (registers the models)
 from timm_posgeom.data import ImageSplit
+from timm_posgeom.data.labels import LabelMismatchError, map_by_name, match_labels
 from timm_posgeom.errors import PosgeomError, one_line
-from timm_posgeom.imagenet_c import imagenet_c_fragility
-from timm_posgeom.labels import LabelMismatchError, map_by_name, match_labels
 from timm_posgeom.protocol import PROBE_IMAGES, probe_count
 from timm_posgeom.robustness import alpha_sweep, fragility
+from timm_posgeom.robustness.imagenet_c import imagenet_c_fragility
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

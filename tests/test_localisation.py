@@ -18,11 +18,11 @@ from scipy.stats import spearmanr
 
 from timm_posgeom.errors import NonFiniteWarning
 from timm_posgeom.localisation import activation_patching, encoding_cka, pe_imprint, position_ablation
-from timm_posgeom.localisation.ablation import _ablate
-from timm_posgeom.localisation.patching import _edit
+from timm_posgeom.localisation.ablation import ablation_edit
+from timm_posgeom.localisation.patching import patch_edit
 from timm_posgeom.localisation.tracing import EMBEDDING, traced_forward
 from timm_posgeom.probes import ConstantMapWarning, cka, find_sites, fit_position_map
-from timm_posgeom.support import smooth_images
+from timm_posgeom.probes.support import smooth_images
 
 TINY = dict(img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 
@@ -68,7 +68,7 @@ def test_ape_patching_at_any_layer_restores_the_clean_run_exactly(data):
     rpi_logits = traced_forward(model, sites, images, p).logits
     assert (rpi_logits - clean.logits).abs().max() > 1e-3  # RPI moves the logits: a visible PE
     for layer in (EMBEDDING, 0, 1):
-        patched_logits = traced_forward(model, sites, images, p, edit=_edit(layer, clean, p, "residual")).logits
+        patched_logits = traced_forward(model, sites, images, p, edit=patch_edit(layer, clean, p, "residual")).logits
         torch.testing.assert_close(patched_logits, clean.logits, rtol=0, atol=1e-10)
     result = _patch(model, data)
     patched = result.replicates["top1_patched"]
@@ -174,7 +174,7 @@ def test_ablation_removes_the_probe_reading_and_reports_drops(data):
     basis, mean = fitted.directions(0), fitted.mean[0]
     assert basis.shape == (32, 6)  # 4 rows + 4 columns, each one-hot set summing to 1: rank 4 + 4 - 2
     tokens = torch.randn(5, 17, 32, dtype=torch.float64)
-    ablated = _ablate(basis, mean, 16)(tokens, tokens)
+    ablated = ablation_edit(basis, mean, 16)(tokens, tokens)
     torch.testing.assert_close(ablated[:, 0], tokens[:, 0])  # the class token untouched
     readout = (ablated[:, 1:] - mean) @ basis
     torch.testing.assert_close(readout, torch.zeros_like(readout), rtol=0, atol=1e-12)

@@ -14,11 +14,11 @@ from PIL import Image
 
 import timm_posgeom
 from timm_posgeom import MeasureSettings, MeasureSettingsError
+from timm_posgeom.data.transforms import RESIZE_MODES
 from timm_posgeom.errors import PosgeomError, one_line
-from timm_posgeom.imagenet_c import imagenet_c_released
 from timm_posgeom.probes import SSDCResult, attention_measures, probe_ssdc, run_measures
 from timm_posgeom.robustness import alpha_sweep, fragility
-from timm_posgeom.transforms import RESIZE_MODES
+from timm_posgeom.robustness.imagenet_c import imagenet_c_released
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_the_settings_are_exported_from_the_root():
     assert "MeasureSettings" in timm_posgeom.__all__ and timm_posgeom.MeasureSettings is MeasureSettings
     assert issubclass(MeasureSettingsError, PosgeomError) and issubclass(MeasureSettingsError, ValueError)
     assert MeasureSettings().to_dict()["batch_size"] == 64
-    from timm_posgeom.measuring import RESIZE_MODES as modes
+    from timm_posgeom.measuring.settings import RESIZE_MODES as modes
 
     assert modes == RESIZE_MODES  # one meaning of resize, whichever module checks it
 
@@ -188,7 +188,7 @@ def test_results_name_their_settings_settings_and_read_the_old_name(model, image
 def test_every_result_file_carries_the_record_schemas_tags(model, images, tmp_path):
     """One serialisation: the library's result files are tagged as the application's records are."""
     from timm_posgeom.app.records import SCHEMA_VERSION, RunSummary
-    from timm_posgeom.imagenet_c import ImageNetCResult
+    from timm_posgeom.robustness.imagenet_c import ImageNetCResult
 
     results = {
         "ssdc-result": probe_ssdc(model, images, batch_size=3, progress=False),

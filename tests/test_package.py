@@ -34,6 +34,16 @@ def test_import_and_help_stay_light():
         assert not heavy, f"{code!r} imported {heavy[:8]}"
 
 
+def test_the_rooms_the_command_line_reads_before_run_stay_light():
+    """The protocol, its defaults and the measure settings are what ``posgeom --help`` and the flags' checks read
+    (cli/_options.py); their rooms import no torch, timm or numpy, so neither does the help. A moved module path
+    (``timm_posgeom.seeding``: ``_compat``) is found without importing anything either until it is imported."""
+    code = "import timm_posgeom.protocol, timm_posgeom.defaults, timm_posgeom.measuring, timm_posgeom.errors"
+    code += "\nimport importlib.util; assert importlib.util.find_spec('timm_posgeom.seeding') is not None"
+    loaded = {m.split(".")[0] for m in _modules_after(code)}
+    assert not loaded & {"torch", "timm", "torchvision", "numpy", *HEAVY}, sorted(loaded & {"torch", "timm", "numpy"})
+
+
 def test_version(capsys):
     assert timm_posgeom.__version__ == version("timm-posgeom")
     try:
@@ -171,7 +181,7 @@ def test_models_register_whichever_of_timm_and_the_package_is_imported_first():
     [
         "import timm_posgeom; timm_posgeom.check_support",
         "from timm_posgeom.interventions import pe_scale",
-        "import timm_posgeom.support",
+        "import timm_posgeom.probes.support",
     ],
 )
 @pytest.mark.slow

@@ -268,7 +268,7 @@ def test_paper_init_reproduces_the_papers_initial_weights(variant):
 # export: the config says which init a run began with
 # --------------------------------------------------------------------------------------------
 def test_export_records_init_and_local_dir_rebuilds_it(tmp_path):
-    from timm_posgeom.factory import create_model
+    from timm_posgeom.models.factory import create_model
 
     m = _built("ape", "paper")
     export_for_hub(m, tmp_path / "run" / "export")

@@ -311,7 +311,7 @@ def test_export_records_the_layout_and_local_dir_rebuilds_it(tmp_path):
     import json
 
     from timm_posgeom.app.hub import export_for_hub, render_card
-    from timm_posgeom.factory import create_model
+    from timm_posgeom.models.factory import create_model
 
     _, mine = _small_pair(ape=True)
     export_for_hub(mine, tmp_path / "run" / "export")

@@ -134,7 +134,7 @@ def test_the_command_line_alpha_reads_a_number_or_pairs():
 
 def test_the_sweep_scales_the_named_components_alone():
     from timm_posgeom import SyntheticShapes, alpha_sweep, probe_ssdc
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
 
     model = _rope_ape().float()
     data = SyntheticShapes(16, img_size=32, seed=0)

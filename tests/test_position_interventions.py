@@ -17,8 +17,8 @@ import timm
 import torch
 
 from timm_posgeom import SyntheticShapes, fragility
-from timm_posgeom.intervals import t_interval
 from timm_posgeom.interventions import shuffle_tiles
+from timm_posgeom.results.intervals import t_interval
 from timm_posgeom.robustness.position_interventions import (
     default_tile_grids,
     measure_pe_shift,

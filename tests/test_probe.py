@@ -97,7 +97,7 @@ def test_streaming_equals_one_batch(nope, images):
 def test_per_image_after_the_forward_equals_per_layer(nope, images, monkeypatch):
     """Per-image SSDC kept for one call after the forward (small batches) or computed at each layer
     (batches over the memory budget) gives the same numbers, also when both happen in one probe."""
-    from timm_posgeom.probes import accumulator as module
+    from timm_posgeom.probes.ssdc_probe import accumulator as module
 
     sincos = timm.create_model("posgeom_vit_micro_patch8_64_sincos").eval()  # a PE: content and index grids differ
     results = {}
@@ -275,7 +275,7 @@ def test_a_constant_layer_is_nan_with_both_reductions_not_rounding_noise():
     6.0) and Spearman ranked that: SSDC -0.25, no warning."""
     import warnings
 
-    from timm_posgeom.probes.spearman import ConstantMapWarning
+    from timm_posgeom.probes.ssdc_probe.spearman import ConstantMapWarning
 
     torch.manual_seed(0)
     model = timm.create_model("posgeom_vit_micro_patch8_64_nope", depth=1, img_size=32).eval()

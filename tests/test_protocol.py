@@ -128,7 +128,7 @@ def test_the_package_exports_the_protocol():
 def test_measure_model_is_the_library_functions_composed(val):
     """measure_model's numbers are those of probe_ssdc, fragility and alpha_sweep called directly with the same
     settings: it composes them, it does not redo them."""
-    from timm_posgeom.eval_data import eval_loader
+    from timm_posgeom.data.eval_data import eval_loader
     from timm_posgeom.probes import probe_ssdc
     from timm_posgeom.robustness import alpha_sweep, fragility
 
@@ -147,7 +147,7 @@ def test_measure_model_is_the_library_functions_composed(val):
     assert measured.alpha_sweep.delta_ssdc == sweep.delta_ssdc and measured.alpha_sweep.fs == sweep.fs
     assert measured.labels == "check" and not measured.notes
     assert next(model.parameters()).device.type == "cpu" and not model.training
-    json.dumps(timm_posgeom.jsonio.to_jsonable(measured.to_dict()))  # every part JSON-ready
+    json.dumps(timm_posgeom.results.jsonio.to_jsonable(measured.to_dict()))  # every part JSON-ready
 
 
 @pytest.mark.slow
@@ -245,7 +245,7 @@ def test_every_runner_picks_up_a_registered_measure(registry, tmp_path, val, exp
     from timm_posgeom.app.zoo import ZooConfig
     from timm_posgeom.app.zoo.measure import measure_model as measure_zoo_model
     from timm_posgeom.cli.main import build_parser
-    from timm_posgeom.cli.zoo import _config
+    from timm_posgeom.cli.zoo import zoo_config
 
     small = dict(max_images=8, probe_images=6, rpi_permutations=2, batch_size=4, num_workers=0, extras=("toy",))
     row = measure_zoo_model(f"local-dir:{export}", ZooConfig(data="synthetic", pretrained="off", **small), val)
@@ -258,7 +258,7 @@ def test_every_runner_picks_up_a_registered_measure(registry, tmp_path, val, exp
     ev = measure_run(PlannedRun("nope", 0, run_dir, "x", (), None), m)  # type: ignore[arg-type]
     assert ev.measures == {"toy": Toy(6.0).to_dict()} and ev.attention is None and ev.alpha_sweep is None
     args = build_parser().parse_args(["zoo", "M", "--data", "synthetic", "--extras", "toy,attention"])
-    assert _config(args, "off").protocol().extras == ("toy", "attention")
+    assert zoo_config(args, "off").protocol().extras == ("toy", "attention")
 
 
 def test_the_studys_alpha_grid_is_the_protocols_and_the_cpu_presets_say_why_not():

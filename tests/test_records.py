@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from studies import one_run_study, record_ssdc
 
 from timm_posgeom.app.records import (
     SCHEMA_VERSION,
@@ -17,64 +18,13 @@ from timm_posgeom.app.records import (
     RunSummary,
     SSDCSummary,
     StudyResults,
-    StudyRun,
     SweepSummary,
 )
-from timm_posgeom.jsonio import dumps, replacing, write_atomic, write_json
-
-
-def _ssdc(nan: bool = False) -> SSDCSummary:
-    return SSDCSummary(
-        n_images=8,
-        per_layer=[0.5, math.nan if nan else 0.4],
-        rise=-0.1,
-        rpi_per_layer=[0.1, 0.2],
-        rpi_delta=0.1,
-        rpi_content_per_layer=[0.5, 0.4],
-        per_image_mean=[0.4, 0.3],
-        per_image_std=[0.1, 0.1],
-    )
-
-
-def _study() -> StudyResults:
-    summary = RunSummary(
-        model="posgeom_vit_micro_patch8_64_ape",
-        steps=10,
-        epochs=1.0,
-        train_images=64,
-        val_images=16,
-        processes=1,
-        time_s=3.5,
-        val_top1=0.25,
-    )
-    sweep = SweepSummary(
-        alphas=[1.0, 0.0],
-        delta_ssdc=[0.2, 0.0],
-        fs={"jpeg:5": [0.1, 0.3]},
-        clean_accuracy=[0.5, 0.4],
-        rpi_per_layer=[[0.1, 0.3], [0.1, 0.1]],
-    )
-    run = StudyRun(
-        condition="ape",
-        seed=0,
-        run_dir="runs/ape_s0",
-        train=summary,
-        eval=RunEval(clean_accuracy=0.5, fs={"jpeg:5": 0.1}, ssdc=_ssdc(), alpha_sweep=sweep),
-        history=[HistoryPoint(step=10, epoch=1.0, val_top1=0.25, rpi_ssdc=[0.1, 0.2])],
-        untrained=_ssdc(),
-    )
-    return StudyResults(
-        config={"preset": "demo"},
-        plan=[{"condition": "ape"}],
-        versions={"timm": "x"},
-        runs=[run],
-        elapsed_s=4.0,
-        complete=True,
-    )
+from timm_posgeom.results.jsonio import dumps, replacing, write_atomic, write_json
 
 
 def test_round_trip_through_the_files(tmp_path):
-    results = _study()
+    results = one_run_study()
     path = results.write(tmp_path / "results.json")
     raw = json.loads(path.read_text())
     assert raw["schema"] == "timm-posgeom/study-results" and raw["schema_version"] == SCHEMA_VERSION
@@ -86,7 +36,7 @@ def test_round_trip_through_the_files(tmp_path):
 
 
 def test_nan_is_written_one_way_and_the_json_is_strict(tmp_path):
-    path = _ssdc(nan=True).write(tmp_path / "u.json")
+    path = record_ssdc(nan=True).write(tmp_path / "u.json")
     text = path.read_text()
     assert "NaN" not in text and json.loads(text)["per_layer"] == [0.5, None]
     assert SSDCSummary.read(path).per_layer == [0.5, None]
@@ -138,7 +88,7 @@ def test_replacing_a_folder_swaps_it_whole_or_not_at_all(tmp_path):
 
 def test_results_to_json_write_atomically(tmp_path, monkeypatch):
     """The result classes' to_json(path) wrote with Path.write_text: a kill half way left a truncated file."""
-    from timm_posgeom.probes.result import SSDCResult
+    from timm_posgeom.probes.ssdc_probe.result import SSDCResult
     from timm_posgeom.robustness import AlphaSweepResult
 
     results = [SSDCResult(per_layer=[0.5], layers=[0]), AlphaSweepResult(rows=[], shifts=[])]
@@ -198,11 +148,11 @@ def test_report_refuses_a_foreign_results_file(tmp_path):
 def test_version_1_results_still_read_and_version_2_keeps_the_rpi_permutations(tmp_path):
     """Schema version 2 added SSDCSummary.rpi_permutations / rpi_by_permutation (issue 32): a results.json
     written by version 1 (neither key) still reads, as one permutation; a version 2 file round-trips them."""
-    from timm_posgeom.app.claims import rpi_cube
     from timm_posgeom.app.records import READABLE_VERSIONS
+    from timm_posgeom.app.report.claims import rpi_cube
 
     assert SCHEMA_VERSION >= 2 and {1, 2} <= set(READABLE_VERSIONS)  # 3 added summary.json's weights hashes
-    raw = _study().to_dict()
+    raw = one_run_study().to_dict()
     raw["schema_version"] = 1
     for key in ("rpi_permutations", "rpi_by_permutation"):  # what version 1 wrote
         for run in raw["runs"]:
@@ -212,7 +162,7 @@ def test_version_1_results_still_read_and_version_2_keeps_the_rpi_permutations(t
     old = StudyResults.read(tmp_path / "v1.json")
     assert old.runs[0].eval.ssdc.rpi_by_permutation is None and old.runs[0].eval.ssdc.rpi_per_layer == [0.1, 0.2]
     assert rpi_cube(old.runs).shape == (1, 1, 2)  # one seed, one permutation, two layers
-    new = _study()
+    new = one_run_study()
     new.runs[0].eval.ssdc.rpi_permutations = [0, 1, 2]
     new.runs[0].eval.ssdc.rpi_by_permutation = [[0.1, 0.2], [0.0, 0.1], [0.2, 0.3]]
     again = StudyResults.read(new.write(tmp_path / "v2.json"))
@@ -226,7 +176,7 @@ def test_version_4_keeps_attention_per_head_and_version_3_results_still_read(tmp
     from timm_posgeom.app.records import AttentionSummary
 
     assert SCHEMA_VERSION >= 4
-    results = _study()
+    results = one_run_study()
     results.runs[0].eval.attention = AttentionSummary(
         n_images=8,
         layers=[0, 3],
@@ -240,7 +190,7 @@ def test_version_4_keeps_attention_per_head_and_version_3_results_still_read(tmp
     attention = again.runs[0].eval.attention
     assert isinstance(attention, AttentionSummary) and attention.mean_distance == [[1.0, 2.0], [3.0, None]]
     assert attention.layers == [0, 3] and attention.rpi_entropy is None
-    raw = _study().to_dict()
+    raw = one_run_study().to_dict()
     raw["schema_version"] = 3
     assert "attention" in raw["runs"][0]["eval"]
     del raw["runs"][0]["eval"]["attention"]  # what version 3 wrote

@@ -17,6 +17,8 @@ from timm.data import create_transform
 from torchvision import transforms
 
 import timm_posgeom  # noqa: F401  (registers the models)
+from timm_posgeom.data.shifts import JPEG, Shift, parse_shift
+from timm_posgeom.data.transforms import eval_transform
 from timm_posgeom.robustness import (
     AlphaSweepResult,
     FragilityResult,
@@ -26,8 +28,6 @@ from timm_posgeom.robustness import (
     paired_bootstrap_fs,
     wilson_interval,
 )
-from timm_posgeom.shifts import JPEG, Shift, parse_shift
-from timm_posgeom.transforms import eval_transform
 
 FAST = dict(num_workers=0, progress=False)
 
@@ -371,7 +371,7 @@ def test_third_party_timm_vits(name):
 def test_a_twins_model_built_at_64_px_is_fed_64_px():
     """twins keeps its input size in patch_embeds[0], not patch_embed: built for 64 px, it was fed its
     pretrained config's 224 px by fragility, the probe and eval_loader, and ran without an error."""
-    from timm_posgeom.transforms import resolve_config
+    from timm_posgeom.data.transforms import resolve_config
 
     model = timm.create_model("twins_svt_small", img_size=64, depths=(1, 1, 1, 1), num_classes=3)
     assert resolve_config(model)["input_size"] == (3, 64, 64)

@@ -14,6 +14,7 @@ from scipy.stats import spearmanr
 from scipy.stats import t as student_t
 
 import timm_posgeom  # noqa: F401  (registers the models)
+from timm_posgeom.data.synthetic import SyntheticShapes
 from timm_posgeom.interventions import (
     TokenPermutationError,
     draw_permutations,
@@ -23,7 +24,6 @@ from timm_posgeom.interventions import (
 )
 from timm_posgeom.probes import probe_ssdc
 from timm_posgeom.robustness import alpha_sweep, fragility
-from timm_posgeom.synthetic import SyntheticShapes
 
 
 def smooth_images(n: int, size: int = 64, seed: int = 0) -> torch.Tensor:

@@ -144,7 +144,7 @@ def test_the_width_ladder_reads_each_runs_width_and_draws_the_papers_point(scali
 
 def test_the_condition_table_puts_the_permutation_spread_in_delta_ssdcs_interval(scaling):
     """Issue 32: a study's delta SSDC under RPI is read over seeds x permutations, as the claims decide it."""
-    from timm_posgeom.app.claims import spread_sp
+    from timm_posgeom.app.report.claims import spread_sp
 
     by_seed = {0: [[0.10, 0.30], [0.10, 0.20], [0.10, 0.40]], 1: [[0.10, 0.32], [0.10, 0.22], [0.10, 0.38]]}
     runs = []

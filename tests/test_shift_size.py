@@ -14,10 +14,10 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
 import timm_posgeom  # noqa: F401
+from timm_posgeom.data.shifts import parse_shift
+from timm_posgeom.data.transforms import resize_transform, resolve_config
 from timm_posgeom.robustness import fragility
-from timm_posgeom.shift_size import ShiftedAtSize, pre_resize
-from timm_posgeom.shifts import parse_shift
-from timm_posgeom.transforms import resize_transform, resolve_config
+from timm_posgeom.robustness.shift_size import ShiftedAtSize, pre_resize
 
 
 @pytest.fixture(scope="module")
@@ -136,10 +136,10 @@ def test_the_cli_takes_shift_size(tmp_path, imagenette_path, capsys):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:clean accuracy is 0")
 def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(tmp_path):
-    from test_records import _study
+    from studies import one_run_study
 
     from timm_posgeom.app.records import StudyResults
-    from timm_posgeom.app.report_shift_size import fragility_at_size_lines
+    from timm_posgeom.app.report.shift_size import fragility_at_size_lines
     from timm_posgeom.app.study import preset_config
     from timm_posgeom.app.study.config import PART_SETTINGS
     from timm_posgeom.app.study.fragility_at_size import fragility_at_size
@@ -161,7 +161,7 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     )
     assert record.shift_size == 96 and record.num_images == 8 and record.fs.keys() == set(config.shifts)
     assert record.clean_accuracy == direct.clean_accuracy and record.accuracy == direct.accuracy
-    results = _study()
+    results = one_run_study()
     results.runs[0].eval.fragility_at_size = record
     results.recipes = {"ape": {"img_size": 64}}
     again = StudyResults.from_dict(results.to_dict())
@@ -169,4 +169,4 @@ def test_the_study_measures_it_beside_the_model_input_numbers_and_reports_both(t
     lines = "\n".join(fragility_at_size_lines(again))
     assert "applied at 96 px, before the resize to the model's input (64 px)" in lines
     assert "jpeg:5 FS at 64 px | jpeg:5 FS at 96 px" in lines and "| APE |" in lines
-    assert fragility_at_size_lines(_study()) == []
+    assert fragility_at_size_lines(one_run_study()) == []

@@ -15,7 +15,7 @@ from scipy.ndimage import gaussian_filter
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from timm_posgeom.shifts import (
+from timm_posgeom.data.shifts import (
     IMAGENET_C,
     JPEG,
     PAPER_SHIFTS,

@@ -10,7 +10,8 @@ import torch
 from scipy.stats import rankdata as scipy_rankdata
 from scipy.stats import spearmanr
 
-from timm_posgeom.probes import ConstantMapWarning, grid_positions, pair_distances, rankdata, spearman, ssdc
+from timm_posgeom.probes import ConstantMapWarning, grid_positions, pair_distances, rankdata, ssdc
+from timm_posgeom.probes.ssdc_probe import spearman
 
 
 def _reference(sim: np.ndarray, positions: np.ndarray, distance: str) -> float:
@@ -138,8 +139,8 @@ def test_two_targets_share_one_sort():
     maps[5, 0, 1], maps[5, 0, 2] = -0.0, 0.0
     positions = _grid(4, 4)[torch.randperm(16, generator=gen).numpy()]
     targets = [
-        module._distance_ranks((4, 4), "manhattan", None, torch.device("cpu")),
-        module._distance_ranks((4, 4), "manhattan", torch.from_numpy(positions), torch.device("cpu")),
+        module.distance_ranks((4, 4), "manhattan", None, torch.device("cpu")),
+        module.distance_ranks((4, 4), "manhattan", torch.from_numpy(positions), torch.device("cpu")),
     ]
     on_grid, on_positions = module.ssdc_pairs(maps, targets)
     for got, pos in ((on_grid, _grid(4, 4)), (on_positions, positions)):
@@ -189,7 +190,7 @@ def test_device_path_matches_scipy_on_cpu():
     maps[1] = torch.round(maps[1])
     maps[2] = 0.25
     pairs = module.upper_pairs(maps)
-    d, d_norm = module._distance_ranks((4, 5), "manhattan", None, torch.device("cpu"))
+    d, d_norm = module.distance_ranks((4, 5), "manhattan", None, torch.device("cpu"))
     nums, norms, nan_rows = module._spearman_torch(pairs, [d])
     rho = nums[0] / (norms * d_norm)
     ref = [_reference(m.double().numpy(), _grid(4, 5), "manhattan") for m in maps[:2]]

@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 import timm_posgeom  # noqa: F401  (registers the models)
-from timm_posgeom.eval_data import eval_loader
+from timm_posgeom.data.eval_data import eval_loader
+from timm_posgeom.data.synthetic import SyntheticShapes
 from timm_posgeom.probes import ConstantMapWarning, UnsupportedModelError, probe_ssdc
 from timm_posgeom.robustness import fragility
-from timm_posgeom.synthetic import SyntheticShapes
 
 
 def smooth_images(n: int, size: int, seed: int = 0) -> torch.Tensor:
@@ -227,7 +227,7 @@ def test_cli_probe_per_stage_with_input_size(tmp_path, capsys):
 
 def test_a_grid_too_large_for_a_similarity_map_is_refused_not_oom_killed(monkeypatch):
     """inception_resnet_v2's first map at 299 px is 147 x 147 (233M pairs): the probe was killed for memory."""
-    import timm_posgeom.probes.accumulator as probe_module
+    import timm_posgeom.probes.ssdc_probe.accumulator as probe_module
 
     monkeypatch.setattr(probe_module, "MAX_GRID_TOKENS", 8 * 8)
     model = timm.create_model("resnet18", num_classes=3).eval()

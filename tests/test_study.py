@@ -19,8 +19,9 @@ import torch
 
 from timm_posgeom.app import study as study_mod
 from timm_posgeom.app.records import HistoryPoint, RunEval, StudyResults
-from timm_posgeom.app.report import _formed_at, _training_table, evaluate_claims
-from timm_posgeom.app.report_figures import _history, _history_std
+from timm_posgeom.app.report import evaluate_claims
+from timm_posgeom.app.report.document import formed_at, training_table
+from timm_posgeom.app.report.runs import seed_history, seed_history_std
 from timm_posgeom.app.study import StudyError, dry_run, plan_study, preset_config, run_study
 from timm_posgeom.app.study import runner as study_runner
 from timm_posgeom.cli import main as cli_main
@@ -314,15 +315,15 @@ def test_training_table_finds_when_the_anchor_forms():
             ],
         )
 
-    assert _formed_at(np.array([2.0, 4.0, 6.0, 8.0]), np.array([0.2, 0.05, 0.15, 0.3])) == 6.0
-    assert _formed_at(np.array([2.0, 4.0]), np.array([0.3, 0.05])) is None
+    assert formed_at(np.array([2.0, 4.0, 6.0, 8.0]), np.array([0.2, 0.05, 0.15, 0.3])) == 6.0
+    assert formed_at(np.array([2.0, 4.0]), np.array([0.3, 0.05])) is None
     results = SimpleNamespace(
         runs=[run(0, [(2, 0.0), (4, 0.12), (6, 0.3), (8, 0.4)]), run(1, [(2, 0.0), (4, 0.06), (6, 0.1), (8, 0.2)])]
     )  # mean 0, .09, .2, .3
-    row = next(line for line in _training_table(results) if line.startswith("| APE"))
+    row = next(line for line in training_table(results) if line.startswith("| APE"))
     assert row.split("|")[-3].strip() == "6" and row.split("|")[-2].strip() == "0.800±0.000"
     assert "0.300±0.141 (ep 8)" in row  # mean ± std over seeds of (0.4, 0.2)
-    ssdc_sd, top1_sd = _history_std(_history(results.runs)[3])  # the training figure's bands
+    ssdc_sd, top1_sd = seed_history_std(seed_history(results.runs)[3])  # the training figure's bands
     assert ssdc_sd.shape == (4, 2) and np.allclose(ssdc_sd[-1], np.std([0.4, 0.2], ddof=1)) and np.allclose(top1_sd, 0)
 
 
@@ -654,7 +655,7 @@ def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_m
     every run's recipe (issue 42); --max-images bounds the study's measurements too."""
     from timm_posgeom.cli import main
     from timm_posgeom.cli.main import build_parser
-    from timm_posgeom.cli.study import _config
+    from timm_posgeom.cli.study import study_config
 
     flags = [
         "--data-config",
@@ -675,7 +676,7 @@ def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_m
     command = capsys.readouterr().out
     assert "--set data_config=default --set streaming=true --set max_train_images=64" in command
     assert command.rstrip().endswith("--device cpu")
-    config = _config(build_parser().parse_args(["study", "--preset", "demo", *flags]))
+    config = study_config(build_parser().parse_args(["study", "--preset", "demo", *flags]))
     assert {
         "data_config=default",
         "streaming=true",
@@ -687,4 +688,4 @@ def test_study_passes_the_data_flags_to_every_training_run_and_measures_within_m
     } <= set(config.train_overrides)
     assert (config.max_images, config.probe_images, config.sweep_images, config.device) == (64, 64, 64, "cpu")
     with pytest.raises(ValueError, match="--set max_val_images=... and --max-images both set max_val_images"):
-        _config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))
+        study_config(build_parser().parse_args(["study", "--max-images", "8", "--set", "max_val_images=4"]))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_posgeom.support import MATRIX, build_matrix_model, check_support, parse_support_table
+from timm_posgeom.probes.support import MATRIX, build_matrix_model, check_support, parse_support_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "support.md"
 

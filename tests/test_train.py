@@ -643,9 +643,9 @@ def test_read_metrics_counts_a_repeated_step_once(tmp_path):
 def test_train_trains_on_a_config_of_a_local_parquet_set(tmp_path, capsys):
     """`posgeom train --data-config NAME` trains on that configuration's classes; the flags are recorded as the
     recipe keys of their names; --streaming reads the first --max-images of each split (the same images)."""
-    from test_data import _parquet_set
+    from conftest import parquet_set
 
-    root = _parquet_set(tmp_path / "set")  # configurations small (3 classes) and big (4)
+    root = parquet_set(tmp_path / "set")  # configurations small (3 classes) and big (4)
     common = [
         "--data",
         str(root),

@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from test_claims import _paper_like, _results, _seeds
+from studies import paper_like, paper_seeds, results_of
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "verdicts.py"
 
@@ -22,9 +22,9 @@ def verdicts():
 
 def test_it_prints_the_current_verdicts_and_what_changed_them(verdicts, tmp_path, capsys):
     (tmp_path / "four").mkdir()
-    _results(_seeds(4)).write(tmp_path / "four" / "results.json")
+    results_of(paper_seeds(4)).write(tmp_path / "four" / "results.json")
     (tmp_path / "one").mkdir()
-    _results(_paper_like(0)).write(tmp_path / "one" / "results.json")
+    results_of(paper_like(0)).write(tmp_path / "one" / "results.json")
     assert verdicts.main([str(tmp_path / "four"), f"one seed={tmp_path / 'one'}"]) == 0
     out = capsys.readouterr().out
     assert "| four | 4 (no PE, APE, sincos, RoPE, RPT) | held | held | held | held | held |" in out

@@ -35,12 +35,12 @@ from timm_posgeom.app.zoo import (
 )
 from timm_posgeom.cli import main
 from timm_posgeom.data import load_split
-from timm_posgeom.eval_data import eval_loader
-from timm_posgeom.factory import create_model
-from timm_posgeom.labels import map_by_name
+from timm_posgeom.data.eval_data import eval_loader
+from timm_posgeom.data.labels import map_by_name
+from timm_posgeom.data.shifts import PAPER_SHIFTS
+from timm_posgeom.models.factory import create_model
 from timm_posgeom.probes import probe_ssdc
 from timm_posgeom.robustness import alpha_sweep, fragility
-from timm_posgeom.shifts import PAPER_SHIFTS
 
 # pytest-xdist (CI): the whole module on one worker, so that the zoo and export of its module fixtures are made once
 pytestmark = pytest.mark.xdist_group("zoo")
@@ -423,7 +423,7 @@ def test_a_model_locked_by_a_live_shard_is_left_to_it(tmp_path, data_dir, export
 
 def test_images_decoded_once_give_the_same_batches_and_scores_bit_for_bit(data_dir):
     from timm_posgeom.data import relabel_by_name
-    from timm_posgeom.eval_data import DecodedImages
+    from timm_posgeom.data.eval_data import DecodedImages
 
     data = load_split(data_dir, "validation", subset=N)
     shared = DecodedImages(data)
@@ -596,7 +596,7 @@ def test_old_names_still_work_for_one_release_with_a_warning(tmp_path, capsys):
     )
     from timm_posgeom.app import zoo
 
-    with pytest.warns(DeprecationWarning, match="timm_posgeom.labels.map_by_name"):
+    with pytest.warns(DeprecationWarning, match="timm_posgeom.data.labels.map_by_name"):
         assert zoo.match_labels(torch.nn.Identity(), None) == (None, "the model has no classifier head")
     with pytest.raises(SystemExit):  # --images N: a warning, then the zoo as with --max-images N (here: no models)
         main(["zoo", "--data", "synthetic", "--out", str(tmp_path / "zoo"), "--images", "4"])

@@ -25,13 +25,18 @@ import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
 
+from . import _compat
 from .version import __version__
+
+_compat.install()  # the module paths that moved (issue 49) keep working for one release, with a warning
 
 if TYPE_CHECKING:  # what each public name is, for type checkers and readers; loaded lazily below
     from .data import ImageSplit, load_split
-    from .eval_data import eval_loader
-    from .factory import create_model
-    from .imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
+    from .data.eval_data import eval_loader
+    from .data.labels import LabelMismatchError, match_labels
+    from .data.shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
+    from .data.synthetic import SyntheticShapes
+    from .data.transforms import eval_transform
     from .interventions import (
         PEEntry,
         PEMoveError,
@@ -46,7 +51,6 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         shuffle_tiles,
         token_permutation,
     )
-    from .labels import LabelMismatchError, match_labels
     from .localisation import (
         AblationResult,
         EncodingCKAResult,
@@ -59,8 +63,9 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         position_ablation,
     )
     from .localisation.encoding_cka import encoding_cka  # the function, not its submodule (see below)
-    from .measuring import MeasureSettings, MeasureSettingsError
+    from .measuring.settings import MeasureSettings, MeasureSettingsError
     from .models import PosGeomViT, list_models
+    from .models.factory import create_model
     from .probes import (
         AttentionMeasure,
         AttentionResult,
@@ -80,6 +85,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
     # for the submodule)
     from .probes.attention_measures import attention_measures
     from .probes.cka import cka
+    from .probes.support import SupportRow, check_support
     from .protocol import Measurement, Protocol, ProtocolError, measure_model, measure_names, register_measure
     from .resolution import ExtrapolationResult, ExtrapolationRow, at_input_size, extrapolate
     from .robustness import (
@@ -92,10 +98,7 @@ if TYPE_CHECKING:  # what each public name is, for type checkers and readers; lo
         measure_pe_shuffle,
         measure_tile_shuffle,
     )
-    from .shifts import JPEG, Corruption, GaussianBlur, imagenet_c, imagenet_c_shifts, parse_shift
-    from .support import SupportRow, check_support
-    from .synthetic import SyntheticShapes
-    from .transforms import eval_transform
+    from .robustness.imagenet_c import ImageNetCResult, check_imagenet_c_tree, imagenet_c_fragility, imagenet_c_released
 
 __all__ = [
     "__version__",
@@ -192,10 +195,11 @@ __all__ = [
 # public name -> the module (relative to this package) that defines it
 _LAZY = {
     **dict.fromkeys(("ImageSplit", "load_split"), "data"),
-    "eval_loader": "eval_data",
-    "create_model": "factory",
+    "eval_loader": "data.eval_data",
+    "create_model": "models.factory",
     **dict.fromkeys(
-        ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"), "imagenet_c"
+        ("ImageNetCResult", "check_imagenet_c_tree", "imagenet_c_fragility", "imagenet_c_released"),
+        "robustness.imagenet_c",
     ),
     **dict.fromkeys(
         (
@@ -214,7 +218,7 @@ _LAZY = {
         ),
         "interventions",
     ),
-    **dict.fromkeys(("LabelMismatchError", "match_labels"), "labels"),
+    **dict.fromkeys(("LabelMismatchError", "match_labels"), "data.labels"),
     **dict.fromkeys(
         (
             "AblationResult",
@@ -230,7 +234,7 @@ _LAZY = {
         ),
         "localisation",
     ),
-    **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring"),
+    **dict.fromkeys(("MeasureSettings", "MeasureSettingsError"), "measuring.settings"),
     **dict.fromkeys(("PosGeomViT", "list_models"), "models"),
     **dict.fromkeys(
         ("Measurement", "Protocol", "ProtocolError", "measure_model", "measure_names", "register_measure"), "protocol"
@@ -268,10 +272,12 @@ _LAZY = {
         "robustness",
     ),
     **dict.fromkeys(("ExtrapolationResult", "ExtrapolationRow", "at_input_size", "extrapolate"), "resolution"),
-    **dict.fromkeys(("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "shifts"),
-    **dict.fromkeys(("SupportRow", "check_support"), "support"),
-    "SyntheticShapes": "synthetic",
-    "eval_transform": "transforms",
+    **dict.fromkeys(
+        ("JPEG", "Corruption", "GaussianBlur", "imagenet_c", "imagenet_c_shifts", "parse_shift"), "data.shifts"
+    ),
+    **dict.fromkeys(("SupportRow", "check_support"), "probes.support"),
+    "SyntheticShapes": "data.synthetic",
+    "eval_transform": "data.transforms",
 }
 
 

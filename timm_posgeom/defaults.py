@@ -1,9 +1,9 @@
 """The protocol's default values, plain: the paper's shifts and alphas, the probe's image count, the RPI
-permutations, the shift spec forms, the probe sites and reductions.
+permutations, the shift spec forms, the probe sites and reductions, the label policies.
 
 Nothing here imports torch (or anything else of weight), so the command line can show them in ``--help``
 without loading the library. The measuring packages (:mod:`timm_posgeom.probes`, :mod:`timm_posgeom.robustness`,
-:mod:`timm_posgeom.shifts`) read them from here; :mod:`timm_posgeom.protocol`, which composes those packages into
+:mod:`timm_posgeom.data.shifts`) read them from here; :mod:`timm_posgeom.protocol`, which composes those packages into
 one measurement, re-exports them. Definitions: docs/method.md.
 """
 
@@ -22,6 +22,7 @@ __all__ = [
     "IMAGENET_C_JPEG_BLUR",
     "SITES",
     "REDUCTIONS",
+    "LABEL_POLICIES",
     "probe_count",
     "rpi_count",
     "PE_COMPONENTS",
@@ -59,10 +60,14 @@ SPEC_FORMS = (
 )
 """The forms of a shift spec, as ``parse_shift`` reads them."""
 
+LABEL_POLICIES = ("check", "by-name", "as-is")
+"""How the data's labels meet the model's classes (:func:`~timm_posgeom.data.labels.match_labels`): refuse a
+mismatch, map by name, or use the indices unchecked."""
+
 IMAGENET_C_JPEG_BLUR = tuple(
     f"imagenet-c:{name}:{s}" for name in ("jpeg_compression", "gaussian_blur") for s in range(1, 6)
 )
-"""ImageNet-C's JPEG and blur at severities 1-5 (the two corruptions :mod:`timm_posgeom.shifts` implements itself),
+"""ImageNet-C's JPEG and blur at severities 1-5 (the two corruptions :mod:`timm_posgeom.data.shifts` implements itself),
 corruption-major: what ``--imagenet-c-jpeg-blur`` adds to the shifts of the zoo and the study."""
 
 SITES = ("auto", "attn_input", "block_output", "stage_output")

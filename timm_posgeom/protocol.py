@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .defaults import (
     DEFAULT_ALPHAS,
     JACKKNIFE_GROUPS,
+    LABEL_POLICIES,
     PAPER_SHIFTS,
     PE_COMPONENTS,
     PROBE_IMAGES,
@@ -41,8 +42,7 @@ from .defaults import (
     rpi_count,
 )
 from .errors import PosgeomError, one_line
-from .labels import LABEL_POLICIES
-from .measuring import RESIZE_MODES, MeasureSettings
+from .measuring.settings import RESIZE_MODES, MeasureSettings
 
 if TYPE_CHECKING:
     import torch.nn as nn
@@ -129,7 +129,7 @@ class Protocol:
         sweep_shifts: the shifts whose FS the sweep measures at each alpha (the paper's JPEG q5).
         shifts: the fragility shifts (spec strings, e.g. ``jpeg:5``); ``shift_size``: also each at S x S px
             before the resize to the model's input (``fragility_at_size``); None: not.
-        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.data.labels.match_labels`):
             ``check``, ``by-name`` or ``as-is``; labels that cannot be matched leave top-1 and FS out (a note).
         img_size: input size S for models that take any size (None: the model's own); ``resize``: ``paper``
             (straight to the input size) or ``timm`` (resize + centre crop).
@@ -491,7 +491,7 @@ def _failure(error: BaseException) -> str:
 
 def _loader(model: Any, data: Any, protocol: Protocol, images: int) -> Any:
     """The first ``images`` of ``data`` as the model reads them (the protocol's resize, size, batch, workers)."""
-    from .eval_data import eval_loader
+    from .data.eval_data import eval_loader
 
     return eval_loader(
         model,
@@ -533,7 +533,7 @@ def _ssdc(model: Any, data: Any, protocol: Protocol, result: Measurement, part: 
 def _fragility(model: Any, data: Any, protocol: Protocol, result: Measurement, part: str) -> None:
     """Clean top-1, top-1 and FS per shift (``fragility``) or with the shifts at ``shift_size`` px
     (``fragility_at_size``), on the first ``max_images``; labels that cannot be matched leave it out, noted."""
-    from .labels import LabelMismatchError, map_by_name
+    from .data.labels import LabelMismatchError, map_by_name
     from .robustness import fragility
 
     at_size: dict[str, Any] = {"shift_size": protocol.shift_size} if part == "fragility_at_size" else {}
@@ -555,8 +555,8 @@ def _fragility(model: Any, data: Any, protocol: Protocol, result: Measurement, p
 def _alpha_sweep(model: Any, data: Any, protocol: Protocol, result: Measurement, part: str) -> None:
     """The alpha sweep (``alpha_sweep``: delta SSDC and FS per alpha; ``sweep_ssdc``: its SSDC part alone, as when
     the labels do not match); a model whose PE cannot be scaled or permuted gets a note."""
+    from .data.labels import LabelMismatchError
     from .interventions import AlphaOverflowError, PEScaleError, TokenPermutationError
-    from .labels import LabelMismatchError
     from .robustness import alpha_sweep, sweep_ssdc
 
     try:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from timm_posgeom.intervals import t_interval
-from timm_posgeom.jsonio import write_atomic
 from timm_posgeom.resolution import ExtrapolationResult, extrapolation_figure
+from timm_posgeom.results.intervals import t_interval
+from timm_posgeom.results.jsonio import write_atomic
 
 HERE = Path(__file__).resolve().parent
 FIGURE = HERE.parents[1] / "docs" / "figures" / "extrapolation.png"

@@ -110,7 +110,7 @@ def _done(path: Path) -> set[tuple[str, int]]:
 def run(args: argparse.Namespace) -> None:
     from timm_posgeom import load_split
     from timm_posgeom.app.weights import ensure_restored
-    from timm_posgeom.eval_data import DecodedImages
+    from timm_posgeom.data.eval_data import DecodedImages
 
     ensure_restored(["8x8-paper"], Path(__file__).resolve().parents[2])  # the weights live outside git
     out = Path(args.out)
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _over_seeds(values: list[float]) -> tuple[float, float, float]:
-    from timm_posgeom.intervals import t_interval
+    from timm_posgeom.results.intervals import t_interval
 
     mean, low, high = t_interval(np.asarray(values, dtype=float))
     return float(mean), float(low), float(high)

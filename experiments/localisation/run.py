@@ -71,11 +71,11 @@ def _rounded(value):
 
 
 def measure(run: str, args: argparse.Namespace, validation, train) -> dict:
-    from timm_posgeom.eval_data import eval_loader
-    from timm_posgeom.factory import create_model
-    from timm_posgeom.labels import match_labels
+    from timm_posgeom.data.eval_data import eval_loader
+    from timm_posgeom.data.labels import match_labels
     from timm_posgeom.localisation import localise
-    from timm_posgeom.measuring import MeasureSettings
+    from timm_posgeom.measuring.settings import MeasureSettings
+    from timm_posgeom.models.factory import create_model
 
     model = create_model(f"local-dir:{STUDY / 'runs' / run / 'export'}").eval()
     loader = eval_loader(model, match_labels(model, validation, "by-name"), max_images=args.images, num_workers=0)
@@ -103,7 +103,7 @@ def _rows(records: dict[str, dict]) -> list[dict]:
 
 
 def _by_condition(rows: list[dict]) -> list[dict]:
-    from timm_posgeom.intervals import t_interval
+    from timm_posgeom.results.intervals import t_interval
 
     groups: dict[tuple, list[float]] = {}
     for r in rows:

@@ -17,7 +17,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from timm_posgeom.transforms import to_rgb
+from timm_posgeom.data.transforms import to_rgb
 
 WNIDS = [
     "n01440764",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError
-from ..jsonio import write_atomic
+from ..results.jsonio import write_atomic
 from .rundir import RunLock, describe_changes, set_aside, settings_changes
 
 __all__ = ["extrapolate_into", "FILES", "ExtrapolationRecordError"]

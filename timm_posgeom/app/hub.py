@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError
-from ..jsonio import replacing, write_errors
 from ..models.pretrained import weights_sha1  # re-exported: its home is the library
+from ..results.jsonio import replacing, write_errors
 from .records import RunEval, RunSummary
 from .rundir import RunFileError, check_fields, read_json_file
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from ..errors import PosgeomError
-from ..measuring import MAX_IMG_SIZE, max_workers
+from ..measuring.settings import MAX_IMG_SIZE, max_workers
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
     from importlib.resources.abc import Traversable

@@ -43,7 +43,7 @@ reads; files are written with ``SCHEMA_VERSION``):
   Older records have None: none measured.
 
 Files are written through
-:func:`timm_posgeom.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
+:func:`timm_posgeom.results.jsonio.write_json` (strict JSON, NaN as ``null``, atomic). A ``None`` where a
 number is expected is a NaN (a constant map's SSDC, an undefined FS): readers that compute turn it
 back into NaN.
 """
@@ -60,8 +60,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from ..errors import PosgeomError
-from ..jsonio import tagged as with_schema_tags
-from ..jsonio import to_jsonable, write_json
+from ..results.jsonio import tagged as with_schema_tags
+from ..results.jsonio import to_jsonable, write_json
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -15,7 +15,7 @@
   text, not JSON / YAML or not a mapping (damaged, truncated, edited by hand) is :class:`RunFileError`, one
   line naming the file and what to do, never a parser's traceback.
 
-Files are written with :func:`timm_posgeom.jsonio.write_atomic` (the one atomic writer).
+Files are written with :func:`timm_posgeom.results.jsonio.write_atomic` (the one atomic writer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError, one_line
-from ..jsonio import to_jsonable
+from ..results.jsonio import to_jsonable
 
 __all__ = [
     "RunLock",

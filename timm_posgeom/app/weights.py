@@ -147,7 +147,7 @@ class Manifest:
 
     def write(self, path: str | os.PathLike | None = None) -> Path:
         """Write the manifest (sorted by path, atomically) to ``path`` or where it was read from."""
-        from ..jsonio import write_atomic
+        from ..results.jsonio import write_atomic
 
         target = Path(path or self.path or MANIFEST)
         data = {
@@ -508,12 +508,12 @@ def _publish_snapshot(entry: WeightsEntry, root: Path, cache_dir: Path) -> None:
         data = config.read_bytes()
         blob = repo_dir / "blobs" / _git_blob_sha1(data)
         if not blob.is_file():
-            from ..jsonio import write_atomic
+            from ..results.jsonio import write_atomic
 
             write_atomic(blob, data)
         _relative_link(snapshot / "config.json", blob)
     (repo_dir / "refs").mkdir(exist_ok=True)
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     write_atomic(repo_dir / "refs" / "main", _revision(entry))
 

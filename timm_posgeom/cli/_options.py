@@ -376,7 +376,7 @@ def add_site_arg(p: argparse.ArgumentParser) -> None:
 
 def _count_limits(args: argparse.Namespace) -> dict[str, tuple[int, str]]:
     """flag dest -> (the most it may ask, what each unit costs), for the counts ``args`` gives."""
-    from ..measuring import MAX_CLASSES, MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
+    from ..measuring.settings import MAX_CLASSES, MAX_IMG_SIZE, MAX_RPI_PERMUTATIONS, max_workers
 
     limits = {
         "num_workers": (max_workers(), "4 per CPU here: each worker is a process of its own"),
@@ -429,7 +429,7 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
     import torch
 
     from ..data import check_images, load_split
-    from ..factory import create_model
+    from ..models.factory import create_model
 
     check_counts(args)
     data = load_split(args.data, args.split, subset=args.max_images if subset else None, **hub_data_kwargs(args))

@@ -6,7 +6,7 @@ each process takes a device, the main process loads the model and the data first
 once), every process measures its share with the same :class:`~timm_posgeom.measuring.MeasureSettings`
 (:func:`measure_settings`: from the shared flags), and only the main process adds the run's own settings
 (model, data, split, checkpoint, processes) to the result's ``settings`` and writes it (the result's
-``to_json`` and ``plot`` write atomically, tables through :func:`~timm_posgeom.jsonio.write_atomic`).
+``to_json`` and ``plot`` write atomically, tables through :func:`~timm_posgeom.results.jsonio.write_atomic`).
 Like every ``cli/`` module, nothing heavy is imported before :func:`run_measurement` runs.
 """
 
@@ -26,7 +26,7 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
     """The :class:`~timm_posgeom.measuring.MeasureSettings` of the shared flags (``--batch-size``, ``--resize``,
     ``--img-size``, ``--num-workers``, ``--seed``, ``--rpi-permutations``, ``--no-progress``) on ``device``. ``--max-images`` is not
     among them: the loaded split is cut to it already (a command that cuts it itself adds it)."""
-    from ..measuring import MeasureSettings
+    from ..measuring.settings import MeasureSettings
 
     return MeasureSettings(
         batch_size=args.batch_size,
@@ -41,9 +41,9 @@ def measure_settings(args: argparse.Namespace, device: Any) -> Any:
 
 
 def eval_batches(args: argparse.Namespace, model: Any, data: Any) -> Any:
-    """The probe batches of the loader flags (:func:`~timm_posgeom.eval_data.eval_loader`), for the commands
+    """The probe batches of the loader flags (:func:`~timm_posgeom.data.eval_data.eval_loader`), for the commands
     that read transformed batches (``probe``, ``attention``)."""
-    from ..eval_data import eval_loader
+    from ..data.eval_data import eval_loader
 
     return eval_loader(
         model,
@@ -67,7 +67,7 @@ def run_measurement(
     settings recorded in ``result.settings`` and ``report(args, result, out)`` (writes and prints) with the
     ``--out`` folder made. ``subset``: the split cut to ``--max-images`` on loading (False: the command's
     measurement applies it). Returns the exit status."""
-    from .. import distributed
+    from ..measuring import distributed
 
     world = distributed.setup()  # launched as several processes: each measures its share of the batches
     if args.device is None and world > 1:

@@ -70,8 +70,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import distributed
     from ..app.extrapolation import extrapolate_into
+    from ..measuring import distributed
     from ..resolution import check_modes, check_sizes, extrapolate
     from ._options import load_model_and_data
     from ._runner import measure_settings

@@ -105,8 +105,8 @@ def _parse_severities(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if args.imagenet_c is not None or args.imagenet_c_root is not None:
         return _run_imagenet_c(args)
+    from ..data.shifts import parse_shift
     from ..robustness import fragility
-    from ..shifts import parse_shift
 
     shifts = args.shift or list(PAPER_SHIFTS)
     for spec in shifts:
@@ -150,7 +150,7 @@ def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
 
 
 def _run_imagenet_c(args: argparse.Namespace) -> int:
-    from ..imagenet_c import imagenet_c_fragility, imagenet_c_released
+    from ..robustness.imagenet_c import imagenet_c_fragility, imagenet_c_released
 
     names, severities, reference, folders = _imagenet_c_inputs(args)
 
@@ -176,8 +176,8 @@ def _run_imagenet_c(args: argparse.Namespace) -> int:
 def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], Any, list[str] | None]:
     """(corruptions, severities, the reference result or None, the class folders or None), each checked before
     anything is loaded."""
-    from ..imagenet_c import ImageNetCResult
-    from ..shifts import imagenet_c, imagenet_c_shifts
+    from ..data.shifts import imagenet_c, imagenet_c_shifts
+    from ..robustness.imagenet_c import ImageNetCResult
 
     if args.shift:
         raise ValueError("--shift and --imagenet-c exclude each other: run them separately")
@@ -217,7 +217,7 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
 
 
 def _report_imagenet_c(args: argparse.Namespace, result: Any, out: Path, reference: Any) -> None:
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     if reference is not None:
         result.settings["reference"] = args.reference

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     stem = result.measure.replace("_", "-")
     result.to_json(out / f"{stem}.json")

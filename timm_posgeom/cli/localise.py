@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure(args: argparse.Namespace, measures: tuple[str, ...], model: Any, data: Any, settings: Any) -> Any:
     from ..data import load_split
-    from ..labels import match_labels
+    from ..data.labels import match_labels
     from ..localisation import localise
 
     data = match_labels(model, data, args.labels)

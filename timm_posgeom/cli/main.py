@@ -10,7 +10,6 @@ import sys
 import warnings
 
 from ..errors import APP_MODULES, USER_ERRORS, io_error_line, one_line
-from ..labels import LabelMismatchError
 from ._options import apply_renamed, check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
@@ -150,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, _app_extra_line(args.command, [top]))
     except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
         text = one_line(e)
-        if isinstance(e, LabelMismatchError):  # the library names its parameter; the command line, its flag
+        labels = sys.modules.get("timm_posgeom.data.labels")  # not imported here: data/ imports torch
+        if labels is not None and isinstance(
+            e, labels.LabelMismatchError
+        ):  # the library names its parameter; the command line, its flag
             text = re.sub(r"labels='([\w-]+)'", r"--labels \1", text)
         parser.exit(2, f"posgeom {args.command}: error: {text}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours

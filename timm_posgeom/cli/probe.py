@@ -2,7 +2,7 @@
 
 Prints a per-layer table and writes ``ssdc.json`` and ``ssdc.png`` under ``--out``. Launched as several
 processes (``accelerate launch ... -m timm_posgeom.cli probe ...``), each probes its share of the batches,
-the sums are reduced, and the main process alone writes and prints (see :mod:`timm_posgeom.distributed`).
+the sums are reduced, and the main process alone writes and prints (see :mod:`timm_posgeom.measuring.distributed`).
 MODEL is any timm name (this package's models included), ``hf-hub:org/name`` or ``local-dir:PATH``.
 """
 

@@ -110,7 +110,7 @@ def _measuring(args: argparse.Namespace) -> dict[str, Any]:
     from ..app.study import PRESETS
 
     measuring = protocol_options(args)
-    measuring.pop("shift_size", None)  # 0 (none) must replace the preset's: set after the preset, by run's _config
+    measuring.pop("shift_size", None)  # 0 (none) must replace the preset's: set after the preset, by run's study_config
     if measuring.pop("shifts", None):
         measuring["imagenet_c"] = True
     if args.max_images is not None:  # all the work: the training runs' splits and every measurement
@@ -123,7 +123,7 @@ def _measuring(args: argparse.Namespace) -> dict[str, Any]:
     return measuring
 
 
-def _config(args: argparse.Namespace) -> Any:
+def study_config(args: argparse.Namespace) -> Any:
     """The :class:`~timm_posgeom.app.study.StudyConfig` of the preset and the flags."""
     from ..app.study import preset_config
 
@@ -157,7 +157,7 @@ def _config(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ..app.study import dry_run, run_study
 
-    config = _config(args)
+    config = study_config(args)
     out = args.out or Path("runs") / f"study-{args.preset}"
     if args.dry_run:
         plan = dry_run(config, out)

@@ -53,8 +53,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..data.shifts import parse_shift
     from ..robustness import alpha_sweep
-    from ..shifts import parse_shift
 
     alphas = parse_alphas(args.alphas)
     shifts = args.shift or ["jpeg:5"]
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, result: Any, out: Path) -> None:
-    from ..jsonio import write_atomic
+    from ..results.jsonio import write_atomic
 
     result.to_json(out / "sweep.json")
     write_atomic(out / "sweep.md", result.to_markdown() + "\n")

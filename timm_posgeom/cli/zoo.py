@@ -190,7 +190,7 @@ def _names(args: argparse.Namespace, pretrained: str) -> list[str]:
     return names
 
 
-def _config(args: argparse.Namespace, pretrained: str) -> Any:
+def zoo_config(args: argparse.Namespace, pretrained: str) -> Any:
     """The :class:`~timm_posgeom.app.zoo.ZooConfig` of the flags: the measuring flags by their protocol names
     (:func:`~timm_posgeom.cli._options.protocol_options`), then the zoo's own."""
     from ..app.zoo import ZooConfig
@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     _legacy_images(args)
     pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]
     names = _names(args, pretrained)
-    config = _config(args, pretrained)
+    config = zoo_config(args, pretrained)
     try:
         summary = run_zoo(
             names,

@@ -5,7 +5,7 @@ Sources (``load_split``):
 * a Hugging Face Hub id, e.g. ``clane9/imagenet-100`` (parquet with ``image`` / ``label`` columns);
 * a local folder in the same parquet layout (a Hub data set's files downloaded), or an ImageFolder
   tree (``root/<split>/<class>/<image>``, e.g. ``imagenette2-320``, the fastai archive unpacked);
-* ``None`` or ``"synthetic"``: the embedded procedural set of :mod:`timm_posgeom.synthetic`.
+* ``None`` or ``"synthetic"``: the embedded procedural set of :mod:`timm_posgeom.data.synthetic`.
 
 The image and label columns are found from the features (``datasets.Image`` / ``ClassLabel``) or
 their usual names. A split is ``(PIL RGB image, int label)`` per item.
@@ -13,7 +13,7 @@ their usual names. A split is ``(PIL RGB image, int label)`` per item.
 Transforms: ``augment="none"`` resizes straight to ``img_size`` (the paper: no augmentation);
 ``"crop_flip"`` adds a random crop after reflect padding and a horizontal flip (the CPU pilot);
 ``"timm"`` is timm's ``create_transform`` training pipeline (RandomResizedCrop, RandAugment, ...).
-Evaluation transforms have one owner, :func:`timm_posgeom.transforms.eval_transform` (``resize="paper"``
+Evaluation transforms have one owner, :func:`timm_posgeom.data.transforms.eval_transform` (``resize="paper"``
 straight to the input size; ``"timm"``: short side to ``size / crop_pct``, centre crop).
 
 For small-resolution CPU runs, :func:`cache_uint8` decodes and resizes a split once into a
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from .augment import AUGMENTATIONS, TimmAugment, TransformDataset, crop_flip, eval_config, train_transform
 from .cache import CachedEvalDataset, CachedSplit, CachedTrainDataset, cache_uint8, default_cache_dir
-from .folder import _file_key as _file_key  # a file's content key: app/zoo keys a weights folder with it
 from .heldout import HeldoutError, carve_heldout, heldout_indices
 from .hub import DataSourceError, HubOptions, find_columns
 from .sampling import EpochBatchSampler, make_loader

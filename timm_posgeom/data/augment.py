@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..synthetic import seed32
-from ..transforms import eval_transform, to_rgb
+from .synthetic import seed32
+from .transforms import eval_transform, to_rgb
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -50,7 +50,7 @@ def _pil_interp(name: str) -> int:
     }[name]
 
 
-def _resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
+def resize_uint8(image: Image.Image, img_size: int, interpolation: str = "bicubic") -> torch.Tensor:
     """PIL image -> (3, img_size, img_size) uint8 tensor, resized straight (squashed) to the size."""
     image = to_rgb(image)
     if image.size != (img_size, img_size):
@@ -83,11 +83,11 @@ def crop_flip(
     return image.index_select(1, rows).index_select(2, cols)
 
 
-def _normalize(image_u8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+def normalize_uint8(image_u8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     return (image_u8.float().div_(255) - mean) / std
 
 
-def _stats(mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def mean_std_tensors(mean: Sequence[float], std: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(mean, dtype=torch.float32).view(3, 1, 1), torch.tensor(std, dtype=torch.float32).view(3, 1, 1)
 
 
@@ -96,11 +96,11 @@ class _CropFlipTransform:
 
     def __init__(self, img_size, mean, std, interpolation, pad, hflip):
         self.img_size, self.interpolation, self.pad, self.hflip = img_size, interpolation, pad, hflip
-        self.mean, self.std = _stats(mean, std)
+        self.mean, self.std = mean_std_tensors(mean, std)
 
     def __call__(self, image: Image.Image) -> torch.Tensor:
-        u8 = crop_flip(_resize_uint8(image, self.img_size, self.interpolation), self.pad, self.hflip)
-        return _normalize(u8, self.mean, self.std)
+        u8 = crop_flip(resize_uint8(image, self.img_size, self.interpolation), self.pad, self.hflip)
+        return normalize_uint8(u8, self.mean, self.std)
 
 
 def eval_config(
@@ -110,7 +110,7 @@ def eval_config(
     interpolation: str = "bicubic",
     crop_pct: float = 0.875,
 ) -> dict[str, Any]:
-    """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.transforms.eval_transform`
+    """A timm data config for square ``img_size`` inputs, for :func:`timm_posgeom.data.transforms.eval_transform`
     (the one owner of evaluation transforms): ``eval_transform(eval_config(64), resize="paper")``."""
     return dict(
         input_size=(3, img_size, img_size),
@@ -160,7 +160,7 @@ def train_transform(
     )
 
 
-def _sample_seed(seed: int, epoch: int, index: int) -> int:
+def sample_seed(seed: int, epoch: int, index: int) -> int:
     return seed32(seed, epoch, index)
 
 
@@ -186,7 +186,7 @@ class TransformDataset(Dataset):
         image, label = self.split[index]
         if self.seed is None:
             return self.transform(image), label
-        key = _sample_seed(self.seed, self.epoch, index)
+        key = sample_seed(self.seed, self.epoch, index)
         states = random.getstate(), np.random.get_state(), torch.get_rng_state()
         try:
             random.seed(key)

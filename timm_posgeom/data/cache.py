@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..jsonio import replacing, write_errors
-from ..synthetic import SyntheticShapes
-from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
+from ..results.jsonio import replacing, write_errors
+from .augment import crop_flip, mean_std_tensors, normalize_uint8, resize_uint8, sample_seed
 from .splits import ImageSplit, SubsetSplit
+from .synthetic import SyntheticShapes
 
 __all__ = ["CachedSplit", "cache_uint8", "CachedTrainDataset", "CachedEvalDataset", "default_cache_dir"]
 
@@ -50,7 +50,7 @@ class _ResizeItems(Dataset):
         if isinstance(items, SyntheticShapes) and items.img_size == self.img_size:
             return items.render(item)
         image, _ = self.split[index]
-        return _resize_uint8(image, self.img_size, self.interpolation)
+        return resize_uint8(image, self.img_size, self.interpolation)
 
 
 def default_cache_dir() -> Path:
@@ -124,7 +124,7 @@ class CachedTrainDataset(Dataset):
             raise ValueError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
         self.cache, self.crop_pad, self.hflip, self.seed, self.epoch = cache, crop_pad, hflip, seed, 0
         self.augment = augment
-        self.mean, self.std = _stats(mean, std)
+        self.mean, self.std = mean_std_tensors(mean, std)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -135,9 +135,9 @@ class CachedTrainDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = self.cache.images[index]
         if self.augment == "crop_flip":
-            g = torch.Generator().manual_seed(_sample_seed(self.seed, self.epoch, index))
+            g = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, index))
             image = crop_flip(image, self.crop_pad, self.hflip, generator=g)
-        return _normalize(image, self.mean, self.std), int(self.cache.labels[index])
+        return normalize_uint8(image, self.mean, self.std), int(self.cache.labels[index])
 
 
 class CachedEvalDataset(Dataset):
@@ -145,10 +145,10 @@ class CachedEvalDataset(Dataset):
 
     def __init__(self, cache: CachedSplit, mean: Sequence[float], std: Sequence[float]):
         self.cache = cache
-        self.mean, self.std = _stats(mean, std)
+        self.mean, self.std = mean_std_tensors(mean, std)
 
     def __len__(self) -> int:
         return len(self.cache)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return _normalize(self.cache.images[index], self.mean, self.std), int(self.cache.labels[index])
+        return normalize_uint8(self.cache.images[index], self.mean, self.std), int(self.cache.labels[index])

@@ -18,7 +18,7 @@ __all__ = ["is_image_folder", "load_folder_split", "LeftOutFilesWarning"]
 
 def _open_image(path: str) -> Image.Image:
     """An image file decoded in its own mode (torchvision's default loader converts to RGB itself, which
-    clips 16-bit images at 255: :func:`~timm_posgeom.transforms.to_rgb` converts it later, correctly)."""
+    clips 16-bit images at 255: :func:`~timm_posgeom.data.transforms.to_rgb` converts it later, correctly)."""
     with open(path, "rb") as f:
         image = Image.open(f)
         image.load()
@@ -29,7 +29,7 @@ def _folder_getter(ds, index):
     return ds[int(index)]
 
 
-def _file_key(path: str) -> str:
+def file_key(path: str) -> str:
     """``path|size|mtime_ns``: what identifies a file's content for the on-disk cache (no read needed)."""
     stat = os.stat(path)
     return f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
@@ -132,7 +132,7 @@ def load_folder_split(root: Path, split: str, subset: int | None) -> ImageSplit:
     # the cache key must change when any file changes (path, size and modification time of each) and
     # when the class numbering does
     digest = hashlib.sha1(
-        "\n".join([_file_key(p) for p, _ in folder.samples] + ["classes:"] + classes).encode()
+        "\n".join([file_key(p) for p, _ in folder.samples] + ["classes:"] + classes).encode()
     ).hexdigest()[:16]
     return ImageSplit(
         folder,

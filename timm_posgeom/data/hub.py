@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from ..errors import PosgeomError, require
-from ..transforms import class_index
 from .splits import ImageSplit, split_name
+from .transforms import class_index
 
 __all__ = ["HubOptions", "DataSourceError", "find_columns", "load_hub_split", "take_stream"]
 

@@ -7,10 +7,10 @@ import os
 import sys
 from pathlib import Path
 
-from ..synthetic import SyntheticShapes
 from .folder import is_image_folder, load_folder_split
 from .hub import HubOptions, load_hub_split
 from .splits import ImageSplit, split_name
+from .synthetic import SyntheticShapes
 
 if sys.version_info >= (3, 11):
     from typing import Unpack

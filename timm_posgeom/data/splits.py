@@ -14,8 +14,8 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..errors import PosgeomError
-from ..synthetic import SyntheticShapes
-from ..transforms import class_index, to_rgb
+from .synthetic import SyntheticShapes
+from .transforms import class_index, to_rgb
 
 __all__ = [
     "SPLIT_ALIASES",

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..seeding import index_hash
+from ..measuring.seeding import index_hash
 
 __all__ = ["permutation_seeds", "draw_permutations", "image_permutations"]
 
@@ -42,7 +42,7 @@ def draw_permutations(n: int, seeds: Sequence[int]) -> torch.Tensor:
 
 def image_permutations(n: int, seed: int, indices: np.ndarray | Sequence[int]) -> torch.Tensor:
     """(B, n) int64: a permutation of ``n`` tokens for each image index, from a CPU generator seeded with
-    :func:`~timm_posgeom.seeding.index_hash` of (``seed``, the index)."""
+    :func:`~timm_posgeom.measuring.seeding.index_hash` of (``seed``, the index)."""
     seeds = index_hash(seed, indices, _IMAGE_SALT) >> np.uint64(1)  # below 2**63: a valid generator seed
     if len(seeds) == 0:
         return torch.zeros(0, n, dtype=torch.long)

@@ -106,7 +106,7 @@ def _token_layout(x: torch.Tensor, module: nn.Module) -> str:
     raise ValueError(f"cannot tell whether the patch embedding's output {tuple(x.shape)} is NHWC or NCHW")
 
 
-def _permute_tokens(x: torch.Tensor, perm: torch.Tensor, layout: str) -> torch.Tensor:
+def permute_tokens(x: torch.Tensor, perm: torch.Tensor, layout: str) -> torch.Tensor:
     """Permute the token axis of (B, N, C), (B, H, W, C) or (B, C, H, W) so that slot i holds token perm[i].
 
     ``perm`` (N,) applies to every image; (G, N) applies perm[g] to the g-th of G equal chunks of the batch
@@ -119,7 +119,7 @@ def _permute_tokens(x: torch.Tensor, perm: torch.Tensor, layout: str) -> torch.T
             chunks = x.reshape(groups, -1, *x.shape[1:])
             index = perm[:, None, :, None].expand(-1, chunks.shape[1], -1, x.shape[-1])
             return chunks.gather(2, index).reshape(x.shape)
-        return torch.cat([_permute_tokens(c, p, layout) for c, p in zip(x.chunk(groups), perm)])
+        return torch.cat([permute_tokens(c, p, layout) for c, p in zip(x.chunk(groups), perm)])
     if layout == "NLC":
         return x[:, perm]
     if layout == "NHWC":  # as timm's PatchEmbed(output_fmt='NHWC') emits with dynamic_img_size
@@ -333,7 +333,7 @@ def _permuting_hook(model: nn.Module, target: nn.Module, handle: TokenPermutatio
         perm = handle._draw(n, x.device)
         handle.permutation = perm
         handle.num_calls += 1
-        x = _permute_tokens(x, perm, layout)
+        x = permute_tokens(x, perm, layout)
         return (x, *output[1:]) if isinstance(output, tuple) else x
 
     return hook

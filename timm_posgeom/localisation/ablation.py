@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from ..interventions import check_unpermuted, eval_mode
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.position import PositionMap, fit_position_map
 from ..probes.sites import find_sites
 from .batches import labelled_batches, placed
@@ -57,7 +57,7 @@ def random_subspace(dim: int, rank: int, seed: int) -> torch.Tensor:
     return torch.linalg.qr(gaussian)[0][:, :rank]
 
 
-def _ablate(basis: torch.Tensor, mean: torch.Tensor, n_patches: int):
+def ablation_edit(basis: torch.Tensor, mean: torch.Tensor, n_patches: int):
     """The edit of :func:`~timm_posgeom.localisation.tracing.traced_forward` that ablates ``basis`` (C, r) of the
     block's patch tokens around ``mean`` (C,)."""
 
@@ -92,7 +92,7 @@ def position_ablation(
 
     Args:
         model: a flat timm ViT; eval mode for the call, restored.
-        data: the images measured: ``(images, labels)`` batches (:func:`~timm_posgeom.eval_data.eval_loader`) or
+        data: the images measured: ``(images, labels)`` batches (:func:`~timm_posgeom.data.eval_data.eval_loader`) or
             a tensor with ``labels``; read twice when it is also the fit's. Without labels top-1 is NaN.
         settings: :class:`~timm_posgeom.measuring.MeasureSettings` (``max_images``, ``batch_size``, ``seed``: the
             jackknife's groups and the control subspaces, ``device``, ``progress``); fields as keywords too.
@@ -128,7 +128,7 @@ def position_ablation(
             tally.add("clean", similarity_maps(run.outputs[last], None, n), hits(run.logits, batch_labels), groups)
             for variant, bases in spaces.items():
                 for layer in layer_ids:
-                    edit = (layer, _ablate(bases[layer], fitted.mean[layer], n))
+                    edit = (layer, ablation_edit(bases[layer], fitted.mean[layer], n))
                     run = traced_forward(model, sites, x, record={last}, edit=edit)
                     maps = similarity_maps(run.outputs[last], None, n)
                     tally.add((variant, layer), maps, hits(run.logits, batch_labels), groups)

@@ -2,7 +2,7 @@
 
 The streaming probes read images alone (:mod:`timm_posgeom.probes.streaming`); patching and ablation also
 score top-1, so they read the labels beside the images: ``(images, labels)`` batches as
-:func:`~timm_posgeom.eval_data.eval_loader` yields them, dicts with ``image`` / ``pixel_values`` and
+:func:`~timm_posgeom.data.eval_data.eval_loader` yields them, dicts with ``image`` / ``pixel_values`` and
 ``label`` / ``labels``, or one image tensor (no labels: top-1 is NaN, with a warning, never a number).
 One process reads all the data (the measures keep per-batch state across several forward passes).
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 
 __all__ = ["labelled_batches", "placed", "model_device"]
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch.nn as nn
 
 from ..errors import require
-from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
+from ..results.jsonio import dump_json, tagged
 from .ablation import AblationResult, position_ablation
 from .encoding_cka import EncodingCKAResult, encoding_cka
 from .imprint import ImprintResult, pe_imprint
@@ -60,7 +60,7 @@ class LocalisationResult:
         control's, the CKA of the encoding; every point with its 95% interval. Returns the Figure."""
         FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
         Figure = require("matplotlib.figure", "plotting").Figure
-        from ..plotting import fit_titles, save_figure
+        from ..results.plotting import fit_titles, save_figure
 
         panels = {
             "patching": (["top1_restored", "ssdc_restored"], "fraction of the RPI gap restored"),

@@ -18,7 +18,7 @@ import numpy as np
 import torch.nn as nn
 
 from ..interventions import pe_inventory, pe_scale
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.cka import cka
 from .result import LayerCurves
 

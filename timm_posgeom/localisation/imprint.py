@@ -23,12 +23,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..intervals import t_interval
+from ..data.transforms import resolve_config
 from ..interventions import check_unpermuted, eval_mode
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.sites import find_sites
-from ..probes.spearman import ConstantMapWarning, ssdc
-from ..transforms import resolve_config
+from ..probes.ssdc_probe.spearman import ConstantMapWarning, ssdc
+from ..results.intervals import t_interval
 from .batches import placed
 from .result import LayerCurves
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn as nn
 
 from ..defaults import rpi_count
-from ..intervals import t_interval
 from ..interventions import draw_permutations, eval_mode, permutation_seeds
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes.sites import ProbeSites, find_sites
+from ..results.intervals import t_interval
 from .batches import labelled_batches, placed
 from .result import LayerCurves
 from .tally import Tally
@@ -71,7 +71,7 @@ def _restored(patched: np.ndarray, rpi: np.ndarray, clean: float, atol: float) -
         return np.where(real, (patched - rpi[:, None]) / np.where(real, gap, 1.0), math.nan)
 
 
-def _edit(layer: int, clean: Trace, permutation: torch.Tensor, patch: str):
+def patch_edit(layer: int, clean: Trace, permutation: torch.Tensor, patch: str):
     """The edit of :func:`traced_forward` that puts the clean run's layer ``layer`` into the permuted run."""
     if layer == EMBEDDING or patch == "residual":
         source = align(clean.outputs[layer], permutation)
@@ -102,7 +102,7 @@ def _run_batch(model: nn.Module, plan: _Plan, images, labels, groups: torch.Tens
         rpi = traced_forward(model, sites, images, p, record={last})
         plan.permuted.add(("rpi", k), similarity_maps(rpi.outputs[last], p, n), hits(rpi.logits, labels), one)
         for layer in plan.layers:
-            run = traced_forward(model, sites, images, p, record={last}, edit=_edit(layer, clean, p, plan.patch))
+            run = traced_forward(model, sites, images, p, record={last}, edit=patch_edit(layer, clean, p, plan.patch))
             maps = similarity_maps(run.outputs[last], p, n)
             plan.permuted.add(("patched", k, layer), maps, hits(run.logits, labels), one)
 
@@ -133,7 +133,7 @@ def activation_patching(
     Args:
         model: a flat timm ViT (:func:`~timm_posgeom.probes.find_sites`) with a patch embedding to permute
             after; eval mode is set for the call and restored.
-        data: ``(images, labels)`` batches transformed for the model (:func:`~timm_posgeom.eval_data.eval_loader`),
+        data: ``(images, labels)`` batches transformed for the model (:func:`~timm_posgeom.data.eval_data.eval_loader`),
             or one (n, C, H, W) tensor (with ``labels``); without labels top-1 is NaN, with a warning.
         settings: a :class:`~timm_posgeom.measuring.MeasureSettings`: ``max_images``, ``batch_size`` (for a
             tensor), ``seed`` (permutation k: ``seed + k``; the jackknife's groups), ``rpi_permutations`` (K,

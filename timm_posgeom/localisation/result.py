@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..jsonio import dump_json, tagged
+from ..results.jsonio import dump_json, tagged
 
 __all__ = ["LayerCurves", "layer_name"]
 

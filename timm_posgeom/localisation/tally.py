@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..intervals import image_groups, jackknife_interval
-from ..probes.spearman import ssdc
+from ..probes.ssdc_probe.spearman import ssdc
+from ..results.intervals import image_groups, jackknife_interval
 
 __all__ = ["Tally", "Estimate"]
 

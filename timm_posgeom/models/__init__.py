@@ -1,4 +1,5 @@
-"""PE-variant ViTs registered with timm (importing this module registers them)."""
+"""PE-variant ViTs registered with timm (importing this module registers them), and :func:`.factory.create_model`:
+a model to measure from any source (a timm name, ``hf-hub:``, ``local-dir:``)."""
 
 from .vision_transformer_pe import PosGeomViT
 

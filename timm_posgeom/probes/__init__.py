@@ -18,10 +18,10 @@ from .cka import CKAResult, cka
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .pe_table import pe_content_norm_ratio, pe_table_ssdc
 from .position import PositionMap, PositionProbeResult, fit_position_map, position_probe
-from .probe import REDUCTIONS, probe_ssdc
-from .result import PerImageStats, SSDCResult
 from .sites import SITES, ProbeSites, UnsupportedModelError, find_sites
-from .spearman import DISTANCES, ConstantMapWarning, grid_positions, pair_distances, rankdata, ssdc
+from .ssdc_probe.probe import REDUCTIONS, probe_ssdc
+from .ssdc_probe.result import PerImageStats, SSDCResult
+from .ssdc_probe.spearman import DISTANCES, ConstantMapWarning, grid_positions, pair_distances, rankdata, ssdc
 
 __all__ = [
     "ssdc",

@@ -31,9 +31,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import require
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
-from .spearman import DISTANCES, ConstantMapWarning, _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
+from .ssdc_probe.spearman import DISTANCES, ConstantMapWarning, distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
 __all__ = [
     "attention_measures",
@@ -137,7 +137,7 @@ class AttentionSSDC(AttentionMeasure):
         self.add("pair_sum", view.layer, upper_pairs(a + a.transpose(1, 2)) / 2)  # (h, M) pairs i < j
 
     def finish(self, layers: list[int], n_images: int, grid: tuple[int, int]) -> dict[str, np.ndarray]:
-        target = _distance_ranks(grid, self.distance, None, torch.device("cpu"))
+        target = distance_ranks(grid, self.distance, None, torch.device("cpu"))
         rows = [ssdc_pairs(self.sums[("pair_sum", layer)] / n_images, [target])[0] for layer in layers]
         values = torch.stack(rows).numpy()
         flat = [f"layer {lay}: head(s) {np.flatnonzero(np.isnan(v)).tolist()}" for lay, v in zip(layers, values)]
@@ -188,7 +188,7 @@ class AttentionResult(MeasureResult):
         heads under each permutation, Student t); None without shared RPI permutations."""
         if name not in self.replicates:
             return None
-        from ..intervals import t_interval
+        from ..results.intervals import t_interval
 
         with np.errstate(all="ignore"):
             per = np.nanmean(self.replicates[name], axis=2)  # (K, L)
@@ -230,7 +230,7 @@ class AttentionResult(MeasureResult):
         FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import save_figure
+        from ..results.plotting import save_figure
 
         cols = [f for f in FIELDS[:4] if f in self.values]
         labels = {

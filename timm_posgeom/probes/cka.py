@@ -24,10 +24,10 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from ..intervals import jackknife_interval, t_interval
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
+from ..results.intervals import jackknife_interval, t_interval
 from .measures import LayerView, Measure, MeasureResult, run_measures
-from .spearman import FLAT_RTOL
+from .ssdc_probe.spearman import FLAT_RTOL
 from .streaming import same_passes
 
 __all__ = ["cka", "minibatch_cka", "hsic", "CKAResult"]

@@ -24,10 +24,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import distributed as _dist
 from ..defaults import check_alpha_spec, rpi_count
 from ..errors import NonFiniteWarning, nonfinite_message
-from ..intervals import t_interval
 from ..interventions import (
     check_unpermuted,
     draw_permutations,
@@ -37,12 +35,14 @@ from ..interventions import (
     permutation_seeds,
     token_permutation,
 )
-from ..jsonio import dump_json, tagged
-from ..measuring import MeasureSettings, sums_budget_error
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings, sums_budget_error
+from ..results.intervals import t_interval
+from ..results.jsonio import dump_json, tagged
 from .attention import attention_modules, capture_attention
-from .result import METADATA_ALIAS, SettingsRecord
 from .sites import ProbeSites, find_sites
-from .streaming import FORWARD_IMAGES, Stream, _model_name, _resolve_layers, _StopForward, open_stream
+from .ssdc_probe.result import METADATA_ALIAS, SettingsRecord
+from .streaming import FORWARD_IMAGES, StopForward, Stream, model_name, open_stream, resolve_layers
 
 __all__ = ["Measure", "LayerView", "MeasureResult", "run_measures", "SOURCES"]
 
@@ -202,7 +202,7 @@ class _Router:
                 if m.source == source:
                     m.update(chunk, view)
         if (layer, source) == self.last:
-            raise _StopForward
+            raise StopForward
 
     def hook(self, source: str):
         return lambda layer, x: self.receive(source, layer, x)
@@ -257,7 +257,7 @@ def run_measures(
     settings, own = MeasureSettings.resolve("run_measures", settings, options, {"forward_size": None})
     measures, sources, rpi_per = _check_measures(measures, rpi_per, alpha)
     sites = find_sites(model)
-    layer_ids = _resolve_layers(layers, len(sites.blocks))
+    layer_ids = resolve_layers(layers, len(sites.blocks))
     if "attention" in sources:
         attention_modules(sites, layer_ids)  # refuse an unsupported attention before reading any data
     k = rpi_count(settings.rpi_permutations) if rpi and rpi_per == "call" else 1
@@ -281,7 +281,7 @@ def run_measures(
         replicas, layer_ids, n_images, grid, plan.per == "call", router.nonfinite
     )
     recorded: dict[str, Any] = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "family": sites.family,
         **_rpi_settings(plan, seed),
         "alpha": alpha,
@@ -490,7 +490,7 @@ def _forward_replicas(
         router.current = replicas
         try:
             model(x)
-        except _StopForward:
+        except StopForward:
             pass
         if not router.sized:
             router.sized = True

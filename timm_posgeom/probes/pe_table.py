@@ -8,7 +8,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from .spearman import ssdc
+from .ssdc_probe.spearman import ssdc
 
 __all__ = ["pe_table_ssdc", "pe_content_norm_ratio"]
 

@@ -13,36 +13,36 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
 
-from .. import distributed as _dist
-from ..measuring import MeasureSettings
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
 
 # Under RPI, the permutations of one batch are stacked into forwards of up to this many images (at least one
 # batch): the images are read once, and bigger forwards use the hardware better (benchmarks/bench_rpi.py).
 FORWARD_IMAGES = 512
 
 
-class _StopForward(Exception):
+class StopForward(Exception):
     """Raised by the last probed hook: the rest of the forward pass is not needed."""
 
 
-def _batches(data: Any, batch_size: int | None) -> Iterator[torch.Tensor]:
+def image_batches(data: Any, batch_size: int | None) -> Iterator[torch.Tensor]:
     """Image batches (B, C, H, W) from a tensor, or an iterable of tensors / (images, ...) / dicts."""
     if isinstance(data, torch.Tensor):
         images = data[None] if data.ndim == 3 else data
         step = batch_size or max(len(images), 1)
         for start in range(0, len(images), step):
-            yield _check_images(images[start : start + step])
+            yield check_image_batch(images[start : start + step])
         return
     if isinstance(data, dict):
-        yield _check_images(_images_of(data))
+        yield check_image_batch(images_of(data))
         return
     if not isinstance(data, Iterable):
         raise TypeError(f"data must be a tensor or an iterable of batches, got {type(data).__name__}")
     for batch in data:
-        yield _check_images(_images_of(batch))
+        yield check_image_batch(images_of(batch))
 
 
-class _Shard:
+class Shard:
     """This process's batches when ``world`` processes share ``data`` (see ``distributed`` in
     :func:`probe_ssdc`): global batch k goes to process k mod ``world``, cut at the global ``max_images``.
 
@@ -75,7 +75,7 @@ class _Shard:
         data, world, rank, limit = self.data, self.world, self.rank, self.max_images
         if self.presharded:
             start = 0
-            for images in _batches(data, self.batch_size):
+            for images in image_batches(data, self.batch_size):
                 yield start, images
                 start += len(images)
             return
@@ -85,17 +85,17 @@ class _Shard:
             step = self.batch_size or max(len(images), 1)
             self.seen = len(images)
             for start in range(rank * step, len(images), world * step):
-                yield start, _check_images(images[start : start + step])
+                yield start, check_image_batch(images[start : start + step])
             return
         sharded = _dist.shard_dataloader(data, limit, world, rank)
         if sharded is not None:  # each process loads only its own batches
             loader, self.seen = sharded
             sampler = cast(_dist.IndexBatches, loader.batch_sampler)  # shard_dataloader's own
             starts = [rows[0] for rows in sampler.batches if len(rows)]
-            yield from zip(starts, _batches(loader, None))
+            yield from zip(starts, image_batches(loader, None))
             return
         self.seen = 0  # any other iterable: every process reads it all, and forwards its own batches
-        for k, images in enumerate(_batches(data, self.batch_size)):
+        for k, images in enumerate(image_batches(data, self.batch_size)):
             if limit is not None:
                 images = images[: limit - self.seen]
             if len(images):
@@ -131,7 +131,7 @@ class SamePasses:
         known = torch.cat(self.prints) if self.prints else torch.empty(0, 2, dtype=torch.float64)
         self.first_ended = False if first else self.first_ended
         for batch in self.data:
-            prints = _fingerprints(_images_of(batch))
+            prints = _fingerprints(images_of(batch))
             if first:
                 self.prints.append(prints)
             else:
@@ -181,7 +181,7 @@ def _numbered(batches: Iterable[torch.Tensor]) -> Iterator[tuple[int, torch.Tens
         start += len(images)
 
 
-def _data_signature(data: Any) -> Any:
+def data_signature(data: Any) -> Any:
     """What every process must agree on about ``data`` before sharing it (its length where known)."""
     if isinstance(data, torch.Tensor):
         return ("tensor", tuple(data.shape))
@@ -197,15 +197,15 @@ def _data_signature(data: Any) -> Any:
         return (type(data).__name__, None)
 
 
-def _images_of(batch: Any) -> torch.Tensor:
+def images_of(batch: Any) -> torch.Tensor:
     if isinstance(batch, torch.Tensor):
         return batch[None] if batch.ndim == 3 else batch
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor):
-        return _images_of(batch[0])
+        return images_of(batch[0])
     if isinstance(batch, dict):
         for key in ("image", "pixel_values", "images"):
             if isinstance(batch.get(key), torch.Tensor):
-                return _images_of(batch[key])
+                return images_of(batch[key])
         raise TypeError(f"a dict batch needs an 'image' or 'pixel_values' tensor, got keys {sorted(batch)}")
     raise TypeError(
         "each batch must be an image tensor (B, C, H, W), an (images, labels, ...) tuple or a dict "
@@ -213,13 +213,13 @@ def _images_of(batch: Any) -> torch.Tensor:
     )
 
 
-def _check_images(images: torch.Tensor) -> torch.Tensor:
+def check_image_batch(images: torch.Tensor) -> torch.Tensor:
     if images.ndim != 4:
         raise ValueError(f"expected an image batch (B, C, H, W), got shape {tuple(images.shape)}")
     return images
 
 
-def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
+def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     if layers is None:
         return list(range(depth))
     out = []
@@ -233,7 +233,7 @@ def _resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     return sorted(set(out))
 
 
-def _placement(model: nn.Module, device: str | torch.device | None) -> tuple[torch.device, torch.device, torch.dtype]:
+def placement(model: nn.Module, device: str | torch.device | None) -> tuple[torch.device, torch.device, torch.dtype]:
     """(where the model's weights are, where to run it: ``device`` or there, the dtype of its inputs)."""
     param = next((p for p in model.parameters() if p.is_floating_point()), None)
     home = param.device if param is not None else torch.device("cpu")
@@ -244,7 +244,7 @@ def _placement(model: nn.Module, device: str | torch.device | None) -> tuple[tor
     )
 
 
-def _model_name(model: nn.Module) -> str:
+def model_name(model: nn.Module) -> str:
     cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
     return str(cfg.get("architecture") or type(model).__name__)
 
@@ -263,7 +263,7 @@ class Stream:
     def __init__(
         self,
         batches: Iterable[tuple[int, torch.Tensor]],
-        shard: _Shard | None,
+        shard: Shard | None,
         seed: int | None,
         limit: int | None,
         placement: tuple[torch.device, torch.device, torch.dtype],
@@ -316,7 +316,7 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
     ``settings``: the call's :class:`~timm_posgeom.measuring.MeasureSettings`. Launched as several processes
     (``distributed`` not ``off``), every process must pass the same ``agreed`` values (the call's own
     settings), the same settings and the same data (checked: an error on every process, not a wait); under
-    RPI the seed is shared; the data is cut into this process's :class:`_Shard`. Then the model's placement
+    RPI the seed is shared; the data is cut into this process's :class:`Shard`. Then the model's placement
     and the progress bar (``what``; on the main process only when sharded)."""
     max_images, batch_size, distributed = settings.max_images, settings.batch_size, settings.distributed
     world = _dist.setup() if distributed != "off" else 1
@@ -329,7 +329,7 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
                 max_images,
                 batch_size,
                 distributed,
-                None if distributed == "presharded" else _data_signature(data),
+                None if distributed == "presharded" else data_signature(data),
             ),
             f"{what} settings or data",
         )
@@ -340,13 +340,13 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
             )
         if rpi:
             seed = _dist.shared_seed(seed)
-        shard = _Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
+        shard = Shard(data, batch_size, world, _dist.rank(), max_images, distributed == "presharded")
     from tqdm.auto import tqdm
 
     total = max_images if max_images is not None else (len(data) if isinstance(data, torch.Tensor) else None)
     show = settings.progress and (shard is None or _dist.is_main())
     bar = tqdm(total=total if shard is None else None, unit="img", desc=what, disable=not show, leave=False)
-    batches = shard if shard is not None else _numbered(_batches(data, batch_size))
+    batches = shard if shard is not None else _numbered(image_batches(data, batch_size))
     return Stream(
-        batches, shard, seed, None if shard is not None else max_images, _placement(model, settings.device), bar
+        batches, shard, seed, None if shard is not None else max_images, placement(model, settings.device), bar
     )

@@ -9,7 +9,7 @@ Per size S and mode (:mod:`.carry`), with the model carried to S in that mode (a
   per layer (:func:`~timm_posgeom.probes.attention_measures`).
 
 Every image is resized from its source straight to S (never upsampled from the training size): the images are
-decoded once (:class:`~timm_posgeom.eval_data.DecodedImages`, up to :data:`DECODE_IMAGES`) and resized once per
+decoded once (:class:`~timm_posgeom.data.eval_data.DecodedImages`, up to :data:`DECODE_IMAGES`) and resized once per
 size, for every mode. At the
 training size every mode is the model itself: the row is measured once and repeated for the other modes (the
 same numbers, bit for bit). Definitions: docs/method.md#resolution-extrapolation.
@@ -26,7 +26,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..defaults import probe_count, rpi_count
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from .carry import ExtrapolationError, at_input_size, check_modes, patch_size, training_size
 from .result import ExtrapolationResult, ExtrapolationRow
 
@@ -104,7 +104,7 @@ class _Plan:
         size and kept for every mode and measure while they take at most :data:`KEEP_BYTES`, else a loader that
         reads them again for each (from the decoded images, resized once per size)."""
         if size not in self.probe_batches:
-            from ..eval_data import eval_loader
+            from ..data.eval_data import eval_loader
 
             self.probe_batches.clear()
             loader = eval_loader(
@@ -191,9 +191,9 @@ def _prepare(
     model: nn.Module, data: Any, probe_images: int | None, shifts: Sequence[str], labels: str, settings: MeasureSettings
 ) -> tuple[Any, _Plan]:
     """(the images decoded once, the labels matched to the model's; the plan of every row)."""
-    from ..eval_data import DecodedImages, check_split, first_items
-    from ..labels import match_labels
-    from ..shifts import parse_shift
+    from ..data.eval_data import DecodedImages, check_split, first_items
+    from ..data.labels import match_labels
+    from ..data.shifts import parse_shift
 
     if settings.batch_size is None:
         raise ExtrapolationError("batch_size must be an integer >= 1 (images per batch), got None")

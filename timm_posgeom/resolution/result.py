@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import require
-from ..jsonio import dump_json, nan_if_none, tagged, write_atomic
+from ..results.jsonio import dump_json, nan_if_none, tagged, write_atomic
 
 __all__ = ["ExtrapolationRow", "ExtrapolationResult", "extrapolation_figure", "SCHEMA"]
 
@@ -225,7 +225,7 @@ _PANELS = (
 def _series(results: Sequence[ExtrapolationResult], mode: str, panel: int) -> tuple[np.ndarray, ...]:
     """(scales, means, lows, highs) of one mode in one panel: over several results (seeds), the mean and its
     Student t 95% interval over them; over one, the row's own interval."""
-    from ..intervals import t_interval
+    from ..results.intervals import t_interval
 
     _, value, interval = _PANELS[panel]
     scales = sorted({r.scale for res in results for r in res.rows if r.mode == mode})
@@ -257,7 +257,7 @@ def extrapolation_figure(
     Saved to ``path`` (PNG) when given; returns the Figure (Agg canvas, no display)."""
     FigureCanvasAgg = require("matplotlib.backends.backend_agg", "figures").FigureCanvasAgg
     Figure = require("matplotlib.figure", "figures").Figure
-    from ..plotting import fit_titles, save_figure
+    from ..results.plotting import fit_titles, save_figure
 
     labels = list(labels) if labels is not None else [str(r.settings.get("model", "")) for r in results]
     groups = {label: [r for r, lab in zip(results, labels) if lab == label] for label in dict.fromkeys(labels)}

@@ -18,7 +18,7 @@ resized once, the clean image and each shifted copy go through the model in one 
 permutation, from (``seed``, the image's index), shared by its clean and shifted copies (reproducible).
 Random shifts (ImageNet-C's noise, frost, ...) corrupt image i with a seed made of (``seed``, i): the same
 copies whatever the batch size or the number of workers.
-:func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` runs all 75 ImageNet-C shifts this way.
+:func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_fragility` runs all 75 ImageNet-C shifts this way.
 
 :func:`alpha_sweep` (:mod:`.sweep`) scales the PE by alpha (``pe_scale``; APE incl. the class row as in the
 paper, sincos, RoPE angles, third-party timm ViTs) and measures, per alpha, delta SSDC under RPI and the
@@ -28,27 +28,22 @@ fragility of every shift.
 :func:`measure_pe_shift`) or the image's tiles shuffled (:func:`measure_tile_shuffle`), each condition with its
 95% interval, into an :class:`InterventionResult` (:mod:`.intervention_result`).
 
-Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.distributed`):
+Both run unchanged under ``accelerate launch`` / ``torchrun`` (see :mod:`timm_posgeom.measuring.distributed`):
 each process evaluates its share of the batches, and every process returns the result one process
 would compute (the per-image correctness arrays are re-assembled in data order, so counts,
 accuracies, FS and the bootstrap intervals are identical).
 
-The formulas and :class:`FragilityResult` live in :mod:`timm_posgeom.scores`; every public name is
-importable from here.
+The formulas and :class:`FragilityResult` live in :mod:`.scores`; a shift applied at a fixed size before the resize
+in :mod:`.shift_size`; ImageNet-C (generated and released) in :mod:`.imagenet_c`, its result in
+:mod:`.imagenet_c_result`, the released tree in :mod:`.imagenet_c_tree`. The shifts themselves are
+:mod:`timm_posgeom.data.shifts` (an eval transform applies them). Every public name but ImageNet-C's is
+importable from here (ImageNet-C's from :mod:`.imagenet_c`, or the package root).
 """
 
 from __future__ import annotations
 
 from ..defaults import DEFAULT_ALPHAS
-from ..scores import FragilityResult, fragility_score, paired_bootstrap_fs, wilson_interval
-from .fragility_eval import (  # noqa: F401  (the private helpers: their old home, still importable)
-    _forward_in_pieces,
-    _model_device,
-    _ShiftedCopies,
-    check_labels,
-    fragility,
-    score_logits,
-)
+from .fragility_eval import fragility
 from .intervention_result import InterventionResult, InterventionRow
 from .position_interventions import (
     DEFAULT_PE_SHIFTS,
@@ -58,6 +53,7 @@ from .position_interventions import (
     measure_pe_shuffle,
     measure_tile_shuffle,
 )
+from .scores import FragilityResult, fragility_score, paired_bootstrap_fs, wilson_interval
 from .sweep import AlphaSweepResult, AlphaSweepRow, alpha_sweep, sweep_ssdc
 
 __all__ = [

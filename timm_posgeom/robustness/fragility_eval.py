@@ -1,9 +1,9 @@
 """fragility: top-1 accuracy on clean and shifted copies of every image, in one pass, and the FS of each shift.
 
-Each batch is decoded and resized once (:class:`_ShiftedCopies`, in the loader's workers), the clean image
+Each batch is decoded and resized once (:class:`ShiftedCopies`, in the loader's workers), the clean image
 and each shifted copy go through the model in one forward (or in pieces of ``forward_size``), and every
 image's (clean, shifted...) correctness is kept, in data order, for the exact counts and the paired
-bootstrap of :class:`~timm_posgeom.scores.FragilityResult`. Definitions: the package docstring
+bootstrap of :class:`~timm_posgeom.robustness.scores.FragilityResult`. Definitions: the package docstring
 (:mod:`timm_posgeom.robustness`) and docs/method.md#fragility-score-and-shifts.
 """
 
@@ -20,16 +20,16 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms.v2 import functional as F
 
-from .. import distributed as _dist
-from ..eval_data import check_split, default_workers, first_items, prepare_shared, resized_item
+from ..data.eval_data import check_split, default_workers, first_items, prepare_shared, resized_item
+from ..data.labels import match_labels
+from ..data.shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
+from ..data.transforms import normalize_batch, resize_transform, resolve_config
 from ..interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
-from ..labels import match_labels
-from ..measuring import MeasureSettings
-from ..probes.streaming import _model_name
-from ..scores import FragilityResult
-from ..shift_size import ShiftedAtSize, check_shift_size, pre_resize
-from ..shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
-from ..transforms import normalize_batch, resize_transform, resolve_config
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
+from ..probes.streaming import model_name
+from .scores import FragilityResult
+from .shift_size import ShiftedAtSize, check_shift_size, pre_resize
 
 __all__ = ["fragility", "check_labels", "score_logits"]
 
@@ -37,7 +37,7 @@ __all__ = ["fragility", "check_labels", "score_logits"]
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
-class _ShiftedCopies(Dataset):
+class ShiftedCopies(Dataset):
     """Item i -> ((V, C, H, W) uint8: resized clean image then each loader-side shift, label, i).
 
     Each shift gets ``shift.for_image(image, i, seed)``: random ones (ImageNet-C's noise, frost, ...)
@@ -56,7 +56,7 @@ class _ShiftedCopies(Dataset):
         return torch.stack([F.pil_to_tensor(c) for c in copies]), label, index
 
 
-def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+def device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
     if device is not None:
         device = torch.device(device)
         model.to(device)
@@ -65,7 +65,7 @@ def _model_device(model: nn.Module, device: str | torch.device | None) -> torch.
     return param.device if param is not None else torch.device("cpu")
 
 
-def _forward_in_pieces(
+def forward_in_pieces(
     model: nn.Module, x: torch.Tensor, size: int | None, permutation: Any = None, perms: Any = None
 ) -> torch.Tensor:
     """``model(x)`` in pieces of at most ``size`` images, concatenated; under RPI (``permutation``, a
@@ -114,7 +114,7 @@ def fragility(
     Each image is resized to the model's input (``resize``: ``paper`` straight to (H, W); ``timm``
     timm's resize + centre crop), each shift is applied to the resized uint8 image, and every copy
     is normalised with the model's mean / std (the same values as
-    :func:`~timm_posgeom.transforms.eval_transform` gives, bit for bit). Counts are exact over all
+    :func:`~timm_posgeom.data.transforms.eval_transform` gives, bit for bit). Counts are exact over all
     images; clean accuracy is computed once. FS and its intervals: :mod:`timm_posgeom.robustness`.
 
     The settings (``settings``, a :class:`~timm_posgeom.measuring.MeasureSettings`, or its fields as
@@ -131,10 +131,10 @@ def fragility(
             the data), shared by its clean and shifted copies; the accuracies are then means over as many
             permutations as images, whatever the batch size or the number of processes.
         alpha: scale the PE by alpha for the evaluation (``pe_scale``, class row included); None = as is.
-        blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.shifts.gaussian_blur_batch`,
+        blur_on_device: run blur shifts batched on ``device`` (:func:`~timm_posgeom.data.shifts.gaussian_blur_batch`,
             same values) instead of in the loader workers.
-        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`):
-            ``"check"`` (default) raises :class:`~timm_posgeom.labels.LabelMismatchError` when they differ
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.data.labels.match_labels`):
+            ``"check"`` (default) raises :class:`~timm_posgeom.data.labels.LabelMismatchError` when they differ
             (e.g. a 1000-class ImageNet model on 10-class data), ``"by-name"`` maps the data's classes onto
             the model's (recorded class names, or an ImageNet head's WordNet ids and names), ``"as-is"``
             uses the indices unchecked.
@@ -144,14 +144,14 @@ def fragility(
             (in pieces of ``forward_size``).
         num_workers (int | None): DataLoader workers (default ``min(4, cpu_count - 1)``); each applies the shifts.
         seed (int | None): seeds the RPI permutations, the bootstrap, and the random shifts (image i of the data is
-            corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``).
+            corrupted with :func:`~timm_posgeom.data.shifts.image_seed` ``(seed, i, name)``).
         max_images (int | None): evaluate only the first ``max_images`` images.
         device (str | torch.device | None): where to run (the model is moved there); default the model's device.
         progress (bool): show a tqdm bar.
         img_size (int | tuple[int, int] | None): input size S or (H, W) for models that take any size (dynamic-size ViTs, CNNs);
             default the model's own. A model with one fixed other size is refused.
         distributed (str): ``auto`` (default) or ``off`` (``presharded`` is refused): alone, nothing changes; launched as W > 1 processes
-            (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.distributed`), the batches of
+            (``accelerate launch``, ``torchrun``: :mod:`timm_posgeom.measuring.distributed`), the batches of
             ``batch_size`` images of the first ``max_images`` are shared, global batch k to process
             k mod W (each loads and shifts only its own images); the per-image correctness arrays
             are gathered back into data order, so every process returns exactly the single-process
@@ -162,7 +162,7 @@ def fragility(
             batch); default None, every copy of a step in one forward.
         shift_size (int | None): apply each shift at ``shift_size`` x ``shift_size`` px (the image resized straight
             to it first, with the model's interpolation), then resize every copy, the clean one too, to the model's
-            input (:mod:`timm_posgeom.shift_size`; the paper's 224 px for a model that reads fewer); default None,
+            input (:mod:`timm_posgeom.robustness.shift_size`; the paper's 224 px for a model that reads fewer); default None,
             each shift on the image at the model's input. Not with ``blur_on_device`` for a blur.
 
     Returns:
@@ -183,13 +183,13 @@ def fragility(
         shift_size=shift_size,
     )
     seed = _share(plan, settings, (len(data), rpi, alpha, blur_on_device, shift_size))
-    dev = _model_device(model, settings.device)
+    dev = device_of(model, settings.device)
     cfg = resolve_config(model, settings.img_size)
     # random shifts: image i from a seed of (seed, i); no seed: one drawn from torch's global RNG (as RPI's)
     shift_seed = seed if seed is not None else int(torch.randint(2**31, ()).item())
     loader = _loader(data, plan, settings, cfg, shift_seed, dev)
     recorded = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "resize": settings.resize,
         "rpi": rpi,
         "alpha": alpha,
@@ -274,11 +274,11 @@ def _loader(
 ) -> DataLoader:
     """Batches ((B, V_loader, C, H, W) uint8 copies, labels) of this process's images: each image resized
     once to the model's input (``cfg``), then every shift that runs in the loader's workers (with
-    ``plan.shift_size``: each shift at that size, then every copy resized, :mod:`~timm_posgeom.shift_size`)."""
+    ``plan.shift_size``: each shift at that size, then every copy resized, :mod:`~timm_posgeom.robustness.shift_size`)."""
     loader_shifts = [p for p, d in zip(plan.shifts, plan.on_device) if not d]
     resize = resize_transform(cfg, settings.resize)
     shifted = (
-        _ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed)
+        ShiftedCopies(data, plan.n, resize, loader_shifts, seed=shift_seed)
         if not plan.shift_size
         else ShiftedAtSize(data, plan.n, pre_resize(cfg, plan.shift_size), resize, loader_shifts, seed=shift_seed)
     )
@@ -338,7 +338,7 @@ def _evaluate(
             def perms(n: int, ids=ids, v=v) -> torch.Tensor:
                 return image_permutations(n, seed, ids).repeat_interleave(v, dim=0)
 
-        logits = _forward_in_pieces(
+        logits = forward_in_pieces(
             model, normalize_batch(x.flatten(0, 1), cfg["mean"], cfg["std"]), plan.forward_size, permutation, perms
         )
         check_labels(labels, logits.shape[-1])

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import require
-from ..intervals import t_interval
-from ..jsonio import dump_json, tagged, to_jsonable
+from ..results.intervals import t_interval
+from ..results.jsonio import dump_json, tagged, to_jsonable
 
 __all__ = ["InterventionRow", "InterventionResult", "MEASURES"]
 
@@ -219,7 +219,7 @@ class InterventionResult:
         else one point per condition. Returns the matplotlib Figure; also saved to ``path`` if given."""
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import fit_titles, save_figure
+        from ..results.plotting import fit_titles, save_figure
 
         fig = Figure(figsize=(5.6, 5.4), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)

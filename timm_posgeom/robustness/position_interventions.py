@@ -27,8 +27,11 @@ import PIL.Image
 import torch
 import torch.nn as nn
 
+from ..data.eval_data import check_split, eval_loader, first_items
+from ..data.labels import match_labels
+from ..data.shifts import Shift
+from ..data.transforms import resolve_config
 from ..defaults import probe_count, rpi_count
-from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import (
     check_tile_grid,
     draw_permutations,
@@ -39,14 +42,11 @@ from ..interventions import (
     shuffle_tiles,
     tile_token_permutation,
 )
-from ..labels import match_labels
-from ..measuring import MeasureSettings
+from ..measuring.settings import MeasureSettings
 from ..probes import find_sites, grid_positions, probe_ssdc, ssdc
-from ..scores import FragilityResult
-from ..shifts import Shift
-from ..transforms import resolve_config
 from .fragility_eval import fragility
 from .intervention_result import InterventionResult, InterventionRow
+from .scores import FragilityResult
 
 __all__ = [
     "measure_pe_shuffle",
@@ -75,7 +75,7 @@ def default_tile_grids(size: tuple[int, int], tokens: tuple[int, int]) -> list[i
 
 
 class TileShuffle(Shift):
-    """A tile shuffle as a :class:`~timm_posgeom.shifts.Shift`, so that :func:`~timm_posgeom.robustness.fragility`
+    """A tile shuffle as a :class:`~timm_posgeom.data.shifts.Shift`, so that :func:`~timm_posgeom.robustness.fragility`
     scores it beside the clean image: each image (at the model's input size) cut into ``grid`` x ``grid`` tiles,
     slot t holding tile ``permutation[t]`` (:func:`~timm_posgeom.interventions.shuffle_tiles`); ``spec`` names it
     in the result."""
@@ -210,7 +210,7 @@ def measure_pe_shuffle(
         model: a flat timm ViT whose encoding :func:`~timm_posgeom.interventions.pe_shuffle` moves.
         data: a labelled split (as :func:`~timm_posgeom.robustness.fragility` reads it).
         components: the encodings to permute (e.g. ``["rope"]``); None: every one, then each alone.
-        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.labels.match_labels`).
+        labels: how the data's labels meet the model's classes (:func:`~timm_posgeom.data.labels.match_labels`).
         settings: :class:`~timm_posgeom.measuring.MeasureSettings` (or its fields as keywords): ``max_images``
             (top-1), ``rpi_permutations`` (K), ``seed``, ``batch_size``, ``resize``, ``device``...
 

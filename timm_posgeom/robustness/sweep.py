@@ -16,19 +16,19 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .. import distributed as _dist
+from ..data.eval_data import check_split, eval_loader, first_items
+from ..data.labels import match_labels
+from ..data.shifts import Shift, parse_shift
 from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
 from ..errors import require
-from ..eval_data import check_split, eval_loader, first_items
 from ..interventions import pe_scale
-from ..jsonio import dump_json, tagged, to_jsonable
-from ..labels import match_labels
-from ..measuring import MeasureSettings
-from ..probes.result import SSDCResult
-from ..probes.streaming import _model_name, same_passes
-from ..scores import FragilityResult
-from ..shifts import Shift, parse_shift
-from .fragility_eval import _model_device, fragility
+from ..measuring import distributed as _dist
+from ..measuring.settings import MeasureSettings
+from ..probes.ssdc_probe.result import SSDCResult
+from ..probes.streaming import model_name, same_passes
+from ..results.jsonio import dump_json, tagged, to_jsonable
+from .fragility_eval import device_of, fragility
+from .scores import FragilityResult
 
 __all__ = ["alpha_sweep", "sweep_ssdc", "AlphaSweepResult", "AlphaSweepRow"]
 
@@ -137,7 +137,7 @@ class AlphaSweepResult:
         Returns the matplotlib Figure; also saved to ``path`` if given."""
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import fit_titles, save_figure
+        from ..results.plotting import fit_titles, save_figure
 
         fig = Figure(figsize=(5.4, 5.4), layout="constrained")
         top, bottom = fig.subplots(2, 1, sharex=True)
@@ -242,7 +242,7 @@ def alpha_sweep(
     n_probe, probe_loader, data = _sweep_data(model, data, own, labels, settings)
     if isinstance(shifts, (str, Shift)):
         shifts = (shifts,)
-    dev = _model_device(model, settings.device)
+    dev = device_of(model, settings.device)
     quiet = settings.replace(device=dev, progress=False)
     world = _dist.setup() if settings.distributed == "auto" else 1
     show = settings.progress and (world == 1 or _dist.is_main())
@@ -260,7 +260,7 @@ def alpha_sweep(
     rows = _fragility_rows(model, data, shifts, probed, quiet, include_prefix, show)
     k, seed = ssdcs[0].settings["rpi_permutations"], ssdcs[0].settings["seed"]
     recorded = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "site": site,
         "probe_images": n_probe,
         "include_prefix": include_prefix,

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...defaults import IMAGENET_C_JPEG_BLUR
 from ...errors import PosgeomError
-from ...measuring import MAX_IMG_SIZE, MeasureSettings
+from ...measuring.settings import MAX_IMG_SIZE, MeasureSettings
 from ...protocol import DEFAULT_ALPHAS, PROTOCOL_FIELDS, RENAMED_SETTINGS, Protocol, current_names
 from ..rundir import settings_changes
 

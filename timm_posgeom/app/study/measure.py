@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ...jsonio import to_jsonable, write_errors
 from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
+from ...results.jsonio import to_jsonable, write_errors
 from ..records import AttentionSummary, RunEval, RunSummary, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
@@ -84,7 +84,7 @@ def measure_run(run: PlannedRun, m: Measuring) -> RunEval:
     """Fragility, SSDC, (for PE models) the alpha sweep, attention per head and the other optional measures of a
     trained run; each part is written to ``eval.json`` as soon as it exists, and a resumed study measures only the
     parts not there yet."""
-    from ...factory import create_model
+    from ...models.factory import create_model
 
     eval_path = run.run_dir / "eval.json"
     evals = _open_eval(eval_path, run, m)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...jsonio import write_json
+from ...results.jsonio import write_json
 from .config import StudyConfig, check_init
 
 if TYPE_CHECKING:

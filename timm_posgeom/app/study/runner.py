@@ -37,7 +37,7 @@ def run_study(
     ``settings``)."""
     from tqdm.auto import tqdm
 
-    from ..report import write_report
+    from ..report.document import write_report
 
     out = _open_out(Path(out), resume, create=False)  # created once every check has passed: a refusal leaves none
     # the invocations this one resumes: their measured runs stay in the study, their time is added to its own

@@ -30,7 +30,7 @@ def train_run(run: PlannedRun, config: StudyConfig, log: Callable[[str], None], 
     or when the training fails."""
     from ..train import latest_checkpoint
 
-    _check_recipe(run, log, allow_changes)
+    check_recipe(run, log, allow_changes)
     if is_trained(run):
         log(f"[{run.label}] trained run found, reused")
         return
@@ -62,7 +62,7 @@ def recipe_changes(run: PlannedRun) -> dict[str, Any]:
     return settings_changes("recipe", saved, run.recipe.to_dict())
 
 
-def _check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
+def check_recipe(run: PlannedRun, log: Callable[[str], None], allow_changes: bool) -> None:
     """What exists in the run's folder was trained (or started) with its recipe; set aside when not and
     ``allow_changes``, StudyError when not otherwise."""
     try:

@@ -78,7 +78,7 @@ def train(
     import torch
     from accelerate import Accelerator
 
-    from ...distributed import check_port
+    from ...measuring.distributed import check_port
     from .build import build_session
     from .loop import finish, run_epochs
 
@@ -128,7 +128,7 @@ def _checked(recipe: Recipe, out: Path, resume: bool) -> Recipe:
 
     from ... import models  # noqa: F401  (registers our models with timm)
     from ...data import resolve_source
-    from ...factory import unknown_model_message
+    from ...models.factory import unknown_model_message
     from ..recipe import RecipeError
     from .build import check_model, check_resumable
 

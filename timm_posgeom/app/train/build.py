@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import yaml
 
-from ...distributed import broadcast_object
 from ...errors import one_line
-from ...jsonio import dumps
+from ...measuring.distributed import broadcast_object
+from ...results.jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
 from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
@@ -137,7 +137,7 @@ def _datasets(
 ) -> tuple[Any, Any]:
     """(train dataset, val dataset): the uint8 cache (``cache``) or timm's transforms."""
     from ... import data as D
-    from ...transforms import eval_transform
+    from ...data.transforms import eval_transform
 
     if recipe.cache:
         show = progress and accelerator.is_main_process

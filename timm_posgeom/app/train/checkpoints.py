@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import write_errors
+from ...results.jsonio import write_errors
 
 __all__ = [
     "TrainState",

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import dumps
+from ...results.jsonio import dumps
 
 __all__ = ["MetricsLog", "read_metrics", "check_trackers", "check_tracker_project", "tracker_config"]
 

@@ -60,7 +60,7 @@ def build_monitor(
     if heldout is None or record is None:
         return None
     from ... import data as D
-    from ...transforms import eval_transform
+    from ...data.transforms import eval_transform
 
     show = progress and accelerator.is_main_process
     with accelerator.main_process_first():

@@ -12,12 +12,12 @@ For every model (a timm name, ``hf-hub:ORG/NAME``, ``local-dir:PATH`` or one of 
 * clean top-1 and the fragility score ``FS = 1 - A_shift / A_clean`` of each shift (the paper's JPEG
   q5 and blur sigma 2.5 / kernel 5, optionally ImageNet-C's severities) with
   :func:`~timm_posgeom.robustness.fragility`, only when the data's labels can be matched to the
-  model's outputs (:func:`~timm_posgeom.labels.map_by_name`); otherwise left empty with the reason;
+  model's outputs (:func:`~timm_posgeom.data.labels.map_by_name`); otherwise left empty with the reason;
 * optionally an alpha sweep (:func:`~timm_posgeom.robustness.alpha_sweep`: delta SSDC under RPI and
   JPEG q5 FS per PE scale alpha).
 
 Each model runs at its own data config (input size, interpolation, mean / std:
-:func:`~timm_posgeom.transforms.resolve_config`) unless ``img_size`` is given. Every model is measured by
+:func:`~timm_posgeom.data.transforms.resolve_config`) unless ``img_size`` is given. Every model is measured by
 :func:`timm_posgeom.protocol.measure_model` under the zoo's protocol (:meth:`ZooConfig.protocol`), the study's
 measuring function: the same model, data and protocol give the same numbers in both.
 

@@ -12,11 +12,11 @@ from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ...distributed import is_main
+from ...data.shifts import PAPER_SHIFTS
 from ...errors import PosgeomError, one_line
-from ...jsonio import to_jsonable
+from ...measuring.distributed import is_main
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
-from ...shifts import PAPER_SHIFTS
+from ...results.jsonio import to_jsonable
 from ..provenance import package_versions
 from ..rundir import NEUTRAL_KEYS
 
@@ -32,7 +32,7 @@ PRETRAINED_MODES = ("auto", "on", "off")
 EXTRAS = ("attention", "position")  # the default measures beyond SSDC and fragility, each a group of columns
 
 
-_NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
+NO_MODELS = "no models to measure: give model names, --models-file FILE, --filter PATTERN or --model-set NAME"
 
 
 class ZooError(PosgeomError, RuntimeError):
@@ -58,7 +58,7 @@ class ZooConfig:
     resize: str = "paper"
     img_size: int | None = None  # None: each model's own input size
     pretrained: str = "auto"  # auto: timm names with weights load them; on: required; off: random init
-    # how the data's labels meet each model's classes (timm_posgeom.labels.match_labels); a model they cannot
+    # how the data's labels meet each model's classes (timm_posgeom.data.labels.match_labels); a model they cannot
     # meet gets no top-1 and FS (the reason noted), never an error
     labels: str = "by-name"
     bad_images: str = "error"  # an image that cannot be decoded: error (named) | skip (left out, listed)
@@ -203,14 +203,14 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
     return ZooConfig(**values)
 
 
-def _floats(values: Iterable[float]) -> list[float | None]:
+def finite_or_none_list(values: Iterable[float]) -> list[float | None]:
     return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
 
 
-def _num(value: float | None) -> float | None:
+def finite_or_none(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def _failure_text(error: BaseException) -> str:
+def failure_text(error: BaseException) -> str:
     """``"ErrorClass: message"`` on one line: a zoo record names what failed."""
     return f"{type(error).__name__}: {one_line(error)}"

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import write_atomic
+from ...results.jsonio import write_atomic
 from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
 from .model_sets import PUBLISHED_SETS, PUBLISHED_SOURCE, published_top1
-from .table import _fmt, layer_summary, pe_kinds, relative_depth, write_csv
+from .table import fmt_cell, layer_summary, pe_kinds, relative_depth, write_csv
 
 
 def _save(fig: Any, path: Path) -> None:
@@ -80,7 +80,7 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncols=min(3, len(handles)))
-    from ...plotting import fit_titles
+    from ...results.plotting import fit_titles
 
     fit_titles(fig)
     _save(fig, path)
@@ -94,7 +94,7 @@ def fig_fragility_delta(records: Sequence[ZooModel], path: Path, shift: str = JP
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from ...plotting import fit_titles
+    from ...results.plotting import fit_titles
 
     fig = Figure(figsize=(6.4, 4.8), layout="constrained")
     FigureCanvasAgg(fig)
@@ -283,7 +283,7 @@ def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
         cells = [
             f"`{_md_cell(r.model)}`",
             r.weights or "",
-            _fmt(r.params / 1e6 if r.params else None, ".2f"),
+            fmt_cell(r.params / 1e6 if r.params else None, ".2f"),
             "x".join(map(str, size[1:])),
             _md_cell(pe_kinds(r.pe)),
             _ci3(r.clean_accuracy, r.clean_accuracy_ci),

@@ -15,20 +15,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...distributed import fail_together
+from ...data.labels import map_by_name
 from ...errors import NonFiniteWarning
-from ...jsonio import to_jsonable
-from ...labels import map_by_name
+from ...measuring.distributed import fail_together
+from ...results.jsonio import to_jsonable
 from ..records import SweepSummary, ZooModel
-from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
+from .config import EXTRAS, ZooConfig, failure_text, finite_or_none, finite_or_none_list, versions
 
 
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
-    """Deprecated: :func:`timm_posgeom.labels.map_by_name` (the library's, used by every function that
+    """Deprecated: :func:`timm_posgeom.data.labels.map_by_name` (the library's, used by every function that
     scores labels); kept for one release."""
     warnings.warn(
         "timm_posgeom.app.zoo.match_labels is deprecated and will be removed in the next release: use "
-        "timm_posgeom.labels.map_by_name",
+        "timm_posgeom.data.labels.map_by_name",
         DeprecationWarning,
         stacklevel=2,
     )
@@ -56,13 +56,11 @@ def weights_key(name: str, weights: str | None) -> str | None:
     if weights == "random-init":
         return "random-init"
     if name.startswith("local-dir:"):
-        from ...data import (
-            _file_key,  # path|size|mtime: the data cache's key of a file, here a weights folder's
-        )
+        from ...data.folder import file_key  # path|size|mtime: the data cache's key of a file, here a folder's
 
         root = Path(name[len("local-dir:") :]).expanduser().resolve()
         files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
-        digest = hashlib.sha1("\n".join(_file_key(str(p)) for p in files).encode()).hexdigest()[:16]
+        digest = hashlib.sha1("\n".join(file_key(str(p)) for p in files).encode()).hexdigest()[:16]
         return f"local-dir:{root}|{digest}"
     if name.startswith(("hf-hub:", "hf_hub:")):
         return _hub_revision(name.split(":", 1)[1].split("@")[0])
@@ -95,7 +93,7 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     which weights it has (set before loading, so a failed load says what was tried)."""
     import timm
 
-    from ...factory import create_model
+    from ...models.factory import create_model
 
     pretrained = False
     if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
@@ -151,7 +149,7 @@ def measure_model(
             _note_warnings(record, caught)
     except _Stage as failure:
         record.status = "error"
-        record.error = f"{failure.stage}: {_failure_text(failure.error)}"
+        record.error = f"{failure.stage}: {failure_text(failure.error)}"
         frames = traceback.format_exception(failure.error)[-4:]  # the innermost frames and the error, one line
         record.notes.append("traceback: " + " | ".join(" ".join(f.split()) for f in frames if f.strip()))
     finally:
@@ -199,12 +197,12 @@ def _measure(model: torch.nn.Module, record: ZooModel, config: ZooConfig, data: 
 
 def _describe(model: torch.nn.Module, record: ZooModel, config: ZooConfig) -> None:
     """What the model is: architecture, parameters, input size, data config, positional encodings."""
+    from ...data.transforms import resolve_config
     from ...interventions import pe_inventory
-    from ...probes.probe import _model_name
-    from ...transforms import resolve_config
+    from ...probes.streaming import model_name
 
     cfg = resolve_config(model, config.img_size)
-    record.architecture = _model_name(model)
+    record.architecture = model_name(model)
     record.params = int(sum(p.numel() for p in model.parameters()))
     record.input_size = [int(v) for v in cfg["input_size"]]
     record.data_config = to_jsonable({k: cfg.get(k) for k in ("interpolation", "mean", "std", "crop_pct", "crop_mode")})
@@ -218,32 +216,32 @@ def _ssdc(record: ZooModel, normal: Any, rpi: Any | None) -> None:
     record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
     record.probe_images = int(normal.settings["n_images"])
     record.ssdc, record.ssdc_ci, record.ssdc_mean_ci = _with_intervals(normal)
-    record.rise = _num(normal.rise)
-    record.rise_ci = _floats(normal.rise_ci) if normal.rise_ci else None
+    record.rise = finite_or_none(normal.rise)
+    record.rise_ci = finite_or_none_list(normal.rise_ci) if normal.rise_ci else None
     if rpi is not None:
         record.rpi_permutations = int(rpi.settings["rpi_permutations"])
         record.rpi_ssdc, record.rpi_ssdc_ci, record.rpi_ssdc_mean_ci = _with_intervals(rpi)
-        record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
-        record.rpi_delta_ssdc = _num(rpi.rise)
-        record.rpi_delta_ssdc_ci = _floats(rpi.rise_ci) if rpi.rise_ci else None
+        record.rpi_content_ssdc = finite_or_none_list(rpi.content_per_layer or [])
+        record.rpi_delta_ssdc = finite_or_none(rpi.rise)
+        record.rpi_delta_ssdc_ci = finite_or_none_list(rpi.rise_ci) if rpi.rise_ci else None
 
 
 def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | None]] | None, list[float | None]]:
     """(SSDC per layer, its 95% interval per layer, the interval of its mean over layers) of a probe."""
-    cis = [_floats(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
+    cis = [finite_or_none_list(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
     _, low, high = result.interval_of(lambda v: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan)
-    return _floats(result.per_layer), cis, _floats((low, high))
+    return finite_or_none_list(result.per_layer), cis, finite_or_none_list((low, high))
 
 
 def _fragility(record: ZooModel, frag: Any, labels: str | None) -> None:
     """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
     record.labels = labels
     record.num_images = frag.num_images
-    record.clean_accuracy = _num(frag.clean_accuracy)
-    record.clean_accuracy_ci = _floats(frag.clean_interval)
-    record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
-    record.fs = {k: _num(v) for k, v in frag.fs.items()}
-    record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
+    record.clean_accuracy = finite_or_none(frag.clean_accuracy)
+    record.clean_accuracy_ci = finite_or_none_list(frag.clean_interval)
+    record.accuracy = {k: finite_or_none(v) for k, v in frag.accuracy.items()}
+    record.fs = {k: finite_or_none(v) for k, v in frag.fs.items()}
+    record.fs_interval = {k: finite_or_none_list(v) for k, v in frag.fs_interval.items()}
 
 
 def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
@@ -252,15 +250,15 @@ def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
     if "attention" in extras:
         att = extras["attention"]
         heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
-        record.attention_distance_heads = [_floats(row) for row in heads]
-        record.attention_distance = _floats(np.nanmean(heads, axis=1))
-        record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+        record.attention_distance_heads = [finite_or_none_list(row) for row in heads]
+        record.attention_distance = finite_or_none_list(np.nanmean(heads, axis=1))
+        record.attention_entropy = finite_or_none_list(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
     if "position" in extras:
         position = extras["position"]
-        record.position_accuracy = _floats(position.normal.accuracy)
+        record.position_accuracy = finite_or_none_list(position.normal.accuracy)
         record.position_chance = position.normal.chance["both"]
         if position.rpi is not None:
-            record.position_accuracy_rpi = _floats(position.rpi.accuracy)
+            record.position_accuracy_rpi = finite_or_none_list(position.rpi.accuracy)
         record.notes.extend(position.notes)
     others = {name: to_jsonable(result.to_dict()) for name, result in extras.items() if name not in EXTRAS}
     if others:
@@ -273,15 +271,17 @@ def _sweep(protocol: Any, ssdcs: list[Any], sweep: Any | None) -> SweepSummary:
     alphas = [float(a) for a in protocol.alphas]
     return SweepSummary(
         alphas=alphas,
-        delta_ssdc=_floats(r.rise for r in ssdcs),
-        fs={k: _floats(v) for k, v in sweep.fs.items()} if sweep is not None else {},
-        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows) if sweep is not None else [None] * len(alphas),
-        rpi_per_layer=[_floats(r.per_layer) for r in ssdcs],
+        delta_ssdc=finite_or_none_list(r.rise for r in ssdcs),
+        fs={k: finite_or_none_list(v) for k, v in sweep.fs.items()} if sweep is not None else {},
+        clean_accuracy=finite_or_none_list(r.clean_accuracy for r in sweep.rows)
+        if sweep is not None
+        else [None] * len(alphas),
+        rpi_per_layer=[finite_or_none_list(r.per_layer) for r in ssdcs],
         fs_interval=(
-            {k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
+            {k: [finite_or_none_list(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
             if sweep is not None
             else None
         ),
         rpi_permutations=protocol.rpi_permutations,
-        delta_ssdc_ci=[_floats(r.delta_ci) for r in ssdcs],
+        delta_ssdc_ci=[finite_or_none_list(r.delta_ci) for r in ssdcs],
     )

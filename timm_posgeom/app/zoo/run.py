@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ...distributed import broadcast_object
+from ...measuring.distributed import broadcast_object
 from ..records import ZooIndex, ZooModel
 from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
-from .config import _NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name
+from .config import NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name
 from .figures import write_outputs
 from .measure import measure_model, weights_key
 from .table import write_csv
@@ -150,7 +150,7 @@ def run_zoo(
 
     out = Path(out)
     if not _dedupe(models) and not (out / "zoo.json").is_file():
-        raise ZooError(_NO_MODELS)
+        raise ZooError(NO_MODELS)
     main = is_main_process()
     data, config = _load_data(config, progress and main)  # identified by content before any record is compared
     zoo = _Zoo(out=out, config=config, settings=config.settings(), main=main, progress=progress, say_now=log or print)
@@ -235,7 +235,7 @@ def _load_data(config: ZooConfig, progress: bool) -> tuple[Any, ZooConfig]:
 
 def _decoded(config: ZooConfig, data: Any, progress: bool, decode: bool) -> Any:
     """The zoo's images, decoded once for every model (``shared_decode``) when a model is to be measured."""
-    from ...eval_data import DecodedImages
+    from ...data.eval_data import DecodedImages
 
     if config.shared_decode and decode:
         # decoded once here and resized once per input configuration, for every model: the same batches
@@ -361,7 +361,7 @@ def _plan(
     index = ZooIndex.read(index_path) if index_path.is_file() else None
     names = _dedupe([*(index.models if index else []), *asked])
     if not names:
-        raise ZooError(_NO_MODELS)
+        raise ZooError(NO_MODELS)
     records: dict[str, ZooModel] = {}
     changes: dict[str, tuple[Any, Any]] = {}
     if index is not None:

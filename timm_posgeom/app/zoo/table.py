@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import write_atomic
+from ...results.jsonio import write_atomic
 from ..records import ZooModel
 from ..rundir import set_aside
-from .config import SWEEP_SHIFTS, ZooConfig, _num
+from .config import SWEEP_SHIFTS, ZooConfig, finite_or_none
 from .model_sets import PUBLISHED_SETS, published_top1
 
 
@@ -31,8 +31,8 @@ def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
         return dict(first=None, last=None, peak=None, peak_layer=None, mean=None)
     peak_layer, peak = max(finite, key=lambda t: t[1])
     return dict(
-        first=_num(vals[0]),
-        last=_num(vals[-1]),
+        first=finite_or_none(vals[0]),
+        last=finite_or_none(vals[-1]),
         peak=peak,
         peak_layer=peak_layer,
         mean=sum(v for _, v in finite) / len(finite),
@@ -55,7 +55,7 @@ def summary_intervals(
     return dict(first=cis[0], last=cis[-1], peak=cis[summary["peak_layer"]], mean=tuple(mean_ci) if mean_ci else none)
 
 
-def _fmt(value: Any, spec: str = ".6g") -> str:
+def fmt_cell(value: Any, spec: str = ".6g") -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return ""
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
@@ -174,7 +174,7 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
             source=r.source or "",
             architecture=r.architecture or "",
             error=r.error or "",
-            elapsed_s=_fmt(r.elapsed_s, ".1f"),
+            elapsed_s=fmt_cell(r.elapsed_s, ".1f"),
             timm_posgeom_version=r.versions.get("timm_posgeom", ""),
             timm_version=r.versions.get("timm", ""),
             torch_version=r.versions.get("torch", ""),
@@ -182,32 +182,32 @@ def csv_rows(records: Sequence[ZooModel], config: ZooConfig) -> list[dict[str, s
         if r.status == "ok":
             size = r.input_size or []
             row.update(
-                param_count=_fmt(r.params / 1e6 if r.params is not None else None, ".3f"),
+                param_count=fmt_cell(r.params / 1e6 if r.params is not None else None, ".3f"),
                 img_size=(str(size[1]) if len(size) == 3 and size[1] == size[2] else "x".join(map(str, size[1:]))),
                 interpolation=str((r.data_config or {}).get("interpolation") or ""),
                 pe_kinds=pe_kinds(r.pe),
                 site=r.site or "",
                 granularity=r.granularity or "",
-                n_layers=_fmt(len(r.ssdc) if r.ssdc else None),
-                probe_images=_fmt(r.probe_images),
-                n_images=_fmt(r.num_images),
+                n_layers=fmt_cell(len(r.ssdc) if r.ssdc else None),
+                probe_images=fmt_cell(r.probe_images),
+                n_images=fmt_cell(r.num_images),
                 labels=r.labels or "",
-                top1=_fmt(r.clean_accuracy),
-                rpi_permutations=_fmt(r.rpi_permutations),
-                delta_ssdc_rpi=_fmt(r.rpi_delta_ssdc),
+                top1=fmt_cell(r.clean_accuracy),
+                rpi_permutations=fmt_cell(r.rpi_permutations),
+                delta_ssdc_rpi=fmt_cell(r.rpi_delta_ssdc),
                 ssdc_per_layer=_series(r.ssdc),
                 rpi_ssdc_per_layer=_series(r.rpi_ssdc),
                 notes=" | ".join(n for n in r.notes),
             )
             _ssdc_columns(row, r)
             for name, value in (published_top1(r.model) or {}).items():
-                row[f"timm_top1_{name}"] = _fmt(value / 100)  # a fraction, as top1
+                row[f"timm_top1_{name}"] = fmt_cell(value / 100)  # a fraction, as top1
             low, high = (r.clean_accuracy_ci or [None, None])[:2]
-            row["top1_ci_low"], row["top1_ci_high"] = _fmt(low), _fmt(high)
+            row["top1_ci_low"], row["top1_ci_high"] = fmt_cell(low), fmt_cell(high)
             for s in config.shifts:
-                row[f"fs_{s}"] = _fmt((r.fs or {}).get(s))
+                row[f"fs_{s}"] = fmt_cell((r.fs or {}).get(s))
                 low, high = ((r.fs_interval or {}).get(s) or [None, None])[:2]
-                row[f"fs_{s}_ci_low"], row[f"fs_{s}_ci_high"] = _fmt(low), _fmt(high)
+                row[f"fs_{s}_ci_low"], row[f"fs_{s}_ci_high"] = fmt_cell(low), fmt_cell(high)
             _extra_columns(row, r, config)
         rows.append(row)  # a failed model: its error (the record keeps the traceback's last lines)
     return rows
@@ -217,15 +217,15 @@ def _extra_columns(row: dict[str, str], r: ZooModel, config: ZooConfig) -> None:
     """The columns of the extras the zoo measured (attention, position) and of the alpha sweep, into ``row``."""
     if "attention" in config.extras:
         row.update(
-            attn_distance_mean=_fmt(layer_summary(r.attention_distance)["mean"]),
+            attn_distance_mean=fmt_cell(layer_summary(r.attention_distance)["mean"]),
             attn_distance_per_layer=_series(r.attention_distance),
             attn_entropy_per_layer=_series(r.attention_entropy),
         )
     if "position" in config.extras:
         row.update(
-            position_chance=_fmt(r.position_chance),
-            position_acc_mean=_fmt(layer_summary(r.position_accuracy)["mean"]),
-            position_acc_rpi_mean=_fmt(layer_summary(r.position_accuracy_rpi)["mean"]),
+            position_chance=fmt_cell(r.position_chance),
+            position_acc_mean=fmt_cell(layer_summary(r.position_accuracy)["mean"]),
+            position_acc_rpi_mean=fmt_cell(layer_summary(r.position_accuracy_rpi)["mean"]),
             position_acc_per_layer=_series(r.position_accuracy),
             position_acc_rpi_per_layer=_series(r.position_accuracy_rpi),
         )
@@ -246,12 +246,12 @@ def _ssdc_columns(row: dict[str, str], r: ZooModel) -> None:
         ("rpi_ssdc", r.rpi_ssdc, r.rpi_ssdc_ci, r.rpi_ssdc_mean_ci),
     ):
         for k, v in layer_summary(values).items():
-            row[f"{prefix}_{k}"] = _fmt(v)
+            row[f"{prefix}_{k}"] = fmt_cell(v)
         for k, (low, high) in summary_intervals(values, cis, mean_ci).items():
-            row[f"{prefix}_{k}_ci_low"], row[f"{prefix}_{k}_ci_high"] = _fmt(low), _fmt(high)
+            row[f"{prefix}_{k}_ci_low"], row[f"{prefix}_{k}_ci_high"] = fmt_cell(low), fmt_cell(high)
         row[f"{prefix}_per_layer_ci_low"], row[f"{prefix}_per_layer_ci_high"] = _ci_series(cis, 0), _ci_series(cis, 1)
     low, high = (r.rpi_delta_ssdc_ci or [None, None])[:2]
-    row["delta_ssdc_rpi_ci_low"], row["delta_ssdc_rpi_ci_high"] = _fmt(low), _fmt(high)
+    row["delta_ssdc_rpi_ci_low"], row["delta_ssdc_rpi_ci_high"] = fmt_cell(low), fmt_cell(high)
 
 
 def keep_if_shrinking(path: Path, models: Sequence[str], log: Callable[[str], None] | None = print) -> Path | None:

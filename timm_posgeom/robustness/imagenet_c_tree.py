@@ -1,7 +1,7 @@
 """The released ImageNet-C images: their folder tree ``ROOT/CORRUPTION/SEVERITY/CLASS/IMAGE`` checked against
 the clean split's classes (:func:`check_imagenet_c_tree`), read as a dataset, and the clean images framed as
 the release framed the ones it corrupted (:func:`frame_like_imagenet_c`). Definitions: docs/method.md#imagenet-c;
-:func:`~timm_posgeom.imagenet_c.imagenet_c_released` measures on them.
+:func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_released` measures on them.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import PIL.Image
 from torch.utils.data import Dataset
 
-from .errors import PosgeomError
-from .eval_data import split_item
-from .shifts import _check_severity, _corruption_list
-from .transforms import to_rgb
+from ..data.eval_data import split_item
+from ..data.shifts import check_severity, corruption_list
+from ..data.transforms import to_rgb
+from ..errors import PosgeomError
 
 __all__ = [
     "check_imagenet_c_tree",
@@ -83,8 +83,8 @@ def check_imagenet_c_tree(
         raise ImageNetCTreeError(f"ImageNet-C root {str(root)!r} is not a folder")
     if extra_classes not in ("error", "ignore"):
         raise ValueError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
+    names = corruption_list(corruptions)
+    levels = [check_severity(s) for s in severities]
     folders = list(classes if class_folders is None else class_folders)
     if len(folders) != len(classes):
         raise ValueError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
@@ -165,7 +165,7 @@ def _refuse_different(
     )
 
 
-class _TreeImages(Dataset):
+class TreeImages(Dataset):
     """Item j * m + k -> (RGB image ``root/CORRUPTION/SEVERITY/files[k]`` of folder j of ``folders``,
     label), m = len(files): every folder's images, folder after folder, without a list per folder."""
 
@@ -185,7 +185,7 @@ class _TreeImages(Dataset):
             return (rgb.copy() if rgb is image else rgb), label  # the file is closed on leaving: a copy of RGB
 
 
-def _split_labels(data: Any, n: int) -> list[int]:
+def split_labels(data: Any, n: int) -> list[int]:
     labels = getattr(data, "labels", None)
     if labels is not None and len(labels) >= n:
         return [int(v) for v in list(labels)[:n]]
@@ -207,7 +207,7 @@ def frame_like_imagenet_c(image: PIL.Image.Image) -> PIL.Image.Image:
     return TF.center_crop(TF.resize(to_rgb(image), 256, interpolation=InterpolationMode.BILINEAR), 224)
 
 
-class _Framed(Dataset):
+class Framed(Dataset):
     """The clean split with :func:`frame_like_imagenet_c` applied to each image (labels and classes kept)."""
 
     def __init__(self, data: Any):

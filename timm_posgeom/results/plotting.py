@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import require
+from ..errors import require
 from .jsonio import write_atomic
 
 __all__ = ["elide", "fit_titles", "masked_map", "block_mean", "show_map", "save_figure", "MAP_LABEL", "MAP_PIXELS"]
@@ -133,7 +133,7 @@ def show_map(
 
 
 def save_figure(fig: Any, path: str | os.PathLike, dpi: float) -> Path:
-    """Save ``fig`` to ``path`` atomically (rendered in memory, then :func:`~timm_posgeom.jsonio.write_atomic`):
+    """Save ``fig`` to ``path`` atomically (rendered in memory, then :func:`~timm_posgeom.results.jsonio.write_atomic`):
     a reader or a kill never meets a half-written figure. The format is the suffix's (``.png``, ``.pdf``,
     ...; none: png)."""
     buffer = io.BytesIO()

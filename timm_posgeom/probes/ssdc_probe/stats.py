@@ -19,17 +19,17 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..errors import NonFiniteWarning, nonfinite_message
-from ..intervals import jackknife_interval, t_interval
-from .accumulator import _Accumulator, _Moments
+from ...errors import NonFiniteWarning, nonfinite_message
+from ...results.intervals import jackknife_interval, t_interval
+from ..sites import ProbeSites, StageSites
+from ..streaming import model_name
+from .accumulator import Accumulator, Moments
 from .result import PerImageStats, SSDCResult
-from .sites import ProbeSites, StageSites
 from .spearman import FLAT_RTOL, ConstantMapWarning, ssdc_pairs
-from .streaming import _model_name
 
 
 @dataclass(frozen=True)
-class _Probe:
+class Probe:
     """What one :func:`probe_ssdc` call measures, checked: the site, the model's probe sites (blocks or
     stages), the layer indices, the reduction, the distance, RPI and its permutation count."""
 
@@ -66,8 +66,8 @@ def _near_constant(pairs: torch.Tensor) -> bool:
     return high - low <= FLAT_RTOL * max(abs(low), abs(high))
 
 
-def _finish(
-    acc: _Accumulator, probe: _Probe, seed: int, n_images: int, image_size: tuple[int, int], model: nn.Module
+def finish(
+    acc: Accumulator, probe: Probe, seed: int, n_images: int, image_size: tuple[int, int], model: nn.Module
 ) -> SSDCResult:
     """The result from the (reduced) sums: per-layer SSDC of the mean maps and / or the per-image statistics,
     each with its interval (over permutations under RPI, over images without)."""
@@ -132,7 +132,7 @@ def _say_flat_images(stats: _ImageStats, layers: list[int]) -> None:
         )
 
 
-def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> None:
+def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: Probe) -> None:
     """The per-image reduction alone: its means (and intervals) become the layers' numbers in ``maps``."""
     per_index, _, index_means, content_means = stats
     maps.index = index_means if index_means is not None else np.array([[s.mean for s in per_index]])
@@ -147,8 +147,8 @@ def _per_image_numbers(maps: _MapStats, stats: _ImageStats, probe: _Probe) -> No
 
 
 def _recorded(
-    acc: _Accumulator,
-    probe: _Probe,
+    acc: Accumulator,
+    probe: Probe,
     maps: _MapStats,
     seed: int,
     n_images: int,
@@ -159,7 +159,7 @@ def _recorded(
     staged = probe.staged
     grids = [acc.grids[layer] for layer in probe.layers]
     settings = {
-        "model": _model_name(model),
+        "model": model_name(model),
         "site": probe.site,
         "reduction": probe.reduction,
         "rpi": probe.rpi,
@@ -184,7 +184,7 @@ def _recorded(
     return settings
 
 
-def _blank_layers(maps: _MapStats, stats: _ImageStats | None, cols: list[int], probe: _Probe) -> None:
+def _blank_layers(maps: _MapStats, stats: _ImageStats | None, cols: list[int], probe: Probe) -> None:
     """Set the numbers of the layers at ``cols`` (and a rise that uses one) to NaN, with their intervals."""
     nan2 = (math.nan, math.nan)
     for values in (maps.index, maps.content, *(stats[2:] if stats else ())):
@@ -223,7 +223,7 @@ class _MapStats:
     flat: list[int] = field(default_factory=list)
 
 
-def _map_ssdc(acc: _Accumulator, probe: _Probe, n_images: int, grids: list[tuple[int, int]]) -> _MapStats:
+def _map_ssdc(acc: Accumulator, probe: Probe, n_images: int, grids: list[tuple[int, int]]) -> _MapStats:
     """SSDC of each layer's mean map under each replica (permutation), against the index grid and (RPI) the
     content grid, their intervals (over permutations; without RPI the jackknife over images), the mean maps
     (the first permutation's under RPI), and the layers whose mean map is constant up to float rounding (NaN,
@@ -300,7 +300,7 @@ def _say_flat(stats: _MapStats, summed: dict[int, torch.Tensor]) -> None:
         )
 
 
-def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.ndarray | None) -> None:
+def _intervals(stats: _MapStats, acc: Accumulator, probe: Probe, deleted: np.ndarray | None) -> None:
     """Fill the intervals of ``stats``: over permutations under RPI (NaN with one), else the jackknife's."""
     rise_col = _rise_columns(probe)
     if probe.rpi:
@@ -335,14 +335,14 @@ def _intervals(stats: _MapStats, acc: _Accumulator, probe: _Probe, deleted: np.n
     stats.interval = f"over images (delete-a-group jackknife, {int((sizes > 0).sum())} random groups, Student t)"
 
 
-def _rise_columns(probe: _Probe) -> tuple[int, int] | None:
+def _rise_columns(probe: Probe) -> tuple[int, int] | None:
     """(column of layer 0, column of layer 1) when both blocks were probed (None per stage: other grids)."""
     if probe.staged or 0 not in probe.layers or 1 not in probe.layers:
         return None
     return probe.layers.index(0), probe.layers.index(1)
 
 
-def _image_stats(acc: _Accumulator, probe: _Probe) -> _ImageStats:
+def _image_stats(acc: Accumulator, probe: Probe) -> _ImageStats:
     """Per layer, the per-image SSDC's statistics (index grid, content grid): without RPI over the images;
     under RPI the mean over permutations of each permutation's image mean, its interval over permutations,
     and the std over every (image, permutation). Also (K, L) arrays of the per-permutation image means."""
@@ -357,7 +357,7 @@ def _image_stats(acc: _Accumulator, probe: _Probe) -> _ImageStats:
         mean, lo, hi = t_interval(means, axis=0)
         stats = []
         for i, layer in enumerate(layers):
-            pooled = _Moments()
+            pooled = Moments()
             for r in range(k):
                 pooled.merge(moments[(layer, r)].state())
             whole = pooled.stats()

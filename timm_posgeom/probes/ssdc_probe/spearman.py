@@ -362,7 +362,7 @@ def _distance_ranks_cached(key: tuple, distance: str, device: str) -> tuple[torc
         return centred.to(device), float(centred.square().sum().sqrt())
 
 
-def _distance_ranks(
+def distance_ranks(
     grid_size: Sequence[int], distance: str, positions: torch.Tensor | None, device: torch.device
 ) -> tuple[torch.Tensor, float]:
     """Centred tie-averaged ranks of {-D_ij} (M,) float64 on ``device`` and their norm (cached)."""
@@ -453,7 +453,7 @@ def ssdc(
         maps = maps.to(torch.float64)
     if maps.shape[0] == 0:
         return torch.empty(0, dtype=out_dtype, device=similarity.device)
-    d_centred, d_norm = _distance_ranks(grid_size, distance, positions, maps.device)
+    d_centred, d_norm = distance_ranks(grid_size, distance, positions, maps.device)
     if d_norm == 0:
         warnings.warn(
             "the grid distance is constant over the pairs i < j: SSDC is undefined (NaN)",

@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .errors import PosgeomError
+from ..defaults import LABEL_POLICIES
+from ..errors import PosgeomError
 
 __all__ = ["LABEL_POLICIES", "LabelMismatchError", "match_labels", "map_by_name", "model_class_names"]
 
-LABEL_POLICIES = ("check", "by-name", "as-is")
 _WNID = re.compile(r"n\d{8}")
 _REMEDY = (
     "labels='by-name' maps them onto the model's classes by name or WordNet id; labels='as-is' uses the "
@@ -84,7 +84,7 @@ def map_by_name(model: Any, data: Any) -> tuple[Any | None, str]:
 
 def _map_onto_recorded_names(data: Any, classes: list[str], names: list[str], outputs: int) -> tuple[Any | None, str]:
     """:func:`map_by_name`, step 1: the data's ``classes`` looked up in the model's recorded class ``names``."""
-    from .data import relabel_by_name
+    from . import relabel_by_name
 
     if len(names) != outputs:
         return None, f"the model records {len(names)} class names for {outputs} outputs"
@@ -121,7 +121,7 @@ def _map_onto_imagenet(
     data: Any, classes: list[str], outputs: int, subset: str, wnids: list[str], descriptions: list[str]
 ) -> tuple[Any | None, str]:
     """:func:`map_by_name`, step 2: the data's ``classes`` matched to an ImageNet head's classes."""
-    from .data import RelabeledSplit
+    from . import RelabeledSplit
 
     mapping, missing = _imagenet_matches(classes, wnids, descriptions)
     if missing:

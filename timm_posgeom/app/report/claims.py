@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .records import StudyResults, StudyRun
+from ..records import StudyResults, StudyRun
+from .runs import by_condition
 from .verdicts import (
     ALPHA,
     DEFAULT_RULE,
@@ -452,16 +453,14 @@ CLAIMS: tuple[tuple[str, Callable, tuple[str, ...]], ...] = (
 
 
 def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
-    """The runs by condition; the same condition and seed twice is refused (it would be a second seed with
-    no spread)."""
-    by: dict[str, list[StudyRun]] = {}
+    """The runs by condition (:func:`~.runs.by_condition`); the same condition and seed twice is refused (it
+    would be a second seed with no spread)."""
     seen: set[tuple[str, int]] = set()
     for run in results.runs:
         if (run.condition, run.seed) in seen:
             raise ValueError(f"the results hold {run.condition} seed {run.seed} twice")
         seen.add((run.condition, run.seed))
-        by.setdefault(run.condition, []).append(run)
-    return by
+    return by_condition(results)
 
 
 def _qualified(verdict: Verdict, study: _Study, conditions: Sequence[str], classes: int | None) -> Verdict:

@@ -17,7 +17,7 @@ Definitions (docs/method.md#imagenet-c), for corruption c at severity s = 1..5:
 Two sources of corrupted images:
 
 * :func:`imagenet_c_fragility` generates them on the fly from the clean split (each image resized to
-  the model's input, then corrupted; :func:`~timm_posgeom.shifts.imagenet_c`), all corruptions and
+  the model's input, then corrupted; :func:`~timm_posgeom.data.shifts.imagenet_c`), all corruptions and
   severities in one pass over the clean images with one model (one :func:`~timm_posgeom.robustness.fragility`
   call), seeded per image;
 * :func:`imagenet_c_released` reads the released images from a folder tree
@@ -44,33 +44,26 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .errors import NonFiniteWarning, nonfinite_message
-from .eval_data import check_split, eval_loader
-from .imagenet_c_result import ImageNetCResult, _spec
+from ..data.eval_data import check_split, eval_loader
+from ..data.labels import match_labels
+from ..data.shifts import check_severity, corruption_list, imagenet_c, imagenet_c_shifts
+from ..errors import NonFiniteWarning, nonfinite_message
+from ..interventions import eval_mode, image_permutations, pe_scale, token_permutation
+from ..measuring.settings import MeasureSettings
+from .fragility_eval import check_labels, device_of, fragility, score_logits
+from .imagenet_c_result import ImageNetCResult, imagenet_c_spec
 from .imagenet_c_tree import (
     CLEAN_FRAMINGS,
     IMAGE_EXTENSIONS,
     SEVERITIES,
+    Framed,
     ImageNetCTreeError,
-    _Framed,
-    _split_labels,
-    _TreeImages,
+    TreeImages,
     check_imagenet_c_tree,
     frame_like_imagenet_c,
+    split_labels,
 )
-from .interventions import eval_mode, image_permutations, pe_scale, token_permutation
-from .labels import match_labels
-from .measuring import MeasureSettings
-from .robustness import (
-    FragilityResult,
-    _model_device,
-    check_labels,
-    fragility,
-    fragility_score,
-    score_logits,
-    wilson_interval,
-)
-from .shifts import _check_severity, _corruption_list, imagenet_c, imagenet_c_shifts
+from .scores import FragilityResult, fragility_score, wilson_interval
 
 __all__ = [
     "ImageNetCResult",
@@ -95,7 +88,7 @@ def _tables(
         }
         for c in corruptions
     }
-    bad = [_spec(c, s) for c in corruptions for s in severities if counts[c][s].get("nonfinite")]
+    bad = [imagenet_c_spec(c, s) for c in corruptions for s in severities if counts[c][s].get("nonfinite")]
     if bad:
         warnings.warn(
             nonfinite_message(
@@ -137,7 +130,7 @@ def imagenet_c_fragility(
     One :func:`~timm_posgeom.robustness.fragility` call: one pass over the clean images with the model
     loaded once; each image is decoded and resized once and every corrupted copy made from it in the
     loader's workers (a copy per corruption and severity, 75 for ``"all"``); clean accuracy is counted
-    once. Image i is corrupted with :func:`~timm_posgeom.shifts.image_seed` ``(seed, i, name)``
+    once. Image i is corrupted with :func:`~timm_posgeom.data.shifts.image_seed` ``(seed, i, name)``
     (reproducible; the same draws at every severity).
 
     Args:
@@ -158,8 +151,8 @@ def imagenet_c_fragility(
     settings, _ = MeasureSettings.resolve("imagenet_c_fragility", settings, options)
     if settings.batch_size is None:
         raise ValueError("batch_size must be an integer >= 1 (images per forward), got None")
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
+    names = corruption_list(corruptions)
+    levels = [check_severity(s) for s in severities]
     specs = imagenet_c_shifts(names, levels)
     shifts = [imagenet_c(name, s) for name in names for s in levels]
     step = max(1, settings.batch_size // (1 + len(specs)))
@@ -176,9 +169,9 @@ def imagenet_c_fragility(
     assert result.shifts == specs, (result.shifts, specs)
     counts: dict[str, Any] = {"clean": dict(result.counts["clean"])}
     for c in names:
-        counts[c] = {s: dict(result.counts[_spec(c, s)]) for s in levels}
-    accuracy = {c: {s: result.accuracy[_spec(c, s)] for s in levels} for c in names}
-    fs = {c: {s: result.fs[_spec(c, s)] for s in levels} for c in names}
+        counts[c] = {s: dict(result.counts[imagenet_c_spec(c, s)]) for s in levels}
+    accuracy = {c: {s: result.accuracy[imagenet_c_spec(c, s)] for s in levels} for c in names}
+    fs = {c: {s: result.fs[imagenet_c_spec(c, s)] for s in levels} for c in names}
     recorded = {**result.settings, "corruption_seed": "image_seed(seed, image index, corruption)"}
     return ImageNetCResult(
         corruptions=names,
@@ -255,13 +248,13 @@ def imagenet_c_released(
             "imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
             f"of it): max_images does not apply, got {settings.max_images}"
         )
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
+    names = corruption_list(corruptions)
+    levels = [check_severity(s) for s in severities]
     matched, files = _released_files(model, data, root, names, levels, own)
-    clean_data = _Framed(matched) if own["clean_framing"] == "imagenet-c" else matched
+    clean_data = Framed(matched) if own["clean_framing"] == "imagenet-c" else matched
     clean = fragility(model, clean_data, (), rpi=rpi, alpha=alpha, settings=settings, labels="as-is")
     order = [(c, s) for c in names for s in levels]
-    tree = _TreeImages(Path(root), order, files)
+    tree = TreeImages(Path(root), order, files)
     correct = _evaluate_released(model, tree, settings, rpi, alpha)
     counts = _released_counts(clean, correct, order, len(files))
     accuracy, fs = _tables(counts, names, levels, clean.clean_accuracy)
@@ -312,7 +305,7 @@ def _released_settings(
         "clean_framing": own["clean_framing"],
         "class_folders": None if class_folders is None else list(class_folders),
         "accuracy_interval": {
-            _spec(c, s): list(
+            imagenet_c_spec(c, s): list(
                 wilson_interval(counts[c][s]["correct"], counts[c][s]["total"])
                 if not counts[c][s].get("nonfinite")
                 else (math.nan, math.nan)
@@ -348,7 +341,7 @@ def _released_files(
         root, classes, names, levels, class_folders=own["class_folders"], extra_classes=own["extra_classes"]
     )
     n = check_split(data)
-    clean_counts = Counter(_split_labels(data, n))
+    clean_counts = Counter(split_labels(data, n))
     tree_counts = Counter(label for _, label in files)
     differ = [i for i in range(len(classes)) if clean_counts.get(i, 0) != tree_counts.get(i, 0)]
     if differ:
@@ -371,7 +364,7 @@ def _evaluate_released(
 ) -> np.ndarray:
     """(len(tree),) int8: whether each released image is classified right (1, else 0; -1: its logits are not
     finite), every process reading them all."""
-    dev = _model_device(model, settings.device)
+    dev = device_of(model, settings.device)
     assert settings.batch_size is not None  # fragility() on the clean images refused None first
     loader = eval_loader(
         model,

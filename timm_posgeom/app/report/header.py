@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..provenance import describe_versions
+from ..records import StudyResults, StudyRun
 from .claims import LABELS
-from .provenance import describe_versions
-from .records import StudyResults, StudyRun
-from .report_figures import _by_condition
+from .runs import by_condition
 
 __all__ = ["report_header", "report_intro", "versions_text"]
 
@@ -41,7 +41,7 @@ def _architecture(recipe: dict[str, Any]) -> dict[str, Any]:
         import timm
         import torch
 
-        from .. import models  # noqa: F401  (registers the package's models with timm)
+        from ... import models  # noqa: F401  (registers the package's models with timm)
 
         with torch.device("meta"):
             model = timm.create_model(recipe["model"], **kwargs)
@@ -159,7 +159,7 @@ def report_header(results: StudyResults) -> tuple[str, list[str]]:
     """The report's title (what the study varied: grid, width, depth, init) and the table under it: preset,
     init, model, width, depth, grid, overrides, seeds, training, data identity, what was measured."""
     cfg = results.config
-    by = _by_condition(results)
+    by = by_condition(results)
     recipes = {c: results.recipes.get(c) or {} for c in cfg.get("conditions", by)}
     archs = {c: _architecture(r) for c, r in recipes.items() if r}
     inits = {c: (r.get("model_kwargs") or {}).get("init", "timm") for c, r in recipes.items() if r}

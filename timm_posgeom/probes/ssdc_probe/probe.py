@@ -4,7 +4,8 @@ Per batch and probed layer: patch tokens (B, N, C) -> unit-normalised -> cosine 
 Only running sums are kept (the summed map per layer, and streaming per-image moments,
 :mod:`.accumulator`), so memory does not grow with the number of images. The SSDC formula lives in
 :mod:`.spearman`; this module is the edge: hooks, devices, the reduction across processes (the data and its
-shards: :mod:`.streaming`); the numbers and their intervals from the reduced sums are :mod:`.ssdc_stats`'s.
+shards: :mod:`..streaming`, shared with every streaming measure); the numbers and their intervals from the reduced
+sums are :mod:`.stats`'s.
 Definitions: docs/method.md#similarity-maps-and-probe-sites.
 
 Under RPI every image is read (decoded, resized) once and goes through the model under each of the K
@@ -12,7 +13,7 @@ permutations of the protocol (:mod:`~timm_posgeom.interventions.draws`); a forwa
 them (``forward_size``) as chunks of one batch. Each permutation keeps its own sums, and the result is their
 mean with a Student t interval over permutations. Without RPI the summed map is kept per random group of
 images, and the SSDC of the mean map gets the interval of a delete-a-group jackknife over images
-(:mod:`~timm_posgeom.intervals`).
+(:mod:`~timm_posgeom.results.intervals`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from .. import distributed as _dist
-from ..defaults import JACKKNIFE_GROUPS, check_alpha_spec, rpi_count
-from ..interventions import (
+from ...defaults import JACKKNIFE_GROUPS, check_alpha_spec, rpi_count
+from ...interventions import (
     TokenPermutationError,
     check_unpermuted,
     eval_mode,
@@ -36,26 +36,14 @@ from ..interventions import (
     permutation_seeds,
     token_permutation,
 )
-from ..measuring import DISTRIBUTED_MODES, MeasureSettings
-from .accumulator import MAX_GRID_TOKENS, _Accumulator, _Moments
+from ...measuring import distributed as _dist
+from ...measuring.settings import DISTRIBUTED_MODES, MeasureSettings
+from ..sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
+from ..streaming import FORWARD_IMAGES, StopForward, Stream, open_stream, resolve_layers
+from .accumulator import MAX_GRID_TOKENS, Accumulator, Moments
 from .result import SSDCResult
-from .sites import ProbeSites, StageSites, find_sites, find_stages, resolve_site
 from .spearman import DISTANCES
-from .ssdc_stats import _finish, _Probe
-from .streaming import (  # noqa: F401  (_batches, _Shard and the others: their old home, still importable)
-    FORWARD_IMAGES,
-    Stream,
-    _batches,
-    _check_images,
-    _data_signature,
-    _images_of,
-    _model_name,
-    _placement,
-    _resolve_layers,
-    _Shard,
-    _StopForward,
-    open_stream,
-)
+from .stats import Probe, finish
 
 __all__ = ["probe_ssdc", "REDUCTIONS", "DISTRIBUTED_MODES", "MAX_GRID_TOKENS"]
 
@@ -78,7 +66,7 @@ def probe_ssdc(
 
     For each probed layer, the patch tokens at ``site`` (prefix tokens dropped) are unit-normalised
     and their cosine-similarity map S (N x N) formed per image; SSDC = Spearman({S_ij}, {-D_ij}) over
-    i < j with D the distance on that layer's grid (see :func:`~timm_posgeom.probes.spearman.ssdc`).
+    i < j with D the distance on that layer's grid (see :func:`~timm_posgeom.probes.ssdc_probe.spearman.ssdc`).
 
     Args:
         model: a timm model: a flat ViT (see :mod:`.sites` for the families), or a hierarchical ViT,
@@ -87,7 +75,7 @@ def probe_ssdc(
         data: a tensor batch (B, C, H, W) (split into chunks of ``batch_size``), or any iterable of
             batches: tensors, (images, labels) tuples, or dicts with "image"/"pixel_values" (e.g. a
             DataLoader). Images must already be transformed for the model, at the size to probe
-            (:func:`~timm_posgeom.eval_data.eval_loader` with ``img_size``).
+            (:func:`~timm_posgeom.data.eval_data.eval_loader` with ``img_size``).
         site: ``auto`` (default: ``attn_input`` for a flat ViT, ``stage_output`` otherwise),
             ``attn_input`` (the paper's: the input of each block's attention, i.e. norm1's output),
             ``block_output`` (the residual stream) or ``stage_output`` (each feature map of timm's
@@ -130,11 +118,11 @@ def probe_ssdc(
         progress (bool): show a tqdm bar (on the main process only, when several share the probe).
         batch_size (int): chunk size when ``data`` is one tensor.
         distributed (str): how several processes (``accelerate launch``, ``torchrun``: see
-            :mod:`timm_posgeom.distributed`) share the probe. ``auto`` (default): alone, nothing
+            :mod:`timm_posgeom.measuring.distributed`) share the probe. ``auto`` (default): alone, nothing
             changes; launched as W > 1 processes, each takes global batches r, r + W, ... (the
             batches one process would read: chunks of ``batch_size`` of a tensor, or the data's own
             batches), cut at the global ``max_images``. A DataLoader over a map-style dataset read in
-            order (:func:`~timm_posgeom.eval_data.eval_loader`'s) is re-batched so that each process
+            order (:func:`~timm_posgeom.data.eval_data.eval_loader`'s) is re-batched so that each process
             loads only its own images; any other iterable is read whole by every process, which
             forwards only its own batches: it must yield the same batches in the same order
             everywhere (a shuffling DataLoader without a seeded generator is refused). ``presharded``:
@@ -170,7 +158,7 @@ def probe_ssdc(
         n_images, image_size = _reduce_across_processes(acc, n_images, image_size, stream.shard.seen)
     if n_images == 0 or image_size is None:
         raise ValueError("data yielded no images")
-    result = _finish(acc, probe, seed, n_images, image_size, model)
+    result = finish(acc, probe, seed, n_images, image_size, model)
     result.settings["alpha"] = alpha
     return result
 
@@ -190,7 +178,7 @@ def _check_probe(
     layers: Sequence[int] | None,
     permutations: int | None,
     forward_size: int | None,
-) -> _Probe:
+) -> Probe:
     """The call's own settings checked (before any data is read) and its probe sites found."""
     site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
@@ -208,17 +196,17 @@ def _check_probe(
         check_unpermuted(model, "probe_ssdc(rpi=False)")
     sites = find_stages(model) if site == "stage_output" else find_sites(model)
     depth = len(sites.names) if isinstance(sites, StageSites) else len(sites.blocks)
-    return _Probe(
-        site, sites, _resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1, forward_size
+    return Probe(
+        site, sites, resolve_layers(layers, depth), reduction, distance, rpi, count if rpi else 1, forward_size
     )
 
 
-def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
+def _accumulator(probe: Probe, seed: int) -> Accumulator:
     """The running sums of the call: under RPI one replica per permutation (seeds ``seed`` .. ``seed + K - 1``),
     else one replica with the jackknife's groups of images (from ``seed``)."""
     prefix = probe.num_prefix_tokens
     seeds = permutation_seeds(seed, probe.permutations) if probe.rpi else None
-    return _Accumulator(
+    return Accumulator(
         probe.layers,
         probe.reduction,
         probe.distance,
@@ -229,13 +217,13 @@ def _accumulator(probe: _Probe, seed: int) -> _Accumulator:
     )
 
 
-def _per_forward(probe: _Probe, batch: int) -> int:
+def _per_forward(probe: Probe, batch: int) -> int:
     """How many permutations one forward pass stacks for a batch of ``batch`` images."""
     limit = probe.forward_size or FORWARD_IMAGES
     return max(1, min(probe.permutations, limit // max(batch, 1)))
 
 
-def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) -> None:
+def _stream(model: nn.Module, probe: Probe, stream: Stream, acc: Accumulator) -> None:
     """This process's part of :func:`probe_ssdc`: the stream's batches through the model, under each
     permutation under RPI, into ``acc`` (the stream counts the images and keeps the first batch's size)."""
     sites = probe.sites
@@ -260,7 +248,7 @@ def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) 
                     else:
                         try:
                             model(x)
-                        except _StopForward:
+                        except StopForward:
                             pass
                     acc.end_batch()
     finally:
@@ -268,14 +256,14 @@ def _stream(model: nn.Module, probe: _Probe, stream: Stream, acc: _Accumulator) 
             h.remove()
 
 
-def _chunk_permutations(acc: _Accumulator, replicas: list[int]) -> Callable[[int], torch.Tensor]:
+def _chunk_permutations(acc: Accumulator, replicas: list[int]) -> Callable[[int], torch.Tensor]:
     """For a forward pass whose chunk r runs under permutation ``replicas[r]``: its (R, n) permutations of the n
     tokens the patch embedding emits."""
     return lambda n: acc.permutations_for(n)[replicas]
 
 
 def _reduce_across_processes(
-    acc: _Accumulator, n_images: int, image_size: tuple[int, int] | None, seen: int | None
+    acc: Accumulator, n_images: int, image_size: tuple[int, int] | None, seen: int | None
 ) -> tuple[int, tuple[int, int] | None]:
     """Make every process's accumulator hold the sums of all processes; returns (images, image size).
 
@@ -315,7 +303,7 @@ def _reduce_across_processes(
             acc.nonfinite[key] = acc.nonfinite.get(key, 0) + count
     for key, moments in (("index", acc.index_moments), ("content", acc.content_moments)):
         for slot in moments:
-            merged = _Moments()
+            merged = Moments()
             for s in states:
                 merged.merge(s[key][slot])
             moments[slot] = merged
@@ -339,7 +327,7 @@ def _merged_grids(states: list[dict[str, Any]], want_map: bool) -> dict[int, tup
     return grids
 
 
-def _sum_maps(acc: _Accumulator, grids: dict[int, tuple[int, int]]) -> None:
+def _sum_maps(acc: Accumulator, grids: dict[int, tuple[int, int]]) -> None:
     """Each layer's float64 summed maps (every slot), pairs and diagonal, summed across processes (all-reduce;
     a process without images adds zeros)."""
     for layer in acc.layers:  # the same layers, in the same order, on every process
@@ -354,7 +342,7 @@ def _sum_maps(acc: _Accumulator, grids: dict[int, tuple[int, int]]) -> None:
 
 
 def _forward_stages(
-    sites: StageSites, acc: _Accumulator, images: torch.Tensor, layers: list[int], handle: Any | None
+    sites: StageSites, acc: Accumulator, images: torch.Tensor, layers: list[int], handle: Any | None
 ) -> None:
     """One batch through ``forward_intermediates``; each feature map goes to the accumulator on its grid."""
     calls = handle.num_calls if handle is not None else 0

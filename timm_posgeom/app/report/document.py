@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ..intervals import t_quantile
-from ..shifts import PAPER_SHIFTS
+from ...data.shifts import PAPER_SHIFTS
+from ...results.intervals import t_quantile
+from ..records import StudyResults, StudyRun
 from .claims import (
     CHANCE_FACTOR,
     LABELS,
@@ -25,14 +26,7 @@ from .claims import (
     spread,
     spread_sp,
 )
-from .records import StudyResults, StudyRun
-from .report_figures import (
-    _by_condition,
-    _floats,
-    _fs,
-    _history,
-    _layers,
-    _sweep_order,
+from .figures import (
     fig_alpha_sweep,
     fig_attention_heads,
     fig_fragility,
@@ -41,8 +35,9 @@ from .report_figures import (
     fig_training,
     no_pe_floor,
 )
-from .report_header import report_header, report_intro, versions_text
-from .report_shift_size import fragility_at_size_lines
+from .header import report_header, report_intro, versions_text
+from .runs import by_condition, layer_mean_std, nan_for_none, run_fs, seed_history, sweep_order
+from .shift_size import fragility_at_size_lines
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -77,7 +72,7 @@ def _floor_line(results: StudyResults, delta: bool = False) -> str:
     )
 
 
-def _formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
+def formed_at(epochs: np.ndarray, mean_ssdc: np.ndarray) -> float | None:
     """First logged epoch from which the mean SSDC under RPI stays above SUBSTANTIAL, or None."""
     above = mean_ssdc > SUBSTANTIAL
     for i in range(len(epochs)):
@@ -96,23 +91,23 @@ def _monitor_split(results: StudyResults) -> str:
     )
 
 
-def _training_table(results: StudyResults) -> list[str]:
+def training_table(results: StudyResults) -> list[str]:
     rows = []
-    for c, runs in _by_condition(results).items():
-        epochs, ssdc_l, top1, records = _history(runs)
+    for c, runs in by_condition(results).items():
+        epochs, ssdc_l, top1, records = seed_history(runs)
         if not epochs.size:
             continue
         mean = np.nanmean(ssdc_l, 1)
         marks = [int(round(q * (len(epochs) - 1))) for q in (0.25, 0.5, 0.75, 1.0)]
-        formed = _formed_at(epochs, mean)
+        formed = formed_at(epochs, mean)
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
-        at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
+        at = [_short(spread([float(np.nanmean(nan_for_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
         rows.append(
             f"| {LABELS.get(c, c)} | "
             + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
             + f" | {'never' if formed is None else f'{formed:g}'} | "
-            + _short(spread(_floats(r.monitor_top1 for r in records[-1])))
+            + _short(spread(nan_for_none(r.monitor_top1 for r in records[-1])))
             + " |"
         )
     if not rows:
@@ -136,7 +131,7 @@ def _attention_table(results: StudyResults) -> list[str]:
     """Per condition and measured layer: mean attention distance (normal and under RPI), entropy and attention
     SSDC, each the mean over heads and seeds with its range; [] when no run has attention per head."""
     rows = []
-    for c, runs in _by_condition(results).items():
+    for c, runs in by_condition(results).items():
         summaries = [r.eval.attention for r in runs if r.eval.attention is not None]
         for k, layer in enumerate(summaries[0].layers if summaries else []):
             cells = [
@@ -163,16 +158,16 @@ def _attention_table(results: StudyResults) -> list[str]:
 
 def _head_range(rows: list[list[float | None]]) -> str:
     """``mean [min, max]`` over every head of ``rows`` (one list of heads per seed), NaN left out; n/a if none."""
-    values = np.array([v for row in rows for v in _floats(row)], dtype=float)
+    values = np.array([v for row in rows for v in nan_for_none(row)], dtype=float)
     values = values[np.isfinite(values)]
     if not values.size:
         return "n/a"
     return f"{values.mean():.3f} [{values.min():.3f}, {values.max():.3f}]"
 
 
-def _tables(results: StudyResults) -> list[str]:
+def study_tables(results: StudyResults) -> list[str]:
     """The study's tables: accuracy and fragility, SSDC across depth, and the alpha sweep when measured."""
-    by = _by_condition(results)
+    by = by_condition(results)
     return _accuracy_table(results, by) + _ssdc_table(results, by) + _alpha_sweep_tables(results, by)
 
 
@@ -186,8 +181,8 @@ def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> lis
     ]
     for c, runs in by.items():
         acc = spread([r.eval.clean_accuracy for r in runs]).text()
-        fj = spread([_fs(r, "jpeg:5") for r in runs]).text()
-        fb = spread([_fs(r, "blur:2.5:5") for r in runs]).text()
+        fj = spread([run_fs(r, "jpeg:5") for r in runs]).text()
+        fb = spread([run_fs(r, "blur:2.5:5") for r in runs]).text()
         pa = PAPER.get(c, (math.nan,) * 3)
         lines.append(
             f"| {LABELS.get(c, c)} | {len(runs)} | {acc} | {fj} | {fb} | {pa[0]:.3f} | {pa[1]:.3f} | {pa[2]:.3f} |"
@@ -203,7 +198,9 @@ def _accuracy_table(results: StudyResults, by: dict[str, list[StudyRun]]) -> lis
         ]
         for c, runs in by.items():
             lines.append(
-                f"| {LABELS.get(c, c)} | " + " | ".join(spread([_fs(r, s) for r in runs]).text() for s in extra) + " |"
+                f"| {LABELS.get(c, c)} | "
+                + " | ".join(spread([run_fs(r, s) for r in runs]).text() for s in extra)
+                + " |"
             )
     lines += fragility_at_size_lines(results)
     return lines
@@ -265,7 +262,7 @@ def _alpha_sweep_tables(results: StudyResults, by: dict[str, list[StudyRun]]) ->
                 "|---|" + "---|" * len(swept),
             ]
             alphas = swept[0][1][0].alphas
-            for i in _sweep_order(alphas):  # alpha upwards, as in the figure
+            for i in sweep_order(alphas):  # alpha upwards, as in the figure
                 a = alphas[i]
                 lines.append(
                     f"| {a:g} | "
@@ -298,12 +295,12 @@ def _short(s) -> str:
 
 def _layer_text(runs: list[StudyRun], key: str, source: str = "eval") -> str:
     """Per layer: the mean over seeds (± std with 2 seeds or more)."""
-    m, sd = _layers(runs, key, source)
+    m, sd = layer_mean_std(runs, key, source)
     many = sum(1 for r in runs if (r.eval.ssdc if source == "eval" else getattr(r, source)) is not None) > 1
     return ", ".join(f"{a:.3f}±{b:.3f}" if many else f"{a:.3f}" for a, b in zip(m, sd))
 
 
-def _claims_table(claims: list[dict[str, Any]]) -> list[str]:
+def claims_table(claims: list[dict[str, Any]]) -> list[str]:
     lines = [
         "## The paper's five claims in this run",
         "",
@@ -339,7 +336,7 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split("\n")).replace("|", "\\|")
 
 
-def _slug(heading: str) -> str:
+def heading_slug(heading: str) -> str:
     """A heading's anchor as GitHub writes it (lower case, punctuation dropped, spaces to hyphens); the
     HTML page uses the same (:func:`render_html`), so the contents' links work in both."""
     import re
@@ -350,7 +347,7 @@ def _slug(heading: str) -> str:
 def _contents(lines: list[str]) -> list[str]:
     """A table of contents: a link to every second-level heading in ``lines``."""
     heads = [line[3:].strip() for line in lines if line.startswith("## ")]
-    return ["## Contents", ""] + [f"- [{h}](#{_slug(h)})" for h in heads] + [""]
+    return ["## Contents", ""] + [f"- [{h}](#{heading_slug(h)})" for h in heads] + [""]
 
 
 def _place(lines: list[str], heading: str, block: list[str]) -> list[str]:
@@ -388,9 +385,9 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None, fi
     drawn = _draw_figures(out, results) if figures else _figures_present(out)
     title, varied = report_header(results)
     body = _with_figures(
-        _claims_table(evaluate_claims(results))
-        + _tables(results)
-        + _training_table(results)
+        claims_table(evaluate_claims(results))
+        + study_tables(results)
+        + training_table(results)
         + _attention_table(results),
         drawn,
     )
@@ -524,7 +521,7 @@ def render_html(md: str, figures: Path) -> str:
     import markdown
     from markdown.extensions.toc import TocExtension
 
-    toc = TocExtension(slugify=lambda value, separator: _slug(value))  # the anchors report.md links to
+    toc = TocExtension(slugify=lambda value, separator: heading_slug(value))  # the anchors report.md links to
     body = markdown.markdown(md, extensions=["tables", "sane_lists", toc], output_format="html")
     title = next((line[2:].strip() for line in md.splitlines() if line.startswith("# ")), "timm-posgeom report")
     title = html.escape(title.replace("`", ""))

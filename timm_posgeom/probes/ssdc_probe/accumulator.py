@@ -1,6 +1,6 @@
 """The probe's running sums: per layer, the summed similarity map and streaming per-image SSDC moments.
 
-:class:`_Accumulator` is the hook target of :func:`~timm_posgeom.probes.probe_ssdc`: it turns each probed
+:class:`Accumulator` is the hook target of :func:`~timm_posgeom.probes.probe_ssdc`: it turns each probed
 layer's tokens (B, N, C) into unit vectors, their cosine maps (B, N, N), and keeps only running sums, so
 memory does not grow with the number of images (docs/method.md#similarity-maps-and-probe-sites).
 """
@@ -13,13 +13,13 @@ import warnings
 import numpy as np
 import torch
 
-from ..errors import IntervalWarning
-from ..intervals import image_groups
-from ..interventions.draws import draw_permutations
-from ..measuring import sums_budget_error
+from ...errors import IntervalWarning
+from ...interventions.draws import draw_permutations
+from ...measuring.settings import sums_budget_error
+from ...results.intervals import image_groups
+from ..streaming import StopForward
 from .result import PerImageStats
-from .spearman import _distance_ranks, grid_positions, ssdc_pairs, upper_pairs
-from .streaming import _StopForward
+from .spearman import distance_ranks, grid_positions, ssdc_pairs, upper_pairs
 
 # the jackknife's (G, M) float64 group sums of every probed layer: past this (a 112 x 112 map's 20 sums take
 # 12.6 GB), the groups are summed into one and the interval over images is NaN, said in a warning
@@ -35,7 +35,7 @@ def _gram_pairs(z: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch
     return upper_pairs(sim, out=out), sim.diagonal(dim1=1, dim2=2)
 
 
-class _Moments:
+class Moments:
     """Streaming count / mean / sum of squared deviations of per-image values (Chan et al. merge)."""
 
     def __init__(self) -> None:
@@ -83,7 +83,7 @@ class _Moments:
         self.n = tot
 
 
-class _Accumulator:
+class Accumulator:
     """Hook target: turns the tokens of each probed layer into running sums.
 
     Each layer has its own token grid (one grid for every block of a flat ViT; one per stage of a
@@ -93,7 +93,7 @@ class _Accumulator:
     carries R of them as R equal chunks of its batch (the same images R times, chunk r permuted by replica
     ``replicas[r]``, :meth:`start_batch`). Without RPI there is one replica, and its summed map is kept per
     jackknife group of images (``groups``; group of image i from (``group_seed``, i)): the interval of the
-    mean map's SSDC over images (:func:`~timm_posgeom.intervals.jackknife_interval`). ``map_sum[layer]`` is
+    mean map's SSDC over images (:func:`~timm_posgeom.results.intervals.jackknife_interval`). ``map_sum[layer]`` is
     (pairs (S, M), diagonal (S, N)) float64 with slot ``replica * G + group`` (G = max(groups, 1)).
     """
 
@@ -122,8 +122,8 @@ class _Accumulator:
         self.grid: tuple[int, int] | None = None  # the image's patch grid (flat ViTs) for this batch
         self.grids: dict[int, tuple[int, int]] = {}  # each layer's grid (the first batch's, for the mean map)
         self.map_sum: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.index_moments = {(layer, k): _Moments() for layer in layers for k in range(self.num_replicas)}
-        self.content_moments = {(layer, k): _Moments() for layer in layers for k in range(self.num_replicas)}
+        self.index_moments = {(layer, k): Moments() for layer in layers for k in range(self.num_replicas)}
+        self.content_moments = {(layer, k): Moments() for layer in layers for k in range(self.num_replicas)}
         self._replicas: list[int] = [0]  # the replicas of this forward pass, one per chunk of its batch
         self._group_ids: torch.Tensor | None = None  # (B,) jackknife group of each image of the batch
         self._onehot: torch.Tensor | None = None  # (G, B) float32 one-hot of _group_ids, on the tokens' device
@@ -169,10 +169,10 @@ class _Accumulator:
 
     def distance_targets(self, grid: tuple[int, int], replica: int, device: torch.device) -> list:
         """[the index grid's centred distance ranks, and under RPI the content grid's of ``replica``]."""
-        targets = [_distance_ranks(grid, self.distance, None, device)]
+        targets = [distance_ranks(grid, self.distance, None, device)]
         if self.content_defined(grid):
             positions = grid_positions(grid)[self.permutations[grid[0] * grid[1]][replica].cpu()]
-            targets.append(_distance_ranks(grid, self.distance, positions, device))
+            targets.append(distance_ranks(grid, self.distance, positions, device))
         return targets
 
     def patch_tokens(self, layer: int, tokens: torch.Tensor) -> torch.Tensor:
@@ -196,7 +196,7 @@ class _Accumulator:
         """Hook callback of a flat ViT: ``tokens`` (R * B, T, C) on the batch's patch grid."""
         self.add(layer, self.patch_tokens(layer, tokens), self._batch_grid())
         if layer == self.last_layer:
-            raise _StopForward
+            raise StopForward
 
     def _batch_grid(self) -> tuple[int, int]:
         """The batch's patch grid (flat ViTs), as :meth:`start_batch` was given it."""

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import require
-from ..intervals import t_quantile
-from ..jsonio import dump_json, tagged
+from ...errors import require
+from ...results.intervals import t_quantile
+from ...results.jsonio import dump_json, tagged
 
 __all__ = ["SSDCResult", "PerImageStats", "SettingsRecord"]
 
@@ -174,7 +174,7 @@ class SSDCResult(SettingsRecord):
         layers) with its 95% interval, made as ``per_layer_ci`` is: under RPI the statistic of each
         permutation's vector, their mean and Student t interval; without RPI the statistic of ``per_layer``
         and the delete-a-group jackknife of its replicates. (NaN, NaN) where there are none."""
-        from ..intervals import jackknife_interval, t_interval
+        from ...results.intervals import jackknife_interval, t_interval
 
         if self.by_permutation is not None:
             values = [statistic(np.asarray(row, dtype=float)) for row in self.by_permutation]
@@ -288,7 +288,7 @@ class SSDCResult(SettingsRecord):
         FigureCanvasAgg = require("matplotlib.backends.backend_agg", "plotting").FigureCanvasAgg
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from ..plotting import fit_titles, save_figure, show_map
+        from ...results.plotting import fit_titles, save_figure, show_map
 
         mean_maps = self.mean_maps if maps else None
         idx = _spread(len(self.layers), max_maps) if mean_maps is not None else []

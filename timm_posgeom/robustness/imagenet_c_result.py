@@ -1,8 +1,8 @@
 """The result of an ImageNet-C run (:class:`ImageNetCResult`): accuracy and FS per corruption and severity,
 their means (``FS_c``, ``mean FS``, mCE's average of fragility scores), FS normalised by a reference's like mCE
 (``rFS``), and the result as JSON and as a markdown table. The definitions are in :mod:`.imagenet_c` and
-docs/method.md#imagenet-c; :func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` and
-:func:`~timm_posgeom.imagenet_c.imagenet_c_released` measure it."""
+docs/method.md#imagenet-c; :func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_fragility` and
+:func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_released` measure it."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from ..data.shifts import IMAGENET_C_CORRUPTIONS
+from ..results.jsonio import dump_json, tagged, to_jsonable
 from .imagenet_c_tree import SEVERITIES
-from .jsonio import dump_json, tagged, to_jsonable
 from .scores import FragilityResult
-from .shifts import IMAGENET_C_CORRUPTIONS
 
 __all__ = ["ImageNetCResult"]
 
 
-def _spec(name: str, severity: int) -> str:
+def imagenet_c_spec(name: str, severity: int) -> str:
     return f"imagenet-c:{name}:{severity}"
 
 
@@ -99,7 +99,10 @@ class ImageNetCResult:
         """
         table = reference.fs if isinstance(reference, ImageNetCResult) else reference
         missing = [
-            _spec(c, s) for c in self.corruptions for s in self.severities if c not in table or s not in table[c]
+            imagenet_c_spec(c, s)
+            for c in self.corruptions
+            for s in self.severities
+            if c not in table or s not in table[c]
         ]
         if missing:
             raise ValueError(

@@ -30,9 +30,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .interventions import PEEntry, PEScaleError, pe_inventory, pe_scale, token_permutation
-from .probes import probe_ssdc
-from .probes.sites import find_sites
+from ..interventions import PEEntry, PEScaleError, pe_inventory, pe_scale, token_permutation
+from . import probe_ssdc
+from .sites import find_sites
 
 __all__ = ["SupportRow", "check_support", "smooth_images"]
 
@@ -199,7 +199,7 @@ def check_support(
     cfg = getattr(model, "pretrained_cfg", None) or {}
     name = name or str(cfg.get("architecture") or type(model).__name__)
     if img_size is None:
-        from .transforms import resolve_config
+        from ..data.transforms import resolve_config
 
         img_size = tuple(resolve_config(model)["input_size"][1:])
     images = smooth_images(num_images, img_size)
@@ -399,7 +399,7 @@ def support_page(
             f"One small model of each of {len(rows)} timm model families (timm {timm_version}, timm-posgeom "
             f"{package_version}), random weights, a few smooth random images at the size shown. Every cell is "
             "measured, not declared: `python scripts/support_matrix.py` writes this page from "
-            "`timm_posgeom.support.check_support`, and `tests/test_support.py` runs the same rows in CI and fails "
+            "`timm_posgeom.probes.support.check_support`, and `tests/test_support.py` runs the same rows in CI and fails "
             "when a cell differs.",
             "",
             f"{flat} models are probed per block (flat ViTs, at the paper's `attn_input`), {staged} per stage "

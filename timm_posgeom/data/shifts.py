@@ -44,7 +44,7 @@ it on real images at every severity).
 
 Not reproduced from ImageNet-C: its release re-saves every corrupted image as JPEG (quality 85);
 here shifts are applied on the fly and the image goes straight to the model. The released images
-themselves can be evaluated with :func:`~timm_posgeom.imagenet_c.imagenet_c_released`.
+themselves can be evaluated with :func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_released`.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
-from .defaults import PAPER_SHIFTS, SPEC_FORMS
-from .errors import MissingDependencyError, one_line
+from ..defaults import PAPER_SHIFTS, SPEC_FORMS
+from ..errors import MissingDependencyError, one_line
 from .synthetic import seed32
 
 __all__ = [
@@ -365,7 +365,7 @@ def _corruption_functions() -> dict[str, Any]:
 def image_seed(seed: int, index: int, name: str) -> int:
     """The 32-bit seed of corruption ``name`` on image ``index`` of a run seeded by ``seed``.
 
-    A hash of the three (``blake2b``, see :func:`~timm_posgeom.synthetic.seed32`); it leaves out the
+    A hash of the three (``blake2b``, see :func:`~timm_posgeom.data.synthetic.seed32`); it leaves out the
     severity, so the five severities of a corruption make the same random draws on an image (the
     noise, the frost crop, the snow and elastic fields, the glass-blur swaps) and differ in strength only.
     """
@@ -408,7 +408,7 @@ class Corruption(Shift):
     def __init__(self, name: str, severity: int, seed: int = 0):
         super().__init__()
         self.name = _check_corruption_name(name)
-        self.severity = _check_severity(severity)
+        self.severity = check_severity(severity)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"the corruption seed must be an integer, got {seed!r}")
         self.seed = int(seed)
@@ -463,7 +463,7 @@ def _check_corruption_name(name: Any) -> str:
     return str(name)
 
 
-def _check_severity(severity: Any) -> int:
+def check_severity(severity: Any) -> int:
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
         raise ValueError(f"ImageNet-C severity must be an integer from 1 to 5, got {severity!r}")
     return int(severity)
@@ -479,7 +479,7 @@ def imagenet_c(name: str, severity: int) -> Shift:
     (the imagecorruptions package; :class:`MissingDependencyError` when it is not installed).
     """
     name = _check_corruption_name(name)
-    severity = _check_severity(severity)
+    severity = check_severity(severity)
     if name not in IMAGENET_C:
         return Corruption(name, severity)
     value = IMAGENET_C[name][severity - 1]
@@ -496,8 +496,8 @@ def imagenet_c_shifts(
     ``corruptions``: ``"all"`` (ImageNet-C's 15, :data:`IMAGENET_C_CORRUPTIONS`), ``"extra"`` (its 4
     extras), a comma-separated string or a sequence of names. Names are checked, duplicates refused.
     """
-    names = _corruption_list(corruptions)
-    levels = [_check_severity(s) for s in severities]
+    names = corruption_list(corruptions)
+    levels = [check_severity(s) for s in severities]
     if not levels:
         raise ValueError("no ImageNet-C severities given")
     if len(set(levels)) != len(levels):
@@ -505,7 +505,7 @@ def imagenet_c_shifts(
     return [f"imagenet-c:{name}:{s}" for name in names for s in levels]
 
 
-def _corruption_list(corruptions: str | Sequence[str]) -> list[str]:
+def corruption_list(corruptions: str | Sequence[str]) -> list[str]:
     if isinstance(corruptions, str):
         key = corruptions.strip().lower()
         if key == "all":

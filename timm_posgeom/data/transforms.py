@@ -24,8 +24,8 @@ from timm.data import resolve_data_config, resolve_model_data_config
 from timm.data.transforms import MaybePILToTensor, str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_eval
 
-from .errors import PosgeomError
-from .interventions import vlm_encoder
+from ..errors import PosgeomError
+from ..interventions import vlm_encoder
 from .shifts import Shift, parse_shift
 
 __all__ = [
@@ -202,7 +202,7 @@ def eval_transform(
     """PIL image -> normalised float tensor (3, H, W) for evaluation, with an optional shift.
 
     Steps: RGB, resize (``paper``: straight to (H, W); ``timm``: timm's resize + centre crop), the
-    shift on the uint8 image (a spec such as ``"jpeg:5"`` or a :class:`~timm_posgeom.shifts.Shift`),
+    shift on the uint8 image (a spec such as ``"jpeg:5"`` or a :class:`~timm_posgeom.data.shifts.Shift`),
     ``ToTensor`` (x / 255), ``Normalize(mean, std)`` of the data config.
 
     Args:

@@ -3,9 +3,9 @@ the model-input numbers of the accuracy table (docs/method.md#fragility-score-an
 
 from __future__ import annotations
 
+from ..records import StudyResults
 from .claims import LABELS
-from .records import StudyResults
-from .report_figures import _by_condition
+from .runs import by_condition
 from .verdicts import spread
 
 __all__ = ["fragility_at_size_lines"]
@@ -38,7 +38,7 @@ def fragility_at_size_lines(results: StudyResults) -> list[str]:
         + " |",
         "|---|---|" + "---|---|" * len(shifts),
     ]
-    for c, runs in _by_condition(results).items():
+    for c, runs in by_condition(results).items():
         sized = [r.eval.fragility_at_size for r in runs]
         cells = [spread([f.clean_accuracy if f else None for f in sized]).text()]
         for s in shifts:

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NonFiniteWarning, nonfinite_message, require
-from .jsonio import dump_json, tagged, to_jsonable
+from ..errors import NonFiniteWarning, nonfinite_message, require
+from ..results.jsonio import dump_json, tagged, to_jsonable
 
 __all__ = ["fragility_score", "wilson_interval", "paired_bootstrap_fs", "FragilityResult"]
 
@@ -222,7 +222,7 @@ class FragilityResult:
         if given."""
         Figure = require("matplotlib.figure", "plotting").Figure
 
-        from .plotting import fit_titles, save_figure
+        from ..results.plotting import fit_titles, save_figure
 
         if ax is None:
             fig = Figure(figsize=(1.8 + 1.5 * (1 + len(self.shifts)), 3.8), layout="constrained")

@@ -2,7 +2,7 @@
 
 :func:`~timm_posgeom.probes.probe_ssdc`, :func:`~timm_posgeom.probes.run_measures` (and the measures built
 on it), :func:`~timm_posgeom.robustness.fragility`, :func:`~timm_posgeom.robustness.alpha_sweep`,
-:func:`~timm_posgeom.imagenet_c.imagenet_c_fragility` and :func:`~timm_posgeom.imagenet_c.imagenet_c_released`
+:func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_fragility` and :func:`~timm_posgeom.robustness.imagenet_c.imagenet_c_released`
 read their images, batches, device, workers, seed, distributed mode and progress bar from one
 :class:`MeasureSettings`, passed as ``settings=``. The plain keywords keep working: a keyword named like a
 field (``batch_size=8``) overrides that field of ``settings`` (or of the defaults), and any other unknown
@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PosgeomError
+from ..errors import PosgeomError
 
 __all__ = [
     "MeasureSettings",
@@ -36,7 +36,7 @@ __all__ = [
 
 DISTRIBUTED_MODES = ("auto", "presharded", "off")
 RESIZE_MODES = ("paper", "timm")
-"""How an image is brought to the model's input size (:func:`~timm_posgeom.transforms.resize_transform`)."""
+"""How an image is brought to the model's input size (:func:`~timm_posgeom.data.transforms.resize_transform`)."""
 
 
 # What a request may cost (issue 54): each count is checked against it where it enters, here for every measuring
@@ -102,7 +102,7 @@ class MeasureSettings:
         resize: ``"paper"`` (straight to the input size) or ``"timm"`` (timm's resize + centre crop),
             for the functions that build their own loader from a split (``fragility``, ``alpha_sweep``,
             the ImageNet-C functions); ``probe_ssdc`` and ``run_measures`` read batches already
-            transformed (:func:`~timm_posgeom.eval_data.eval_loader`).
+            transformed (:func:`~timm_posgeom.data.eval_data.eval_loader`).
         img_size: the input size S or (H, W) for models that take any size, at most
             :data:`MAX_IMG_SIZE` a side; None: the model's own
             (where a loader is built, as ``resize``).

@@ -107,7 +107,7 @@ def _shape_mask(kind: str, cx: float, cy: float, r: float, size: int) -> torch.T
     return (0.5 - dist).clamp(0.0, 1.0)
 
 
-def _layout(label: int, g: torch.Generator) -> list[tuple[str, float, float]]:
+def class_layout(label: int, g: torch.Generator) -> list[tuple[str, float, float]]:
     """The shapes of class ``label`` as (kind, cx, cy), centres in fractions of the side."""
     u = _uniform
     if label < 4:
@@ -132,7 +132,7 @@ def _layout(label: int, g: torch.Generator) -> list[tuple[str, float, float]]:
 
 # Amplitude of the grating (in [0, 1] pixel units, along _CHROMA). At 0.2 a no-PE micro ViT learnt to read it
 # in the demo's 300 steps (top-1 0.79) but an RPT one did not (0.38); at 0.3 both did (0.89 and 0.47).
-_GRATING = 0.3
+GRATING_AMPLITUDE = 0.3
 _CHROMA = (1.0, -0.51, 0.0)  # red against green at constant luminance: 0.299 R + 0.587 G = 0
 
 
@@ -160,13 +160,13 @@ def render_synthetic(label: int, size: int, generator: torch.Generator) -> torch
     noise = pink_noise(size, 6, g, exponent=1.5)
     image = base + 0.18 * noise[:1] + 0.06 * noise[1:4]
     r = _uniform(g, 0.12, 0.17) * size
-    for shape, (kind, cx, cy) in enumerate(_layout(label, g)):
+    for shape, (kind, cx, cy) in enumerate(class_layout(label, g)):
         mask = _shape_mask(kind, cx * size, cy * size, r, size)
         mean = torch.tensor(_WARM if kind == "disc" else _COOL)
         colour = (mean + 0.1 * torch.randn(3, generator=g)).clamp(0, 1)[:, None, None]
         texture = colour + 0.06 * noise[4 + shape]
         image = image * (1 - mask) + texture * mask
-    image = image + _GRATING * grating(size) + 0.02 * torch.randn(3, size, size, generator=g)
+    image = image + GRATING_AMPLITUDE * grating(size) + 0.02 * torch.randn(3, size, size, generator=g)
     return (image.clamp(0, 1) * 255).round().to(torch.uint8)
 
 

@@ -1,6 +1,6 @@
 """Create a model to measure from any source: a timm name, ``hf-hub:ORG/NAME`` or ``local-dir:PATH``.
 
-Our own models are registered with timm by importing :mod:`timm_posgeom.models` (done here), so
+Our own models are registered with timm by importing :mod:`timm_posgeom.models` (this module's package), so
 ``local-dir:`` exports of our runs and ``hf-hub:`` repos of them load like any timm model.
 """
 
@@ -12,9 +12,8 @@ from typing import Any
 
 import torch.nn as nn
 
-from . import models as _models  # noqa: F401  (registers this package's models with timm)
-from .errors import PosgeomError
-from .measuring import MAX_CLASSES, MAX_IMG_SIZE
+from ..errors import PosgeomError
+from ..measuring.settings import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
     "create_model",
@@ -133,7 +132,7 @@ def cached_hub_source(name: str) -> str:
     ``config.json`` and its weights are there (a download or ``posgeom weights restore`` left them): the same files,
     read without the network (timm would ask the Hub first, whose retries take about 25 s offline before it reads
     the same cache). Any other name, a pinned revision (``@REV``) or a repository not cached is returned as it is."""
-    from .models.pretrained import WEIGHTS_FILE, cached_hub_file
+    from .pretrained import WEIGHTS_FILE, cached_hub_file
 
     prefix = next((p for p in ("hf-hub:", "hf_hub:") if name.startswith(p)), None)
     if prefix is None or "@" in name:

@@ -26,10 +26,10 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as F
 
-from .eval_data import prepare_shared, resized_item
-from .measuring import MAX_IMG_SIZE
-from .shifts import Shift
-from .transforms import resize_transform
+from ..data.eval_data import prepare_shared, resized_item
+from ..data.shifts import Shift
+from ..data.transforms import resize_transform
+from ..measuring.settings import MAX_IMG_SIZE
 
 __all__ = ["check_shift_size", "pre_resize", "ShiftedAtSize"]
 
@@ -48,7 +48,7 @@ def check_shift_size(shift_size: Any, on_device: bool = False) -> int | None:
 
 def pre_resize(cfg: Mapping[str, Any], shift_size: int) -> Any:
     """PIL -> PIL RGB ``shift_size`` x ``shift_size``, straight, with the interpolation of ``cfg`` (a resolved
-    timm data config): the geometry :func:`~timm_posgeom.transforms.resize_transform` gives a model of that size."""
+    timm data config): the geometry :func:`~timm_posgeom.data.transforms.resize_transform` gives a model of that size."""
     return resize_transform(dict(cfg, input_size=(3, shift_size, shift_size)), "paper")
 
 
@@ -59,7 +59,7 @@ def _as_pil(image: Any, mode: str) -> PIL.Image.Image:
 class ShiftedAtSize(Dataset):
     """Item i -> ((V, C, H, W) uint8, label, i): image i resized straight to ``shift_size`` (``pre``), clean and
     through each shift (``shift.for_image(image, i, seed)``), then each copy through the model's ``resize``
-    (see the module docstring). The pre-resized image of a :class:`~timm_posgeom.eval_data.DecodedImages`
+    (see the module docstring). The pre-resized image of a :class:`~timm_posgeom.data.eval_data.DecodedImages`
     is computed once and shared, as the model-input images are."""
 
     def __init__(self, data: Any, n: int, pre: Any, resize: Any, shifts: Sequence[Shift], seed: int = 0):

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .seeding import index_hash
+from ..measuring.seeding import index_hash
 
 __all__ = ["t_interval", "jackknife_interval", "image_groups", "t_quantile"]
 

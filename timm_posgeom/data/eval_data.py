@@ -1,7 +1,7 @@
 """Evaluation images: the one path from a data split to the batches a probe or an evaluation reads.
 
 Every command and the study turn a split into probe batches through :func:`eval_loader`, so the
-same model gets the same preprocessing everywhere: :func:`~timm_posgeom.transforms.eval_transform`
+same model gets the same preprocessing everywhere: :func:`~timm_posgeom.data.transforms.eval_transform`
 of the model's data config (``resize="paper"``: straight to the input size, as the paper; ``"timm"``:
 timm's resize + centre crop).
 
@@ -25,7 +25,7 @@ import torch.nn as nn
 import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
-from .data import ImageSplit, RelabeledSplit
+from . import ImageSplit, RelabeledSplit
 from .transforms import class_index, resize_transform, resolve_config
 
 __all__ = [
@@ -75,7 +75,7 @@ def first_items(data: Any, max_images: int | None) -> Any:
     if max_images < 1:
         raise ValueError(f"max_images must be >= 1, got {max_images}")
     if getattr(data, "features", None) is not None and hasattr(data, "take") and hasattr(data, "cast_column"):
-        from .data.hub import take_stream
+        from .hub import take_stream
 
         return take_stream(data, max_images)
     return list(itertools.islice(data, max_images))
@@ -204,7 +204,7 @@ def eval_loader(
 
     ``img_size`` (S or (H, W)): the input size, for models that take any size (default: the model's
     own, from its config); a model with one fixed other size is refused (see
-    :func:`~timm_posgeom.transforms.resolve_config`).
+    :func:`~timm_posgeom.data.transforms.resolve_config`).
 
     ``probe_ssdc`` reads these batches directly (it takes the images of an ``(images, labels)`` pair).
     """

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from .errors import require
+from ..errors import require
 
 __all__ = [
     "launched_world_size",
@@ -367,7 +367,7 @@ def shard_dataloader(
     of all processes' batches together; None when ``loader`` cannot be re-batched.
 
     Re-batched: a DataLoader over a map-style dataset read in order (a ``BatchSampler`` over a
-    ``SequentialSampler``, as :func:`~timm_posgeom.eval_data.eval_loader` builds). Its global batch k
+    ``SequentialSampler``, as :func:`~timm_posgeom.data.eval_data.eval_loader` builds). Its global batch k
     (items ``[kB, (k+1)B)``) goes to process k mod W, so each process decodes only its own images;
     ``limit`` keeps the first ``limit`` items (the batch crossing it is cut), as a single process
     stopping at ``max_images`` would. Workers, collate function, pinning ... are those of ``loader``.

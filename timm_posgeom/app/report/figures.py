@@ -1,6 +1,6 @@
 """The figures of a study's report (PNG), drawn from its results: SSDC across depth, fragility, the alpha
-sweep, the similarity maps, training curves and attention per head; and what they share with the report's
-tables (runs by condition, the no-PE floor, training curves averaged over seeds)."""
+sweep, the similarity maps, training curves and attention per head; and the no-PE floor, which the report's
+tables state too. The runs are read through :mod:`.runs`, as the tables read them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ..shifts import PAPER_SHIFTS
+from ...data.shifts import PAPER_SHIFTS
+from ..records import StudyResults
 from .claims import LABELS, SUBSTANTIAL, Spread, rpi_cube, spread, spread_sp
-from .records import HistoryPoint, StudyResults, StudyRun
+from .runs import by_condition, layer_mean_std, nan_for_none, run_fs, seed_history, seed_history_std, sweep_order
 
 __all__ = [
     "COLORS",
@@ -29,41 +30,12 @@ __all__ = [
 COLORS = {"nope": "#7f7f7f", "ape": "#1f77b4", "sincos": "#2ca02c", "rope": "#d62728", "rpt": "#9467bd"}
 
 
-def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
-    out: dict[str, list[StudyRun]] = {}
-    for run in results.runs:
-        out.setdefault(run.condition, []).append(run)
-    return out
-
-
-def _fs(run: StudyRun, shift: str) -> float | None:
-    """The run's fragility score under ``shift`` (None when not measured)."""
-    return (run.eval.fs or {}).get(shift)
-
-
-def _floats(values) -> list[float]:
-    """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
-    return [np.nan if v is None else v for v in values]
-
-
-def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
-    rows = []
-    for r in runs:
-        block = r.eval.ssdc if source == "eval" else getattr(r, source)
-        if block is not None and getattr(block, key):
-            rows.append(_floats(getattr(block, key)))
-    if not rows:
-        return np.array([]), np.array([])
-    arr = np.array(rows, dtype=float)
-    return np.nanmean(arr, 0), (np.nanstd(arr, 0, ddof=1) if len(rows) > 1 else np.zeros(arr.shape[1]))
-
-
 def no_pe_floor(results: StudyResults) -> tuple[list[Spread], Spread, Spread] | None:
     """The no-PE floor under RPI (docs/method.md#rpi-and-rpt): the SSDC a permuted model shows by chance,
     measured on the study's no-PE runs under the same permutations as every other model. Per layer, the
     mean over layers and delta SSDC, each over seeds x permutations (:func:`~.claims.spread_sp`); None
     without a no-PE run."""
-    runs = _by_condition(results).get("nope", [])
+    runs = by_condition(results).get("nope", [])
     cube = rpi_cube(runs)  # (seeds, permutations, layers)
     if cube.size == 0:
         return None
@@ -91,7 +63,7 @@ def _plt():
 
 def _band_note(results: StudyResults) -> str:
     """What a band over seeds is, for a legend: mean ± std over seeds (zero width with one seed)."""
-    n = {len(runs) for runs in _by_condition(results).values()}
+    n = {len(runs) for runs in by_condition(results).values()}
     return "band: ± std over seeds" + (" (none with 1 seed)" if 1 in n else "")
 
 
@@ -103,7 +75,7 @@ def _proxy_band(label: str) -> Any:
 
 def _save(fig: Any, path: Path, dpi: int = 120) -> None:
     """Fit the titles to the canvas, save, close."""
-    from ..plotting import fit_titles
+    from ...results.plotting import fit_titles
 
     fit_titles(fig)
     fig.savefig(path, dpi=dpi)
@@ -116,18 +88,18 @@ def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
     from matplotlib.lines import Line2D
 
     plt = _plt()
-    by = _by_condition(results)
+    by = by_condition(results)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True, layout="constrained")
     for ax, key, title in ((axes[0], "per_layer", "SSDC across depth"), (axes[1], "rpi_per_layer", "under RPI")):
         for c, runs in by.items():
-            m, s = _layers(runs, key)
+            m, s = layer_mean_std(runs, key)
             if m.size == 0:
                 continue
             x = np.arange(len(m))
             ax.set_xticks(x)
             ax.plot(x, m, "-o", color=COLORS.get(c), label=LABELS.get(c, c), ms=4)
             ax.fill_between(x, m - s, m + s, color=COLORS.get(c), alpha=0.2, lw=0, label="_band")
-            u, _ = _layers(runs, key, source="untrained")
+            u, _ = layer_mean_std(runs, key, source="untrained")
             if key == "per_layer" and u.size:
                 ax.plot(x, u, ":", color=COLORS.get(c), lw=1)
         ax.axhline(0, color="k", lw=0.5)
@@ -149,12 +121,12 @@ def fig_ssdc_depth(results: StudyResults, path: Path) -> None:
 def fig_fragility(results: StudyResults, path: Path) -> None:
     """FS per shift and condition: bars the mean over seeds, error bars ± std over seeds (none with one)."""
     plt = _plt()
-    by = _by_condition(results)
+    by = by_condition(results)
     shifts = sorted({s for r in results.runs for s in r.eval.fs or {}}, key=lambda s: (s not in PAPER_SHIFTS, s))
     fig, ax = plt.subplots(figsize=(max(5.5, 1.6 * len(shifts) + 3.5), 3.8), layout="constrained")
     width = 0.8 / max(1, len(by))
     for i, (c, runs) in enumerate(by.items()):
-        stats = [spread([_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
+        stats = [spread([run_fs(r, s) for r in runs]) for s in shifts]  # one seed: no error bar (std 0)
         ax.bar(
             np.arange(len(shifts)) + i * width,
             [s.mean for s in stats],
@@ -174,17 +146,12 @@ def fig_fragility(results: StudyResults, path: Path) -> None:
     _save(fig, path)
 
 
-def _sweep_order(alphas: list[float]) -> list[int]:
-    """Indices that put a sweep's alphas in increasing order (every figure and table runs alpha upwards)."""
-    return sorted(range(len(alphas)), key=lambda k: alphas[k])
-
-
 def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
     """Against alpha (increasing), delta SSDC under RPI (left) and JPEG q5 FS (right), one line per swept
     condition: the mean over seeds with a ± std band; with one seed, FS's band is its paired-bootstrap 95%
     interval over images. Two panels, no twin axes."""
     plt = _plt()
-    by = _by_condition(results)
+    by = by_condition(results)
     swept = [(c, [r.eval.alpha_sweep for r in runs if r.eval.alpha_sweep]) for c, runs in by.items()]
     swept = [(c, s) for c, s in swept if s]
     if not swept:
@@ -192,11 +159,11 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.0), sharex=True, layout="constrained")
     notes = set()
     for c, sweeps in swept:
-        order = _sweep_order(sweeps[0].alphas)
+        order = sweep_order(sweeps[0].alphas)
         alphas = np.asarray(sweeps[0].alphas, dtype=float)[order]
         color = COLORS.get(c)
         for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
-            arr = np.array([_floats(row) for row in rows], dtype=float)[:, order]
+            arr = np.array([nan_for_none(row) for row in rows], dtype=float)[:, order]
             m = np.nanmean(arr, 0)
             ax.plot(
                 alphas,
@@ -211,7 +178,7 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
                 ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("band: ± std over seeds")
             elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
-                ci = np.array([_floats(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
+                ci = np.array([nan_for_none(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
                 ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("FS band, 1 seed: paired bootstrap 95% interval")
     floor = no_pe_floor(results)
@@ -255,10 +222,10 @@ def _read_maps(path: Path) -> dict[str, Any] | None:
 def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     """Mean token-similarity maps of each condition's first seed: layers 0 and 1, normal and under RPI;
     diagonal masked (as in every map of the package), one colour scale and colour bar per condition."""
-    from ..plotting import MAP_LABEL, show_map
+    from ...results.plotting import MAP_LABEL, show_map
 
     plt = _plt()
-    by = _by_condition(results)
+    by = by_condition(results)
     rows = []
     for c, runs in by.items():
         maps_file = out / runs[0].run_dir / "maps.pt"
@@ -293,42 +260,10 @@ def fig_similarity_maps(out: Path, results: StudyResults, path: Path) -> bool:
     return True
 
 
-def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[HistoryPoint]]]:
-    """Training curves averaged over seeds at the epochs they share.
-
-    Returns epochs (E,), SSDC under RPI per layer (E, L) and top-1 on the monitor split (E,), both means over seeds,
-    and per epoch the seeds' records (for spreads); empty when no run logged SSDC under RPI during training.
-    """
-    by_epoch: dict[float, list[HistoryPoint]] = {}
-    for r in runs:
-        for rec in r.history or []:
-            if rec.rpi_ssdc:
-                by_epoch.setdefault(rec.epoch, []).append(rec)
-    if not by_epoch:
-        return np.array([]), np.zeros((0, 0)), np.array([]), []
-    epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
-    ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(_floats(rec.monitor_top1 for rec in by_epoch[e])) for e in epochs])
-    return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
-
-
-def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per epoch, the std over seeds of SSDC under RPI per layer (E, L) and of top-1 (E,); 0 with one seed."""
-
-    def sd(rows):
-        rows = np.asarray(rows, dtype=float)
-        return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
-
-    return (
-        np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
-        np.array([sd(_floats(r.monitor_top1 for r in recs)) for recs in records]),
-    )
-
-
 def fig_training(results: StudyResults, path: Path) -> bool:
     """SSDC under RPI per layer across training (one panel per condition), with top-1 on the monitor split."""
     plt = _plt()
-    curves = [(c, _history(runs)) for c, runs in _by_condition(results).items()]
+    curves = [(c, seed_history(runs)) for c, runs in by_condition(results).items()]
     curves = [(c, h) for c, h in curves if h[0].size]
     if not curves:
         return False
@@ -338,7 +273,7 @@ def fig_training(results: StudyResults, path: Path) -> bool:
     cmap = plt.get_cmap("viridis")
     for ax, (c, (epochs, ssdc_l, top1, records)) in zip(axes[0], curves):
         L = ssdc_l.shape[1]
-        ssdc_sd, top1_sd = _history_std(records)  # bands: mean ± std over seeds (none with one seed)
+        ssdc_sd, top1_sd = seed_history_std(records)  # bands: mean ± std over seeds (none with one seed)
         for layer in range(L):
             color = cmap(layer / max(1, L - 1))
             ax.plot(
@@ -386,7 +321,7 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
     plt = _plt()
     panels = [
         (c, [r.eval.attention for r in runs if r.eval.attention is not None])
-        for c, runs in _by_condition(results).items()
+        for c, runs in by_condition(results).items()
     ]
     panels = [(c, a) for c, a in panels if a]
     if not panels:
@@ -426,4 +361,4 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
 
 def _floats_2d(rows: list[list[float | None]]) -> list[list[float]]:
     """A (layers, heads) list of JSON numbers with None (NaN written by the JSON writer) back to NaN."""
-    return [_floats(row) for row in rows]
+    return [nan_for_none(row) for row in rows]
