@@ -289,12 +289,13 @@ def fake_study(root: Path, data: Path, seeds: int = 2) -> tuple[Path, list[str]]
     import timm
     import yaml
 
-    from timm_posgeom.app.hub import export_for_hub, weights_sha1
+    from timm_posgeom.app.hub import export_for_hub
     from timm_posgeom.app.records import RunEval, RunSummary
     from timm_posgeom.app.study import preset_config
     from timm_posgeom.app.study.measure import eval_settings
     from timm_posgeom.app.study.plan import make_plan, write_plan
     from timm_posgeom.data import data_identity, load_split
+    from timm_posgeom.models.pretrained import weights_sha1
 
     out = root / "study"
     config = preset_config("demo", data=str(data), conditions=("nope",), seeds=seeds)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import PosgeomError
 from ..jsonio import replacing, write_errors
-from ..models.pretrained import weights_sha1  # re-exported: its home is the library
+from ..models.pretrained import weights_sha1
 from .records import RunEval, RunSummary
 from .rundir import RunFileError, check_fields, read_json_file
 
@@ -29,7 +29,6 @@ __all__ = [
     "export_for_hub",
     "architecture_args",
     "HubExportError",
-    "weights_sha1",
     "check_safetensors",
     "card_template",
 ]

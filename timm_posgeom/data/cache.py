@@ -4,7 +4,6 @@ augment and normalise those tensors directly, so training is not bound by JPEG d
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..fingerprints import fingerprint
 from ..jsonio import replacing, write_errors
 from ..synthetic import SyntheticShapes
 from .augment import _normalize, _resize_uint8, _sample_seed, _stats, crop_flip
@@ -73,7 +73,7 @@ def cache_uint8(
     """
     file = None
     if cache_dir is not None:
-        key = hashlib.sha1(f"{split.fingerprint}|{img_size}|{interpolation}".encode()).hexdigest()[:20]
+        key = fingerprint(f"{split.fingerprint}|{img_size}|{interpolation}")
         file = Path(cache_dir) / f"uint8-{img_size}px-{key}.pt"
         if file.is_file():
             try:

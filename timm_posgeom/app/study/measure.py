@@ -5,7 +5,6 @@ module plans, resumes, fingerprints and writes: the numbers are the library's.""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable, write_errors
 from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
@@ -30,6 +30,7 @@ __all__ = [
     "check_evals",
     "eval_changes",
     "untrained_ssdc",
+    "untrained_path",
     "eval_settings",
     "ATTENTION_LAYERS",
     "ATTENTION_IMAGES",
@@ -380,17 +381,26 @@ def attention_summary(
     return _attention_record(measured)
 
 
+def untrained_path(run: PlannedRun, m: Measuring, out: Path) -> Path:
+    """Where the untrained SSDC of ``run`` is kept: ``<out>/untrained/<condition>_s<seed>-<key>.json``, the key the
+    :func:`~timm_posgeom.fingerprints.fingerprint` of the settings and the recipe (other settings: another
+    file). The settings go in under the names the first studies recorded them with, so the files of a study
+    begun then are found; and a file of timm-posgeom 0.1.0, whose key was cut to 10 hex digits, is found when
+    none has the full key (a resumed study does not measure its untrained models again)."""
+    former = {new: old for old, new in RENAMED_SETTINGS.items()}
+    settings = {former.get(k, k): v for k, v in m.settings.items()}
+    key = fingerprint(json.dumps(dict(settings, recipe=run.recipe.to_dict()), sort_keys=True))
+    path, kept = (out / "untrained" / f"{run.condition}_s{run.seed}-{k}.json" for k in (key, key[:10]))
+    return kept if not path.is_file() and kept.is_file() else path
+
+
 def untrained_ssdc(run: PlannedRun, m: Measuring, out: Path) -> SSDCSummary:
     """SSDC of the architecture untrained (same recipe, same seed): the static prior; kept in
-    ``<out>/untrained/`` under a key of the settings and the recipe."""
+    ``<out>/untrained/`` (:func:`untrained_path`), measured only when not kept there."""
     import timm
 
     recipe = run.recipe
-    # the settings under the names the first studies recorded them with: the files of a study begun then are found
-    former = {new: old for old, new in RENAMED_SETTINGS.items()}
-    settings = {former.get(k, k): v for k, v in m.settings.items()}
-    key = hashlib.sha1(json.dumps(dict(settings, recipe=recipe.to_dict()), sort_keys=True).encode()).hexdigest()[:10]
-    path = out / "untrained" / f"{run.condition}_s{run.seed}-{key}.json"  # other settings: another file
+    path = untrained_path(run, m, out)
     if path.is_file():
         return SSDCSummary.read(path)
     torch.manual_seed(run.seed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -14,10 +13,12 @@ from typing import Any
 
 from ...distributed import is_main
 from ...errors import PosgeomError, one_line
+from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
 from ...shifts import PAPER_SHIFTS
 from ..provenance import package_versions
+from ..records import ZooModel
 from ..rundir import NEUTRAL_KEYS
 
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
@@ -174,12 +175,36 @@ def filter_models(pattern: str, pretrained: str = "auto") -> list[str]:
 
 def safe_name(name: str) -> str:
     """A file name for a model: the name itself when it is made of ``[A-Za-z0-9._-]`` (timm's names),
-    else those characters with the rest as ``_`` plus 8 hex digits of the name's SHA-1 (no two names
-    share a file)."""
+    else those characters with the rest as ``_`` plus the name's
+    :func:`~timm_posgeom.fingerprints.fingerprint` (no two names share a file)."""
     clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
-    if clean == name:
-        return name
-    return f"{clean[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name if clean == name else f"{clean[:80]}-{fingerprint(name)}"
+
+
+def _former_safe_name(name: str) -> str:
+    """The file name timm-posgeom 0.1.0 gave a model: the name's SHA-1 cut to 8 hex digits."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return name if clean == name else f"{clean[:80]}-{fingerprint(name)[:8]}"
+
+
+def record_path(out: Path, name: str) -> Path:
+    """Where the zoo in ``out`` keeps the record of model ``name``: ``models/<safe_name(name)>.json``; when that
+    file is not there but one under the name timm-posgeom 0.1.0 gave it is (:func:`safe_name` with 8 hex
+    digits), that one, so that a resumed zoo keeps what it measured then. A record is written under the new
+    name (:func:`write_record`)."""
+    path = out / "models" / f"{safe_name(name)}.json"
+    former = out / "models" / f"{_former_safe_name(name)}.json"
+    return former if not path.is_file() and former.is_file() else path
+
+
+def write_record(out: Path, name: str, record: ZooModel) -> Path:
+    """Write the record of model ``name`` to ``models/<safe_name(name)>.json`` (atomically); a record of the model
+    under its former name (:func:`record_path`) is removed then: the new one replaces it."""
+    path = record.write(out / "models" / f"{safe_name(name)}.json")
+    former = out / "models" / f"{_former_safe_name(name)}.json"
+    if former != path:
+        former.unlink(missing_ok=True)
+    return path
 
 
 def is_main_process() -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import hashlib
 import math
 import time
 import traceback
@@ -17,6 +16,7 @@ import torch
 
 from ...distributed import fail_together
 from ...errors import NonFiniteWarning
+from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable
 from ...labels import map_by_name
 from ..records import SweepSummary, ZooModel
@@ -62,7 +62,7 @@ def weights_key(name: str, weights: str | None) -> str | None:
 
         root = Path(name[len("local-dir:") :]).expanduser().resolve()
         files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
-        digest = hashlib.sha1("\n".join(_file_key(str(p)) for p in files).encode()).hexdigest()[:16]
+        digest = fingerprint("\n".join(_file_key(str(p)) for p in files))
         return f"local-dir:{root}|{digest}"
     if name.startswith(("hf-hub:", "hf_hub:")):
         return _hub_revision(name.split(":", 1)[1].split("@")[0])

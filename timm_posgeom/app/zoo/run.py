@@ -14,7 +14,16 @@ from typing import Any
 from ...distributed import broadcast_object
 from ..records import ZooIndex, ZooModel
 from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
-from .config import _NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name
+from .config import (
+    _NO_MODELS,
+    ZooConfig,
+    ZooError,
+    config_from_settings,
+    is_main_process,
+    record_path,
+    safe_name,
+    write_record,
+)
 from .figures import write_outputs
 from .measure import measure_model, weights_key
 from .table import write_csv
@@ -94,7 +103,7 @@ def _model_lock(out: Path, name: str) -> tuple[RunLock | None, str]:
 def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
     """Whether the model has no ok record with these settings and its current weights (another shard may
     have written one since the plan was made)."""
-    path = out / "models" / f"{safe_name(name)}.json"
+    path = record_path(out, name)
     if not path.is_file():
         return True
     record = ZooModel.read(path)
@@ -114,7 +123,7 @@ def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[
     """(the records in ``out/models`` of ``names``, in that order; the names that have none yet)."""
     records, missing = [], []
     for name in names:
-        path = out / "models" / f"{safe_name(name)}.json"
+        path = record_path(out, name)
         if path.is_file():
             records.append(ZooModel.read(path))
         else:
@@ -205,7 +214,7 @@ def _start(zoo: _Zoo, asked: list[str], allow_changes: bool) -> tuple[list[str],
         if zoo.main:
             for name in names:
                 if name in records and name not in done and records[name].status == "ok":
-                    set_aside(zoo.out / "models" / f"{safe_name(name)}.json")
+                    set_aside(record_path(zoo.out, name))
             ZooIndex(settings=zoo.settings, models=names).write(zoo.out / "zoo.json")
     return names, records, done
 
@@ -289,7 +298,7 @@ def _write_record(zoo: _Zoo, name: str, record: ZooModel) -> str | None:
                 f"process's: {describe_changes(changes)}): {name} is not written, a table would mix two "
                 "measurements; measure into another --out, or run again with the zoo's settings"
             )
-        record.write(zoo.out / "models" / f"{safe_name(name)}.json")
+        write_record(zoo.out, name, record)
         records = read_records(zoo.out, zoo.names)[0]
         try:
             check_records(zoo.out, records, zoo.settings)
@@ -368,7 +377,7 @@ def _plan(
         changes.update(settings_changes("zoo", index.settings, settings))
     stale: set[str] = set()
     for name in names:
-        path = out / "models" / f"{safe_name(name)}.json"
+        path = record_path(out, name)
         if path.is_file():
             records[name] = record = ZooModel.read(path)
             if record.status == "ok":
