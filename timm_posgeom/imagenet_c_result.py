@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .imagenet_c_tree import SEVERITIES
-from .jsonio import dump_json, tagged, to_jsonable
+from .jsonio import dump_json, nan_if_none, tagged, to_jsonable
 from .scores import FragilityResult
 from .shifts import IMAGENET_C_CORRUPTIONS
 
@@ -179,10 +179,7 @@ class ImageNetCResult:
             corruptions = list(d["corruptions"])
 
             def table(t: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-                return {
-                    c: {s: (math.nan if t[c][str(s)] is None else float(t[c][str(s)])) for s in severities}
-                    for c in corruptions
-                }
+                return {c: {s: float(nan_if_none(t[c][str(s)])) for s in severities} for c in corruptions}
 
             counts = {
                 "clean": dict(d["counts"]["clean"]),
@@ -193,7 +190,7 @@ class ImageNetCResult:
                 corruptions=corruptions,
                 severities=severities,
                 num_images=int(d["num_images"]),
-                clean_accuracy=math.nan if clean is None else float(clean),
+                clean_accuracy=float(nan_if_none(clean)),
                 accuracy=table(d["accuracy"]),
                 fs=table(d["fs"]),
                 counts=counts,

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..intervals import t_quantile
+from ..jsonio import nan_if_none
 from ..shifts import PAPER_SHIFTS
 from .claims import (
     CHANCE_FACTOR,
@@ -28,7 +29,6 @@ from .claims import (
 from .records import StudyResults, StudyRun
 from .report_figures import (
     _by_condition,
-    _floats,
     _fs,
     _history,
     _layers,
@@ -107,12 +107,12 @@ def _training_table(results: StudyResults) -> list[str]:
         formed = _formed_at(epochs, mean)
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
-        at = [_short(spread([float(np.nanmean(_floats(r.rpi_ssdc))) for r in records[i]])) for i in marks]
+        at = [_short(spread([float(np.nanmean(nan_if_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
         rows.append(
             f"| {LABELS.get(c, c)} | "
             + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
             + f" | {'never' if formed is None else f'{formed:g}'} | "
-            + _short(spread(_floats(r.monitor_top1 for r in records[-1])))
+            + _short(spread(nan_if_none([r.monitor_top1 for r in records[-1]])))
             + " |"
         )
     if not rows:
@@ -163,7 +163,7 @@ def _attention_table(results: StudyResults) -> list[str]:
 
 def _head_range(rows: list[list[float | None]]) -> str:
     """``mean [min, max]`` over every head of ``rows`` (one list of heads per seed), NaN left out; n/a if none."""
-    values = np.array([v for row in rows for v in _floats(row)], dtype=float)
+    values = np.array([v for row in rows for v in nan_if_none(row)], dtype=float)
     values = values[np.isfinite(values)]
     if not values.size:
         return "n/a"

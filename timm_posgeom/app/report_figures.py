@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..jsonio import nan_if_none
 from ..shifts import PAPER_SHIFTS
 from .claims import LABELS, SUBSTANTIAL, Spread, rpi_cube, spread, spread_sp
 from .records import HistoryPoint, StudyResults, StudyRun
@@ -41,17 +42,12 @@ def _fs(run: StudyRun, shift: str) -> float | None:
     return (run.eval.fs or {}).get(shift)
 
 
-def _floats(values) -> list[float]:
-    """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
-    return [np.nan if v is None else v for v in values]
-
-
 def _layers(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
     rows = []
     for r in runs:
         block = r.eval.ssdc if source == "eval" else getattr(r, source)
         if block is not None and getattr(block, key):
-            rows.append(_floats(getattr(block, key)))
+            rows.append(nan_if_none(getattr(block, key)))
     if not rows:
         return np.array([]), np.array([])
     arr = np.array(rows, dtype=float)
@@ -196,7 +192,7 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
         alphas = np.asarray(sweeps[0].alphas, dtype=float)[order]
         color = COLORS.get(c)
         for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
-            arr = np.array([_floats(row) for row in rows], dtype=float)[:, order]
+            arr = np.array(nan_if_none(rows), dtype=float)[:, order]
             m = np.nanmean(arr, 0)
             ax.plot(
                 alphas,
@@ -211,7 +207,7 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
                 ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("band: ± std over seeds")
             elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
-                ci = np.array([_floats(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
+                ci = np.array(nan_if_none(sweeps[0].fs_interval["jpeg:5"]), dtype=float)[order]
                 ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("FS band, 1 seed: paired bootstrap 95% interval")
     floor = no_pe_floor(results)
@@ -307,8 +303,8 @@ def _history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
     if not by_epoch:
         return np.array([]), np.zeros((0, 0)), np.array([]), []
     epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
-    ssdc = np.array([np.nanmean([_floats(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(_floats(rec.monitor_top1 for rec in by_epoch[e])) for e in epochs])
+    ssdc = np.array([np.nanmean([nan_if_none(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
+    top1 = np.array([np.nanmean(nan_if_none([rec.monitor_top1 for rec in by_epoch[e]])) for e in epochs])
     return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
 
 
@@ -320,8 +316,8 @@ def _history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.ndar
         return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
 
     return (
-        np.array([sd([_floats(r.rpi_ssdc) for r in recs]) for recs in records]),
-        np.array([sd(_floats(r.monitor_top1 for r in recs)) for recs in records]),
+        np.array([sd([nan_if_none(r.rpi_ssdc) for r in recs]) for recs in records]),
+        np.array([sd(nan_if_none([r.monitor_top1 for r in recs])) for recs in records]),
     )
 
 
@@ -400,7 +396,7 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
             ("mean_distance", -0.08, dict(color=color)),
             ("rpi_mean_distance", 0.08, dict(facecolors="none", edgecolors=color)),
         ):
-            rows = [np.array(_floats_2d(getattr(a, key)), dtype=float) for a in summaries if getattr(a, key)]
+            rows = [np.array(nan_if_none(getattr(a, key)), dtype=float) for a in summaries if getattr(a, key)]
             if not rows:
                 continue
             x = np.asarray(summaries[0].layers, dtype=float)
@@ -422,8 +418,3 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
     axes[0][0].legend(fontsize=7)
     _save(fig, path)
     return True
-
-
-def _floats_2d(rows: list[list[float | None]]) -> list[list[float]]:
-    """A (layers, heads) list of JSON numbers with None (NaN written by the JSON writer) back to NaN."""
-    return [_floats(row) for row in rows]

@@ -6,7 +6,6 @@ module plans, resumes, fingerprints and writes: the numbers are the library's.""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,11 +335,7 @@ def _sweep_record(measured: Measurement, kept: SweepSummary | None) -> SweepSumm
 def _attention_record(measured: Measurement) -> AttentionSummary | None:
     """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures),
     normal and under RPI (the mean over the RPI permutations); None for a model whose attention cannot be
-    captured (a note says why)."""
-
-    def rows(values: Any) -> list[list[float | None]]:
-        return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
-
+    captured (a note says why). Numbers in their JSON form (lists, NaN as None)."""
     normal, shuffled = measured.extras.get("attention"), measured.extras.get("attention_rpi")
     if normal is None:
         return None
@@ -348,13 +343,13 @@ def _attention_record(measured: Measurement) -> AttentionSummary | None:
         n_images=int(normal.settings["n_images"]),
         layers=[int(k) for k in normal.layers],
         grid=[int(g) for g in normal.settings["grid_size"]],
-        mean_distance=rows(normal.mean_distance),
-        entropy=rows(normal.entropy),
-        ssdc=rows(normal.ssdc),
+        mean_distance=to_jsonable(normal.mean_distance),
+        entropy=to_jsonable(normal.entropy),
+        ssdc=to_jsonable(normal.ssdc),
     )
     if shuffled is not None:
-        summary.rpi_mean_distance = rows(shuffled.mean_distance)
-        summary.rpi_entropy, summary.rpi_ssdc = rows(shuffled.entropy), rows(shuffled.ssdc)
+        summary.rpi_mean_distance = to_jsonable(shuffled.mean_distance)
+        summary.rpi_entropy, summary.rpi_ssdc = to_jsonable(shuffled.entropy), to_jsonable(shuffled.ssdc)
         summary.rpi_permutations = measured.protocol.rpi_permutations
     return summary
 

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ...errors import PosgeomError
 from ...interventions import eval_mode
+from ...jsonio import to_jsonable
 from ...probes import pe_content_norm_ratio, pe_table_ssdc
 from ..records import RunSummary
 from .build import Session
@@ -88,10 +89,8 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
     # its collectives met theirs, the next ones of training: a crash or a hang under a launch)
     result = probe_ssdc(model, loader, rpi=True, seed=0, max_images=max_images, progress=False, distributed="off")
 
-    def rounded(v: float) -> float | None:
-        return round(float(v), 4) if math.isfinite(v) else None
-
-    return {"rpi_ssdc": [rounded(v) for v in result.per_layer], "rpi_delta_ssdc": rounded(result.delta)}  # under RPI
+    rounded = [round(float(v), 4) for v in result.per_layer]  # NaN stays NaN: written as None
+    return to_jsonable({"rpi_ssdc": rounded, "rpi_delta_ssdc": round(float(result.delta), 4)})  # under RPI
 
 
 def evaluate_now(s: Session) -> dict[str, Any]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
-from collections.abc import Iterable
 from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -227,14 +225,6 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
                 raise ZooError(f"the zoo's recorded {key} are {values[key]!r}, not a list: restore its zoo.json")
             values[key] = tuple(values[key])
     return ZooConfig(**values)
-
-
-def _floats(values: Iterable[float]) -> list[float | None]:
-    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
-
-
-def _num(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
 def _failure_text(error: BaseException) -> str:

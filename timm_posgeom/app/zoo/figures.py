@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...jsonio import write_atomic
+from ...jsonio import nan_if_none, write_atomic
 from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
@@ -49,7 +49,7 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
             values = getattr(r, key)
             if not values:
                 continue
-            y = [math.nan if v is None else v for v in values]
+            y = nan_if_none(values)
             x = relative_depth(len(y))
             ax.plot(
                 x,
@@ -64,8 +64,8 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
             if cis and len(cis) == len(y):
                 ax.fill_between(
                     x,
-                    [math.nan if c[0] is None else c[0] for c in cis],
-                    [math.nan if c[1] is None else c[1] for c in cis],
+                    nan_if_none([c[0] for c in cis]),
+                    nan_if_none([c[1] for c in cis]),
                     color=f"C{i % 10}",
                     alpha=0.15,
                     lw=0,

@@ -1,4 +1,7 @@
-"""One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record."""
+"""One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record.
+
+A record holds its numbers as they are written and read back (:func:`timm_posgeom.jsonio.to_jsonable`: lists,
+NaN as None), so that a record measured now and one read from its file are the same."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable
 from ...labels import map_by_name
 from ..records import SweepSummary, ZooModel
-from .config import EXTRAS, ZooConfig, _failure_text, _floats, _num, versions
+from .config import EXTRAS, ZooConfig, _failure_text, versions
 
 
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
@@ -218,32 +221,32 @@ def _ssdc(record: ZooModel, normal: Any, rpi: Any | None) -> None:
     record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
     record.probe_images = int(normal.settings["n_images"])
     record.ssdc, record.ssdc_ci, record.ssdc_mean_ci = _with_intervals(normal)
-    record.rise = _num(normal.rise)
-    record.rise_ci = _floats(normal.rise_ci) if normal.rise_ci else None
+    record.rise = to_jsonable(normal.rise)
+    record.rise_ci = to_jsonable(normal.rise_ci) if normal.rise_ci else None
     if rpi is not None:
         record.rpi_permutations = int(rpi.settings["rpi_permutations"])
         record.rpi_ssdc, record.rpi_ssdc_ci, record.rpi_ssdc_mean_ci = _with_intervals(rpi)
-        record.rpi_content_ssdc = _floats(rpi.content_per_layer or [])
-        record.rpi_delta_ssdc = _num(rpi.rise)
-        record.rpi_delta_ssdc_ci = _floats(rpi.rise_ci) if rpi.rise_ci else None
+        record.rpi_content_ssdc = to_jsonable(rpi.content_per_layer or [])
+        record.rpi_delta_ssdc = to_jsonable(rpi.rise)
+        record.rpi_delta_ssdc_ci = to_jsonable(rpi.rise_ci) if rpi.rise_ci else None
 
 
 def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | None]] | None, list[float | None]]:
     """(SSDC per layer, its 95% interval per layer, the interval of its mean over layers) of a probe."""
-    cis = [_floats(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
+    cis = [to_jsonable(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
     _, low, high = result.interval_of(lambda v: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan)
-    return _floats(result.per_layer), cis, _floats((low, high))
+    return to_jsonable(result.per_layer), cis, to_jsonable((low, high))
 
 
 def _fragility(record: ZooModel, frag: Any, labels: str | None) -> None:
     """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
     record.labels = labels
     record.num_images = frag.num_images
-    record.clean_accuracy = _num(frag.clean_accuracy)
-    record.clean_accuracy_ci = _floats(frag.clean_interval)
-    record.accuracy = {k: _num(v) for k, v in frag.accuracy.items()}
-    record.fs = {k: _num(v) for k, v in frag.fs.items()}
-    record.fs_interval = {k: _floats(v) for k, v in frag.fs_interval.items()}
+    record.clean_accuracy = to_jsonable(frag.clean_accuracy)
+    record.clean_accuracy_ci = to_jsonable(frag.clean_interval)
+    record.accuracy = {k: to_jsonable(v) for k, v in frag.accuracy.items()}
+    record.fs = {k: to_jsonable(v) for k, v in frag.fs.items()}
+    record.fs_interval = {k: to_jsonable(v) for k, v in frag.fs_interval.items()}
 
 
 def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
@@ -252,15 +255,15 @@ def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
     if "attention" in extras:
         att = extras["attention"]
         heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
-        record.attention_distance_heads = [_floats(row) for row in heads]
-        record.attention_distance = _floats(np.nanmean(heads, axis=1))
-        record.attention_entropy = _floats(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+        record.attention_distance_heads = [to_jsonable(row) for row in heads]
+        record.attention_distance = to_jsonable(np.nanmean(heads, axis=1))
+        record.attention_entropy = to_jsonable(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
     if "position" in extras:
         position = extras["position"]
-        record.position_accuracy = _floats(position.normal.accuracy)
+        record.position_accuracy = to_jsonable(position.normal.accuracy)
         record.position_chance = position.normal.chance["both"]
         if position.rpi is not None:
-            record.position_accuracy_rpi = _floats(position.rpi.accuracy)
+            record.position_accuracy_rpi = to_jsonable(position.rpi.accuracy)
         record.notes.extend(position.notes)
     others = {name: to_jsonable(result.to_dict()) for name, result in extras.items() if name not in EXTRAS}
     if others:
@@ -273,15 +276,17 @@ def _sweep(protocol: Any, ssdcs: list[Any], sweep: Any | None) -> SweepSummary:
     alphas = [float(a) for a in protocol.alphas]
     return SweepSummary(
         alphas=alphas,
-        delta_ssdc=_floats(r.rise for r in ssdcs),
-        fs={k: _floats(v) for k, v in sweep.fs.items()} if sweep is not None else {},
-        clean_accuracy=_floats(r.clean_accuracy for r in sweep.rows) if sweep is not None else [None] * len(alphas),
-        rpi_per_layer=[_floats(r.per_layer) for r in ssdcs],
+        delta_ssdc=to_jsonable([r.rise for r in ssdcs]),
+        fs={k: to_jsonable(v) for k, v in sweep.fs.items()} if sweep is not None else {},
+        clean_accuracy=to_jsonable([r.clean_accuracy for r in sweep.rows])
+        if sweep is not None
+        else [None] * len(alphas),
+        rpi_per_layer=[to_jsonable(r.per_layer) for r in ssdcs],
         fs_interval=(
-            {k: [_floats(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
+            {k: [to_jsonable(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
             if sweep is not None
             else None
         ),
         rpi_permutations=protocol.rpi_permutations,
-        delta_ssdc_ci=[_floats(r.delta_ci) for r in ssdcs],
+        delta_ssdc_ci=[to_jsonable(r.delta_ci) for r in ssdcs],
     )
