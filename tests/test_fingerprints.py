@@ -23,7 +23,9 @@ def _tree(root: Path) -> Path:
     for c in ("a", "b", "c"):
         (root / "validation" / c).mkdir(parents=True)
         for i in range(4):
-            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / "validation" / c / f"{i}.png")
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(
+                root / "validation" / c / f"{i}.png"
+            )
     return root
 
 

@@ -38,7 +38,7 @@ class MissingDependencyError(PosgeomError, ImportError):
 # The modules of the [app] extra (pyproject.toml) that the package imports: the application (training, study,
 # zoo, reports, Hub cards) and the command line need them; the library imports them only inside the functions
 # that use them, through :func:`require`.
-APP_MODULES = ("accelerate", "datasets", "matplotlib", "jinja2", "markdown", "yaml")
+APP_MODULES = ("accelerate", "datasets", "matplotlib", "jinja2", "markdown", "yaml", "filelock")
 
 
 def require(module: str, needed_for: str, extra: str = "app") -> ModuleType:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -68,18 +67,10 @@ def parse_shard(text: str) -> tuple[int, int]:
 @contextmanager
 def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
     """The zoo folder's lock, held briefly (reading and writing ``zoo.json`` and the combined outputs):
-    processes of other shards wait for it instead of being refused. The lock of a killed holder is taken
-    over (:class:`RunLock`)."""
+    processes of other shards wait for it (up to ``wait_s``) instead of being refused. The lock of a killed
+    holder is free (:class:`RunLock`)."""
     lock = RunLock(out)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            lock.acquire(say=say)
-            break
-        except RunDirError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    lock.acquire(say=say, wait_s=wait_s)
     try:
         yield
     finally:
@@ -88,8 +79,8 @@ def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
 
 def _model_lock(out: Path, name: str) -> tuple[RunLock | None, str]:
     """(the lock of one model's measurement, ``locks/<name>/.lock``, taken; or None and the refusal, naming its
-    holder and how to clear it, when another process holds it: a live one on this host, or one on another host,
-    which cannot be told from a process that is gone)."""
+    holder, when another process holds it: a live one, or one on another host, which cannot be told from a
+    process that is gone: the refusal says how to clear it)."""
     folder = out / "locks" / safe_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     lock = RunLock(folder)
