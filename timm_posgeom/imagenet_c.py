@@ -44,7 +44,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .errors import NonFiniteWarning, nonfinite_message
+from .errors import DataError, NonFiniteWarning, SettingError, nonfinite_message
 from .eval_data import check_split, eval_loader
 from .imagenet_c_result import ImageNetCResult, _spec
 from .imagenet_c_tree import (
@@ -157,7 +157,7 @@ def imagenet_c_fragility(
     """
     settings, _ = MeasureSettings.resolve("imagenet_c_fragility", settings, options)
     if settings.batch_size is None:
-        raise ValueError("batch_size must be an integer >= 1 (images per forward), got None")
+        raise SettingError("batch_size must be an integer >= 1 (images per forward), got None")
     names = _corruption_list(corruptions)
     levels = [_check_severity(s) for s in severities]
     specs = imagenet_c_shifts(names, levels)
@@ -251,7 +251,7 @@ def imagenet_c_released(
     """
     settings, own = MeasureSettings.resolve("imagenet_c_released", settings, options, _RELEASED_OPTIONS)
     if settings.max_images is not None:
-        raise ValueError(
+        raise SettingError(
             "imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
             f"of it): max_images does not apply, got {settings.max_images}"
         )
@@ -341,7 +341,7 @@ def _released_files(
     if classes is None:
         classes = getattr(data, "classes", None)
         if not classes:
-            raise ValueError("the clean split has no class names (data.classes): pass classes=[...] in label order")
+            raise DataError("the clean split has no class names (data.classes): pass classes=[...] in label order")
     classes = list(classes)
     matched = match_labels(model, data, own["labels"])  # a mismatch refused before the tree is read
     files = check_imagenet_c_tree(
@@ -359,7 +359,7 @@ def _released_files(
             "of the clean ones, so FS needs the same images (the whole clean split, not a subset)"
         )
     if own["clean_framing"] not in CLEAN_FRAMINGS:
-        raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
+        raise SettingError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
     if matched is not data:  # mapped by name: the released images' labels (indices of `classes`) map alike
         mapping = list(matched.mapping)
         files = [(path, mapping[label]) for path, label in files]

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DataError, ResultFileError
 from .imagenet_c_tree import SEVERITIES
 from .jsonio import dump_json, nan_if_none, tagged, to_jsonable
 from .scores import FragilityResult
@@ -102,7 +103,7 @@ class ImageNetCResult:
             _spec(c, s) for c in self.corruptions for s in self.severities if c not in table or s not in table[c]
         ]
         if missing:
-            raise ValueError(
+            raise DataError(
                 f"the reference lacks {len(missing)} of this result's corruptions and severities "
                 f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})"
             )
@@ -173,7 +174,7 @@ class ImageNetCResult:
         fragility result; for a reference. ValueError for another kind of file."""
         schema = d.get("schema") if isinstance(d, Mapping) else None
         if schema is not None and schema != "timm-posgeom/imagenet-c-result":
-            raise ValueError(f"not an ImageNet-C result (imagenet_c.json): a {schema!r} file")
+            raise ResultFileError(f"not an ImageNet-C result (imagenet_c.json): a {schema!r} file")
         try:
             severities = [int(s) for s in d["severities"]]
             corruptions = list(d["corruptions"])
@@ -198,7 +199,7 @@ class ImageNetCResult:
                 settings=dict(d.get("settings") or {}),
             )
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"not an ImageNet-C result (imagenet_c.json): missing or malformed {e}") from None
+            raise ResultFileError(f"not an ImageNet-C result (imagenet_c.json): missing or malformed {e}") from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> ImageNetCResult:
@@ -208,7 +209,9 @@ class ImageNetCResult:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (ValueError, KeyError, TypeError) as e:  # not JSON, or not an imagenet_c.json
-            raise ValueError(f"{path} is not an ImageNet-C result (imagenet_c.json): {type(e).__name__}: {e}") from None
+            raise ResultFileError(
+                f"{path} is not an ImageNet-C result (imagenet_c.json): {type(e).__name__}: {e}"
+            ) from None
 
     def to_markdown(self, digits: int = 3, reference: ImageNetCResult | None = None) -> str:
         """A table corruption x severity of FS, with FS_c and the mean top-1 per corruption, a row of means

@@ -15,7 +15,7 @@ from typing import Any
 import PIL.Image
 from torch.utils.data import Dataset
 
-from .errors import PosgeomError
+from .errors import PosgeomError, SettingError
 from .eval_data import split_item
 from .shifts import _check_severity, _corruption_list
 from .transforms import to_rgb
@@ -82,14 +82,14 @@ def check_imagenet_c_tree(
     if not root.is_dir():
         raise ImageNetCTreeError(f"ImageNet-C root {str(root)!r} is not a folder")
     if extra_classes not in ("error", "ignore"):
-        raise ValueError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
+        raise SettingError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
     names = _corruption_list(corruptions)
     levels = [_check_severity(s) for s in severities]
     folders = list(classes if class_folders is None else class_folders)
     if len(folders) != len(classes):
-        raise ValueError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
+        raise SettingError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
     if len(set(folders)) != len(folders):
-        raise ValueError(f"class folder names repeat: {_some([f for f, k in Counter(folders).items() if k > 1])}")
+        raise SettingError(f"class folder names repeat: {_some([f for f, k in Counter(folders).items() if k > 1])}")
     label_of = {f: i for i, f in enumerate(folders)}
     _check_layout(root, names, levels)
     reference: tuple[str, dict[str, list[str]]] | None = None

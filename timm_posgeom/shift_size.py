@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as F
 
+from .errors import SettingError
 from .eval_data import prepare_shared, resized_item
 from .measuring import MAX_IMG_SIZE
 from .shifts import Shift
@@ -40,9 +41,9 @@ def check_shift_size(shift_size: Any, on_device: bool = False) -> int | None:
     if shift_size is None:
         return None
     if isinstance(shift_size, bool) or not isinstance(shift_size, int) or not 1 <= shift_size <= MAX_IMG_SIZE:
-        raise ValueError(f"shift_size must be a size in px from 1 to {MAX_IMG_SIZE} or None, got {shift_size!r}")
+        raise SettingError(f"shift_size must be a size in px from 1 to {MAX_IMG_SIZE} or None, got {shift_size!r}")
     if on_device:
-        raise ValueError("blur_on_device blurs the batch at the model's input: it cannot apply a shift at shift_size")
+        raise SettingError("blur_on_device blurs the batch at the model's input: it cannot apply a shift at shift_size")
     return int(shift_size)
 
 

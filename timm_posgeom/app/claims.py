@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import SettingError
 from ..jsonio import nan_if_none
-from .records import StudyResults, StudyRun
+from .records import RecordError, StudyResults, StudyRun
 from .verdicts import (
     ALPHA,
     DEFAULT_RULE,
@@ -453,7 +454,7 @@ def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
     seen: set[tuple[str, int]] = set()
     for run in results.runs:
         if (run.condition, run.seed) in seen:
-            raise ValueError(f"the results hold {run.condition} seed {run.seed} twice")
+            raise RecordError(f"the results hold {run.condition} seed {run.seed} twice")
         seen.add((run.condition, run.seed))
         by.setdefault(run.condition, []).append(run)
     return by
@@ -493,7 +494,7 @@ def evaluate_claims(results: StudyResults, rule: str | Rule = DEFAULT_RULE) -> l
     :class:`~.verdicts.Rule` for any other combination)."""
     if isinstance(rule, str):
         if rule not in RULES:
-            raise ValueError(f"unknown verdict rule {rule!r}; the rules are {', '.join(RULES)}")
+            raise SettingError(f"unknown verdict rule {rule!r}; the rules are {', '.join(RULES)}")
         rule = RULES[rule]
     by = _by_condition(results)
     study = _Study(by, rule, min((len(v) for v in by.values()), default=0))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ..errors import PosgeomError
+from ..errors import PathNotFoundError, PosgeomError
 from ..measuring import MAX_IMG_SIZE, max_workers
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
@@ -430,7 +430,7 @@ def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
     name = Path(name_or_path).name.removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(
+    raise PathNotFoundError(
         f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
         f"shipped configs: {', '.join(shipped) or 'none'})"
     )
@@ -453,7 +453,7 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path).removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(
+    raise PathNotFoundError(
         f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
         f"recipes: {', '.join(shipped) or 'none'})"
     )

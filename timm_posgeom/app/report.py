@@ -43,6 +43,7 @@ from .report_figures import (
 )
 from .report_header import report_header, report_intro, versions_text
 from .report_shift_size import fragility_at_size_lines
+from .rundir import RunDirError
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
 
@@ -384,7 +385,7 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None, fi
     if results is None:
         results = StudyResults.read(out / "results.json")
     if not results.runs:
-        raise ValueError(f"{out / 'results.json'} has no finished runs yet")
+        raise RunDirError(f"{out / 'results.json'} has no finished runs yet")
     drawn = _draw_figures(out, results) if figures else _figures_present(out)
     title, varied = report_header(results)
     body = _with_figures(

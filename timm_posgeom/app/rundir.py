@@ -34,6 +34,8 @@ __all__ = [
     "RunLock",
     "RunDirError",
     "RunFileError",
+    "OutputExistsError",
+    "NotWritableError",
     "NEUTRAL_KEYS",
     "LEGACY_KEYS",
     "settings_changes",
@@ -100,6 +102,15 @@ LEGACY_KEYS: dict[str, dict[str, Any]] = {
 
 class RunDirError(PosgeomError, RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, not a run, or holding another recipe)."""
+
+
+class OutputExistsError(PosgeomError, FileExistsError):
+    """An output folder that already holds what a command would write (a training run, a study, weights from
+    elsewhere): ``--resume`` continues it, or another ``--out`` starts afresh."""
+
+
+class NotWritableError(PosgeomError, PermissionError):
+    """An output folder that cannot be created or written to."""
 
 
 class RunFileError(PosgeomError, ValueError):

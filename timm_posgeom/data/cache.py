@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import SettingError
 from ..fingerprints import fingerprint
 from ..jsonio import replacing, write_errors
 from ..synthetic import SyntheticShapes
@@ -121,7 +122,7 @@ class CachedTrainDataset(Dataset):
         augment: str = "crop_flip",
     ):
         if augment not in ("none", "crop_flip"):
-            raise ValueError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
+            raise SettingError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
         self.cache, self.crop_pad, self.hflip, self.seed, self.epoch = cache, crop_pad, hflip, seed, 0
         self.augment = augment
         self.mean, self.std = _stats(mean, std)

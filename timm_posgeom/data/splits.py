@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..errors import PosgeomError
+from ..errors import DataError, PosgeomError, SettingError
 from ..fingerprints import fingerprint
 from ..synthetic import SyntheticShapes
 from ..transforms import class_index, to_rgb
@@ -51,7 +51,7 @@ def split_name(available: Sequence[str], split: str) -> str:
             for alias in group:
                 if alias in available:
                     return alias
-    raise ValueError(f"no split {split!r} in the data; it has the split(s): {', '.join(available) or 'none'}")
+    raise DataError(f"no split {split!r} in the data; it has the split(s): {', '.join(available) or 'none'}")
 
 
 class ImageSplit(Dataset):
@@ -161,7 +161,7 @@ def check_images(split: ImageSplit, policy: str = "error", progress: bool = Fals
     ``"skip"``: return the split without them, with ``skipped`` listing where each was.
     """
     if policy not in BAD_IMAGE_POLICIES:
-        raise ValueError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
+        raise SettingError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
     if isinstance(split.items, SyntheticShapes):  # rendered, never decoded: nothing can be damaged
         split.skipped = []
         return split
@@ -210,7 +210,7 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
     index = {name: i for i, name in enumerate(classes)}
     missing = [c for c in split.classes if c not in index]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
             f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name"
         )

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import PathNotFoundError, SettingError
 from ...jsonio import write_json
 from .config import StudyConfig, check_init
 
@@ -96,7 +97,7 @@ def _run_overrides(config: StudyConfig, seed: int) -> tuple[str, ...]:
     check_init(config.init)
     overrides = list(config.train_overrides)
     if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):  # the study's seeds would replace it
-        raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
+        raise SettingError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
     if config.init is not None:
         overrides.append(f"model_kwargs.init={config.init}")
     if config.heldout_fraction is not None:
@@ -173,7 +174,7 @@ def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]
             try:
                 resolve_source(item["data"])
             except FileNotFoundError as e:
-                raise FileNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
+                raise PathNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
     if config.accelerate_config:
         accelerate_config(config)
     return plan

@@ -21,7 +21,15 @@ from ...distributed import broadcast_object
 from ...errors import one_line
 from ...jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
-from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
+from ..rundir import (
+    OutputExistsError,
+    RunDirError,
+    check_fields,
+    describe_changes,
+    read_json_file,
+    read_yaml_file,
+    settings_changes,
+)
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog, check_tracker_project, check_trackers
 from .monitor import build_monitor, carve_monitor
@@ -409,13 +417,13 @@ def _check_run_dir(
     finished = (out / "summary.json").is_file()
     exports = [n for n in ("export", "export_ema") if (out / n).exists()]
     if exports and not finished and checkpoint is None:  # weights from elsewhere (a download, a copy): not ours
-        raise FileExistsError(
+        raise OutputExistsError(
             f"{out} holds {' and '.join(exports)} but no training run (no summary.json or "
             "checkpoint): a run would overwrite it; choose another --out"
         )
     if (checkpoint is not None or finished) and not resume:
         what = f"checkpoints ({checkpoint.name})" if checkpoint is not None else "a finished run (summary.json)"
-        raise FileExistsError(
+        raise OutputExistsError(
             f"{out} already holds {what}: pass --resume to continue that run, or choose another --out"
         )
     if resume and finished and checkpoint is None:

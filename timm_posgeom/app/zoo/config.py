@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ...distributed import is_main
-from ...errors import PosgeomError, one_line
+from ...errors import PathNotFoundError, PosgeomError, SettingError, one_line
 from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
@@ -95,11 +95,11 @@ class ZooConfig:
             if self.probe_images is None:
                 self.probe_images = images
         if self.bad_images not in ("error", "skip"):
-            raise ValueError(f"bad_images must be error or skip, got {self.bad_images!r}")
+            raise SettingError(f"bad_images must be error or skip, got {self.bad_images!r}")
         if self.pretrained not in PRETRAINED_MODES:
-            raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
+            raise SettingError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         if self.alphas is not None and not self.alphas:
-            raise ValueError("alphas is empty")
+            raise SettingError("alphas is empty")
         self.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
 
     def protocol(self, progress: bool = False) -> Protocol:
@@ -112,10 +112,10 @@ class ZooConfig:
     def _check_sweep(self) -> None:
         """ValueError for an empty list of alphas, or components named without a sweep (or unknown)."""
         if self.alphas is not None and not self.alphas:
-            raise ValueError("alphas is empty")
+            raise SettingError("alphas is empty")
         if self.alpha_components is not None:
             if self.alphas is None or not self.alpha_components:
-                raise ValueError("alpha_components names the PE components of an alpha sweep: give alphas too")
+                raise SettingError("alpha_components names the PE components of an alpha sweep: give alphas too")
             check_alpha_spec(dict.fromkeys(self.alpha_components, 1.0))  # known component names
 
     def probe_count(self) -> int:
@@ -145,7 +145,7 @@ def read_models_file(path: str | os.PathLike) -> list[str]:
     """Model names from a text file: one per line; ``#`` starts a comment; blank lines ignored."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"models file not found: {path}")
+        raise PathNotFoundError(f"models file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...distributed import fail_together
-from ...errors import NonFiniteWarning
+from ...errors import NonFiniteWarning, SettingError
 from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable
 from ...labels import map_by_name
@@ -104,7 +104,7 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
         has_weights = timm.models.is_model_pretrained(name)
         if config.pretrained == "on" and not has_weights:
-            raise ValueError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
+            raise SettingError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
         pretrained = has_weights
     record.weights = "loaded" if record.source != "timm" else ("pretrained" if pretrained else "random-init")
     torch.manual_seed(config.seed)

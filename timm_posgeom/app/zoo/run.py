@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...distributed import broadcast_object
+from ...errors import SettingError
 from ..records import ZooIndex, ZooModel
 from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
 from .config import (
@@ -58,9 +59,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         k, n = (int(v) for v in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
+        raise SettingError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
     if not (n >= 1 and 0 <= k < n):
-        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+        raise SettingError(f"--shard K/N needs 0 <= K < N, got {text!r}")
     return k, n
 
 
