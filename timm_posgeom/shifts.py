@@ -522,7 +522,9 @@ def _corruption_list(corruptions: str | Sequence[str]) -> list[str]:
 
 
 def _bad_spec(spec: Any, why: str = "") -> SettingError:
-    return SettingError(f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS))
+    return SettingError(
+        f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS)
+    )
 
 
 def _to_int(text: str, spec: str, what: str) -> int:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -25,8 +27,11 @@ import yaml
 from ..errors import PathNotFoundError, PosgeomError
 from ..measuring import MAX_IMG_SIZE, max_workers
 
-if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
-    from importlib.resources.abc import Traversable
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:  # its home before Python 3.11
+        from importlib.abc import Traversable
 
 __all__ = [
     "Recipe",
@@ -332,7 +337,7 @@ def _to_dict(value: Any) -> dict:
 
 
 # how a YAML-parsed value becomes each plain annotation of a recipe field (lists: _coerce, item by item)
-_COERCERS = {bool: _to_bool, int: _to_int, float: _to_float, str: str, dict: _to_dict}
+_COERCERS: dict[type, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: str, dict: _to_dict}
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:

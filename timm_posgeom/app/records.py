@@ -68,6 +68,7 @@ __all__ = [
     "READABLE_VERSIONS",
     "RecordError",
     "RENAMED_KEYS",
+    "Num",
     "Record",
     "RunSummary",
     "SSDCSummary",

@@ -206,8 +206,8 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
                 sd = np.nanstd(arr, 0, ddof=1)
                 ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("band: ± std over seeds")
-            elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
-                ci = np.array(nan_if_none(sweeps[0].fs_interval["jpeg:5"]), dtype=float)[order]
+            elif ax is right and (band := (sweeps[0].fs_interval or {}).get("jpeg:5")):
+                ci = np.array(nan_if_none(band), dtype=float)[order]
                 ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("FS band, 1 seed: paired bootstrap 95% interval")
     floor = no_pe_floor(results)

@@ -247,15 +247,16 @@ class RunLock:
         process that is gone is said through ``say``. OSError when ``out`` is not writable."""
         from filelock import Timeout
 
-        me = dict(pid=os.getpid(), host=socket.gethostname(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        host = socket.gethostname()
+        me = dict(pid=os.getpid(), host=host, started=time.strftime("%Y-%m-%d %H:%M:%S"))
         try:
             self._lock.acquire(timeout=wait_s)
         except Timeout:
-            raise self._refusal(self._holder(), me["host"]) from None
+            raise self._refusal(self._holder(), host) from None
         former = self._holder()
-        if former is not None and former.get("host") != me["host"]:
+        if former is not None and former.get("host") != host:
             self._lock.release()
-            raise self._refusal(former, me["host"])
+            raise self._refusal(former, host)
         if former is not None:
             say(f"taking over the lock of {self.file.parent}: its holder process {former.get('pid')} is gone")
         try:

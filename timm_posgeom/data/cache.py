@@ -47,7 +47,8 @@ class _ResizeItems(Dataset):
         items, item = self.split.items, index
         source = self.split
         while isinstance(source, SubsetSplit):  # a subset's item i is its parent's item indices[i]
-            source, item = source.split, source.indices[item]
+            item = source.indices[item]
+            source = source.split
         if isinstance(items, SyntheticShapes) and items.img_size == self.img_size:
             return items.render(item)
         image, _ = self.split[index]

@@ -17,7 +17,7 @@ from ...fingerprints import fingerprint
 from ...jsonio import to_jsonable, write_errors
 from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
-from ..records import AttentionSummary, RunEval, RunSummary, SSDCSummary, SweepSummary
+from ..records import AttentionSummary, Num, RunEval, RunSummary, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
 from .fragility_at_size import at_size_record
@@ -272,7 +272,7 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         raise StudyError(f"SSDC not measured: {'; '.join(measured.notes)}")
     maps = {}
     for key, res in (("normal", normal), ("rpi", rpi)):
-        if res.mean_maps is not None:
+        if isinstance(res.mean_maps, torch.Tensor):  # a flat ViT's (L, N, N); a staged model's list is not kept
             maps[key] = res.mean_maps[:2].clone()
     if rpi.permutation is not None and "rpi" in maps:
         maps["permutation"] = rpi.permutation.clone()
@@ -280,14 +280,14 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         with write_errors(maps_path):  # a full disk: one line
             torch.save(maps, maps_path)
 
-    def means(res: Any) -> list[float] | None:
+    def means(res: Any) -> list[Num] | None:
         return [s.mean for s in res.per_image] if res.per_image else None
 
-    def stds(res: Any) -> list[float] | None:
+    def stds(res: Any) -> list[Num] | None:
         return [s.std for s in res.per_image] if res.per_image else None
 
-    def pairs(ci: Any) -> list[list[float]] | None:
-        return [list(c) for c in ci] if ci is not None else None
+    def pairs(rows: Any) -> list[list[Num]] | None:  # per layer (an interval) or per permutation (the layers)
+        return [list(row) for row in rows] if rows is not None else None
 
     return SSDCSummary(
         n_images=int(rpi.settings["n_images"]),
@@ -301,7 +301,7 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         rpi_per_image_mean=means(rpi),
         rpi_per_image_std=stds(rpi),
         rpi_permutations=list(rpi.settings["permutation_seeds"]),
-        rpi_by_permutation=rpi.by_permutation,
+        rpi_by_permutation=pairs(rpi.by_permutation),
         per_layer_ci=pairs(normal.per_layer_ci),
         rise_ci=list(normal.rise_ci) if normal.rise_ci else None,
         rpi_per_layer_ci=pairs(rpi.per_layer_ci),
@@ -314,19 +314,25 @@ def _sweep_record(measured: Measurement, kept: SweepSummary | None) -> SweepSumm
     measured with the same alphas, shifts and images under other RPI permutations) only the sweep's SSDC was
     measured now, and its FS is kept."""
     ssdcs, sweep, k = measured.sweep_ssdc, measured.alpha_sweep, measured.protocol.rpi_permutations
-    if ssdcs is None or (sweep is None and kept is None):
+    if ssdcs is None:
+        return None
+    fs: dict[str, list[Num]]
+    clean: list[Num]
+    fs_interval: dict[str, list[list[Num]]] | None
+    if sweep is not None:
+        fs, clean = {s: list(v) for s, v in sweep.fs.items()}, [r.clean_accuracy for r in sweep.rows]
+        fs_interval = {s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts}
+    elif kept is not None:
+        fs, clean, fs_interval = kept.fs, kept.clean_accuracy, kept.fs_interval
+    else:
         return None
     return SweepSummary(
         alphas=[float(a) for a in measured.protocol.alphas],
         delta_ssdc=[r.rise for r in ssdcs],
-        fs=sweep.fs if sweep is not None else kept.fs,  # type: ignore[union-attr]
-        clean_accuracy=[r.clean_accuracy for r in sweep.rows] if sweep is not None else kept.clean_accuracy,  # type: ignore[union-attr]
+        fs=fs,
+        clean_accuracy=clean,
         rpi_per_layer=[list(r.per_layer) for r in ssdcs],
-        fs_interval=(
-            {s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts}
-            if sweep is not None
-            else kept.fs_interval  # type: ignore[union-attr]
-        ),
+        fs_interval=fs_interval,
         rpi_permutations=k,
         delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs],
     )

@@ -48,7 +48,7 @@ class PlannedRun:
         if config.device is not None:
             args += ["--device", config.device]
         if config.accelerate_config:
-            return ["accelerate", "launch", "--config_file", accelerate_config(config), *args]
+            return ["accelerate", "launch", "--config_file", accelerate_config(config.accelerate_config), *args]
         return [sys.executable, *args]
 
     def to_dict(self, config: StudyConfig) -> dict[str, Any]:
@@ -176,12 +176,13 @@ def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]
             except FileNotFoundError as e:
                 raise PathNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
     if config.accelerate_config:
-        accelerate_config(config)
+        accelerate_config(config.accelerate_config)
     return plan
 
 
-def accelerate_config(config: StudyConfig) -> str:
-    """The accelerate config file: a path, or the name of one shipped with the package (``1gpu``)."""
+def accelerate_config(name: str) -> str:
+    """The accelerate config file a study's ``accelerate_config`` names: a path, or the name of one shipped with
+    the package (``1gpu``)."""
     from ..recipe import find_accelerate_config
 
-    return str(find_accelerate_config(config.accelerate_config))
+    return str(find_accelerate_config(name))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,7 @@ def run_study(
     return results
 
 
-def _trained_first(runs: list[PlannedRun]) -> list[PlannedRun]:
+def _trained_first(runs: Sequence[PlannedRun]) -> list[PlannedRun]:
     """The runs with a finished training first (each measured, or its record reused, in seconds to minutes),
     then the ones still to train, each group in the plan's order: ``results.json`` is rewritten after every
     run with the runs this invocation has done, so an interrupted resume keeps every trained run in it

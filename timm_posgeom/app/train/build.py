@@ -108,7 +108,7 @@ def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any,
     (``bad_images``); the main process first (a download or cache made once)."""
     from ... import data as D
 
-    hub = dict(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
+    hub = D.HubOptions(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
     with accelerator.main_process_first():
         # on synthetic data, max_*_images is the number of images generated (else 5000 and 1000)
         train_split = D.load_split(
@@ -297,7 +297,7 @@ def _known_optimizers(asked: str) -> str:
 
     close = difflib.get_close_matches(str(asked).lower(), list_optimizers(), n=3, cutoff=0.5)
     return (
-        f"did you mean {', '.join(close)}? " if close else ""
+        f"did you mean {', '.join(map(str, close))}? " if close else ""
     ) + "timm.optim.list_optimizers() lists timm's optimizers"
 
 
@@ -323,7 +323,7 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> torch.optim.Optimizer:
     weight-decay groups (``wd_exclude_1d``, ``wd_exclude_model``)."""
     from timm.optim import create_optimizer_v2
 
-    opt_kwargs = {
+    opt_kwargs: dict[str, Any] = {  # the optimizer's own arguments, passed on by timm
         k: v
         for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
         if v is not None

@@ -99,7 +99,7 @@ def evaluate_now(s: Session) -> dict[str, Any]:
     ``monitor`` names it too."""
     check_finite(s)
     prefix, loader = monitor_prefix(s.monitor), s.val_loader if s.monitor is None else s.monitor.loader
-    result = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
+    result: dict[str, Any] = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_{prefix}_{k}": v for k, v in evaluate_top1(s.ema.module, loader, s.accelerator).items()})
     result.update(
@@ -130,7 +130,7 @@ def validate_at_end(s: Session) -> dict[str, Any]:
     held-out monitor, measured now, once, and logged as a ``validation`` record."""
     if s.monitor is None:
         return s.eval_result
-    result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
+    result: dict[str, Any] = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
     result.update(

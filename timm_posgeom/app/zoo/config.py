@@ -134,7 +134,7 @@ class ZooConfig:
 
         kind, where = resolve_source(self.data)
         values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
-        values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
+        values["data"] = os.path.abspath(where) if kind == "local" and where else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
         if values.get("alpha_components") is None:  # absent, as in the records written before it existed
             values.pop("alpha_components", None)

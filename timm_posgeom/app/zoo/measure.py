@@ -77,8 +77,9 @@ def weights_key(name: str, weights: str | None) -> str | None:
         return None
     if cfg is None:
         return None
-    if getattr(cfg, "hf_hub_id", None):
-        return _hub_revision(cfg.hf_hub_id)
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        return _hub_revision(hub_id)
     return f"url:{cfg.url}" if getattr(cfg, "url", None) else None
 
 

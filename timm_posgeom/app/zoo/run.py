@@ -253,7 +253,7 @@ def _measure_one(zoo: _Zoo, name: str, data: Any, say: Callable[[str], None], wh
     taken = broadcast_object(lock is not None if zoo.main else None)
     if not taken and held:
         say(f"{where}: not measured here: {held}")
-    if taken and zoo.main and not _still_to_measure(zoo.out, name, zoo.settings):
+    if lock is not None and not _still_to_measure(zoo.out, name, zoo.settings):  # taken here, by main
         lock.release()
         taken = False
         say(f"{where}: measured by another shard since the plan, kept")
@@ -379,7 +379,7 @@ def _plan(
                     stale.add(name)
                     changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
     if changes and not allow_changes:
-        data = changes.pop("data_fingerprint", None)  # said alone when no other setting explains it
+        data = changes.pop("data_fingerprint", (None, None))  # said alone when no other setting explains it
         what = (
             f"other settings ({describe_changes(changes)})"
             if changes

@@ -43,7 +43,7 @@ def summary_intervals(
     values: Sequence[float | None] | None,
     per_layer_ci: Sequence[Sequence[float | None]] | None,
     mean_ci: Sequence[float | None] | None,
-) -> dict[str, tuple[Any, Any]]:
+) -> dict[str, tuple[Any, ...]]:
     """The 95% interval (low, high) of each entry of :func:`layer_summary`: ``first``, ``last`` and ``peak``
     are single layers (that layer's interval), ``mean`` the mean over layers (its own interval); (None, None)
     where none was measured."""
