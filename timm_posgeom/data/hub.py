@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ..errors import PathNotFoundError, PosgeomError, require
+from ..errors import PathNotFoundError, PosgeomError, one_line, require
 from ..transforms import class_index
 from .splits import ImageSplit, split_name
 
@@ -27,7 +27,8 @@ class HubOptions(TypedDict, total=False):
 
 
 class DataSourceError(PosgeomError, ValueError):
-    """A data source that cannot be read: a Hub dataset out of reach (offline)."""
+    """A data source that cannot be read: a Hub dataset out of reach (offline), a configuration it lacks, a label
+    column that holds no class indices."""
 
 
 def find_columns(features: Any) -> tuple[str, str]:
@@ -156,6 +157,8 @@ def _load_hf_split(
         builder = datasets.load_dataset_builder(where, config, revision=revision)
     except FileNotFoundError as e:
         raise PathNotFoundError(f"cannot load data {source!r}: {e}") from e
+    except ValueError as e:  # datasets refuses what was asked of the data: a configuration it lacks, ...
+        raise DataSourceError(f"cannot load data {source!r}: {one_line(e, first_line=True)}") from None
     files = builder.config.data_files or {}
     names = list(files) or list(datasets.get_dataset_split_names(where, config, revision=revision))
     name = split_name(names, split)
