@@ -125,6 +125,19 @@ def imagenette_path() -> Path:
 
 
 # --------------------------------------------------------------------------------------------
+
+
+def lock_holder(out: Path) -> subprocess.Popen:
+    """Another process that holds the run lock of ``out`` (``app.rundir.RunLock``) and sleeps; returned once it
+    holds it (kill it to end the hold, as a killed run ends it)."""
+    code = "import sys, time\nfrom timm_posgeom.app.rundir import RunLock\nlock = RunLock(sys.argv[1])\n"
+    code += "lock.acquire()\nprint('held', flush=True)\ntime.sleep(120)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held", "the lock holder did not start"
+    return proc
+
+
+# --------------------------------------------------------------------------------------------
 # launched processes (accelerate launch / torchrun)
 # --------------------------------------------------------------------------------------------
 LAUNCH_MARK = "POSGEOM_TEST_LAUNCH"

@@ -239,13 +239,14 @@ def right(run: Run, ok: bool) -> str:
 
 def library_refused(error: BaseException | None, phrase: str = "") -> str:
     """The outcome of a library call that must raise a user error whose one line holds ``phrase``."""
-    from timm_posgeom.errors import USER_ERRORS, one_line
+    from timm_posgeom.errors import user_error_line
 
     if error is None:
         return "silent_wrong"
-    if isinstance(error, USER_ERRORS) and phrase.lower() in one_line(error).lower():
+    line = user_error_line(error)  # None: no user error, a bug's traceback
+    if line is not None and phrase.lower() in line.lower():
         return "refused"
-    return "traceback" if not isinstance(error, USER_ERRORS) else "other"
+    return "traceback" if line is None else "other"
 
 
 def judge(cls: str, outcome: str, expected: str, detail: Any = "") -> None:
@@ -289,12 +290,13 @@ def fake_study(root: Path, data: Path, seeds: int = 2) -> tuple[Path, list[str]]
     import timm
     import yaml
 
-    from timm_posgeom.app.hub import export_for_hub, weights_sha1
+    from timm_posgeom.app.hub import export_for_hub
     from timm_posgeom.app.records import RunEval, RunSummary
     from timm_posgeom.app.study import preset_config
     from timm_posgeom.app.study.measure import eval_settings
     from timm_posgeom.app.study.plan import make_plan, write_plan
     from timm_posgeom.data import data_identity, load_split
+    from timm_posgeom.models.pretrained import weights_sha1
 
     out = root / "study"
     config = preset_config("demo", data=str(data), conditions=("nope",), seeds=seeds)

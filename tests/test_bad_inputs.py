@@ -475,8 +475,9 @@ def test_library_probe_refuses_a_batch_size_below_one(one_thread):
 # --------------------------------------------------------------------------------------------
 def _run(tmp_path: Path, hashed: bool = True) -> Path:
     """A run directory: an export, summary.json (with the export's SHA-1 when ``hashed``) and eval.json."""
-    from timm_posgeom.app.hub import export_for_hub, weights_sha1
+    from timm_posgeom.app.hub import export_for_hub
     from timm_posgeom.app.records import RunEval, RunSummary
+    from timm_posgeom.models.pretrained import weights_sha1
 
     run = tmp_path / "run"
     export_for_hub(timm.create_model(MODEL, num_classes=2, img_size=32, depth=1), run / "export")

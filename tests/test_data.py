@@ -388,6 +388,23 @@ def test_only_the_asked_split_is_prepared(tmp_path, fresh_hf_cache):
     assert small.classes == ["c0", "c1", "c2"] and len(small) == 6
 
 
+def test_a_configuration_the_data_lacks_is_a_user_error_in_one_line(tmp_path, fresh_hf_cache, capsys):
+    """datasets refuses it with a builtin ValueError, which the command line now takes for a bug: the data's
+    reader says it as a DataSourceError (one line, exit 2)."""
+    from timm_posgeom.cli import main
+    from timm_posgeom.data import DataSourceError
+
+    root = parquet_set(tmp_path / "set")
+    capsys.readouterr()  # what writing the set said
+    with pytest.raises(DataSourceError, match="'nope' not found"):
+        load_split(root, "validation", config="nope")
+    argv = ["probe", "posgeom_vit_micro_patch8_64_ape", "--data", str(root), "--data-config", "nope"]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--max-images", "2", "--no-progress", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("posgeom probe: error: cannot load data") and err.count("\n") == 1
+
+
 def test_streaming_reads_the_same_first_items_and_needs_a_count(tmp_path, fresh_hf_cache):
     from timm_posgeom.data import data_identity
 

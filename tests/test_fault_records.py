@@ -131,11 +131,12 @@ def test_a_lock_of_a_process_that_is_gone_never_makes_a_model_look_measured(zoo_
     folder.mkdir(parents=True)
     pid = 2**22 + 12345  # beyond any pid here: a process that is gone
     host = "node-elsewhere-17" if holder == "another host" else os.uname().nodename
-    (folder / ".lock").write_text(json.dumps({"pid": pid, "host": host, "started": "2026-01-01 00:00:00"}))
+    # what a killed holder leaves: its holder file (the operating system's lock on .lock ended with it)
+    (folder / ".holder.json").write_text(json.dumps({"pid": pid, "host": host, "started": "2026-01-01 00:00:00"}))
     run = cli(["zoo", model, "--data", data, "--out", out, *ZOO, "--extras", "none"])
     if holder == "another host":  # cannot be told gone from here: left, said, how to clear it named, not "kept"
         ok = (
-            f"remove {folder / '.lock'}" in run.out
+            f"remove {folder / '.holder.json'}" in run.out
             and "(0 measured now, 0 kept)" in run.out
             and "not measured here" in run.err
             and not (out / "models" / f"{safe_name(model)}.json").exists()
@@ -148,9 +149,9 @@ def test_a_lock_of_a_process_that_is_gone_never_makes_a_model_look_measured(zoo_
 def test_the_folder_lock_of_another_host_says_how_to_clear_it(tmp_path):
     from timm_posgeom.app.rundir import RunLock
 
-    (tmp_path / ".lock").write_text(json.dumps({"pid": 1, "host": "node-elsewhere-17", "started": "x"}))
+    (tmp_path / ".holder.json").write_text(json.dumps({"pid": 1, "host": "node-elsewhere-17", "started": "x"}))
     _, error, _ = library(lambda: RunLock(tmp_path).acquire(say=lambda s: None))
-    judge("records", library_refused(error, f"remove {tmp_path / '.lock'}"), "refused", error)
+    judge("records", library_refused(error, f"remove {tmp_path / '.holder.json'}"), "refused", error)
 
 
 def test_a_study_resumed_on_images_replaced_beyond_the_first_eight_is_refused(tmp_path, one_thread):

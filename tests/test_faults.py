@@ -129,17 +129,14 @@ def _tiny(*overrides):
 
 
 def test_a_second_training_into_a_locked_run_is_refused_and_a_dead_holder_is_taken_over(tmp_path, capsys):
-    import os
-    import subprocess
-    import sys
+    from conftest import lock_holder
 
     from timm_posgeom.app.train import RunDirError, train
 
     out = tmp_path / "run"
     out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = lock_holder(out)  # another process training into it
     try:
-        (out / ".lock").write_text(json.dumps({"pid": sleeper.pid, "host": os.uname().nodename, "started": "x"}))
         with pytest.raises(RunDirError, match=f"in use by process {sleeper.pid}"):
             train(_tiny(), out, progress=False)
         assert not (out / "metrics.jsonl").exists()
@@ -148,7 +145,7 @@ def test_a_second_training_into_a_locked_run_is_refused_and_a_dead_holder_is_tak
         sleeper.wait()
     summary = train(_tiny(), out, progress=False)  # the holder is dead now: taken over, with a message
     assert summary.steps == 6 and "taking over the lock" in capsys.readouterr().out
-    assert not (out / ".lock").exists()  # released at the end
+    assert not (out / ".lock").exists() and not (out / ".holder.json").exists()  # released at the end
 
 
 def test_resume_with_another_recipe_is_refused_unless_allowed(tmp_path, capsys):

@@ -106,7 +106,7 @@ def test_card_without_eval_has_no_invented_results(tmp_path):
 def test_card_for_other_weights_does_not_show_the_eval_of_these(tmp_path):
     """`--weights export_ema` showed the study's measurements (made on export/) and the raw weights' table
     SSDC as the EMA weights'. eval.json now names the weights it measured (their SHA-1)."""
-    from timm_posgeom.app.hub import weights_sha1
+    from timm_posgeom.models.pretrained import weights_sha1
 
     run = _run_dir(tmp_path, name="posgeom_vit_micro_patch8_64_ape")
     summary = RunSummary.read(run / "summary.json")

@@ -108,10 +108,9 @@ def test_the_layers_hold_and_nothing_is_circular():
     """What CI's `lint-imports` checks, run by the tests too (where the repository is)."""
     import shutil
     import subprocess
+    import sys
 
     import pytest
-
-    import sys
 
     # the environment's own script first: the tests may run without the environment on PATH
     here = Path(sys.executable).parent / "lint-imports"

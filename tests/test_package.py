@@ -205,3 +205,18 @@ def test_a_command_module_that_fails_to_import_fails_loudly(monkeypatch):
     monkeypatch.setattr(cli_main_module, "COMMANDS", (*cli_main_module.COMMANDS, "no_such_command_xyz"))
     with pytest.raises(ModuleNotFoundError, match="no_such_command_xyz"):
         cli_main_module.build_parser()
+
+
+def test_the_type_checker_covers_the_whole_package():
+    """mypy (CI) checks every module of the package, the application and the command line included, and the bodies
+    of unannotated functions: its files are the package itself, not a list that a new module escapes."""
+    from pathlib import Path
+
+    pyproject = Path(timm_posgeom.__file__).parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("pyproject.toml is not beside the package (an installed wheel)")
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    mypy = tomllib.loads(pyproject.read_text())["tool"]["mypy"]
+    assert mypy["files"] == ["timm_posgeom"] and mypy["check_untyped_defs"] is True
+    left_out = [o for o in mypy.get("overrides", []) if any(m.startswith("timm_posgeom") for m in o["module"])]
+    assert not left_out, left_out

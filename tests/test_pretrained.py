@@ -16,9 +16,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from timm_posgeom.app.hub import export_for_hub, weights_sha1
+from timm_posgeom.app.hub import export_for_hub
 from timm_posgeom.models.checkpoint import adapt_state_dict
-from timm_posgeom.models.pretrained import IMAGENETTE_CLASSES, TRAINED_MICRO, hub_repo, pretrained_name
+from timm_posgeom.models.pretrained import IMAGENETTE_CLASSES, TRAINED_MICRO, hub_repo, pretrained_name, weights_sha1
 from timm_posgeom.models.vision_transformer_pe import PRETRAINED, build_default_cfgs, checkpoint_filter_fn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,8 @@ def test_pretrained_true_downloads_from_the_hub_id_in_its_config(tmp_path):
     cache = hub_cache(tmp_path / "hub", hub_repo("8x8-timm", "rope", 0), tmp_path / "export" / "model.safetensors")
     script = (
         "import sys, timm, timm_posgeom\n"
-        "from timm_posgeom.app.hub import export_for_hub, weights_sha1\n"
+        "from timm_posgeom.app.hub import export_for_hub\n"
+        "from timm_posgeom.models.pretrained import weights_sha1\n"
         f"model = timm.create_model({name!r}, pretrained=True)\n"
         "export_for_hub(model, sys.argv[1])\n"
         "print(weights_sha1(sys.argv[1] + '/model.safetensors'))\n"

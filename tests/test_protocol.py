@@ -7,9 +7,9 @@ tests/test_fault_options.py.)"""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -32,6 +32,7 @@ from timm_posgeom.protocol import (
     measure_names,
     register_measure,
 )
+from timm_posgeom.results.fingerprints import fingerprint
 
 pytestmark = [pytest.mark.xdist_group("protocol"), pytest.mark.filterwarnings("ignore:clean accuracy is 0")]
 IMG = 32
@@ -293,16 +294,11 @@ def test_the_studys_former_names_still_read():
     assert config_changes(before, settings) == {}
 
 
-def test_a_committed_study_resumes_without_a_change():
-    """The committed 8 x 8 width-384 study (settings as recorded, old names included) against the preset now."""
-    from timm_posgeom.app.study import config_changes, preset_config
-    from timm_posgeom.app.study.measure import eval_settings
+def _committed_study_config(root: Path) -> Any:
+    """The StudyConfig of a committed study, as its plan.json records it, from the preset now."""
+    from timm_posgeom.app.study import preset_config
 
-    root = Path(__file__).parents[1] / "experiments" / "scaling" / "8x8-w384-lr3e-4-paper"
-    if not (root / "plan.json").is_file():
-        pytest.skip("the committed studies are not beside the tests (an installed wheel)")
     saved = json.loads((root / "plan.json").read_text())["config"]
-    assert "eval_images" in saved and "workers" in saved  # recorded under the former names
     config = preset_config(
         saved["preset"],
         data=saved["data"],
@@ -312,9 +308,56 @@ def test_a_committed_study_resumes_without_a_change():
         heldout_fraction=saved["heldout_fraction"],
     )
     config.train_overrides = saved["train_overrides"]
+    return config
+
+
+def test_a_committed_study_resumes_without_a_change():
+    """The committed 8 x 8 width-384 study (settings as recorded, old names included) against the preset now."""
+    from timm_posgeom.app.study import config_changes
+    from timm_posgeom.app.study.measure import eval_settings
+
+    root = Path(__file__).parents[1] / "experiments" / "scaling" / "8x8-w384-lr3e-4-paper"
+    if not (root / "plan.json").is_file():
+        pytest.skip("the committed studies are not beside the tests (an installed wheel)")
+    saved = json.loads((root / "plan.json").read_text())["config"]
+    assert "eval_images" in saved and "workers" in saved  # recorded under the former names
+    config = _committed_study_config(root)
     assert config_changes(saved, dataclasses.asdict(config)) == {}
     recorded = json.loads((root / "runs" / "ape_s0" / "eval.json").read_text())["settings"]
     assert config_changes(recorded, eval_settings(config, range(recorded["val_images"]))) == {}
+
+
+def test_a_committed_studys_untrained_records_are_found_under_their_former_keys(tmp_path, monkeypatch):
+    """The untrained SSDC was kept under a key of 10 hex digits (0.1.0); the key is now the one fingerprint (16).
+    A resume of a copy of the committed 8 x 8 width-384 study finds every untrained record it holds and measures
+    none again (a model built would fail here); a record measured now goes under the full key."""
+    from timm_posgeom.app.records import SSDCSummary
+    from timm_posgeom.app.study import measure as M
+    from timm_posgeom.app.study.plan import make_plan
+
+    committed = Path(__file__).parents[1] / "experiments" / "scaling" / "8x8-w384-lr3e-4-paper"
+    if not (committed / "plan.json").is_file():
+        pytest.skip("the committed studies are not beside the tests (an installed wheel)")
+    out = tmp_path / "study"
+    shutil.copytree(committed / "untrained", out / "untrained")
+    config = _committed_study_config(committed)
+    recorded = json.loads((committed / "runs" / "ape_s0" / "eval.json").read_text())["settings"]
+    m = M.Measuring(
+        config=config, val=None, settings=M.eval_settings(config, range(recorded["val_images"])), versions={}, log=print
+    )
+
+    def no_model(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("an untrained model measured again")
+
+    runs = make_plan(config, out).runs
+    monkeypatch.setattr(timm, "create_model", no_model)
+    assert len(runs) == 2
+    for run in runs:
+        path = M.untrained_path(run, m, out)
+        assert len(path.stem.rsplit("-", 1)[1]) == 10  # the former key, found
+        assert M.untrained_ssdc(run, m, out) == SSDCSummary.read(committed / "untrained" / path.name)
+        path.unlink()  # gone: measured now, under the one fingerprint
+        assert len(M.untrained_path(run, m, out).stem.rsplit("-", 1)[1]) == 16
 
 
 def test_the_untrained_key_is_computed_on_the_names_it_was_first_recorded_with(tmp_path, monkeypatch):
@@ -325,7 +368,7 @@ def test_the_untrained_key_is_computed_on_the_names_it_was_first_recorded_with(t
     settings = {"data": "synthetic", "max_images": 8, "probe_images": 4}
     recipe = {"model": "m"}
     old = {"data": "synthetic", "eval_images": 8, "probe_images": 4}
-    key = hashlib.sha1(json.dumps(dict(old, recipe=recipe), sort_keys=True).encode()).hexdigest()[:10]
+    key = fingerprint(json.dumps(dict(old, recipe=recipe), sort_keys=True))
 
     class Run:
         condition, seed = "ape", 0
@@ -375,6 +418,27 @@ def test_a_zoo_measured_before_the_protocol_resumes_without_measuring_again(tmp_
     )
     again = run_zoo([name], config, out, progress=False, log=lambda s: None)
     assert again.measured == [] and again.skipped == [name] and not list(out.glob("models/*.replaced-*"))
+
+
+@pytest.mark.slow
+def test_a_zoo_record_under_its_former_name_is_kept_then_replaced_under_the_new(tmp_path, export):
+    """0.1.0 named a local-dir: or hf-hub: model's record with 8 hex digits of its name's SHA-1; the name now ends in
+    the one fingerprint (16). A rerun finds the record under the former name and measures nothing; measured
+    again (other settings, allowed), the record is written under the new name, the former set aside."""
+    from timm_posgeom.app.zoo import ZooConfig, run_zoo, safe_name
+
+    name, out = f"local-dir:{export}", tmp_path / "zoo"
+    config = ZooConfig(data="synthetic", pretrained="off", max_images=8, probe_images=4, extras=(), num_workers=0)
+    assert run_zoo([name], config, out, progress=False, log=lambda s: None).measured == [name]
+    new = out / "models" / f"{safe_name(name)}.json"
+    former = new.with_name(f"{safe_name(name).rsplit('-', 1)[0]}-{fingerprint(name)[:8]}.json")
+    new.rename(former)
+    again = run_zoo([name], config, out, progress=False, log=lambda s: None)
+    assert again.measured == [] and again.skipped == [name] and again.records[0].status == "ok"
+    other = dataclasses.replace(config, probe_images=3)
+    third = run_zoo([name], other, out, allow_changes=True, progress=False, log=lambda s: None)
+    assert third.measured == [name] and new.is_file() and not former.exists()
+    assert former.with_name(former.name + ".replaced-1").is_file()  # the former record, kept aside
 
 
 PACKAGE_MEASURES = (

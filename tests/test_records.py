@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from timm_posgeom.app.records import (
     StudyResults,
     SweepSummary,
 )
-from timm_posgeom.results.jsonio import dumps, replacing, write_atomic, write_json
+from timm_posgeom.results.jsonio import dumps, nan_if_none, replacing, write_atomic, write_json
 
 
 def test_round_trip_through_the_files(tmp_path):
@@ -48,6 +49,44 @@ def test_nan_is_written_one_way_and_the_json_is_strict(tmp_path):
     }
     with pytest.raises(TypeError, match="no JSON form for object"):
         dumps({"x": object()})
+
+
+def test_the_reader_turns_what_the_writer_made_none_back_into_nan(tmp_path):
+    """One converter each way (jsonio): `to_jsonable` writes NaN as None, `nan_if_none` reads it back as NaN, at
+    any depth (a record's per-layer lists, its intervals, FS per shift)."""
+    value = {"per_layer": [0.5, math.nan], "ci": [[0.1, math.inf], [None, 0.3]], "fs": {"jpeg:5": math.nan}, "n": 2}
+    back = nan_if_none(json.loads(dumps(value)))
+    assert back["per_layer"][0] == 0.5 and math.isnan(back["per_layer"][1]) and back["n"] == 2
+    assert [[math.isnan(v) for v in pair] for pair in back["ci"]] == [[False, True], [True, False]]
+    assert math.isnan(back["fs"]["jpeg:5"]) and math.isnan(nan_if_none(None)) and nan_if_none("x") == "x"
+
+
+def test_no_module_converts_nan_and_none_on_its_own():
+    """The converters live in jsonio, the one writer; a module that writes its own (`math.nan if v is None`,
+    `v if isfinite(v) else None`) would drift from them. (probes/pe_table.py returns None for "no table", its
+    API, not a record's NaN.)"""
+    from pathlib import Path
+
+    import timm_posgeom
+
+    own = re.compile(r"(math|np)\.nan if [\w.\[\]]+ is None|isfinite\([^)]*\) else None|None if [^\n]*isfinite")
+    for path in Path(timm_posgeom.__file__).parent.rglob("*.py"):
+        if path.name not in ("jsonio.py", "pe_table.py"):
+            assert not own.search(path.read_text()), f"{path.name} converts NaN / None on its own: use jsonio's"
+
+
+def test_keys_renamed_since_a_schema_are_read_under_their_new_names():
+    """One rename map (RENAMED_KEYS) for every kind: schema 4's SSDC `delta` and a zoo record's `delta_ssdc` are
+    `rise`."""
+    from timm_posgeom.app.records import RENAMED_KEYS, ZooModel
+
+    old = {k: v for k, v in record_ssdc().to_dict().items() if k != "rise"} | {"delta": -0.25, "schema_version": 4}
+    assert SSDCSummary.from_dict(old).rise == -0.25
+    zoo = dict(model="m", status="ok", settings={}, versions={}, elapsed_s=1.0, measured_at="now", delta_ssdc=0.5)
+    assert ZooModel.from_dict(zoo).rise == 0.5
+    assert RENAMED_KEYS == {"ssdc-summary": {"delta": "rise"}, "zoo-model": {"delta_ssdc": "rise"}}
+    with pytest.raises(RecordError, match="unknown keys \\['delta'\\]"):  # both: the former is not read over the new
+        SSDCSummary.from_dict(old | {"rise": 0.1})
 
 
 def test_write_is_atomic(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ import os
 import socket
 
 import pytest
+from conftest import lock_holder
 
 from timm_posgeom.app.rundir import NEUTRAL_KEYS, RunDirError, RunLock, set_aside, settings_changes
 from timm_posgeom.cli import main
@@ -48,58 +49,60 @@ def test_resume_of_a_folder_that_holds_no_run_is_refused(tmp_path, capsys, what)
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == before  # no lock, no run started
 
 
-def test_lock_is_never_free_while_its_holder_is_written(tmp_path, monkeypatch):
-    """Issue 31, item 4: the lock was created empty and written after; a second process that read it in
-    between took it for a dead holder's, removed it and took the lock too: two writers in one run folder.
-    Here a second acquire runs while the first writes its holder's line: exactly one of them may hold."""
-    first, second = RunLock(tmp_path), RunLock(tmp_path)
-    real_dump = json.dump
-    outcome = {}
+def test_the_lock_is_filelocks_and_a_live_holder_is_refused_in_one_line(tmp_path):
+    """Issue 49, item 3: the run lock is filelock's (the operating system's lock on .lock); another process holding
+    it is refused, named; once it is released the folder is free and nothing of the lock is left."""
+    import filelock
 
-    def dump_and_race(obj, f, *args, **kwargs):  # the first acquire is writing its holder: the second comes now
-        monkeypatch.setattr(json, "dump", real_dump)
-        try:
-            second.acquire(say=lambda s: outcome.setdefault("said", s))
-        except RunDirError as e:
-            outcome["second"] = e
-        return real_dump(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(json, "dump", dump_and_race)
-    try:
-        first.acquire(say=lambda s: outcome.setdefault("said", s))
-    except RunDirError as e:
-        outcome["first"] = e
-    assert first.held != second.held  # exactly one holds the lock; the other was refused
-    assert ("first" in outcome) == second.held and ("second" in outcome) == first.held
-    assert "said" not in outcome  # nobody "took over" a lock whose holder is alive
-    holder = json.loads((tmp_path / ".lock").read_text())
-    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]  # no temporary file left
-
-
-def test_a_dead_holders_lock_is_taken_over_and_a_live_ones_refused(tmp_path):
-    lock_file = tmp_path / ".lock"
-    lock_file.write_text(json.dumps({"pid": 2**22 + 7, "host": socket.gethostname(), "started": "x"}))
-    said = []
     lock = RunLock(tmp_path)
-    lock.acquire(say=said.append)
-    assert lock.held and "its holder process 4194311 is gone" in said[0]
-    assert json.loads(lock_file.read_text())["pid"] == os.getpid()
-    with pytest.raises(RunDirError, match=f"in use by process {os.getpid()}"):
+    assert isinstance(lock._lock, filelock.BaseFileLock) and lock._lock.lock_file == str(tmp_path / ".lock")
+    holder = lock_holder(tmp_path)
+    try:
+        with pytest.raises(RunDirError) as refused:
+            lock.acquire(say=print)
+        text = str(refused.value)
+        assert f"in use by process {holder.pid} on {socket.gethostname()}" in text and "\n" not in text
+        assert not lock.held
+    finally:
+        holder.kill()
+        holder.wait()
+    said: list[str] = []
+    lock.acquire(say=said.append)  # killed: its lock is free at once, its holder file says who it was
+    assert lock.held and said == [f"taking over the lock of {tmp_path}: its holder process {holder.pid} is gone"]
+    assert json.loads((tmp_path / ".holder.json").read_text())["pid"] == os.getpid()
+    with pytest.raises(RunDirError, match=f"in use by process {os.getpid()}"):  # a second lock in this process too
         RunLock(tmp_path).acquire(say=said.append)
     lock.release()
-    assert not lock_file.exists() and not list(tmp_path.iterdir())
+    assert not lock.held and not list(tmp_path.iterdir())
 
 
-def test_a_stale_lock_replaced_meanwhile_is_put_back_not_removed(tmp_path):
-    """Two processes taking over the same dead holder's lock: the second must not remove the lock the
-    first has just taken."""
-    lock_file = tmp_path / ".lock"
-    live = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "now"})
-    lock_file.write_text(live)
-    RunLock(tmp_path)._remove_stale('{"pid": 1, "host": "dead"}')  # what this taker read before
-    assert lock_file.read_text() == live
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
+def test_a_lock_released_while_another_process_waits_is_taken_by_it(tmp_path):
+    """The zoo's shards wait for its folder's lock (``wait_s``): released, the waiter takes it (the lock file
+    removed on release is never held by a waiter that had opened it: filelock checks)."""
+    holder = lock_holder(tmp_path)
+    lock = RunLock(tmp_path)
+    try:
+        with pytest.raises(RunDirError):
+            lock.acquire(say=print, wait_s=0.2)
+    finally:
+        holder.kill()
+        holder.wait()
+    lock.acquire(say=lambda s: None, wait_s=5)
+    assert lock.held
+    lock.release()
+
+
+def test_a_holder_on_another_host_is_refused_and_the_refusal_says_how_to_clear_it(tmp_path):
+    """A shared disk's locks may not reach across hosts: a holder file naming another host is refused even when
+    the lock looks free, and the refusal names the file to remove when that process is gone."""
+    (tmp_path / ".holder.json").write_text(json.dumps({"pid": 1, "host": "node-elsewhere-17", "started": "x"}))
+    lock = RunLock(tmp_path)
+    with pytest.raises(RunDirError, match="another host, node-elsewhere-17") as refused:
+        lock.acquire(say=print)
+    assert f"remove {tmp_path / '.holder.json'}" in str(refused.value) and not lock.held
+    (tmp_path / ".holder.json").unlink()
+    lock.acquire(say=print)
+    assert lock.held
 
 
 def test_settings_changes_ignore_the_neutral_keys_and_compare_as_json():

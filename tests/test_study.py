@@ -483,7 +483,7 @@ def test_sigterm_stops_the_study_and_its_training_subprocess(tmp_path):
         "log_every=1",
     ]
     study = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lock, child, deadline = out / "runs" / "nope_s0" / ".lock", None, time.time() + 240
+    lock, child, deadline = out / "runs" / "nope_s0" / ".holder.json", None, time.time() + 240
     try:
         while time.time() < deadline and study.poll() is None:  # the training subprocess holds the run's lock
             if lock.is_file() and (out / "runs" / "nope_s0" / "metrics.jsonl").is_file():

@@ -97,7 +97,7 @@ def test_few_steps_synthetic(tmp_path):
     assert len(final_eval["rpi_ssdc"]) == 2 and final_eval["rpi_delta_ssdc"] is not None
     assert (tmp_path / "export" / "config.json").is_file() and (tmp_path / "export" / "model.safetensors").is_file()
     # the top-1 is tied to the weights it was measured on (issue 31): a card checks this hash
-    from timm_posgeom.app.hub import weights_sha1
+    from timm_posgeom.models.pretrained import weights_sha1
 
     assert RunSummary.read(tmp_path / "summary.json").export_sha1 == weights_sha1(
         tmp_path / "export" / "model.safetensors"

@@ -261,7 +261,7 @@ def test_a_model_that_fails_gives_an_error_row_and_the_zoo_goes_on(tmp_path, dat
     )
     assert code == 1
     err = capsys.readouterr().err
-    assert "1 model(s) failed" in err and "no_such_model_xyz: load: ValueError: unknown model" in err
+    assert "1 model(s) failed" in err and "no_such_model_xyz: load: ModelLoadError: unknown model" in err
     rows = _rows(out)
     assert rows["no_such_model_xyz"]["status"] == "error" and "unknown model" in rows["no_such_model_xyz"]["error"]
     assert rows["no_such_model_xyz"]["top1"] == "" and rows[export]["status"] == "ok"

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import SettingError
+
 __all__ = [
     "PAPER_SHIFTS",
     "DEFAULT_ALPHAS",
@@ -83,7 +85,7 @@ def probe_count(probe_images: int | None, max_images: int | None) -> int:
     work). ValueError for a count below 1."""
     for name, value in (("probe_images", probe_images), ("max_images", max_images)):
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise SettingError(f"{name} must be >= 1, got {value}")
     if probe_images is not None:
         return probe_images
     return PROBE_IMAGES if max_images is None else min(PROBE_IMAGES, max_images)
@@ -97,7 +99,7 @@ def rpi_count(permutations: int | None) -> int:
     import numbers
 
     if isinstance(permutations, bool) or not isinstance(permutations, numbers.Integral) or permutations < 1:
-        raise ValueError(f"rpi_permutations must be an integer >= 1, got {permutations!r}")
+        raise SettingError(f"rpi_permutations must be an integer >= 1, got {permutations!r}")
     return int(permutations)
 
 
@@ -117,9 +119,9 @@ def check_alpha(alpha: float | str) -> float:
     try:
         value = float(alpha)
     except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}") from None
+        raise SettingError(f"alpha must be a finite number >= 0, got {alpha!r}") from None
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+        raise SettingError(f"alpha must be a finite number >= 0, got {alpha!r}")
     return value
 
 
@@ -129,10 +131,10 @@ def check_alpha_spec(alpha: Any) -> float | dict[str, float]:
     if not isinstance(alpha, Mapping):
         return check_alpha(alpha)
     if not alpha:
-        raise ValueError("an alpha per component needs at least one component, got an empty mapping")
+        raise SettingError("an alpha per component needs at least one component, got an empty mapping")
     unknown = [str(name) for name in alpha if name not in PE_COMPONENTS]
     if unknown:
-        raise ValueError(f"unknown PE component(s) {', '.join(unknown)}: expected among {', '.join(PE_COMPONENTS)}")
+        raise SettingError(f"unknown PE component(s) {', '.join(unknown)}: expected among {', '.join(PE_COMPONENTS)}")
     return {str(name): check_alpha(value) for name, value in alpha.items()}
 
 
@@ -145,6 +147,6 @@ def parse_alpha_spec(text: str) -> float | dict[str, float]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = part.partition("=")
         if not sep or not name.strip() or name.strip() in spec:
-            raise ValueError(f"--alpha needs a number or COMPONENT=ALPHA pairs (each component once), got {text!r}")
+            raise SettingError(f"--alpha needs a number or COMPONENT=ALPHA pairs (each component once), got {text!r}")
         spec[name.strip()] = value
     return check_alpha_spec(spec)

@@ -2,8 +2,16 @@
 
 Everything may import this module and it imports nothing of the package, so it sits at the bottom of the
 layers (docs/architecture.md). A user error means bad input, a refused operation or a missing optional
-dependency, never a bug: the command line catches :data:`USER_ERRORS` and prints :func:`one_line` of the
-error with exit status 2; anything else keeps its traceback.
+dependency, never a bug: it is one of the package's own classes (:class:`PosgeomError` and its subclasses, each
+also the builtin it refines), or what a file system answers about the user's paths and disk
+(:func:`io_error_line`). The command line says :func:`user_error_line` of it with exit status 2; anything else,
+a builtin ``ValueError`` from our code or a dependency included, is a bug: it keeps its traceback, and a last line
+says so and where to report it (``cli/main.py``).
+
+The generic classes here hold the ideas every layer meets: :class:`SettingError` (a setting out of its range or
+choices), :class:`DataError` (data that cannot be measured as given), :class:`PathNotFoundError` (a path or a name
+that names nothing), :class:`ResultFileError` (a results file that is not the result it should be); a module with an idea of its own defines its class beside it (``ProtocolError``,
+``RecipeError``, ``BadImageError``, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +23,12 @@ from types import ModuleType
 __all__ = [
     "PosgeomError",
     "MissingDependencyError",
+    "SettingError",
+    "DataError",
+    "PathNotFoundError",
+    "ResultFileError",
     "USER_ERRORS",
+    "user_error_line",
     "one_line",
     "require",
     "APP_MODULES",
@@ -35,10 +48,31 @@ class MissingDependencyError(PosgeomError, ImportError):
     """An optional dependency is missing or unusable; the message says what to install."""
 
 
+class SettingError(PosgeomError, ValueError):
+    """A setting out of its range or not among its choices: an argument of a measuring function (a count, a
+    size, an alpha, a site, layers, a policy), a model's constructor argument, a configuration's value, a
+    command's flags alone or together. The message names the setting, what it takes and what it got."""
+
+
+class DataError(PosgeomError, ValueError):
+    """Data that cannot be measured as given: no such split, no images, an item that is not an image with a label,
+    a label that is no class index of the model, images whose size the model cannot take."""
+
+
+class PathNotFoundError(PosgeomError, FileNotFoundError):
+    """A path or a name the user gave that names nothing: data, a checkpoint, a recipe, an accelerate config, a
+    models file, a folder of released images."""
+
+
+class ResultFileError(PosgeomError, ValueError):
+    """A results file given to be read (``imagenet_c.json``, an extrapolation's JSON) that is not the result it
+    should be: of another kind, damaged, or missing what it records."""
+
+
 # The modules of the [app] extra (pyproject.toml) that the package imports: the application (training, study,
 # zoo, reports, Hub cards) and the command line need them; the library imports them only inside the functions
 # that use them, through :func:`require`.
-APP_MODULES = ("accelerate", "datasets", "matplotlib", "jinja2", "markdown", "yaml")
+APP_MODULES = ("accelerate", "datasets", "matplotlib", "jinja2", "markdown", "yaml", "filelock")
 
 
 def require(module: str, needed_for: str, extra: str = "app") -> ModuleType:
@@ -58,15 +92,9 @@ def require(module: str, needed_for: str, extra: str = "app") -> ModuleType:
         ) from None
 
 
-# The builtins the library raises for bad input (a missing path, a bad value, an unwritable folder) are
-# user errors too: they carry a message written for the user.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    PosgeomError,
-    ValueError,
-    FileNotFoundError,
-    FileExistsError,
-    PermissionError,
-)
+# The package's own classes: no builtin, which a bug raises as well (a bare ValueError from our code or a
+# dependency keeps its traceback). What the file system says about the user's paths: io_error_line.
+USER_ERRORS: tuple[type[BaseException], ...] = (PosgeomError,)
 
 
 # What a file system answers about a path or a write: the user's disk, folders and paths, never our bug.
@@ -117,6 +145,14 @@ def io_error_line(error: BaseException) -> str | None:
     text = f"{error.strerror or type(error).__name__}" + (f": {where}" if where else "")
     hint = _IO_HINTS.get(error.errno)
     return " ".join(f"{text} ({hint})".split()) if hint else " ".join(text.split())
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one line that says a user error (:data:`USER_ERRORS`: :func:`one_line`; an OSError of the user's paths
+    or disk: :func:`io_error_line`), or None for any other error: a bug, which keeps its traceback."""
+    if isinstance(error, USER_ERRORS):
+        return one_line(error)
+    return io_error_line(error)
 
 
 def one_line(error: BaseException, first_line: bool = False) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError
-from ..models.pretrained import weights_sha1  # re-exported: its home is the library
+from ..models.pretrained import weights_sha1
 from ..results.jsonio import replacing, write_errors
 from .records import RunEval, RunSummary
 from .rundir import RunFileError, check_fields, read_json_file
@@ -29,7 +29,6 @@ __all__ = [
     "export_for_hub",
     "architecture_args",
     "HubExportError",
-    "weights_sha1",
     "check_safetensors",
     "card_template",
 ]
@@ -87,13 +86,14 @@ def architecture_args(model) -> dict[str, Any]:
     if not isinstance(model, PosGeomViT):
         return {}
     patch, img = model.patch_embed.patch_size, model.patch_embed.img_size
+    blocks: Any = model.blocks  # timm's blocks, read by timm's attribute names
     return dict(
         pe=model.pe,
         alpha=model.alpha,
         token_shuffle=model.token_shuffle,
         embed_dim=model.embed_dim,
         depth=len(model.blocks),
-        num_heads=model.blocks[0].attn.num_heads,
+        num_heads=blocks[0].attn.num_heads,
         patch_size=int(patch[0]) if patch[0] == patch[1] else list(patch),
         img_size=int(img[0]) if img[0] == img[1] else list(img),
         num_classes=model.num_classes,
@@ -170,25 +170,24 @@ def _results_rows(summary: RunSummary | None, evals: RunEval | None, sha1: str) 
             )
         )
         evals = None
-    raw = summary is not None and summary.export_sha1 == sha1
-    ema = summary is not None and summary.export_ema_sha1 == sha1
-    recorded = summary is not None and any(
-        v is not None for v in (summary.val_top1, summary.ema_val_top1, summary.pe_ssdc)
-    )
-    if recorded and not (raw or ema):
-        hashed = summary.export_sha1 is not None or summary.export_ema_sha1 is not None
-        rows.append(
-            (
-                "training results (summary.json)",
-                "measured on other weights than these: not shown"
-                if hashed
-                else "recorded without the weights' hash: not shown",
+    raw = ema = False
+    if summary is not None:
+        raw, ema = summary.export_sha1 == sha1, summary.export_ema_sha1 == sha1
+        recorded = any(v is not None for v in (summary.val_top1, summary.ema_val_top1, summary.pe_ssdc))
+        if recorded and not (raw or ema):
+            hashed = summary.export_sha1 is not None or summary.export_ema_sha1 is not None
+            rows.append(
+                (
+                    "training results (summary.json)",
+                    "measured on other weights than these: not shown"
+                    if hashed
+                    else "recorded without the weights' hash: not shown",
+                )
             )
-        )
-    if raw and summary.val_top1 is not None:
-        rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
-    if ema and summary.ema_val_top1 is not None:
-        rows.append(("validation top-1, EMA weights", _fmt(summary.ema_val_top1)))
+        if raw and summary.val_top1 is not None:
+            rows.append(("validation top-1 (training run)", _fmt(summary.val_top1)))
+        if ema and summary.ema_val_top1 is not None:
+            rows.append(("validation top-1, EMA weights", _fmt(summary.ema_val_top1)))
     if evals is not None and evals.clean_accuracy is not None:
         rows.append(("clean accuracy (robustness eval)", _fmt(evals.clean_accuracy)))
     for shift, fs in ((evals.fs if evals is not None else None) or {}).items():
@@ -199,7 +198,7 @@ def _results_rows(summary: RunSummary | None, evals: RunEval | None, sha1: str) 
         rows.append(("SSDC per layer under RPI", ", ".join(_fmt3(v) for v in ssdc.rpi_per_layer)))
         if ssdc.rpi_delta is not None:
             rows.append(("delta SSDC under RPI (layer 1 - layer 0)", _fmt(ssdc.rpi_delta)))
-    if raw and summary.pe_ssdc is not None:
+    if raw and summary is not None and summary.pe_ssdc is not None:
         rows.append(("SSDC of the learned position table", _fmt(summary.pe_ssdc)))
     return rows
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -22,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ..errors import PosgeomError
+from ..errors import PathNotFoundError, PosgeomError
 from ..measuring.settings import MAX_IMG_SIZE, max_workers
 
-if TYPE_CHECKING:  # importlib.resources.abc is Python >= 3.11
-    from importlib.resources.abc import Traversable
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from importlib.resources.abc import Traversable
+    else:  # its home before Python 3.11
+        from importlib.abc import Traversable
 
 __all__ = [
     "Recipe",
@@ -332,7 +337,7 @@ def _to_dict(value: Any) -> dict:
 
 
 # how a YAML-parsed value becomes each plain annotation of a recipe field (lists: _coerce, item by item)
-_COERCERS = {bool: _to_bool, int: _to_int, float: _to_float, str: str, dict: _to_dict}
+_COERCERS: dict[type, Callable[[Any], Any]] = {bool: _to_bool, int: _to_int, float: _to_float, str: str, dict: _to_dict}
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
@@ -430,7 +435,7 @@ def find_accelerate_config(name_or_path: str | os.PathLike) -> Path:
     name = Path(name_or_path).name.removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(
+    raise PathNotFoundError(
         f"accelerate config {str(name_or_path)!r} not found (not a file, and not one of the "
         f"shipped configs: {', '.join(shipped) or 'none'})"
     )
@@ -453,7 +458,7 @@ def find_recipe(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path).removesuffix(".yaml")
     if name in shipped:
         return packaged_path(shipped[name])
-    raise FileNotFoundError(
+    raise PathNotFoundError(
         f"recipe {str(name_or_path)!r} not found (not a file, and not one of the shipped "
         f"recipes: {', '.join(shipped) or 'none'})"
     )

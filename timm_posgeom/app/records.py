@@ -67,6 +67,8 @@ __all__ = [
     "SCHEMA_VERSION",
     "READABLE_VERSIONS",
     "RecordError",
+    "RENAMED_KEYS",
+    "Num",
     "Record",
     "RunSummary",
     "SSDCSummary",
@@ -91,6 +93,14 @@ class RecordError(PosgeomError, ValueError):
     """A record file that is missing, foreign, of another schema version or malformed."""
 
 
+# Keys renamed since a record was first written, per kind: former name -> current. A file written before is read
+# under the current names (schema 5: SSDC's difference of layer 1 minus layer 0 without RPI became ``rise``).
+RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "ssdc-summary": {"delta": "rise"},
+    "zoo-model": {"delta_ssdc": "rise"},
+}
+
+
 @dataclass
 class Record:
     """Base of the typed records: ``to_dict`` / ``from_dict``, ``write`` / ``read`` with a schema tag."""
@@ -103,10 +113,14 @@ class Record:
 
     @classmethod
     def from_dict(cls: type[R], values: Any, source: str = "record") -> R:
-        """Build the record from its dict (schema tags, if present, checked); RecordError names ``source``."""
+        """Build the record from its dict (schema tags, if present, checked; keys under a former name,
+        :data:`RENAMED_KEYS`, read under the current one); RecordError names ``source``."""
         if not isinstance(values, dict):
             raise RecordError(f"{source}: expected a JSON object for {cls.__name__}, got {type(values).__name__}")
         values = dict(values)
+        for old, new in RENAMED_KEYS.get(cls.KIND, {}).items():
+            if old in values and new not in values:
+                values[new] = values.pop(old)
         schema, version = values.pop("schema", None), values.pop("schema_version", None)
         if schema is not None and schema != f"timm-posgeom/{cls.KIND}":
             raise RecordError(f"{source}: a {schema!r} record, not timm-posgeom/{cls.KIND}")
@@ -271,13 +285,6 @@ class SSDCSummary(Record):
     rise_ci: list[Num] | None = None
     rpi_per_layer_ci: list[list[Num]] | None = None
     rpi_delta_ci: list[Num] | None = None
-
-    @classmethod
-    def from_dict(cls, values: Any, source: str = "record") -> SSDCSummary:
-        """As :meth:`Record.from_dict`; a record before schema 5 names ``rise`` ``delta``."""
-        if isinstance(values, dict) and "delta" in values and "rise" not in values:
-            values = {("rise" if k == "delta" else k): v for k, v in values.items()}
-        return super().from_dict(values, source)
 
 
 @dataclass
@@ -486,13 +493,6 @@ class ZooModel(Record):
     clean_accuracy_ci: list[Num] | None = None  # Wilson 95% interval of clean_accuracy
     # schema 7: the optional measures beyond attention and position (ZooConfig.extras), name -> its to_dict()
     measures: dict[str, Any] | None = None
-
-    @classmethod
-    def from_dict(cls, values: Any, source: str = "record") -> ZooModel:
-        """As :meth:`Record.from_dict`; a record before schema 5 names ``rise`` ``delta_ssdc``."""
-        if isinstance(values, dict) and "delta_ssdc" in values and "rise" not in values:
-            values = {("rise" if k == "delta_ssdc" else k): v for k, v in values.items()}
-        return super().from_dict(values, source)
 
 
 @dataclass

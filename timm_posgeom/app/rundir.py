@@ -1,10 +1,9 @@
 """The one owner of the folders the application writes into: training runs, studies and zoos.
 
-* :class:`RunLock`: ``<out>/.lock`` names the process writing the folder (pid, host, start time). A
-  second writer into the same folder is refused while the holder lives; the lock of a dead process (a
-  killed run) is taken over with a message. The lock is taken atomically: the holder's line is written
-  to a temporary file first and then linked to ``.lock``, so a lock is never there half-written (an
-  empty lock read between its creation and its first write was taken for one whose holder had gone).
+* :class:`RunLock`: one process writes a folder. The lock is :mod:`filelock`'s (``<out>/.lock``, held by the
+  operating system while its holder lives, free once it ends); ``<out>/.holder.json`` names the holder (pid,
+  host, start time). A second writer into the same folder is refused with one line naming the holder; the lock
+  of a dead process (a killed run) is taken, with a message.
 * :data:`NEUTRAL_KEYS` and :func:`settings_changes`: the settings that change how a folder is made
   (logged, saved, how fast), never a number in it, for each kind of folder; and the others that
   differ between what a folder was made with and what is asked now (a resume onto another model,
@@ -23,19 +22,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import PosgeomError, one_line
-from ..results.jsonio import to_jsonable
+from ..results.jsonio import to_jsonable, write_atomic
 
 __all__ = [
     "RunLock",
     "RunDirError",
     "RunFileError",
+    "OutputExistsError",
+    "NotWritableError",
     "NEUTRAL_KEYS",
     "LEGACY_KEYS",
     "settings_changes",
@@ -102,6 +102,15 @@ LEGACY_KEYS: dict[str, dict[str, Any]] = {
 
 class RunDirError(PosgeomError, RuntimeError):
     """A run directory that cannot be used as asked (locked, finished, not a run, or holding another recipe)."""
+
+
+class OutputExistsError(PosgeomError, FileExistsError):
+    """An output folder that already holds what a command would write (a training run, a study, weights from
+    elsewhere): ``--resume`` continues it, or another ``--out`` starts afresh."""
+
+
+class NotWritableError(PosgeomError, PermissionError):
+    """An output folder that cannot be created or written to."""
 
 
 class RunFileError(PosgeomError, ValueError):
@@ -192,115 +201,77 @@ def set_aside(path: Path, log: Callable[[str], None] | None = None) -> Path:
     return target
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 class RunLock:
-    """An exclusive lock on a folder (a run, a study, a zoo), held by one process (the main one of a launch)."""
+    """An exclusive lock on a folder (a run, a study, a zoo), held by one process (the main one of a launch).
 
-    def __init__(self, out: Path):
+    The lock is :mod:`filelock`'s on ``<out>/.lock`` (the operating system's ``flock``): it lasts while its holder
+    lives and is free as soon as the holder ends, killed or not, so a dead process's lock is simply taken.
+    ``<out>/.holder.json`` names the holder (pid, host, start time), written once the lock is held: a refusal
+    names it, and a holder file left by a process that is gone is said when its lock is taken. A holder on another
+    host is refused even when its lock looks free (a shared disk's locks may not reach across hosts): the refusal
+    says how to clear it.
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        from filelock import FileLock
+
         self.file = Path(out) / ".lock"
+        self.holder_file = Path(out) / ".holder.json"
+        self._lock = FileLock(self.file, timeout=0)
         self.held = False
 
-    def _text(self) -> str | None:
-        """What ``.lock`` holds now, or None when there is none."""
+    def _holder(self) -> dict[str, Any] | None:
+        """Who holds (or last held) the lock, from ``.holder.json``; None when there is none or it is unreadable
+        (being written, or damaged)."""
         try:
-            return self.file.read_text()
-        except FileNotFoundError:
-            return None
-
-    @staticmethod
-    def _parse(text: str) -> dict[str, Any] | None:
-        try:
-            holder = json.loads(text)
-        except json.JSONDecodeError:
+            holder = json.loads(self.holder_file.read_text())
+        except (OSError, ValueError):
             return None
         return holder if isinstance(holder, dict) else None
 
-    def _link(self, me: dict[str, Any]) -> bool:
-        """Write ``me`` to a temporary file of its own, then link it to ``.lock``: True when this made the
-        lock, False when one exists. The link fails when ``.lock`` exists, so there is never a moment when
-        ``.lock`` exists but does not name its holder yet."""
-        fd, tmp = tempfile.mkstemp(prefix=".lock.", suffix=".tmp", dir=self.file.parent)
-        try:
-            os.fchmod(fd, 0o644)  # readable by whoever is refused, as the lock always was
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            try:
-                os.link(tmp, self.file)
-            except FileExistsError:
-                return False
-            except OSError:  # a file system without hard links: create it exclusively, then write
-                try:
-                    fd = os.open(self.file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                except FileExistsError:
-                    return False
-                with os.fdopen(fd, "w") as f:
-                    json.dump(me, f)
-            return True
-        finally:
-            os.unlink(tmp)
+    def _refusal(self, holder: dict[str, Any] | None, here: str) -> RunDirError:
+        if holder is None:
+            return RunDirError(f"{self.file.parent} is in use by another process: wait for it, or choose another --out")
+        elsewhere = holder.get("host") != here
+        return RunDirError(
+            f"{self.file.parent} is in use by process {holder.get('pid')} on "
+            f"{'another host, ' if elsewhere else ''}{holder.get('host')} (since {holder.get('started')}"
+            f"{'; whether it still runs cannot be told from here' if elsewhere else ''}): wait for it, "
+            f"or choose another --out"
+            + (f"; if that process is gone, remove {self.holder_file} and run again" if elsewhere else "")
+        )
 
-    def _remove_stale(self, text: str) -> None:
-        """Remove ``.lock`` if it still holds ``text`` (the dead holder's): it is moved aside first and
-        compared there, so a lock another process took over in the meantime is put back, not deleted."""
-        aside = self.file.with_name(f".lock.stale{os.getpid()}")
-        try:
-            os.replace(self.file, aside)
-        except FileNotFoundError:  # removed in the meantime
-            return
-        if aside.read_text() == text:
-            aside.unlink()
-            return
-        try:  # a live lock, taken since we read the dead one's: put it back
-            os.link(aside, self.file)
-        except FileExistsError:  # taken once more in the meantime: that one stays
-            pass
-        except OSError:  # a file system without hard links
-            os.replace(aside, self.file)
-            return
-        aside.unlink()
+    def acquire(self, say: Callable[[str], None] = print, wait_s: float = 0.0) -> None:
+        """Take the lock (waiting up to ``wait_s`` seconds for its holder to release it) and name this process in
+        ``.holder.json``, or raise :class:`RunDirError` naming the process that holds it. A holder file left by a
+        process that is gone is said through ``say``. OSError when ``out`` is not writable."""
+        from filelock import Timeout
 
-    def acquire(self, say: Callable[[str], None] = print) -> None:
-        """Create ``<out>/.lock`` naming this process, or raise :class:`RunDirError` naming the live process
-        that holds it. The lock of a process that is gone (same host, no such pid) or an unreadable one is
-        taken over, said through ``say``. OSError when ``out`` is not writable."""
-        me = dict(pid=os.getpid(), host=socket.gethostname(), started=time.strftime("%Y-%m-%d %H:%M:%S"))
-        for _ in range(3):
-            if self._link(me):
-                self.held = True
-                return
-            text = self._text()
-            if text is None:  # released in the meantime
-                continue
-            holder = self._parse(text)
-            if holder is None or (holder.get("host") == me["host"] and not _alive(int(holder.get("pid", -1)))):
-                say(
-                    f"taking over the lock of {self.file.parent}: its holder "
-                    f"{'(unreadable)' if holder is None else 'process ' + str(holder.get('pid'))} is gone"
-                )
-                self._remove_stale(text)
-                continue
-            elsewhere = holder.get("host") != me["host"]
-            raise RunDirError(
-                f"{self.file.parent} is in use by process {holder.get('pid')} on "
-                f"{'another host, ' if elsewhere else ''}{holder.get('host')} (since {holder.get('started')}"
-                f"{'; whether it still runs cannot be told from here' if elsewhere else ''}): wait for it, "
-                f"or choose another --out; if that process is gone, remove {self.file} and run again"
-            )
-        raise RunDirError(f"could not lock {self.file.parent}")
+        host = socket.gethostname()
+        me = dict(pid=os.getpid(), host=host, started=time.strftime("%Y-%m-%d %H:%M:%S"))
+        try:
+            self._lock.acquire(timeout=wait_s)
+        except Timeout:
+            raise self._refusal(self._holder(), host) from None
+        former = self._holder()
+        if former is not None and former.get("host") != host:
+            self._lock.release()
+            raise self._refusal(former, host)
+        if former is not None:
+            say(f"taking over the lock of {self.file.parent}: its holder process {former.get('pid')} is gone")
+        try:
+            write_atomic(self.holder_file, json.dumps(me))
+        except BaseException:
+            self._lock.release()
+            raise
+        self.held = True
 
     def release(self) -> None:
-        """Remove ``.lock`` if this process holds it (a lock taken over by another is left alone)."""
+        """Remove ``.holder.json`` and ``.lock`` and release the lock, if this process holds it. The lock file is
+        removed while the lock is held: a process that opened it meanwhile finds it gone once it has the lock, and
+        takes a new one (filelock checks this)."""
         if self.held:
-            holder = self._parse(self._text() or "")
-            if holder is not None and holder.get("pid") == os.getpid():
-                self.file.unlink(missing_ok=True)
+            self.holder_file.unlink(missing_ok=True)
+            self.file.unlink(missing_ok=True)
+            self._lock.release()
             self.held = False

@@ -39,6 +39,7 @@ import sys
 from typing import Any
 
 from ..defaults import IMAGENET_C_JPEG_BLUR, PAPER_SHIFTS
+from ..errors import DataError, SettingError
 from ..protocol import PROBE_IMAGES, PROTOCOL_FIELDS, RPI_PERMUTATIONS, SPEC_FORMS, Protocol, parse_alpha_spec
 
 
@@ -114,7 +115,7 @@ def apply_renamed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     names were given."""
     for old, (new, dest, value) in (getattr(args, "renamed_flags", None) or {}).items():
         if getattr(args, dest, None) != parser.get_default(dest) and getattr(args, dest, None) != value:
-            raise ValueError(f"{old} is the old name of {new}: give only {new}")
+            raise SettingError(f"{old} is the old name of {new}: give only {new}")
         print(
             f"posgeom {args.command}: warning: {old} is deprecated and will be removed in the next release: "
             f"use {new} (the same)",
@@ -398,10 +399,10 @@ def check_counts(args: argparse.Namespace) -> None:
     for flag, (high, why) in _count_limits(args).items():
         value = getattr(args, flag, None)
         if isinstance(value, int) and value > high:
-            raise ValueError(f"--{flag.replace('_', '-')} must be at most {high:,} ({why}), got {value:,}")
+            raise SettingError(f"--{flag.replace('_', '-')} must be at most {high:,} ({why}), got {value:,}")
     seed = getattr(args, "seed", None)
     if isinstance(seed, int) and not -(2**63) <= seed < 2**63:
-        raise ValueError(f"--seed must fit in 64 bits (from -2**63 to 2**63 - 1), got {seed}")
+        raise SettingError(f"--seed must fit in 64 bits (from -2**63 to 2**63 - 1), got {seed}")
     for flag in (
         "batch_size",
         "max_images",
@@ -417,7 +418,7 @@ def check_counts(args: argparse.Namespace) -> None:
         # train's --probe-images 0: no SSDC at its evaluations (the recipe's probe_images: 0)
         low = 0 if flag == "num_workers" or (flag == "probe_images" and getattr(args, "command", "") == "train") else 1
         if value is not None and value < low:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
+            raise SettingError(f"--{flag.replace('_', '-')} must be >= {low}, got {value}")
 
 
 def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[Any, Any, str]:
@@ -442,7 +443,7 @@ def load_model_and_data(args: argparse.Namespace, subset: bool = True) -> tuple[
                 file=sys.stderr,
             )
     if len(data) == 0:
-        raise ValueError(f"the {args.split!r} split of {args.data} is empty")
+        raise DataError(f"the {args.split!r} split of {args.data} is empty")
     num_classes = args.num_classes
     if num_classes is None and args.checkpoint is not None:
         num_classes = data.num_classes
@@ -465,7 +466,7 @@ def parse_alphas(text: str) -> list[float]:
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise ValueError(f"--alphas needs comma-separated numbers, got {text!r}")
+        raise SettingError(f"--alphas needs comma-separated numbers, got {text!r}")
     return [check_alpha(p) for p in parts]
 
 
@@ -501,7 +502,7 @@ def protocol_options(args: argparse.Namespace) -> dict[str, Any]:
         values["extras"] = parse_extras(args.extras)
     if getattr(args, "shift_size", None) is not None:
         if args.shift_size < 0:
-            raise ValueError(
+            raise SettingError(
                 f"--shift-size must be a size in px >= 1, or 0 (at the model's input), got {args.shift_size}"
             )
         values["shift_size"] = args.shift_size or None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import SettingError
+
 __all__ = ["add_heldout_arg", "add_shift_size_arg", "shift_size"]
 
 HELDOUT_HELP = (
@@ -37,5 +39,7 @@ def shift_size(args: argparse.Namespace) -> int | None:
     if args.shift_size is None or args.shift_size == 0:
         return None
     if args.shift_size < 0:
-        raise ValueError(f"--shift-size must be a size in px >= 1, or 0 (at the model's input), got {args.shift_size}")
+        raise SettingError(
+            f"--shift-size must be a size in px >= 1, or 0 (at the model's input), got {args.shift_size}"
+        )
     return int(args.shift_size)

@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..errors import PathNotFoundError, SettingError
 from ..protocol import PAPER_SHIFTS
 from ._options import (
     add_data_args,
@@ -99,7 +100,7 @@ def _parse_severities(text: str) -> list[int]:
     try:
         return [int(p) for p in text.split(",") if p.strip()]
     except ValueError:
-        raise ValueError(f"--severities needs comma-separated integers 1-5, got {text!r}") from None
+        raise SettingError(f"--severities needs comma-separated integers 1-5, got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         parse_shift(spec)  # fail on a bad spec before loading anything
     size = shift_size(args)
     if size and args.blur_on_device:
-        raise ValueError(
+        raise SettingError(
             "--blur-on-device blurs the batch at the model's input: it cannot apply a shift at --shift-size"
         )
 
@@ -180,11 +181,11 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
     from ..robustness.imagenet_c import ImageNetCResult
 
     if args.shift:
-        raise ValueError("--shift and --imagenet-c exclude each other: run them separately")
+        raise SettingError("--shift and --imagenet-c exclude each other: run them separately")
     if args.blur_on_device:
-        raise ValueError("--blur-on-device does not apply to --imagenet-c")
+        raise SettingError("--blur-on-device does not apply to --imagenet-c")
     if shift_size(args):
-        raise ValueError("--shift-size applies to --shift, not to --imagenet-c")
+        raise SettingError("--shift-size applies to --shift, not to --imagenet-c")
     severities = _parse_severities(args.severities)
     specs = imagenet_c_shifts(args.imagenet_c or "all", severities)  # checks names and severities first
     names = list(dict.fromkeys(spec.split(":")[1] for spec in specs))
@@ -194,7 +195,7 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
         try:
             lines = Path(args.imagenet_c_class_folders).read_text(encoding="utf-8").splitlines()
         except UnicodeDecodeError:
-            raise ValueError(
+            raise SettingError(
                 f"--imagenet-c-class-folders {args.imagenet_c_class_folders} is not a text file (one folder name "
                 "a line)"
             ) from None
@@ -203,13 +204,13 @@ def _imagenet_c_inputs(args: argparse.Namespace) -> tuple[list[str], list[int], 
         for name in names:  # the imagecorruptions package: a clear line now rather than after loading the model
             imagenet_c(name, severities[0])
         if folders is not None or args.imagenet_c_extra_classes != "error":
-            raise ValueError("--imagenet-c-class-folders and --imagenet-c-extra-classes need --imagenet-c-root")
+            raise SettingError("--imagenet-c-class-folders and --imagenet-c-extra-classes need --imagenet-c-root")
     elif not Path(args.imagenet_c_root).is_dir():
-        raise FileNotFoundError(f"--imagenet-c-root {args.imagenet_c_root!r} is not a folder")
+        raise PathNotFoundError(f"--imagenet-c-root {args.imagenet_c_root!r} is not a folder")
     if reference is not None:
         missing = [f"{c}:{s}" for c in names for s in severities if c not in reference.fs or s not in reference.fs[c]]
         if missing:
-            raise ValueError(
+            raise SettingError(
                 f"the reference {args.reference} lacks {', '.join(missing[:4])}"
                 f"{' ...' if len(missing) > 4 else ''}: run it with the same corruptions and severities"
             )

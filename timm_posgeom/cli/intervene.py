@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import SettingError
 from ._options import (
     add_components_arg,
     add_data_args,
@@ -39,7 +40,7 @@ def _numbers(text: str, flag: str, cast: Any = float) -> list[Any]:
     except ValueError:
         values = []
     if not values:
-        raise ValueError(f"{flag} needs comma-separated numbers, got {text!r}")
+        raise SettingError(f"{flag} needs comma-separated numbers, got {text!r}")
     return values
 
 

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from ..errors import SettingError
 from ._options import (
     add_data_args,
     add_labels_arg,
@@ -63,14 +64,14 @@ def _measures(text: str) -> tuple[str, ...]:
     chosen = tuple(m.strip() for m in text.split(",") if m.strip())
     unknown = [m for m in chosen if m not in _MEASURES]
     if unknown or not chosen:
-        raise ValueError(f"--measures: choose among {', '.join(_MEASURES)}, got {text!r}")
+        raise SettingError(f"--measures: choose among {', '.join(_MEASURES)}, got {text!r}")
     return chosen
 
 
 def run(args: argparse.Namespace) -> int:
     measures = _measures(args.measures)
     if args.colours < 1:
-        raise ValueError(f"--colours must be >= 1, got {args.colours}")
+        raise SettingError(f"--colours must be >= 1, got {args.colours}")
     return run_measurement(args, lambda model, data, settings: _measure(args, measures, model, data, settings), _report)
 
 

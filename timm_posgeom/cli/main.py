@@ -8,8 +8,9 @@ import os
 import re
 import sys
 import warnings
+from typing import Any
 
-from ..errors import APP_MODULES, USER_ERRORS, io_error_line, one_line
+from ..errors import APP_MODULES, user_error_line
 from ._options import apply_renamed, check_counts
 
 # One module per sub-command in this package, each with add_parser() and run().
@@ -129,9 +130,54 @@ def _one_line_warning(command: str):
     return show
 
 
+def _where_to_report() -> str:
+    """Where a bug is reported: the issue tracker (or else the repository) the installed package's metadata names
+    (pyproject.toml's [project.urls]), or the developers when it names none."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        urls = dict(u.split(", ", 1) for u in metadata("timm-posgeom").get_all("Project-URL") or [] if ", " in u)
+    except PackageNotFoundError:
+        urls = {}
+    found = {k.lower().replace(" ", ""): v for k, v in urls.items()}
+    for label in ("issues", "bugtracker", "tracker", "repository", "source", "homepage"):
+        if label in found:
+            return f"at {found[label]}"
+    return "to the timm-posgeom developers"
+
+
+def bug_line(command: str) -> str:
+    """The line after the traceback of an error that is no user error: a bug, to report, and where."""
+    return (
+        f"posgeom {command}: this is a bug in timm-posgeom or a library it uses, not a mistake in what was asked: "
+        f"please report it {_where_to_report()}, with the command, the traceback above and {version_line()}"
+    )
+
+
+class _BugHook:
+    """``sys.excepthook`` while a command runs: Python's own traceback, then :func:`bug_line` (a bug of ours or a
+    dependency's ends the program so; a user error never reaches here)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __call__(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        sys.__excepthook__(kind, value, tb)
+        if issubclass(kind, Exception):
+            print(bug_line(self.command), file=sys.stderr)
+
+
+def _report_bugs(command: str) -> None:
+    """Let an exception that ends the program (a bug) end with :func:`bug_line`; a hook of another program's
+    (IPython's) is left alone, and a caller of :func:`main` in Python still gets the exception itself."""
+    if sys.excepthook is sys.__excepthook__ or isinstance(sys.excepthook, _BugHook):
+        sys.excepthook = _BugHook(command)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # parsed before torch or timm is imported: --help and bad flags answer at once
+    _report_bugs(args.command)
     missing = missing_app_modules(args.command)
     if missing:  # said before any work, rather than failing at its end
         parser.exit(2, _app_extra_line(args.command, missing))
@@ -147,19 +193,15 @@ def main(argv: list[str] | None = None) -> int:
         if top not in APP_MODULES:
             raise
         parser.exit(2, _app_extra_line(args.command, [top]))
-    except USER_ERRORS as e:  # one line on stderr, exit 2; anything else is a bug and keeps its traceback
-        text = one_line(e)
-        labels = sys.modules.get("timm_posgeom.data.labels")  # not imported here: data/ imports torch
-        if labels is not None and isinstance(
-            e, labels.LabelMismatchError
-        ):  # the library names its parameter; the command line, its flag
-            text = re.sub(r"labels='([\w-]+)'", r"--labels \1", text)
-        parser.exit(2, f"posgeom {args.command}: error: {text}\n")
     except BrokenPipeError:  # `posgeom ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except OSError as e:  # a full disk, a read-only folder, a path of the wrong kind: one line; else a bug
-        text = io_error_line(e)
-        if text is None:
+    except Exception as e:  # a user error (ours, or a file system's about a path): one line, exit 2
+        text = user_error_line(e)
+        if text is None:  # a bug: its traceback, and the line that says so (_report_bugs)
             raise
+        labels = sys.modules.get("timm_posgeom.data.labels")  # not imported here: data/ imports torch
+        if labels is not None and isinstance(e, labels.LabelMismatchError):
+            # the library names its parameter; the command line, its flag
+            text = re.sub(r"labels='([\w-]+)'", r"--labels \1", text)
         parser.exit(2, f"posgeom {args.command}: error: {text}\n")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import SettingError
 from ._options import (
     DEVICE_HELP,
     add_imagenet_c_jpeg_blur_arg,
@@ -128,7 +129,7 @@ def study_config(args: argparse.Namespace) -> Any:
     from ..app.study import preset_config
 
     if args.heldout is not None and not 0 <= args.heldout < 1:
-        raise ValueError(f"--heldout must be in [0, 1), got {args.heldout}")
+        raise SettingError(f"--heldout must be in [0, 1), got {args.heldout}")
     conditions = tuple(c.strip() for c in args.conditions.split(",")) if args.conditions else None
     config = preset_config(
         args.preset,
@@ -147,7 +148,7 @@ def study_config(args: argparse.Namespace) -> Any:
     for item in args.overrides or []:
         key = item.split("=", 1)[0].strip()
         if key in owned:
-            raise ValueError(f"--set {key}=... would be replaced by the study's own {key}: use {owned[key]}")
+            raise SettingError(f"--set {key}=... would be replaced by the study's own {key}: use {owned[key]}")
     flags = recipe_flag_overrides(args, args.overrides, RECIPE_FLAGS)
     if args.overrides or flags:
         config.train_overrides = list(config.train_overrides) + list(args.overrides or []) + flags

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..errors import SettingError
 from ._options import DEVICE_HELP, add_bad_images_arg, add_hub_data_args
 from ._protocol_options import add_heldout_arg
 
@@ -119,7 +120,7 @@ def recipe_flag_overrides(
         flag = "--" + dest.replace("_", "-")
         for key in keys:
             if key in given:
-                raise ValueError(f"--set {key}=... and {flag} both set {key}: give one")
+                raise SettingError(f"--set {key}=... and {flag} both set {key}: give one")
             out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return out
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import SettingError
 from ._options import (
     PRETRAINED_HELP,
     add_bad_images_arg,
@@ -149,7 +150,7 @@ def _merge(args: argparse.Namespace) -> int:
     from ..app.zoo import merge_zoo
 
     if args.models or args.models_file or args.filter or args.model_set or args.shard:
-        raise ValueError(
+        raise SettingError(
             "--merge measures nothing: give only --out (and no models, --models-file, --filter, --model-set or --shard)"
         )
     summary, missing = merge_zoo(args.out)
@@ -165,7 +166,7 @@ def _legacy_images(args: argparse.Namespace) -> None:
     if args.images is None:
         return
     if args.max_images is not None:
-        raise ValueError("--images is the old name of --max-images: give only --max-images")
+        raise SettingError("--images is the old name of --max-images: give only --max-images")
     print(
         "posgeom zoo: warning: --images is deprecated and will be removed in the next release: use "
         "--max-images N (the same: SSDC and fragility on the first N images)",
@@ -217,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     if args.merge:
         return _merge(args)
     if args.data is None:
-        raise ValueError("--data is required (the images every model is measured on)")
+        raise SettingError("--data is required (the images every model is measured on)")
     check_counts(args)
     _legacy_images(args)
     pretrained = {None: "auto", True: "on", False: "off"}[args.pretrained]

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ..errors import SettingError
 from .synthetic import seed32
 from .transforms import eval_transform, to_rgb
 
@@ -138,7 +139,7 @@ def train_transform(
     if unknown:
         raise TypeError(f"train_transform() got an unexpected keyword argument {unknown[0]!r}")
     if augment not in AUGMENTATIONS:
-        raise ValueError(f"unknown augment {augment!r}; expected one of {', '.join(AUGMENTATIONS)}")
+        raise SettingError(f"unknown augment {augment!r}; expected one of {', '.join(AUGMENTATIONS)}")
     if augment == "none":  # the paper: no augmentation, resized straight to the input
         return eval_transform(eval_config(img_size, mean, std, interpolation), resize="paper")
     if augment == "crop_flip":

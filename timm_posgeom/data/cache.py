@@ -4,7 +4,6 @@ augment and normalise those tensors directly, so training is not bound by JPEG d
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from collections.abc import Sequence
@@ -13,6 +12,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import SettingError
+from ..results.fingerprints import fingerprint
 from ..results.jsonio import replacing, write_errors
 from .augment import crop_flip, mean_std_tensors, normalize_uint8, resize_uint8, sample_seed
 from .splits import ImageSplit, SubsetSplit
@@ -46,7 +47,8 @@ class _ResizeItems(Dataset):
         items, item = self.split.items, index
         source = self.split
         while isinstance(source, SubsetSplit):  # a subset's item i is its parent's item indices[i]
-            source, item = source.split, source.indices[item]
+            item = source.indices[item]
+            source = source.split
         if isinstance(items, SyntheticShapes) and items.img_size == self.img_size:
             return items.render(item)
         image, _ = self.split[index]
@@ -73,7 +75,7 @@ def cache_uint8(
     """
     file = None
     if cache_dir is not None:
-        key = hashlib.sha1(f"{split.fingerprint}|{img_size}|{interpolation}".encode()).hexdigest()[:20]
+        key = fingerprint(f"{split.fingerprint}|{img_size}|{interpolation}")
         file = Path(cache_dir) / f"uint8-{img_size}px-{key}.pt"
         if file.is_file():
             try:
@@ -121,7 +123,7 @@ class CachedTrainDataset(Dataset):
         augment: str = "crop_flip",
     ):
         if augment not in ("none", "crop_flip"):
-            raise ValueError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
+            raise SettingError(f"the uint8 cache supports augment 'none' or 'crop_flip', not {augment!r}")
         self.cache, self.crop_pad, self.hflip, self.seed, self.epoch = cache, crop_pad, hflip, seed, 0
         self.augment = augment
         self.mean, self.std = mean_std_tensors(mean, std)

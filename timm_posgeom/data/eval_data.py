@@ -25,6 +25,7 @@ import torch.nn as nn
 import torchvision.transforms as T
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import DataError, SettingError
 from . import ImageSplit, RelabeledSplit
 from .transforms import class_index, resize_transform, resolve_config
 
@@ -47,7 +48,7 @@ def split_item(item: Any) -> tuple[PIL.Image.Image, int]:
         image = next((item[k] for k in ("image", "img") if k in item), None)
         label = next((item[k] for k in ("label", "labels") if k in item), None)
         if image is None or label is None:
-            raise ValueError(f"a data item dict needs 'image' and 'label' keys, got {sorted(item)}")
+            raise DataError(f"a data item dict needs 'image' and 'label' keys, got {sorted(item)}")
     elif isinstance(item, (tuple, list)) and len(item) >= 2:
         image, label = item[0], item[1]
     else:
@@ -69,11 +70,11 @@ def first_items(data: Any, max_images: int | None) -> Any:
     ):
         return data
     if max_images is None:
-        raise ValueError(
+        raise SettingError(
             "data is a stream (an iterable without a length): give max_images, the number of its first images to read"
         )
     if max_images < 1:
-        raise ValueError(f"max_images must be >= 1, got {max_images}")
+        raise SettingError(f"max_images must be >= 1, got {max_images}")
     if getattr(data, "features", None) is not None and hasattr(data, "take") and hasattr(data, "cast_column"):
         from .hub import take_stream
 
@@ -93,10 +94,10 @@ def check_split(data: Any, max_images: int | None = None) -> int:
     n = len(data)
     if max_images is not None:
         if max_images < 1:
-            raise ValueError(f"max_images must be >= 1, got {max_images}")
+            raise SettingError(f"max_images must be >= 1, got {max_images}")
         n = min(n, int(max_images))
     if n == 0:
-        raise ValueError("data is empty: no images to evaluate")
+        raise DataError("data is empty: no images to evaluate")
     return n
 
 
@@ -209,7 +210,7 @@ def eval_loader(
     ``probe_ssdc`` reads these batches directly (it takes the images of an ``(images, labels)`` pair).
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise SettingError(f"batch_size must be >= 1, got {batch_size}")
     data = first_items(data, max_images)
     n = check_split(data, max_images)
     workers = default_workers() if num_workers is None else int(num_workers)

@@ -3,7 +3,6 @@ folder, a fixed order mixed across classes, and a fingerprint that changes when 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 
 from PIL import Image
 
+from ..results.fingerprints import fingerprint
 from .splits import SPLIT_ALIASES, ImageSplit, split_name
 
 __all__ = ["is_image_folder", "load_folder_split", "LeftOutFilesWarning"]
@@ -124,16 +124,14 @@ def load_folder_split(root: Path, split: str, subset: int | None) -> ImageSplit:
     # A fixed, class-mixed order (by a hash of each file's path in the split), as the parquet sets'
     # rows are pre-shuffled: ImageFolder's is sorted by class, so "the first n" (subset, max_images,
     # the study's probe and eval images) would be the first classes only.
-    folder.samples.sort(key=lambda item: hashlib.sha1(os.path.relpath(item[0], root / name).encode()).hexdigest())
+    folder.samples.sort(key=lambda item: fingerprint(os.path.relpath(item[0], root / name)))
     n = min(len(folder), subset) if subset else len(folder)
     folder.samples = folder.samples[:n]
     folder.imgs = folder.samples
     folder.targets = [t for _, t in folder.samples]
     # the cache key must change when any file changes (path, size and modification time of each) and
     # when the class numbering does
-    digest = hashlib.sha1(
-        "\n".join([file_key(p) for p, _ in folder.samples] + ["classes:"] + classes).encode()
-    ).hexdigest()[:16]
+    digest = fingerprint("\n".join([file_key(p) for p, _ in folder.samples] + ["classes:"] + classes))
     return ImageSplit(
         folder,
         folder.classes,

@@ -11,13 +11,13 @@ depend on the others, on the order of the classes, or on the training seed. Both
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import PosgeomError
+from ..results.fingerprints import fingerprint
 from .splits import ImageSplit, SubsetSplit
 
 __all__ = ["HeldoutError", "carve_heldout", "heldout_indices"]
@@ -47,8 +47,8 @@ def carve_heldout(split: ImageSplit, fraction: float, seed: int = 0) -> tuple[Su
     """(the training part, the held-out part, the record of the carving) of ``split``.
 
     The record (JSON-ready): ``fraction``, ``seed``, ``images`` (held out), ``per_class`` (held out per class,
-    in class order), ``train_images`` (left to train on) and ``indices_sha1`` (16 hex digits of SHA-1 over the
-    held-out indices, comma-separated): what a reader needs to rebuild the split and to check it is the same.
+    in class order), ``train_images`` (left to train on) and ``indices_sha1`` (the
+    :func:`~timm_posgeom.results.fingerprints.fingerprint` of the held-out indices, comma-separated): what a reader needs to rebuild the split and to check it is the same.
     Raises :class:`HeldoutError` when the fraction holds out no image (too small for the classes' sizes)."""
     held = heldout_indices(split.labels, fraction, seed)
     if not len(held):
@@ -65,6 +65,6 @@ def carve_heldout(split: ImageSplit, fraction: float, seed: int = 0) -> tuple[Su
         images=int(len(held)),
         per_class=counts.tolist(),
         train_images=int((~mask).sum()),
-        indices_sha1=hashlib.sha1(",".join(map(str, held.tolist())).encode()).hexdigest()[:16],
+        indices_sha1=fingerprint(",".join(map(str, held.tolist()))),
     )
     return SubsetSplit(split, np.flatnonzero(~mask).tolist()), SubsetSplit(split, held.tolist()), record

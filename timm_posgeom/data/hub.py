@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ..errors import PosgeomError, require
+from ..errors import PathNotFoundError, PosgeomError, one_line, require
 from .splits import ImageSplit, split_name
 from .transforms import class_index
 
@@ -27,7 +27,8 @@ class HubOptions(TypedDict, total=False):
 
 
 class DataSourceError(PosgeomError, ValueError):
-    """A data source that cannot be read: a Hub dataset out of reach (offline)."""
+    """A data source that cannot be read: a Hub dataset out of reach (offline), a configuration it lacks, a label
+    column that holds no class indices."""
 
 
 def find_columns(features: Any) -> tuple[str, str]:
@@ -41,14 +42,14 @@ def find_columns(features: Any) -> tuple[str, str]:
     if len(class_labels) > 1:  # e.g. CIFAR-100's fine_label and coarse_label: the usual name, else refuse
         label = next((n for n in _LABEL_NAMES if n in class_labels), None)
         if label is None:
-            raise ValueError(
+            raise DataSourceError(
                 f"several label columns ({', '.join(class_labels)}) and none of the usual names "
                 f"{_LABEL_NAMES}: which one is the class is not guessed"
             )
     else:
         label = class_labels[0] if class_labels else next((n for n in _LABEL_NAMES if n in names), None)
     if image is None or label is None:
-        raise ValueError(
+        raise DataSourceError(
             f"cannot find the image and label columns among {names}: expected an Image "
             f"feature (or one of {_IMAGE_NAMES}) and a ClassLabel (or one of {_LABEL_NAMES})"
         )
@@ -110,7 +111,7 @@ def load_hub_split(kind: str, where: str, source: Any, split: str, subset: int |
     try:
         labels = [class_index(v) for v in labels]
     except ValueError as e:
-        raise ValueError(f"the {split!r} split of {source}, column {label_col!r}: {e}") from None
+        raise DataSourceError(f"the {split!r} split of {source}, column {label_col!r}: {e}") from None
     if isinstance(feature, datasets.ClassLabel):
         classes = feature.names
     else:
@@ -155,7 +156,9 @@ def _load_hf_split(
     try:
         builder = datasets.load_dataset_builder(where, config, revision=revision)
     except FileNotFoundError as e:
-        raise FileNotFoundError(f"cannot load data {source!r}: {e}") from e
+        raise PathNotFoundError(f"cannot load data {source!r}: {e}") from e
+    except ValueError as e:  # datasets refuses what was asked of the data: a configuration it lacks, ...
+        raise DataSourceError(f"cannot load data {source!r}: {one_line(e, first_line=True)}") from None
     files = builder.config.data_files or {}
     names = list(files) or list(datasets.get_dataset_split_names(where, config, revision=revision))
     name = split_name(names, split)

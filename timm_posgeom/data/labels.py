@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from ..defaults import LABEL_POLICIES
-from ..errors import PosgeomError
+from ..errors import PosgeomError, SettingError
 
 __all__ = ["LABEL_POLICIES", "LabelMismatchError", "match_labels", "map_by_name", "model_class_names"]
 
@@ -147,7 +147,7 @@ def match_labels(model: Any, data: Any, labels: str = "check") -> Any:
     ``data`` unchecked.
     """
     if labels not in LABEL_POLICIES:
-        raise ValueError(f"labels must be one of {', '.join(LABEL_POLICIES)}, got {labels!r}")
+        raise SettingError(f"labels must be one of {', '.join(LABEL_POLICIES)}, got {labels!r}")
     if labels == "as-is":
         return data
     if labels == "by-name":

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ..errors import SettingError
+
 __all__ = ["EpochBatchSampler", "make_loader"]
 
 
@@ -32,7 +34,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         drop_last: bool = True,
     ):
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise SettingError(f"batch_size must be >= 1, got {batch_size}")
         self.num_samples, self.batch_size = int(num_samples), int(batch_size)
         self.num_replicas, self.rank, self.seed = int(num_replicas), int(rank), int(seed)
         self.shuffle, self.drop_last = shuffle, drop_last

@@ -66,7 +66,7 @@ from torchvision.transforms.v2 import Transform
 from torchvision.transforms.v2 import functional as F
 
 from ..defaults import PAPER_SHIFTS, SPEC_FORMS
-from ..errors import MissingDependencyError, one_line
+from ..errors import DataError, MissingDependencyError, SettingError, one_line
 from .synthetic import seed32
 
 __all__ = [
@@ -144,7 +144,7 @@ class Shift(Transform):
 # --------------------------------------------------------------------------------------------
 def _check_quality(quality: Any) -> int:
     if isinstance(quality, bool) or not isinstance(quality, (int, np.integer)) or not 1 <= int(quality) <= 100:
-        raise ValueError(f"JPEG quality must be an integer from 1 to 100, got {quality!r}")
+        raise SettingError(f"JPEG quality must be an integer from 1 to 100, got {quality!r}")
     return int(quality)
 
 
@@ -199,9 +199,9 @@ def _check_sigma(sigma: Any) -> float:
     try:
         value = float(sigma)
     except (TypeError, ValueError):
-        raise ValueError(f"blur sigma must be a number > 0, got {sigma!r}") from None
+        raise SettingError(f"blur sigma must be a number > 0, got {sigma!r}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"blur sigma must be a finite number > 0, got {sigma!r}")
+        raise SettingError(f"blur sigma must be a finite number > 0, got {sigma!r}")
     return value
 
 
@@ -214,7 +214,7 @@ def _check_kernel_size(kernel_size: Any) -> int | None:
         or kernel_size < 1
         or kernel_size % 2 == 0
     ):
-        raise ValueError(f"blur kernel size must be an odd positive integer, got {kernel_size!r}")
+        raise SettingError(f"blur kernel size must be an odd positive integer, got {kernel_size!r}")
     return int(kernel_size)
 
 
@@ -410,14 +410,14 @@ class Corruption(Shift):
         self.name = _check_corruption_name(name)
         self.severity = check_severity(severity)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"the corruption seed must be an integer, got {seed!r}")
+            raise SettingError(f"the corruption seed must be an integer, got {seed!r}")
         self.seed = int(seed)
         self.spec = f"imagenet-c:{self.name}:{self.severity}"
         _corruption_functions()  # fail here, at construction, when the package is missing
 
     def _pil(self, image: PIL.Image.Image, seed: int) -> PIL.Image.Image:
         if min(image.size) < 32:
-            raise ValueError(
+            raise DataError(
                 f"ImageNet-C corruptions need images of at least 32 x 32 pixels (imagecorruptions' "
                 f"limit), got {image.size[0]} x {image.size[1]}"
             )
@@ -459,13 +459,13 @@ class Corruption(Shift):
 def _check_corruption_name(name: Any) -> str:
     known = (*IMAGENET_C_CORRUPTIONS, *IMAGENET_C_EXTRA)
     if name not in known:
-        raise ValueError(f"unknown ImageNet-C corruption {name!r}; supported: {', '.join(known)}")
+        raise SettingError(f"unknown ImageNet-C corruption {name!r}; supported: {', '.join(known)}")
     return str(name)
 
 
 def check_severity(severity: Any) -> int:
     if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or not 1 <= severity <= 5:
-        raise ValueError(f"ImageNet-C severity must be an integer from 1 to 5, got {severity!r}")
+        raise SettingError(f"ImageNet-C severity must be an integer from 1 to 5, got {severity!r}")
     return int(severity)
 
 
@@ -499,9 +499,9 @@ def imagenet_c_shifts(
     names = corruption_list(corruptions)
     levels = [check_severity(s) for s in severities]
     if not levels:
-        raise ValueError("no ImageNet-C severities given")
+        raise SettingError("no ImageNet-C severities given")
     if len(set(levels)) != len(levels):
-        raise ValueError(f"ImageNet-C severities repeat: {levels}")
+        raise SettingError(f"ImageNet-C severities repeat: {levels}")
     return [f"imagenet-c:{name}:{s}" for name in names for s in levels]
 
 
@@ -515,14 +515,16 @@ def corruption_list(corruptions: str | Sequence[str]) -> list[str]:
         corruptions = [c for c in key.split(",") if c.strip()]
     names = [_check_corruption_name(str(c).strip().replace("-", "_")) for c in corruptions]
     if not names:
-        raise ValueError("no ImageNet-C corruptions given")
+        raise SettingError("no ImageNet-C corruptions given")
     if len(set(names)) != len(names):
-        raise ValueError(f"ImageNet-C corruptions repeat: {names}")
+        raise SettingError(f"ImageNet-C corruptions repeat: {names}")
     return names
 
 
-def _bad_spec(spec: Any, why: str = "") -> ValueError:
-    return ValueError(f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS))
+def _bad_spec(spec: Any, why: str = "") -> SettingError:
+    return SettingError(
+        f"invalid shift spec {spec!r}{': ' + why if why else ''}; valid forms: " + "; ".join(SPEC_FORMS)
+    )
 
 
 def _to_int(text: str, spec: str, what: str) -> int:

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import PathNotFoundError, SettingError
 from .folder import is_image_folder, load_folder_split
 from .hub import HubOptions, load_hub_split
 from .splits import ImageSplit, split_name
@@ -40,7 +41,7 @@ def resolve_source(source: str | os.PathLike | None) -> tuple[str, str | None]:
         or os.sep in text.replace("/", "")
     )
     if looks_like_path:
-        raise FileNotFoundError(f"data path {text!r} does not exist (resolved to {path.resolve()})")
+        raise PathNotFoundError(f"data path {text!r} does not exist (resolved to {path.resolve()})")
     return "hub", text
 
 
@@ -85,14 +86,14 @@ def load_split(
     if unknown:
         raise TypeError(f"load_split() got an unexpected keyword argument {unknown[0]!r}")
     if hub.get("streaming") and not subset:
-        raise ValueError(
+        raise SettingError(
             "streaming reads the first N items of a split: give their number (subset, or "
             "--max-images on the command line)"
         )
     kind, where = resolve_source(source)
     if kind == "synthetic":
         if any(hub.values()):
-            raise ValueError("config, revision and streaming apply to Hub and parquet data, not to the synthetic set")
+            raise SettingError("config, revision and streaming apply to Hub and parquet data, not to the synthetic set")
         split = split_name(["train", "validation"], split)  # the synthetic set has these two: another is refused
         n = synthetic_size or (5000 if split == "train" else 1000)
         n = min(n, subset) if subset else n

@@ -4,16 +4,16 @@ another class list, every image decoded once (:func:`check_images`) and what ide
 
 from __future__ import annotations
 
-import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from ..errors import PosgeomError
+from ..errors import DataError, PosgeomError, SettingError
+from ..results.fingerprints import fingerprint
 from .synthetic import SyntheticShapes
 from .transforms import class_index, to_rgb
 
@@ -51,7 +51,7 @@ def split_name(available: Sequence[str], split: str) -> str:
             for alias in group:
                 if alias in available:
                     return alias
-    raise ValueError(f"no split {split!r} in the data; it has the split(s): {', '.join(available) or 'none'}")
+    raise DataError(f"no split {split!r} in the data; it has the split(s): {', '.join(available) or 'none'}")
 
 
 class ImageSplit(Dataset):
@@ -141,7 +141,7 @@ class SubsetSplit(ImageSplit):
             split.items,
             split.classes,
             [split.labels[i] for i in self.indices],
-            f"{split.fingerprint}-subset-{hashlib.sha1(str(self.indices).encode()).hexdigest()[:12]}",
+            f"{split.fingerprint}-subset-{fingerprint(str(self.indices))}",
             split._get,
             lambda index: split.where(self.indices[index]),
             lambda index: split.stored(self.indices[index]),
@@ -161,7 +161,7 @@ def check_images(split: ImageSplit, policy: str = "error", progress: bool = Fals
     ``"skip"``: return the split without them, with ``skipped`` listing where each was.
     """
     if policy not in BAD_IMAGE_POLICIES:
-        raise ValueError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
+        raise SettingError(f"bad_images must be one of {', '.join(BAD_IMAGE_POLICIES)}, got {policy!r}")
     if isinstance(split.items, SyntheticShapes):  # rendered, never decoded: nothing can be damaged
         split.skipped = []
         return split
@@ -210,7 +210,7 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
     index = {name: i for i, name in enumerate(classes)}
     missing = [c for c in split.classes if c not in index]
     if missing:
-        raise ValueError(
+        raise DataError(
             f"the model's classes lack {len(missing)} of the data's ({', '.join(missing[:5])}"
             f"{', ...' if len(missing) > 5 else ''}): the labels cannot be mapped by name"
         )
@@ -218,21 +218,25 @@ def relabel_by_name(split: ImageSplit, classes: Sequence[str]) -> RelabeledSplit
 
 
 def content_fingerprint(split: ImageSplit, progress: bool = False) -> str:
-    """16 hex digits of SHA-1 over everything a split holds: its classes, its labels and the stored bytes of
-    every image (:meth:`ImageSplit.stored`; read, not decoded), so that images replaced under the same path,
-    even with the same names, sizes and times, give another fingerprint. The synthetic set is rendered from
-    its seed and size: its fingerprint names them."""
-    digest = hashlib.sha1(repr((list(split.classes), list(split.labels))).encode())
+    """The :func:`~timm_posgeom.results.fingerprints.fingerprint` of everything a split holds: its classes, its labels
+    and the stored bytes of every image (:meth:`ImageSplit.stored`; read, not decoded), so that images replaced
+    under the same path, even with the same names, sizes and times, give another fingerprint. The synthetic set
+    is rendered from its seed and size: its fingerprint names them."""
+    head = repr((list(split.classes), list(split.labels)))
     if isinstance(split.items, SyntheticShapes):
-        digest.update(split.fingerprint.encode())
-        return digest.hexdigest()[:16]
+        return fingerprint((head, split.fingerprint))
     from tqdm.auto import tqdm
 
-    for index in tqdm(range(len(split)), desc="fingerprinting the data", unit="img", disable=not progress, leave=False):
-        blob = split.stored(index)
-        digest.update(len(blob).to_bytes(8, "little"))
-        digest.update(blob)
-    return digest.hexdigest()[:16]
+    def parts() -> Iterator[str | bytes]:
+        yield head
+        for index in tqdm(
+            range(len(split)), desc="fingerprinting the data", unit="img", disable=not progress, leave=False
+        ):
+            blob = split.stored(index)
+            yield len(blob).to_bytes(8, "little")
+            yield blob
+
+    return fingerprint(parts())
 
 
 def data_identity(split: ImageSplit, images: int = 8, content: bool = False) -> dict[str, Any]:
@@ -241,12 +245,11 @@ def data_identity(split: ImageSplit, images: int = 8, content: bool = False) -> 
     :func:`content_fingerprint` (every image's bytes) as ``content``. The study's data is named by a path that
     may be relative (committed runs move between checkouts), so the path alone cannot tell that a resume is
     looking at other data (the study and training compare it on resume)."""
-    pixels = hashlib.sha1()
-    for i in range(min(images, len(split))):
-        image = split[i][0]
-        pixels.update(np.asarray(to_rgb(image), dtype=np.uint8).tobytes())
-    labels = hashlib.sha1(",".join(map(str, split.labels)).encode()).hexdigest()[:16]
-    identity = dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels.hexdigest()[:16])
+    pixels = fingerprint(
+        np.asarray(to_rgb(split[i][0]), dtype=np.uint8).tobytes() for i in range(min(images, len(split)))
+    )
+    labels = fingerprint(",".join(map(str, split.labels)))
+    identity = dict(classes=list(split.classes), images=len(split), labels=labels, pixels=pixels)
     if content:
         identity["content"] = content_fingerprint(split)
     return identity

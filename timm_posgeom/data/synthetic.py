@@ -55,6 +55,8 @@ import math
 import torch
 from PIL import Image
 
+from ..errors import SettingError
+
 __all__ = ["SYNTHETIC_CLASSES", "SyntheticShapes", "grating", "pink_noise", "render_synthetic", "seed32"]
 
 SYNTHETIC_CLASSES: tuple[str, ...] = (
@@ -187,11 +189,11 @@ class SyntheticShapes(torch.utils.data.Dataset):
 
     def __init__(self, num_samples: int = 5000, img_size: int = 64, seed: int = 0, split: str = "train"):
         if split not in _SPLIT_IDS:
-            raise ValueError(f"unknown synthetic split {split!r}; expected one of {', '.join(_SPLIT_IDS)}")
+            raise SettingError(f"unknown synthetic split {split!r}; expected one of {', '.join(_SPLIT_IDS)}")
         if img_size < 8:
-            raise ValueError(f"img_size must be >= 8, got {img_size}")
+            raise SettingError(f"img_size must be >= 8, got {img_size}")
         if not 0 <= num_samples <= MAX_SYNTHETIC:  # every label is drawn up front (8 bytes each, and a permutation)
-            raise ValueError(f"a synthetic split holds from 0 to {MAX_SYNTHETIC:,} images, got {num_samples:,}")
+            raise SettingError(f"a synthetic split holds from 0 to {MAX_SYNTHETIC:,} images, got {num_samples:,}")
         self.num_samples = int(num_samples)
         self.img_size = int(img_size)
         self.seed = int(seed)

@@ -24,7 +24,7 @@ from timm.data import resolve_data_config, resolve_model_data_config
 from timm.data.transforms import MaybePILToTensor, str_to_interp_mode
 from timm.data.transforms_factory import transforms_imagenet_eval
 
-from ..errors import PosgeomError
+from ..errors import DataError, PosgeomError, SettingError
 from ..interventions import vlm_encoder
 from .shifts import Shift, parse_shift
 
@@ -78,7 +78,7 @@ def resolve_config(
                 and _size_pair(img_size) != tuple(fixed)
             ):
                 name = type(data_config_or_model).__name__
-                raise ValueError(
+                raise SettingError(
                     f"{name} takes only {fixed[0]}x{fixed[1]} images, not {_size_pair(img_size)}: "
                     f"build it for that size (timm.create_model(..., img_size=...), or --img-size on "
                     "the command line) or with dynamic_img_size=True"
@@ -96,7 +96,7 @@ def _size_pair(img_size: int | Sequence[int]) -> tuple[int, int]:
     """S -> (S, S); (H, W) -> (H, W); ValueError for anything else or a size below 1."""
     pair = (int(img_size), int(img_size)) if isinstance(img_size, int) else tuple(int(v) for v in img_size)
     if len(pair) != 2 or min(pair) < 1:
-        raise ValueError(f"img_size must be S or (H, W) with sides >= 1, got {img_size!r}")
+        raise SettingError(f"img_size must be S or (H, W) with sides >= 1, got {img_size!r}")
     return pair
 
 
@@ -150,14 +150,14 @@ def class_index(label: Any) -> int:
     """A label as a class index: an int (or a float / numpy number holding a whole number). A fractional
     label such as 7.7 is refused (ValueError): truncating it to 7 would score against the wrong class."""
     if isinstance(label, bool) or label is None:
-        raise ValueError(f"label {label!r} is not a class index (an integer)")
+        raise DataError(f"label {label!r} is not a class index (an integer)")
     if isinstance(label, (int, np.integer)):
         return int(label)
     if isinstance(label, (float, np.floating)) and math.isfinite(label) and float(label).is_integer():
         return int(label)
     if isinstance(label, torch.Tensor) and label.numel() == 1 and not label.is_floating_point():
         return int(label)
-    raise ValueError(
+    raise DataError(
         f"label {label!r} is not a class index (an integer): the data's label column must hold whole numbers"
     )
 
@@ -175,7 +175,7 @@ class _ToRGB:
 def resize_transform(data_config_or_model: Mapping[str, Any] | nn.Module, resize: str = "paper") -> T.Compose:
     """PIL -> PIL RGB image of the model's input size ``(H, W)`` (``resize`` = paper or timm)."""
     if resize not in RESIZE_MODES:
-        raise ValueError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
+        raise SettingError(f"resize must be one of {', '.join(RESIZE_MODES)}, got {resize!r}")
     cfg = resolve_config(data_config_or_model)
     _, height, width = cfg["input_size"]
     if resize == "paper":

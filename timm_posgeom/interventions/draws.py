@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..errors import SettingError
 from ..measuring.seeding import index_hash
 
 __all__ = ["permutation_seeds", "draw_permutations", "image_permutations"]
@@ -30,7 +31,7 @@ def permutation_seeds(seed: int, count: int, start: int = 0) -> list[int]:
     ``start`` skips the seeds another part of one measurement used (the alpha sweep draws fresh ones for
     each alpha: alpha j starts at ``j * count``)."""
     if count < 1:
-        raise ValueError(f"the number of RPI permutations must be >= 1, got {count}")
+        raise SettingError(f"the number of RPI permutations must be >= 1, got {count}")
     return [int(seed) + int(start) + k for k in range(int(count))]
 
 

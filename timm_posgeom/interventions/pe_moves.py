@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..defaults import PE_COMPONENTS
-from ..errors import PosgeomError
+from ..errors import PosgeomError, SettingError
 from .pe_scalers import Undo, run_undo, shadow
 from .pe_search import PEEntry, find_pes
 
@@ -80,7 +80,7 @@ def read_table(table: torch.Tensor, positions: torch.Tensor, edge: str = "clamp"
     Beyond the grid, ``edge="clamp"`` reads the nearest edge (positions clamped to [0, H - 1] x [0, W - 1]) and
     ``edge="wrap"`` wraps around (positions modulo H and W: a whole-patch shift is ``torch.roll``)."""
     if edge not in EDGES:
-        raise ValueError(f"edge must be one of {', '.join(EDGES)}, got {edge!r}")
+        raise SettingError(f"edge must be one of {', '.join(EDGES)}, got {edge!r}")
     h, w = table.shape[:2]
     pos = positions.to(torch.float64)
     if edge == "clamp":
@@ -265,7 +265,7 @@ def _check_components(model: nn.Module, found: list[tuple[PEEntry, _Mover | None
     names = [components] if isinstance(components, str) else list(components)
     unknown = [c for c in names if c not in PE_COMPONENTS]
     if unknown or not names:
-        raise ValueError(f"components must be among {', '.join(PE_COMPONENTS)}, got {names!r}")
+        raise SettingError(f"components must be among {', '.join(PE_COMPONENTS)}, got {names!r}")
     have = list(dict.fromkeys(e.component for e, _ in found))
     missing = [c for c in names if c not in have]
     if missing:
@@ -379,9 +379,9 @@ def pe_shift(
     grid = _grid_of(model, "pe_shift")
     dy, dx = (float(v) for v in shift)
     if not all(map(lambda v: v == v and abs(v) != float("inf"), (dy, dx))):
-        raise ValueError(f"shift must be two finite numbers (dy, dx) of patches, got {shift!r}")
+        raise SettingError(f"shift must be two finite numbers (dy, dx) of patches, got {shift!r}")
     if edge not in EDGES:
-        raise ValueError(f"edge must be one of {', '.join(EDGES)}, got {edge!r}")
+        raise SettingError(f"edge must be one of {', '.join(EDGES)}, got {edge!r}")
     chosen = _check_components(model, _movers(model, shift=True), components)
     with _moved(_check_movable(model, chosen, strict, "pe_shift"), _Move(grid, shift=(dy, dx), edge=edge)):
         yield model

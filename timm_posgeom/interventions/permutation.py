@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import PosgeomError
+from ..errors import PosgeomError, SettingError
 
 __all__ = [
     "token_permutation",
@@ -292,10 +292,10 @@ def token_permutation(
 def _check_mode(mode: str, per: str | None) -> str:
     """``per`` for ``mode`` (its default when None); ValueError for an unknown mode or per."""
     if mode not in ("inference", "training"):
-        raise ValueError(f"mode must be 'inference' or 'training', got {mode!r}")
+        raise SettingError(f"mode must be 'inference' or 'training', got {mode!r}")
     per = per or ("call" if mode == "inference" else "batch")
     if per not in ("call", "batch", "given"):
-        raise ValueError(f"per must be 'call', 'batch' or 'given', got {per!r}")
+        raise SettingError(f"per must be 'call', 'batch' or 'given', got {per!r}")
     return per
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import SettingError
+
 __all__ = ["check_tile_grid", "shuffle_tiles", "tile_token_permutation"]
 
 
@@ -22,10 +24,10 @@ def check_tile_grid(size: tuple[int, int], grid: int) -> tuple[int, int]:
     """The (height, width) of one tile of a ``grid`` x ``grid`` cut of an image of ``size`` (H, W); ValueError
     unless ``grid`` is an integer >= 1 that divides both sides."""
     if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ValueError(f"a tile grid must be an integer >= 1, got {grid!r}")
+        raise SettingError(f"a tile grid must be an integer >= 1, got {grid!r}")
     h, w = int(size[0]), int(size[1])
     if h % grid or w % grid:
-        raise ValueError(f"a {grid} x {grid} tile grid does not divide a {h} x {w} image into equal tiles")
+        raise SettingError(f"a {grid} x {grid} tile grid does not divide a {h} x {w} image into equal tiles")
     return h // grid, w // grid
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from ..errors import SettingError
 from ..interventions import check_unpermuted, eval_mode
 from ..measuring.settings import MeasureSettings
 from ..probes.position import PositionMap, fit_position_map
@@ -108,7 +109,7 @@ def position_ablation(
     depth = len(sites.blocks)
     layer_ids = list(range(depth)) if layers is None else sorted({int(b) % depth for b in layers})
     if layers is not None and (not layer_ids or any(not -depth <= int(b) < depth for b in layers)):
-        raise ValueError(f"layers must be block indices of a model with {depth} blocks, got {list(layers)}")
+        raise SettingError(f"layers must be block indices of a model with {depth} blocks, got {list(layers)}")
     seed = 0 if settings.seed is None else int(settings.seed)
     fit_settings = settings.replace(distributed="off")
     fitted = fit_position_map(

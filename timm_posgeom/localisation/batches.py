@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
+from ..errors import DataError
 from ..measuring.settings import MeasureSettings
 
 __all__ = ["labelled_batches", "placed", "model_device"]
@@ -82,7 +83,7 @@ def labelled_batches(
             if settings.max_images is not None and seen >= settings.max_images:
                 break
     if seen == 0:
-        raise ValueError("data yielded no images")
+        raise DataError("data yielded no images")
 
 
 def model_device(model: nn.Module) -> tuple[torch.device, torch.dtype]:

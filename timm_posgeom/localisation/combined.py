@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch.nn as nn
 
-from ..errors import require
+from ..errors import SettingError, require
 from ..measuring.settings import MeasureSettings
 from ..results.jsonio import dump_json, tagged
 from .ablation import AblationResult, position_ablation
@@ -120,7 +120,7 @@ def localise(
     ``settings`` (or its fields as keywords) is every measure's."""
     unknown = [m for m in measures if m not in MEASURES]
     if unknown or not measures:
-        raise ValueError(f"measures must be among {', '.join(MEASURES)}, got {list(measures)}")
+        raise SettingError(f"measures must be among {', '.join(MEASURES)}, got {list(measures)}")
     settings, _ = MeasureSettings.resolve("localise", settings, options)
     out = LocalisationResult(settings={"measures": list(measures)})
     if "patching" in measures:

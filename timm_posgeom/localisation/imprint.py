@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from ..data.transforms import resolve_config
+from ..errors import SettingError
 from ..interventions import check_unpermuted, eval_mode
 from ..measuring.settings import MeasureSettings
 from ..probes.sites import find_sites
@@ -85,9 +86,9 @@ def pe_imprint(
     """
     settings, _ = MeasureSettings.resolve("pe_imprint", settings, options)
     if site not in ("attn_input", "block_output"):
-        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+        raise SettingError(f"site must be attn_input or block_output, got {site!r}")
     if isinstance(colours, bool) or not isinstance(colours, int) or colours < 1:
-        raise ValueError(f"colours must be an integer >= 1, got {colours!r}")
+        raise SettingError(f"colours must be an integer >= 1, got {colours!r}")
     check_unpermuted(model, "pe_imprint")
     sites = find_sites(model)
     seed = 0 if settings.seed is None else int(settings.seed)

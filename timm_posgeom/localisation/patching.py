@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from ..defaults import rpi_count
+from ..errors import SettingError
 from ..interventions import draw_permutations, eval_mode, permutation_seeds
 from ..measuring.settings import MeasureSettings
 from ..probes.sites import ProbeSites, find_sites
@@ -109,12 +110,12 @@ def _run_batch(model: nn.Module, plan: _Plan, images, labels, groups: torch.Tens
 
 def _check(patch: str, layers: Sequence[int] | None, depth: int) -> list[int]:
     if patch not in PATCH_MODES:
-        raise ValueError(f"patch must be one of {', '.join(PATCH_MODES)}, got {patch!r}")
+        raise SettingError(f"patch must be one of {', '.join(PATCH_MODES)}, got {patch!r}")
     if layers is None:
         return [EMBEDDING, *range(depth)]
     out = sorted({int(x) for x in layers})
     if not out or out[0] < EMBEDDING or out[-1] >= depth:
-        raise ValueError(f"layers must lie in -1 (the embedding) .. {depth - 1}, got {list(layers)}")
+        raise SettingError(f"layers must lie in -1 (the embedding) .. {depth - 1}, got {list(layers)}")
     return out
 
 

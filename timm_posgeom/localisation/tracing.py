@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..errors import NonFiniteWarning, nonfinite_message
+from ..errors import DataError, NonFiniteWarning, nonfinite_message
 from ..interventions import token_permutation
 from ..probes.sites import ProbeSites
 
@@ -159,7 +159,7 @@ def hits(logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor | No
     if logits.ndim != 2:
         raise ValueError(f"top-1 needs (B, classes) logits, the model returned {tuple(logits.shape)}")
     if labels.numel() and (int(labels.max()) >= logits.shape[-1] or int(labels.min()) < 0):
-        raise ValueError(
+        raise DataError(
             f"labels {int(labels.min())}..{int(labels.max())} do not index the model's {logits.shape[-1]} classes"
         )
     right = (logits.argmax(dim=-1).cpu() == labels).to(torch.float64)

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler, SequentialSampler
 
-from ..errors import require
+from ..errors import SettingError, require
 
 __all__ = [
     "launched_world_size",
@@ -354,7 +354,7 @@ def sequential_batches(
     """This process's share of the batches ``[kB, (k+1)B)`` of the first ``n`` items: global batch k
     for every k in :func:`own_batches` (the last one partial unless ``drop_last``)."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise SettingError(f"batch_size must be >= 1, got {batch_size}")
     end = (n // batch_size) * batch_size if drop_last else n
     count = math.ceil(end / batch_size)
     return [range(k * batch_size, min((k + 1) * batch_size, end)) for k in own_batches(count, world, rank_)]

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import PosgeomError
+from ..errors import PosgeomError, SettingError
 
 __all__ = [
     "MeasureSettings",
@@ -67,13 +67,13 @@ def max_workers() -> int:
     return max(8, 4 * cpus)
 
 
-def sums_budget_error(what: str, count: int, each_bytes: int) -> ValueError | None:
+def sums_budget_error(what: str, count: int, each_bytes: int) -> SettingError | None:
     """The error for ``count`` RPI permutations whose running sums take ``each_bytes`` each when together they
     pass :data:`MEMORY_BUDGET_BYTES` (None when they fit): it names the count that fits."""
     if count * each_bytes <= MEMORY_BUDGET_BYTES:
         return None
     fits = max(1, MEMORY_BUDGET_BYTES // max(each_bytes, 1))
-    return ValueError(
+    return SettingError(
         f"{what}: {count:,} RPI permutations would keep {count * each_bytes / 2**30:.1f} GiB of running sums "
         f"({each_bytes / 2**20:.1f} MiB each), more than the {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB allowed: use at "
         f"most {fits:,} (rpi_permutations), or fewer layers or a smaller image"

@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 from timm.layers import resample_abs_pos_embed
 
+from ..errors import SettingError
+
 __all__ = ["adapt_state_dict"]
 
 _LAYER_SCALE = ((".ls1.gamma", ".gamma_1"), (".ls2.gamma", ".gamma_2"))
@@ -54,7 +56,7 @@ def _check_key_bias(attn: nn.Module, model: Any, k_bias: torch.Tensor, key: str)
     rotated = getattr(model, "pe", None) == "rope"
     normed = not isinstance(getattr(attn, "k_norm", None), (nn.Identity, type(None)))
     if (rotated or normed) and bool(k_bias.any()):
-        raise ValueError(
+        raise SettingError(
             f"{key}: a non-zero key bias cannot be dropped from a model whose keys are "
             f"{'rotated (RoPE)' if rotated else 'normalised (qk_norm)'} after it; load it into an "
             "APE or sincos model, or one without qk_norm"

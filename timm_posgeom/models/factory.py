@@ -12,7 +12,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from ..errors import PosgeomError
+from ..errors import PathNotFoundError, PosgeomError, SettingError
 from ..measuring.settings import MAX_CLASSES, MAX_IMG_SIZE
 
 __all__ = [
@@ -74,19 +74,19 @@ def create_model(
     from safetensors import SafetensorError
 
     if checkpoint is not None and not Path(checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint not found: {checkpoint}")
+        raise PathNotFoundError(f"checkpoint not found: {checkpoint}")
     _check_counts(img_size, num_classes)
     weighted = name.startswith(WEIGHTED_PREFIXES)
     if name.startswith("local-dir:"):
         folder = Path(name.split(":", 1)[1]).expanduser()
         if not (folder / "config.json").is_file():
-            raise FileNotFoundError(
+            raise PathNotFoundError(
                 f"{name}: no config.json in {folder} (an exported run holds config.json and "
                 "model.safetensors, e.g. RUN_DIR/export)"
             )
         check_export_config(folder / "config.json")
     elif not weighted and not timm.is_model(name):
-        raise ValueError(unknown_model_message(name))
+        raise ModelLoadError(unknown_model_message(name))
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     try:
@@ -120,7 +120,7 @@ def _check_counts(img_size: Any, num_classes: Any) -> None:
         ("num_classes", num_classes, 0, MAX_CLASSES),
     ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= top):
-            raise ValueError(f"{name} must be an integer from {low} to {top:,}, got {value!r}")
+            raise SettingError(f"{name} must be an integer from {low} to {top:,}, got {value!r}")
 
 
 class ModelLoadError(PosgeomError, ValueError):
@@ -201,7 +201,7 @@ def check_patch_multiple(model: nn.Module, img_size: int) -> None:
     if img_size % ph or img_size % pw:
         step = max(ph, pw)
         lower, upper = img_size // step * step, (img_size // step + 1) * step
-        raise ValueError(
+        raise SettingError(
             f"image size {img_size} is not a multiple of the patch size {ph}x{pw} of "
             f"{type(model).__name__}: the last {img_size % step} pixel rows and columns would be dropped "
             f"unseen; use {lower or upper} or {upper}"

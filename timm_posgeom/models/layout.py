@@ -32,6 +32,8 @@ from typing import Any
 import torch.nn as nn
 from timm.layers import DropPath, LayerNorm
 
+from ..errors import SettingError
+
 __all__ = ["LAYOUTS", "eva_layout_kwargs", "apply_layout"]
 
 LAYOUTS = ("timm", "paper")
@@ -65,16 +67,16 @@ def eva_layout_kwargs(layout: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     For ``paper``: ``attn_type='rope'`` (a fused qkv Linear with its whole bias), no final or fc norm, and
     no ``proj_drop_rate`` / ``drop_rate`` (sites the paper's model has no dropout at)."""
     if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+        raise SettingError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
     if layout == "timm":
         return kwargs
     for key, value in _PAPER_EVA.items():
         if key in kwargs and kwargs[key] != value:
             shown = "LayerNorm(eps=1e-5)" if key == "norm_layer" else repr(value)
-            raise ValueError(f"layout='paper' sets {key}={shown}; got {kwargs[key]!r}")
+            raise SettingError(f"layout='paper' sets {key}={shown}; got {kwargs[key]!r}")
     for key, where in _PAPER_NO_DROP.items():
         if kwargs.get(key, 0.0):
-            raise ValueError(
+            raise SettingError(
                 f"layout='paper' has no dropout {where} ({key}={kwargs[key]}): the paper's model "
                 "drops only on the embedding (pos_drop_rate), inside attention (attn_drop_rate) and "
                 "after the MLP's GELU (mlp_drop_rate)"
@@ -87,7 +89,7 @@ def apply_layout(model: nn.Module, layout: str, mlp_drop_rate: float | None, dro
     block (the paper's rule, module docstring) on a built ``Eva``; ``mlp_drop_rate`` None leaves timm's
     (``proj_drop_rate``) under ``timm`` and means 0 under ``paper``."""
     if mlp_drop_rate is not None and not 0.0 <= mlp_drop_rate < 1.0:
-        raise ValueError(f"mlp_drop_rate must be in [0, 1), got {mlp_drop_rate}")
+        raise SettingError(f"mlp_drop_rate must be in [0, 1), got {mlp_drop_rate}")
     blocks = model.blocks
     if not isinstance(blocks, nn.ModuleList):
         raise TypeError(f"apply_layout takes a model with a ModuleList of blocks, got {type(blocks).__name__}")

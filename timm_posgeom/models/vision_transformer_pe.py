@@ -35,6 +35,7 @@ from timm.layers import resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.eva import Eva
 
+from ..errors import SettingError
 from ..pos.common import PE_TYPES, TOKEN_SHUFFLE_MODES, check_alpha
 from ..pos.rope import ScaledRotaryEmbeddingCat
 from ..pos.sincos import sincos_2d
@@ -94,7 +95,7 @@ class PosGeomViT(Eva):
         _check_args(type(self).__name__, pe, token_shuffle, init, layout, global_pool, kwargs)
         alpha = check_alpha(alpha)
         if pe == "none" and alpha != 1.0:
-            raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
+            raise SettingError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         kwargs = eva_layout_kwargs(layout, kwargs)
         # the paper init draws from the CPU generator as it stood before timm's init (see init_weights_paper)
         cpu_rng = torch.random.get_rng_state() if init == "paper" else None
@@ -210,7 +211,7 @@ class PosGeomViT(Eva):
     def set_alpha(self, alpha: float) -> None:
         """Set the PE scale in place (see the class docstring for what is scaled)."""
         if self.pe == "none" and check_alpha(alpha) != 1.0:
-            raise ValueError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
+            raise SettingError(f"alpha={alpha} on a model without positional encoding (pe='none') would scale nothing")
         self.alpha = check_alpha(alpha)
         if self.pe == "rope":
             cast(ScaledRotaryEmbeddingCat, self.rope).set_alpha(self.alpha)
@@ -310,14 +311,14 @@ def _check_args(
         ("layout", layout, LAYOUTS),
     ):
         if value not in allowed:
-            raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
+            raise SettingError(f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
     for key in ("use_abs_pos_emb", "use_rot_pos_emb", "rope_type"):
         if key in kwargs:
-            raise ValueError(f"{key} is set by pe={pe!r}; do not pass it to {cls}")
+            raise SettingError(f"{key} is set by pe={pe!r}; do not pass it to {cls}")
     if kwargs.get("patch_drop_rate", 0.0):
-        raise ValueError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
+        raise SettingError("patch_drop_rate is not supported: it would drop tokens before the PE analysis")
     if layout == "paper" and global_pool != "token":
-        raise ValueError(f"layout='paper' classifies the class token (global_pool='token'), got {global_pool!r}")
+        raise SettingError(f"layout='paper' classifies the class token (global_pool='token'), got {global_pool!r}")
     _check_img_size(kwargs.get("img_size", 224), kwargs.get("patch_size", 16), kwargs.get("dynamic_img_pad", False))
 
 
@@ -349,7 +350,7 @@ def _check_img_size(img_size, patch_size, dynamic_img_pad: bool) -> None:
         return
     for s, p in zip(sizes, patches):
         if s % p:
-            raise ValueError(f"image size {tuple(sizes)} is not divisible by the patch size {tuple(patches)}")
+            raise SettingError(f"image size {tuple(sizes)} is not divisible by the patch size {tuple(patches)}")
 
 
 def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: PosGeomViT) -> dict[str, torch.Tensor]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from timm.layers import build_sincos2d_pos_embed, freq_bands
 
+from ..errors import SettingError
+
 
 def sincos_2d(
     grid_size: tuple[int, int],
@@ -20,7 +22,7 @@ def sincos_2d(
     sees exactly the table it would have been built with.
     """
     if dim % 4:
-        raise ValueError(f"2-D sincos needs an embedding dim divisible by 4, got {dim}")
+        raise SettingError(f"2-D sincos needs an embedding dim divisible by 4, got {dim}")
     table = build_sincos2d_pos_embed(list(grid_size), dim=dim, temperature=temperature, device=device)
     return table.unsqueeze(0)
 
@@ -33,7 +35,7 @@ def sincos_2d_at(positions: torch.Tensor, dim: int, temperature: float = 10000.0
     A PE shift (:func:`~timm_posgeom.interventions.pe_shift`) moves our sincos models' table with it.
     """
     if dim % 4:
-        raise ValueError(f"2-D sincos needs an embedding dim divisible by 4, got {dim}")
+        raise SettingError(f"2-D sincos needs an embedding dim divisible by 4, got {dim}")
     bands = freq_bands(dim // 4, temperature=temperature, step=1, device=positions.device)
     angles = positions.to(torch.float32).unsqueeze(-1) * bands.unsqueeze(0)  # (N, 2, dim / 4)
     return torch.stack([torch.sin(angles), torch.cos(angles)], dim=1).flatten(1).unsqueeze(0)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..errors import require
+from ..errors import SettingError, require
 from ..measuring.settings import MeasureSettings
 from .measures import LayerView, Measure, MeasureResult, run_measures
 from .ssdc_probe.spearman import DISTANCES, ConstantMapWarning, distance_ranks, grid_positions, ssdc_pairs, upper_pairs
@@ -129,7 +129,7 @@ class AttentionSSDC(AttentionMeasure):
     def __init__(self, distance: str = "manhattan") -> None:
         super().__init__()
         if distance not in DISTANCES:
-            raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
+            raise SettingError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
         self.distance = distance
 
     def update(self, attn: torch.Tensor, view: AttentionView) -> None:

@@ -24,6 +24,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from ..errors import DataError, SettingError
 from ..measuring.settings import MeasureSettings
 from ..results.intervals import jackknife_interval, t_interval
 from .measures import LayerView, Measure, MeasureResult, run_measures
@@ -39,7 +40,7 @@ def hsic(K: torch.Tensor, L: torch.Tensor, unbiased: bool = True) -> torch.Tenso
     n = K.shape[0]
     if unbiased:
         if n < 4:
-            raise ValueError(f"the unbiased HSIC needs batches of at least 4 images, got {n}")
+            raise SettingError(f"the unbiased HSIC needs batches of at least 4 images, got {n}")
         K, L = K.clone(), L.clone()
         K.fill_diagonal_(0)
         L.fill_diagonal_(0)
@@ -67,7 +68,7 @@ def minibatch_cka(
     sign). A representation with no variance across images in every batch gives 0 / 0: NaN, as does a Gram
     matrix that is not finite."""
     if len(grams_a) != len(grams_b) or not grams_a:
-        raise ValueError(
+        raise DataError(
             f"the two representations have {len(grams_a)} and {len(grams_b)} batches: they must "
             "read the same, non-empty, batches"
         )
@@ -209,15 +210,15 @@ def cka(
             :func:`~timm_posgeom.probes.run_measures` (one process: ``distributed`` is ``off``).
     """
     if site not in ("attn_input", "block_output"):
-        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+        raise SettingError(f"site must be attn_input or block_output, got {site!r}")
     if options.get("distributed", "off") != "off":
-        raise ValueError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
+        raise SettingError("cka runs in one process: each batch's Gram matrices are kept until both models ran")
     settings, _ = MeasureSettings.resolve("cka", options.pop("settings", None), {**options, "distributed": "off"})
     data = same_passes(data, "cka")  # model b's pass checked against model a's: the same images, in order
     ra = run_measures(model_a, data, [_Grams(site)], rpi=rpi, layers=layers_a, settings=settings)
     rb = run_measures(model_b, data, [_Grams(site)], rpi=rpi, layers=layers_b, settings=settings)
     if ra.settings["n_images"] != rb.settings["n_images"]:
-        raise ValueError("the two models read different numbers of images: give data that reads the same twice")
+        raise DataError("the two models read different numbers of images: give data that reads the same twice")
     matrices = np.stack(
         [  # (K, La, Lb): one matrix per permutation (K = 1 without RPI)
             np.array(

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from ..defaults import check_alpha_spec, rpi_count
-from ..errors import NonFiniteWarning, nonfinite_message
+from ..errors import DataError, NonFiniteWarning, SettingError, nonfinite_message
 from ..interventions import (
     check_unpermuted,
     draw_permutations,
@@ -276,7 +276,7 @@ def run_measures(
     if stream.shard is not None:
         n_images, image_size, grid = _reduce(replicas, router, n_images, image_size, grid, stream.shard.seen)
     if n_images == 0 or image_size is None or grid is None:
-        raise ValueError("data yielded no images")
+        raise DataError("data yielded no images")
     values, intervals, replicates = _finish_replicas(
         replicas, layer_ids, n_images, grid, plan.per == "call", router.nonfinite
     )
@@ -407,12 +407,12 @@ def _check_measures(
         )
         rpi_per = "image"
     if rpi_per not in RPI_PER:
-        raise ValueError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
+        raise SettingError(f"rpi_per must be one of {', '.join(RPI_PER)}, got {rpi_per!r}")
     if alpha is not None:
         check_alpha_spec(alpha)  # a number, or one per PE component
     measures = list(measures)
     if not measures:
-        raise ValueError("measures is empty")
+        raise SettingError("measures is empty")
     for m in measures:
         if m.source not in SOURCES:
             raise ValueError(f"{type(m).__name__}.source is {m.source!r}; expected one of {', '.join(SOURCES)}")
@@ -453,7 +453,7 @@ def _stream(
                     handles += sites.register(source, layers, router.hook(source))
             for images, hw, offset in stream.images():
                 if hw != stream.image_size:
-                    raise ValueError(
+                    raise DataError(
                         f"the image size changed from {stream.image_size} to {hw}: the measures "
                         "average over one grid (resize the data)"
                     )
@@ -531,7 +531,7 @@ def _reduce(
         )
     grids = {tuple(s["grid"]) for s in states if s["grid"] is not None}
     if len(grids) > 1:
-        raise ValueError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
+        raise DataError(f"the processes' token grids differ ({sorted(grids)}): use one image size")
     router.nonfinite = {}
     for s in states:
         router.heads.update(s["heads"])

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import SettingError
 from .measures import LayerView, Measure, MeasureResult, run_measures
 
 __all__ = ["position_probe", "PositionProbeResult", "fit_position_map", "PositionMap"]
@@ -168,9 +169,9 @@ def fit_position_map(
     """Fit, per block, the ridge least-squares (row, col) readout of the patch tokens on ``train`` (the first half
     of :func:`position_probe`; arguments as there)."""
     if site not in ("attn_input", "block_output"):
-        raise ValueError(f"site must be attn_input or block_output, got {site!r}")
+        raise SettingError(f"site must be attn_input or block_output, got {site!r}")
     if not ridge >= 0:
-        raise ValueError(f"ridge must be >= 0, got {ridge}")
+        raise SettingError(f"ridge must be >= 0, got {ridge}")
     fit = _Fit(site)
     fitted: MeasureResult = run_measures(
         model, train, [fit], rpi=rpi, seed=seed, layers=layers, rpi_per="image", **options

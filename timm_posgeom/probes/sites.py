@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
-from ..errors import PosgeomError
+from ..errors import DataError, PosgeomError, SettingError
 from ..interventions import vlm_encoder
 
 __all__ = [
@@ -104,7 +104,7 @@ class ProbeSites:
         h, w = int(img_hw[0]), int(img_hw[1])
         fixed = getattr(embed, "img_size", None)
         if fixed is not None and getattr(embed, "strict_img_size", False) and (h, w) != tuple(fixed):
-            raise ValueError(
+            raise DataError(
                 f"{type(self.model).__name__} expects {tuple(fixed)[0]}x{tuple(fixed)[1]} images, got {h}x{w}: "
                 "resize the data, or create the model with img_size=... (or dynamic_img_size=True)"
             )
@@ -120,7 +120,7 @@ class ProbeSites:
             size = (h // int(ph), w // int(pw))
         grid = (int(size[0]), int(size[1]))
         if grid[0] < 1 or grid[1] < 1:
-            raise ValueError(f"an image of {h}x{w} gives an empty token grid {grid}")
+            raise DataError(f"an image of {h}x{w} gives an empty token grid {grid}")
         return grid
 
     def register(
@@ -128,7 +128,7 @@ class ProbeSites:
     ) -> list[RemovableHandle]:
         """Hook ``site`` of the blocks ``layers``; ``callback(layer, tokens)`` gets (B, T, C) tokens."""
         if site not in SITES:
-            raise ValueError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
+            raise SettingError(f"unknown site {site!r}; expected one of {', '.join(SITES)}")
         handles = []
         try:
             for layer in layers:
@@ -253,7 +253,7 @@ def resolve_site(model: nn.Module, site: str) -> str:
     """``auto`` -> ``attn_input`` for a flat ViT (the paper's site), else ``stage_output``; others as given."""
     if site != "auto":
         if site not in SITES:
-            raise ValueError(f"unknown site {site!r}; expected auto or one of {', '.join(SITES)}")
+            raise SettingError(f"unknown site {site!r}; expected auto or one of {', '.join(SITES)}")
         return site
     try:
         find_sites(model)

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, RandomSampler
 
+from ..errors import DataError, SettingError
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
 
@@ -63,7 +64,7 @@ class Shard:
             and data.sampler.generator is None
             and data.generator is None
         ):
-            raise ValueError(
+            raise SettingError(
                 "a shuffling DataLoader without a seeded generator cannot be shared by batch across "
                 "processes (each would draw its own order): pass an unshuffled one, or shard it "
                 "yourself and pass distributed='presharded'"
@@ -153,7 +154,7 @@ class SamePasses:
             self._refuse(f"image {seen + int((~same).nonzero()[0])} is another image")
 
     def _refuse(self, why: str) -> None:
-        raise ValueError(
+        raise DataError(
             f"{self.what} reads the data once per pass and compares the passes, but pass {self.passes} read other "
             f"images than the first ({why}): give data that yields the same images in the same order every time "
             "(a DataLoader without shuffle, no random transforms, not a one-shot iterator), e.g. eval_loader(...)"
@@ -226,10 +227,10 @@ def resolve_layers(layers: Sequence[int] | None, depth: int) -> list[int]:
     for layer in layers:
         k = int(layer)
         if not -depth <= k < depth:
-            raise ValueError(f"layer {layer} is out of range for a model with {depth} blocks")
+            raise SettingError(f"layer {layer} is out of range for a model with {depth} blocks")
         out.append(k % depth)
     if not out:
-        raise ValueError("layers is empty")
+        raise SettingError("layers is empty")
     return sorted(set(out))
 
 
@@ -334,7 +335,7 @@ def open_stream(model: nn.Module, data: Any, settings: MeasureSettings, rpi: boo
             f"{what} settings or data",
         )
         if distributed == "presharded" and max_images is not None:
-            raise ValueError(
+            raise SettingError(
                 "max_images cannot be applied to pre-sharded data (each process holds its own shard): "
                 "cut the shards instead, or pass the whole data with distributed='auto'"
             )

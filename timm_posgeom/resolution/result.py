@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import require
+from ..errors import ResultFileError, require
 from ..results.jsonio import dump_json, nan_if_none, tagged, write_atomic
 
 __all__ = ["ExtrapolationRow", "ExtrapolationResult", "extrapolation_figure", "SCHEMA"]
@@ -151,7 +151,7 @@ class ExtrapolationResult:
     def from_dict(cls, record: dict[str, Any]) -> ExtrapolationResult:
         schema = record.get("schema")
         if schema is not None and schema != f"timm-posgeom/{SCHEMA}":
-            raise ValueError(f"not an extrapolation result: schema {schema!r}")
+            raise ResultFileError(f"not an extrapolation result: schema {schema!r}")
         rows = [ExtrapolationRow.from_dict(r) for r in record.get("rows", [])]
         return cls(rows=rows, layers=[int(v) for v in record.get("layers", [])], settings=dict(record["settings"]))
 

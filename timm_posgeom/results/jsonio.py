@@ -4,7 +4,8 @@ Every JSON file the package writes (probe, fragility and sweep results, run and 
 through :func:`dumps` / :func:`write_json`:
 
 * NaN and +-inf become ``null`` (strict JSON has no NaN; ``json.loads`` of our files never meets a
-  bare ``NaN``); readers turn ``null`` back into NaN where a number is expected (:func:`nan_if_none`);
+  bare ``NaN``); readers turn ``null`` back into NaN where a number is expected (:func:`nan_if_none`): the
+  package's one pair of converters, one each way;
 * tensors and numpy arrays / scalars become lists and numbers, tuples lists, mapping keys strings;
   anything else is an error (a silent ``str(obj)`` would write a value no reader can use);
 * :func:`write_json` writes a temporary file in the same folder and renames it into place, so a
@@ -164,5 +165,14 @@ def dump_json(value: Any, path: str | os.PathLike | None = None, indent: int | N
 
 
 def nan_if_none(value: Any) -> Any:
-    """The inverse of the writer's NaN handling for one number: None -> NaN, else unchanged."""
-    return math.nan if value is None else value
+    """The reader's side of the writer's NaN handling (:func:`to_jsonable` writes NaN as None): None -> NaN, in
+    lists, tuples and mapping values too (made lists and dicts), anything else unchanged; e.g. a record's SSDC per
+    layer or its intervals, ``nan_if_none([[0.1, None]]) == [[0.1, nan]]``. The package's one converter of None
+    back to NaN (its one converter the other way: :func:`to_jsonable`)."""
+    if value is None:
+        return math.nan
+    if isinstance(value, Mapping):
+        return {k: nan_if_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nan_if_none(v) for v in value]
+    return value

@@ -24,6 +24,7 @@ from ..data.eval_data import check_split, default_workers, first_items, prepare_
 from ..data.labels import match_labels
 from ..data.shifts import PAPER_SHIFTS, GaussianBlur, Shift, parse_shift
 from ..data.transforms import normalize_batch, resize_transform, resolve_config
+from ..errors import DataError, SettingError
 from ..interventions import check_unpermuted, eval_mode, image_permutations, pe_scale, token_permutation
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
@@ -86,12 +87,12 @@ def check_labels(labels: torch.Tensor, outputs: int) -> None:
     if not labels.numel():
         return
     if int(labels.max()) >= outputs:
-        raise ValueError(
+        raise DataError(
             f"label {int(labels.max())} is out of range for a model with {outputs} "
             "outputs: the data's labels do not index this model's classes"
         )
     if int(labels.min()) < 0:
-        raise ValueError(
+        raise DataError(
             f"label {int(labels.min())}: the data has unlabelled images (a test split?), which "
             "would count as wrong; use a labelled split"
         )
@@ -236,13 +237,13 @@ def _check_fragility(
     shift_list = [parse_shift(s) for s in shifts]
     names = [s if isinstance(s, str) else p.spec for s, p in zip(shifts, shift_list)]
     if len(set(names)) != len(names):
-        raise ValueError(f"shifts must be distinct, got {names}")
+        raise SettingError(f"shifts must be distinct, got {names}")
     if settings.batch_size is None:
-        raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
+        raise SettingError("batch_size must be an integer >= 1 (images per step), got None")
     if settings.distributed not in ("auto", "off"):
-        raise ValueError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
+        raise SettingError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
     if forward_size is not None and forward_size < 1:
-        raise ValueError(f"forward_size must be >= 1, got {forward_size}")
+        raise SettingError(f"forward_size must be >= 1, got {forward_size}")
     return shift_list, names, settings.batch_size
 
 

@@ -47,7 +47,7 @@ import torch.nn as nn
 from ..data.eval_data import check_split, eval_loader
 from ..data.labels import match_labels
 from ..data.shifts import check_severity, corruption_list, imagenet_c, imagenet_c_shifts
-from ..errors import NonFiniteWarning, nonfinite_message
+from ..errors import DataError, NonFiniteWarning, SettingError, nonfinite_message
 from ..interventions import eval_mode, image_permutations, pe_scale, token_permutation
 from ..measuring.settings import MeasureSettings
 from .fragility_eval import check_labels, device_of, fragility, score_logits
@@ -150,7 +150,7 @@ def imagenet_c_fragility(
     """
     settings, _ = MeasureSettings.resolve("imagenet_c_fragility", settings, options)
     if settings.batch_size is None:
-        raise ValueError("batch_size must be an integer >= 1 (images per forward), got None")
+        raise SettingError("batch_size must be an integer >= 1 (images per forward), got None")
     names = corruption_list(corruptions)
     levels = [check_severity(s) for s in severities]
     specs = imagenet_c_shifts(names, levels)
@@ -244,7 +244,7 @@ def imagenet_c_released(
     """
     settings, own = MeasureSettings.resolve("imagenet_c_released", settings, options, _RELEASED_OPTIONS)
     if settings.max_images is not None:
-        raise ValueError(
+        raise SettingError(
             "imagenet_c_released reads the whole clean split (the tree holds corrupted copies of all "
             f"of it): max_images does not apply, got {settings.max_images}"
         )
@@ -334,7 +334,7 @@ def _released_files(
     if classes is None:
         classes = getattr(data, "classes", None)
         if not classes:
-            raise ValueError("the clean split has no class names (data.classes): pass classes=[...] in label order")
+            raise DataError("the clean split has no class names (data.classes): pass classes=[...] in label order")
     classes = list(classes)
     matched = match_labels(model, data, own["labels"])  # a mismatch refused before the tree is read
     files = check_imagenet_c_tree(
@@ -352,7 +352,7 @@ def _released_files(
             "of the clean ones, so FS needs the same images (the whole clean split, not a subset)"
         )
     if own["clean_framing"] not in CLEAN_FRAMINGS:
-        raise ValueError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
+        raise SettingError(f"clean_framing must be one of {', '.join(CLEAN_FRAMINGS)}, got {own['clean_framing']!r}")
     if matched is not data:  # mapped by name: the released images' labels (indices of `classes`) map alike
         mapping = list(matched.mapping)
         files = [(path, mapping[label]) for path, label in files]

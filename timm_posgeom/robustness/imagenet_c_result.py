@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ..data.shifts import IMAGENET_C_CORRUPTIONS
-from ..results.jsonio import dump_json, tagged, to_jsonable
+from ..errors import DataError, ResultFileError
+from ..results.jsonio import dump_json, nan_if_none, tagged, to_jsonable
 from .imagenet_c_tree import SEVERITIES
 from .scores import FragilityResult
 
@@ -105,7 +106,7 @@ class ImageNetCResult:
             if c not in table or s not in table[c]
         ]
         if missing:
-            raise ValueError(
+            raise DataError(
                 f"the reference lacks {len(missing)} of this result's corruptions and severities "
                 f"({', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''})"
             )
@@ -176,16 +177,13 @@ class ImageNetCResult:
         fragility result; for a reference. ValueError for another kind of file."""
         schema = d.get("schema") if isinstance(d, Mapping) else None
         if schema is not None and schema != "timm-posgeom/imagenet-c-result":
-            raise ValueError(f"not an ImageNet-C result (imagenet_c.json): a {schema!r} file")
+            raise ResultFileError(f"not an ImageNet-C result (imagenet_c.json): a {schema!r} file")
         try:
             severities = [int(s) for s in d["severities"]]
             corruptions = list(d["corruptions"])
 
             def table(t: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-                return {
-                    c: {s: (math.nan if t[c][str(s)] is None else float(t[c][str(s)])) for s in severities}
-                    for c in corruptions
-                }
+                return {c: {s: float(nan_if_none(t[c][str(s)])) for s in severities} for c in corruptions}
 
             counts = {
                 "clean": dict(d["counts"]["clean"]),
@@ -196,7 +194,7 @@ class ImageNetCResult:
                 corruptions=corruptions,
                 severities=severities,
                 num_images=int(d["num_images"]),
-                clean_accuracy=math.nan if clean is None else float(clean),
+                clean_accuracy=float(nan_if_none(clean)),
                 accuracy=table(d["accuracy"]),
                 fs=table(d["fs"]),
                 counts=counts,
@@ -204,7 +202,7 @@ class ImageNetCResult:
                 settings=dict(d.get("settings") or {}),
             )
         except (KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"not an ImageNet-C result (imagenet_c.json): missing or malformed {e}") from None
+            raise ResultFileError(f"not an ImageNet-C result (imagenet_c.json): missing or malformed {e}") from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> ImageNetCResult:
@@ -214,7 +212,9 @@ class ImageNetCResult:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (ValueError, KeyError, TypeError) as e:  # not JSON, or not an imagenet_c.json
-            raise ValueError(f"{path} is not an ImageNet-C result (imagenet_c.json): {type(e).__name__}: {e}") from None
+            raise ResultFileError(
+                f"{path} is not an ImageNet-C result (imagenet_c.json): {type(e).__name__}: {e}"
+            ) from None
 
     def to_markdown(self, digits: int = 3, reference: ImageNetCResult | None = None) -> str:
         """A table corruption x severity of FS, with FS_c and the mean top-1 per corruption, a row of means

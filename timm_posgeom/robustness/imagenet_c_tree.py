@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from ..data.eval_data import split_item
 from ..data.shifts import check_severity, corruption_list
 from ..data.transforms import to_rgb
-from ..errors import PosgeomError
+from ..errors import PosgeomError, SettingError
 
 __all__ = [
     "check_imagenet_c_tree",
@@ -82,14 +82,14 @@ def check_imagenet_c_tree(
     if not root.is_dir():
         raise ImageNetCTreeError(f"ImageNet-C root {str(root)!r} is not a folder")
     if extra_classes not in ("error", "ignore"):
-        raise ValueError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
+        raise SettingError(f"extra_classes must be 'error' or 'ignore', got {extra_classes!r}")
     names = corruption_list(corruptions)
     levels = [check_severity(s) for s in severities]
     folders = list(classes if class_folders is None else class_folders)
     if len(folders) != len(classes):
-        raise ValueError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
+        raise SettingError(f"class_folders names {len(folders)} folders for {len(classes)} classes")
     if len(set(folders)) != len(folders):
-        raise ValueError(f"class folder names repeat: {_some([f for f, k in Counter(folders).items() if k > 1])}")
+        raise SettingError(f"class folder names repeat: {_some([f for f, k in Counter(folders).items() if k > 1])}")
     label_of = {f: i for i, f in enumerate(folders)}
     _check_layout(root, names, levels)
     reference: tuple[str, dict[str, list[str]]] | None = None

@@ -32,6 +32,7 @@ from ..data.labels import match_labels
 from ..data.shifts import Shift
 from ..data.transforms import resolve_config
 from ..defaults import probe_count, rpi_count
+from ..errors import SettingError
 from ..interventions import (
     check_tile_grid,
     draw_permutations,
@@ -121,7 +122,7 @@ class _Run:
     @classmethod
     def prepare(cls, model: nn.Module, data: Any, own: dict[str, Any], labels: str, settings: MeasureSettings) -> _Run:
         if settings.batch_size is None:
-            raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
+            raise SettingError("batch_size must be an integer >= 1 (images per step), got None")
         sites = find_sites(model)  # a flat ViT: every probed layer lies on the patch grid (else UnsupportedModelError)
         n_probe = probe_count(own["probe_images"], settings.max_images)
         bound = None if settings.max_images is None else max(settings.max_images, n_probe)
@@ -265,10 +266,10 @@ def measure_pe_shift(
     ``settings`` and the keywords as in :func:`measure_pe_shuffle`."""
     settings, own = MeasureSettings.resolve("measure_pe_shift", settings, options, _OWN)
     if direction not in SHIFT_DIRECTIONS:
-        raise ValueError(f"direction must be one of {', '.join(SHIFT_DIRECTIONS)}, got {direction!r}")
+        raise SettingError(f"direction must be one of {', '.join(SHIFT_DIRECTIONS)}, got {direction!r}")
     amounts = [float(s) for s in shifts]
     if not amounts:
-        raise ValueError("shifts is empty")
+        raise SettingError("shifts is empty")
     dy, dx = SHIFT_DIRECTIONS[direction]
     with pe_shift(model, (0.0, 0.0), components=components, edge=edge):  # refused here, before any data is read
         pass

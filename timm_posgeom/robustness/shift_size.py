@@ -29,6 +29,7 @@ from torchvision.transforms.v2 import functional as F
 from ..data.eval_data import prepare_shared, resized_item
 from ..data.shifts import Shift
 from ..data.transforms import resize_transform
+from ..errors import SettingError
 from ..measuring.settings import MAX_IMG_SIZE
 
 __all__ = ["check_shift_size", "pre_resize", "ShiftedAtSize"]
@@ -40,9 +41,9 @@ def check_shift_size(shift_size: Any, on_device: bool = False) -> int | None:
     if shift_size is None:
         return None
     if isinstance(shift_size, bool) or not isinstance(shift_size, int) or not 1 <= shift_size <= MAX_IMG_SIZE:
-        raise ValueError(f"shift_size must be a size in px from 1 to {MAX_IMG_SIZE} or None, got {shift_size!r}")
+        raise SettingError(f"shift_size must be a size in px from 1 to {MAX_IMG_SIZE} or None, got {shift_size!r}")
     if on_device:
-        raise ValueError("blur_on_device blurs the batch at the model's input: it cannot apply a shift at shift_size")
+        raise SettingError("blur_on_device blurs the batch at the model's input: it cannot apply a shift at shift_size")
     return int(shift_size)
 
 

@@ -20,7 +20,7 @@ from ..data.eval_data import check_split, eval_loader, first_items
 from ..data.labels import match_labels
 from ..data.shifts import Shift, parse_shift
 from ..defaults import DEFAULT_ALPHAS, probe_count, rpi_count
-from ..errors import require
+from ..errors import SettingError, require
 from ..interventions import pe_scale
 from ..measuring import distributed as _dist
 from ..measuring.settings import MeasureSettings
@@ -283,11 +283,11 @@ def _check_sweep(
     from ..probes.sites import resolve_site
 
     if settings.distributed not in ("auto", "off"):
-        raise ValueError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
+        raise SettingError(f"distributed must be 'auto' or 'off', got {settings.distributed!r}")
     site = resolve_site(model, site)
     floats = [float(a) for a in alphas]
     if not floats:
-        raise ValueError("alphas is empty")
+        raise SettingError("alphas is empty")
     return site, floats
 
 
@@ -377,7 +377,7 @@ def _spec(alpha: float, components: Sequence[str] | None) -> float | dict[str, f
         return alpha
     names = [components] if isinstance(components, str) else list(components)
     if not names:
-        raise ValueError("components is empty: name PE components (e.g. ['rope']), or give None for every encoding")
+        raise SettingError("components is empty: name PE components (e.g. ['rope']), or give None for every encoding")
     return {str(c): alpha for c in names}
 
 
@@ -386,7 +386,7 @@ def _sweep_data(
 ) -> tuple[int, Any, Any]:
     """(the probe's image count, its loader, the data with its labels checked or mapped)."""
     if settings.batch_size is None:  # fragility's steps need one: refused before the probe, not after it
-        raise ValueError("batch_size must be an integer >= 1 (images per step), got None")
+        raise SettingError("batch_size must be an integer >= 1 (images per step), got None")
     probe_images = probe_count(own["probe_images"], settings.max_images)
     # a stream is read once, as far as the fragility part (max_images) or the probe (probe_images) goes
     bound = None if settings.max_images is None else max(settings.max_images, probe_images)

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..records import StudyResults, StudyRun
+from ...errors import SettingError
+from ...results.jsonio import nan_if_none
+from ..records import RecordError, StudyResults, StudyRun
 from .runs import by_condition
 from .verdicts import (
     ALPHA,
@@ -135,9 +137,7 @@ def _deciding(decisions: list[Decision]) -> str:
 def _per_seed_layers(runs: list[StudyRun], key: str) -> np.ndarray:
     """(seeds, layers) of an SSDC list of each run's evaluation (NaN for missing values)."""
     rows = [
-        [math.nan if v is None else v for v in getattr(r.eval.ssdc, key)]
-        for r in runs
-        if r.eval.ssdc is not None and getattr(r.eval.ssdc, key)
+        nan_if_none(getattr(r.eval.ssdc, key)) for r in runs if r.eval.ssdc is not None and getattr(r.eval.ssdc, key)
     ]
     return np.array(rows, dtype=float) if rows else np.zeros((0, 0))
 
@@ -155,9 +155,7 @@ def rpi_cube(runs: list[StudyRun]) -> np.ndarray:
     if not rows:
         return np.zeros((0, 0, 0))
     p_n, l_n = min(len(p) for p in rows), min(len(layer) for p in rows for layer in p)
-    return np.array(
-        [[[math.nan if v is None else v for v in layer[:l_n]] for layer in p[:p_n]] for p in rows], dtype=float
-    )
+    return np.array(nan_if_none([[layer[:l_n] for layer in p[:p_n]] for p in rows]), dtype=float)
 
 
 def _layer_spreads(runs: list[StudyRun], key: str, rule: Rule) -> list[Spread]:
@@ -213,7 +211,7 @@ def _builds(runs: list[StudyRun], rule: Rule) -> tuple[Test, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         trained = [
-            float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer]))
+            float(np.nanmean(nan_if_none(r.eval.ssdc.per_layer)))
             for r in runs
             if r.eval.ssdc is not None and r.eval.ssdc.per_layer
         ]
@@ -222,8 +220,8 @@ def _builds(runs: list[StudyRun], rule: Rule) -> tuple[Test, str]:
             return above(plain, SUBSTANTIAL, rule), "mean SSDC"
         pairs = [
             (
-                float(np.nanmean([math.nan if v is None else v for v in r.eval.ssdc.per_layer])),
-                float(np.nanmean([math.nan if v is None else v for v in r.untrained.per_layer])),
+                float(np.nanmean(nan_if_none(r.eval.ssdc.per_layer))),
+                float(np.nanmean(nan_if_none(r.untrained.per_layer))),
             )
             for r in runs
             if r.eval.ssdc is not None and r.eval.ssdc.per_layer and r.untrained.per_layer
@@ -410,10 +408,8 @@ def _claim_alpha(study: _Study, shift: str = "jpeg:5") -> Verdict:
         return Verdict("not measured", "", "the APE alpha sweeps need the same 2 alphas or more in every seed")
     curves = [
         (
-            np.array([math.nan if v is None else v for v in s.delta_ssdc], dtype=float),
-            np.array(
-                [math.nan if v is None else v for v in (s.fs or {}).get(shift, [None] * len(alphas))], dtype=float
-            ),
+            np.array(nan_if_none(s.delta_ssdc), dtype=float),
+            np.array(nan_if_none((s.fs or {}).get(shift, [None] * len(alphas))), dtype=float),
         )
         for s in sweeps
     ]
@@ -458,7 +454,7 @@ def _by_condition(results: StudyResults) -> dict[str, list[StudyRun]]:
     seen: set[tuple[str, int]] = set()
     for run in results.runs:
         if (run.condition, run.seed) in seen:
-            raise ValueError(f"the results hold {run.condition} seed {run.seed} twice")
+            raise RecordError(f"the results hold {run.condition} seed {run.seed} twice")
         seen.add((run.condition, run.seed))
     return by_condition(results)
 
@@ -497,7 +493,7 @@ def evaluate_claims(results: StudyResults, rule: str | Rule = DEFAULT_RULE) -> l
     :class:`~.verdicts.Rule` for any other combination)."""
     if isinstance(rule, str):
         if rule not in RULES:
-            raise ValueError(f"unknown verdict rule {rule!r}; the rules are {', '.join(RULES)}")
+            raise SettingError(f"unknown verdict rule {rule!r}; the rules are {', '.join(RULES)}")
         rule = RULES[rule]
     by = _by_condition(results)
     study = _Study(by, rule, min((len(v) for v in by.values()), default=0))

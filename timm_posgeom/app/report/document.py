@@ -15,7 +15,9 @@ import numpy as np
 
 from ...data.shifts import PAPER_SHIFTS
 from ...results.intervals import t_quantile
+from ...results.jsonio import nan_if_none
 from ..records import StudyResults, StudyRun
+from ..rundir import RunDirError
 from .claims import (
     CHANCE_FACTOR,
     LABELS,
@@ -36,7 +38,7 @@ from .figures import (
     no_pe_floor,
 )
 from .header import report_header, report_intro, versions_text
-from .runs import by_condition, layer_mean_std, nan_for_none, run_fs, seed_history, sweep_order
+from .runs import by_condition, layer_mean_std, run_fs, seed_history, sweep_order
 from .shift_size import fragility_at_size_lines
 
 __all__ = ["write_report", "render_html", "PAPER", "evaluate_claims"]
@@ -102,12 +104,12 @@ def training_table(results: StudyResults) -> list[str]:
         formed = formed_at(epochs, mean)
 
         # at each mark: each seed's mean over layers, then mean ± std over seeds
-        at = [_short(spread([float(np.nanmean(nan_for_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
+        at = [_short(spread([float(np.nanmean(nan_if_none(r.rpi_ssdc))) for r in records[i]])) for i in marks]
         rows.append(
             f"| {LABELS.get(c, c)} | "
             + " | ".join(f"{a} (ep {epochs[i]:g})" for a, i in zip(at, marks))
             + f" | {'never' if formed is None else f'{formed:g}'} | "
-            + _short(spread(nan_for_none(r.monitor_top1 for r in records[-1])))
+            + _short(spread(nan_if_none([r.monitor_top1 for r in records[-1]])))
             + " |"
         )
     if not rows:
@@ -158,7 +160,7 @@ def _attention_table(results: StudyResults) -> list[str]:
 
 def _head_range(rows: list[list[float | None]]) -> str:
     """``mean [min, max]`` over every head of ``rows`` (one list of heads per seed), NaN left out; n/a if none."""
-    values = np.array([v for row in rows for v in nan_for_none(row)], dtype=float)
+    values = np.array([v for row in rows for v in nan_if_none(row)], dtype=float)
     values = values[np.isfinite(values)]
     if not values.size:
         return "n/a"
@@ -381,7 +383,7 @@ def write_report(out: str | os.PathLike, results: StudyResults | None = None, fi
     if results is None:
         results = StudyResults.read(out / "results.json")
     if not results.runs:
-        raise ValueError(f"{out / 'results.json'} has no finished runs yet")
+        raise RunDirError(f"{out / 'results.json'} has no finished runs yet")
     drawn = _draw_figures(out, results) if figures else _figures_present(out)
     title, varied = report_header(results)
     body = _with_figures(

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from ...data.shifts import PAPER_SHIFTS
+from ...results.jsonio import nan_if_none
 from ..records import StudyResults
 from .claims import LABELS, SUBSTANTIAL, Spread, rpi_cube, spread, spread_sp
-from .runs import by_condition, layer_mean_std, nan_for_none, run_fs, seed_history, seed_history_std, sweep_order
+from .runs import by_condition, layer_mean_std, run_fs, seed_history, seed_history_std, sweep_order
 
 __all__ = [
     "COLORS",
@@ -163,7 +164,7 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
         alphas = np.asarray(sweeps[0].alphas, dtype=float)[order]
         color = COLORS.get(c)
         for ax, rows in ((left, [s.delta_ssdc for s in sweeps]), (right, [s.fs["jpeg:5"] for s in sweeps])):
-            arr = np.array([nan_for_none(row) for row in rows], dtype=float)[:, order]
+            arr = np.array(nan_if_none(rows), dtype=float)[:, order]
             m = np.nanmean(arr, 0)
             ax.plot(
                 alphas,
@@ -177,8 +178,8 @@ def fig_alpha_sweep(results: StudyResults, path: Path) -> bool:
                 sd = np.nanstd(arr, 0, ddof=1)
                 ax.fill_between(alphas, m - sd, m + sd, color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("band: ± std over seeds")
-            elif ax is right and (sweeps[0].fs_interval or {}).get("jpeg:5"):
-                ci = np.array([nan_for_none(v) for v in sweeps[0].fs_interval["jpeg:5"]], dtype=float)[order]
+            elif ax is right and (band := (sweeps[0].fs_interval or {}).get("jpeg:5")):
+                ci = np.array(nan_if_none(band), dtype=float)[order]
                 ax.fill_between(alphas, ci[:, 0], ci[:, 1], color=color, alpha=0.15, lw=0, label="_band")
                 notes.add("FS band, 1 seed: paired bootstrap 95% interval")
     floor = no_pe_floor(results)
@@ -335,7 +336,7 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
             ("mean_distance", -0.08, dict(color=color)),
             ("rpi_mean_distance", 0.08, dict(facecolors="none", edgecolors=color)),
         ):
-            rows = [np.array(_floats_2d(getattr(a, key)), dtype=float) for a in summaries if getattr(a, key)]
+            rows = [np.array(nan_if_none(getattr(a, key)), dtype=float) for a in summaries if getattr(a, key)]
             if not rows:
                 continue
             x = np.asarray(summaries[0].layers, dtype=float)
@@ -357,8 +358,3 @@ def fig_attention_heads(results: StudyResults, path: Path) -> bool:
     axes[0][0].legend(fontsize=7)
     _save(fig, path)
     return True
-
-
-def _floats_2d(rows: list[list[float | None]]) -> list[list[float]]:
-    """A (layers, heads) list of JSON numbers with None (NaN written by the JSON writer) back to NaN."""
-    return [nan_for_none(row) for row in rows]

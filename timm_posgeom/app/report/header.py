@@ -18,9 +18,13 @@ _NA = "not recorded"
 def versions_text(results: StudyResults) -> str:
     """The versions every run was trained and measured with (summary.json, eval.json), against this
     results.json's invocation; runs recorded before per-run versions were kept are named as such."""
+
+    def sets(run: StudyRun) -> list[dict[str, str] | None]:  # None: a part measured before versions were kept
+        return [run.train.versions, *(run.eval.versions if run.eval.versions is not None else [None])]
+
     return describe_versions(
         results.versions,
-        [(f"{r.condition} s{r.seed}", [r.train.versions, *(r.eval.versions or [None])]) for r in results.runs],
+        [(f"{r.condition} s{r.seed}", sets(r)) for r in results.runs],
         label="the study's last invocation",
     )
 
@@ -44,7 +48,7 @@ def _architecture(recipe: dict[str, Any]) -> dict[str, Any]:
         from ... import models  # noqa: F401  (registers the package's models with timm)
 
         with torch.device("meta"):
-            model = timm.create_model(recipe["model"], **kwargs)
+            model: Any = timm.create_model(recipe["model"], **kwargs)  # a timm ViT, read by timm's attribute names
         grid = tuple(model.patch_embed.grid_size)
         out.update(
             width=model.embed_dim,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...results.jsonio import nan_if_none
 from ..records import HistoryPoint, StudyResults, StudyRun
 
 __all__ = [
     "by_condition",
     "run_fs",
-    "nan_for_none",
     "layer_mean_std",
     "sweep_order",
     "seed_history",
@@ -32,11 +32,6 @@ def run_fs(run: StudyRun, shift: str) -> float | None:
     return (run.eval.fs or {}).get(shift)
 
 
-def nan_for_none(values) -> list[float]:
-    """JSON numbers with None (a NaN written by the JSON writer) back to NaN."""
-    return [np.nan if v is None else v for v in values]
-
-
 def layer_mean_std(runs: list[StudyRun], key: str, source: str = "eval") -> tuple[np.ndarray, np.ndarray]:
     """Per layer, the mean (L,) and std over seeds (L,; 0 with one seed) of the runs' ``key`` list (``per_layer``,
     ``rpi_per_layer``, ...) of their evaluation's SSDC (``source="eval"``) or of another block of the run."""
@@ -44,7 +39,7 @@ def layer_mean_std(runs: list[StudyRun], key: str, source: str = "eval") -> tupl
     for r in runs:
         block = r.eval.ssdc if source == "eval" else getattr(r, source)
         if block is not None and getattr(block, key):
-            rows.append(nan_for_none(getattr(block, key)))
+            rows.append(nan_if_none(getattr(block, key)))
     if not rows:
         return np.array([]), np.array([])
     arr = np.array(rows, dtype=float)
@@ -70,8 +65,8 @@ def seed_history(runs: list[StudyRun]) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if not by_epoch:
         return np.array([]), np.zeros((0, 0)), np.array([]), []
     epochs = sorted(by_epoch)  # the runs of one condition share a recipe, hence a depth
-    ssdc = np.array([np.nanmean([nan_for_none(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
-    top1 = np.array([np.nanmean(nan_for_none(rec.monitor_top1 for rec in by_epoch[e])) for e in epochs])
+    ssdc = np.array([np.nanmean([nan_if_none(rec.rpi_ssdc) for rec in by_epoch[e]], 0) for e in epochs])
+    top1 = np.array([np.nanmean(nan_if_none([rec.monitor_top1 for rec in by_epoch[e]])) for e in epochs])
     return np.array(epochs), ssdc, top1, [by_epoch[e] for e in epochs]
 
 
@@ -83,6 +78,6 @@ def seed_history_std(records: list[list[HistoryPoint]]) -> tuple[np.ndarray, np.
         return np.nanstd(rows, 0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:])
 
     return (
-        np.array([sd([nan_for_none(r.rpi_ssdc) for r in recs]) for recs in records]),
-        np.array([sd(nan_for_none(r.monitor_top1 for r in recs)) for recs in records]),
+        np.array([sd([nan_if_none(r.rpi_ssdc) for r in recs]) for recs in records]),
+        np.array([sd(nan_if_none([r.monitor_top1 for r in recs])) for recs in records]),
     )

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...results.jsonio import nan_if_none
+
 __all__ = [
     "Spread",
     "spread",
@@ -148,7 +150,7 @@ def spread_sp(cells: np.ndarray | Sequence[Sequence[float | None]], df: str = "s
     degrees of freedom, which with 2 seeds can be far above 1 when the permutation term is large. One
     permutation: :func:`spread` over seeds. One seed: the interval over permutations alone (P - 1 degrees of
     freedom; there is no seed spread)."""
-    arr = np.array([[math.nan if v is None else float(v) for v in row] for row in cells], dtype=float)
+    arr = np.array(nan_if_none([list(row) for row in cells]), dtype=float)
     if arr.ndim != 2 or arr.size == 0:
         return spread([])
     arr = arr[~np.all(np.isnan(arr), 1)]  # seeds without a value

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...defaults import IMAGENET_C_JPEG_BLUR
-from ...errors import PosgeomError
+from ...errors import PosgeomError, SettingError
 from ...measuring.settings import MAX_IMG_SIZE, MeasureSettings
 from ...protocol import DEFAULT_ALPHAS, PROTOCOL_FIELDS, RENAMED_SETTINGS, Protocol, current_names
 from ..rundir import settings_changes
@@ -180,7 +180,7 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     """The :class:`StudyConfig` of a preset, with ``overrides`` (None values ignored; a setting's former name,
     ``eval_images`` or ``workers``, is read as its one name with a DeprecationWarning, for one release)."""
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        raise SettingError(f"unknown preset {preset!r}; expected one of {', '.join(PRESETS)}")
     old = sorted(set(overrides) & set(RENAMED_SETTINGS))
     if old:
         warnings.warn(
@@ -194,18 +194,18 @@ def preset_config(preset: str, **overrides: Any) -> StudyConfig:
     config = StudyConfig(**values)
     bad = [c for c in config.conditions if c not in CONDITIONS]
     if bad:
-        raise ValueError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
+        raise SettingError(f"unknown condition(s) {bad}; expected some of {', '.join(CONDITIONS)}")
     twice = sorted({c for c in config.conditions if config.conditions.count(c) > 1})
     if twice:  # the same run twice would count as a second seed with no spread
-        raise ValueError(f"condition(s) given twice: {', '.join(twice)}; use --num-seeds for more runs of one")
+        raise SettingError(f"condition(s) given twice: {', '.join(twice)}; use --num-seeds for more runs of one")
     if not 1 <= config.seeds <= MAX_SEEDS:
-        raise ValueError(
+        raise SettingError(
             f"seeds must be from 1 to {MAX_SEEDS} (each trains every condition once: {len(config.conditions)} runs "
             f"a seed), got {config.seeds:,}"
         )
     MeasureSettings(rpi_permutations=config.rpi_permutations)  # 1 .. MAX_RPI_PERMUTATIONS, as every measurement
     if config.shift_size is not None and not 1 <= config.shift_size <= MAX_IMG_SIZE:
-        raise ValueError(f"shift_size must be from 1 to {MAX_IMG_SIZE} px or none, got {config.shift_size:,}")
+        raise SettingError(f"shift_size must be from 1 to {MAX_IMG_SIZE} px or none, got {config.shift_size:,}")
     config.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
     check_init(config.init)
     return config
@@ -216,7 +216,7 @@ def check_init(init: str | None) -> None:
     from ...models.vision_transformer_pe import INIT_TYPES
 
     if init is not None and init not in INIT_TYPES:
-        raise ValueError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
+        raise SettingError(f"unknown init {init!r}; expected one of {', '.join(INIT_TYPES)}")
 
 
 class StudyError(PosgeomError, RuntimeError):

@@ -5,9 +5,7 @@ module plans, resumes, fingerprints and writes: the numbers are the library's.""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +15,9 @@ import torch
 
 from ...models.pretrained import WEIGHTS_FILE, weights_sha1
 from ...protocol import RENAMED_SETTINGS, Measurement, Protocol, measure_model, spread_layers
+from ...results.fingerprints import fingerprint
 from ...results.jsonio import to_jsonable, write_errors
-from ..records import AttentionSummary, RunEval, RunSummary, SSDCSummary, SweepSummary
+from ..records import AttentionSummary, Num, RunEval, RunSummary, SSDCSummary, SweepSummary
 from ..rundir import describe_changes, set_aside
 from .config import PART_SETTINGS, StudyConfig, StudyError, attention_rpi, config_changes, sweep_rpi
 from .fragility_at_size import at_size_record
@@ -30,6 +29,7 @@ __all__ = [
     "check_evals",
     "eval_changes",
     "untrained_ssdc",
+    "untrained_path",
     "eval_settings",
     "ATTENTION_LAYERS",
     "ATTENTION_IMAGES",
@@ -272,7 +272,7 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         raise StudyError(f"SSDC not measured: {'; '.join(measured.notes)}")
     maps = {}
     for key, res in (("normal", normal), ("rpi", rpi)):
-        if res.mean_maps is not None:
+        if isinstance(res.mean_maps, torch.Tensor):  # a flat ViT's (L, N, N); a staged model's list is not kept
             maps[key] = res.mean_maps[:2].clone()
     if rpi.permutation is not None and "rpi" in maps:
         maps["permutation"] = rpi.permutation.clone()
@@ -280,14 +280,14 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         with write_errors(maps_path):  # a full disk: one line
             torch.save(maps, maps_path)
 
-    def means(res: Any) -> list[float] | None:
+    def means(res: Any) -> list[Num] | None:
         return [s.mean for s in res.per_image] if res.per_image else None
 
-    def stds(res: Any) -> list[float] | None:
+    def stds(res: Any) -> list[Num] | None:
         return [s.std for s in res.per_image] if res.per_image else None
 
-    def pairs(ci: Any) -> list[list[float]] | None:
-        return [list(c) for c in ci] if ci is not None else None
+    def pairs(rows: Any) -> list[list[Num]] | None:  # per layer (an interval) or per permutation (the layers)
+        return [list(row) for row in rows] if rows is not None else None
 
     return SSDCSummary(
         n_images=int(rpi.settings["n_images"]),
@@ -301,7 +301,7 @@ def _ssdc_record(measured: Measurement, maps_path: Path | None) -> SSDCSummary:
         rpi_per_image_mean=means(rpi),
         rpi_per_image_std=stds(rpi),
         rpi_permutations=list(rpi.settings["permutation_seeds"]),
-        rpi_by_permutation=rpi.by_permutation,
+        rpi_by_permutation=pairs(rpi.by_permutation),
         per_layer_ci=pairs(normal.per_layer_ci),
         rise_ci=list(normal.rise_ci) if normal.rise_ci else None,
         rpi_per_layer_ci=pairs(rpi.per_layer_ci),
@@ -314,19 +314,25 @@ def _sweep_record(measured: Measurement, kept: SweepSummary | None) -> SweepSumm
     measured with the same alphas, shifts and images under other RPI permutations) only the sweep's SSDC was
     measured now, and its FS is kept."""
     ssdcs, sweep, k = measured.sweep_ssdc, measured.alpha_sweep, measured.protocol.rpi_permutations
-    if ssdcs is None or (sweep is None and kept is None):
+    if ssdcs is None:
+        return None
+    fs: dict[str, list[Num]]
+    clean: list[Num]
+    fs_interval: dict[str, list[list[Num]]] | None
+    if sweep is not None:
+        fs, clean = {s: list(v) for s, v in sweep.fs.items()}, [r.clean_accuracy for r in sweep.rows]
+        fs_interval = {s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts}
+    elif kept is not None:
+        fs, clean, fs_interval = kept.fs, kept.clean_accuracy, kept.fs_interval
+    else:
         return None
     return SweepSummary(
         alphas=[float(a) for a in measured.protocol.alphas],
         delta_ssdc=[r.rise for r in ssdcs],
-        fs=sweep.fs if sweep is not None else kept.fs,  # type: ignore[union-attr]
-        clean_accuracy=[r.clean_accuracy for r in sweep.rows] if sweep is not None else kept.clean_accuracy,  # type: ignore[union-attr]
+        fs=fs,
+        clean_accuracy=clean,
         rpi_per_layer=[list(r.per_layer) for r in ssdcs],
-        fs_interval=(
-            {s: [list(r.fragility.fs_interval[s]) for r in sweep.rows] for s in sweep.shifts}
-            if sweep is not None
-            else kept.fs_interval  # type: ignore[union-attr]
-        ),
+        fs_interval=fs_interval,
         rpi_permutations=k,
         delta_ssdc_ci=[list(r.delta_ci) for r in ssdcs],
     )
@@ -335,11 +341,7 @@ def _sweep_record(measured: Measurement, kept: SweepSummary | None) -> SweepSumm
 def _attention_record(measured: Measurement) -> AttentionSummary | None:
     """Mean attention distance, attention entropy and attention SSDC per head (docs/attention.md#the-measures),
     normal and under RPI (the mean over the RPI permutations); None for a model whose attention cannot be
-    captured (a note says why)."""
-
-    def rows(values: Any) -> list[list[float | None]]:
-        return [[None if not math.isfinite(float(v)) else float(v) for v in row] for row in values]
-
+    captured (a note says why). Numbers in their JSON form (lists, NaN as None)."""
     normal, shuffled = measured.extras.get("attention"), measured.extras.get("attention_rpi")
     if normal is None:
         return None
@@ -347,13 +349,13 @@ def _attention_record(measured: Measurement) -> AttentionSummary | None:
         n_images=int(normal.settings["n_images"]),
         layers=[int(k) for k in normal.layers],
         grid=[int(g) for g in normal.settings["grid_size"]],
-        mean_distance=rows(normal.mean_distance),
-        entropy=rows(normal.entropy),
-        ssdc=rows(normal.ssdc),
+        mean_distance=to_jsonable(normal.mean_distance),
+        entropy=to_jsonable(normal.entropy),
+        ssdc=to_jsonable(normal.ssdc),
     )
     if shuffled is not None:
-        summary.rpi_mean_distance = rows(shuffled.mean_distance)
-        summary.rpi_entropy, summary.rpi_ssdc = rows(shuffled.entropy), rows(shuffled.ssdc)
+        summary.rpi_mean_distance = to_jsonable(shuffled.mean_distance)
+        summary.rpi_entropy, summary.rpi_ssdc = to_jsonable(shuffled.entropy), to_jsonable(shuffled.ssdc)
         summary.rpi_permutations = measured.protocol.rpi_permutations
     return summary
 
@@ -380,17 +382,26 @@ def attention_summary(
     return _attention_record(measured)
 
 
+def untrained_path(run: PlannedRun, m: Measuring, out: Path) -> Path:
+    """Where the untrained SSDC of ``run`` is kept: ``<out>/untrained/<condition>_s<seed>-<key>.json``, the key the
+    :func:`~timm_posgeom.results.fingerprints.fingerprint` of the settings and the recipe (other settings: another
+    file). The settings go in under the names the first studies recorded them with, so the files of a study
+    begun then are found; and a file of timm-posgeom 0.1.0, whose key was cut to 10 hex digits, is found when
+    none has the full key (a resumed study does not measure its untrained models again)."""
+    former = {new: old for old, new in RENAMED_SETTINGS.items()}
+    settings = {former.get(k, k): v for k, v in m.settings.items()}
+    key = fingerprint(json.dumps(dict(settings, recipe=run.recipe.to_dict()), sort_keys=True))
+    path, kept = (out / "untrained" / f"{run.condition}_s{run.seed}-{k}.json" for k in (key, key[:10]))
+    return kept if not path.is_file() and kept.is_file() else path
+
+
 def untrained_ssdc(run: PlannedRun, m: Measuring, out: Path) -> SSDCSummary:
     """SSDC of the architecture untrained (same recipe, same seed): the static prior; kept in
-    ``<out>/untrained/`` under a key of the settings and the recipe."""
+    ``<out>/untrained/`` (:func:`untrained_path`), measured only when not kept there."""
     import timm
 
     recipe = run.recipe
-    # the settings under the names the first studies recorded them with: the files of a study begun then are found
-    former = {new: old for old, new in RENAMED_SETTINGS.items()}
-    settings = {former.get(k, k): v for k, v in m.settings.items()}
-    key = hashlib.sha1(json.dumps(dict(settings, recipe=recipe.to_dict()), sort_keys=True).encode()).hexdigest()[:10]
-    path = out / "untrained" / f"{run.condition}_s{run.seed}-{key}.json"  # other settings: another file
+    path = untrained_path(run, m, out)
     if path.is_file():
         return SSDCSummary.read(path)
     torch.manual_seed(run.seed)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...errors import PathNotFoundError, SettingError
 from ...results.jsonio import write_json
 from .config import StudyConfig, check_init
 
@@ -47,7 +48,7 @@ class PlannedRun:
         if config.device is not None:
             args += ["--device", config.device]
         if config.accelerate_config:
-            return ["accelerate", "launch", "--config_file", accelerate_config(config), *args]
+            return ["accelerate", "launch", "--config_file", accelerate_config(config.accelerate_config), *args]
         return [sys.executable, *args]
 
     def to_dict(self, config: StudyConfig) -> dict[str, Any]:
@@ -96,7 +97,7 @@ def _run_overrides(config: StudyConfig, seed: int) -> tuple[str, ...]:
     check_init(config.init)
     overrides = list(config.train_overrides)
     if any(o.split("=", 1)[0].strip() == "seed" for o in overrides):  # the study's seeds would replace it
-        raise ValueError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
+        raise SettingError("a study sets each run's seed itself (0 .. seeds-1): use --num-seeds, not --set seed=...")
     if config.init is not None:
         overrides.append(f"model_kwargs.init={config.init}")
     if config.heldout_fraction is not None:
@@ -173,14 +174,15 @@ def dry_run(config: StudyConfig, out: str | os.PathLike) -> list[dict[str, Any]]
             try:
                 resolve_source(item["data"])
             except FileNotFoundError as e:
-                raise FileNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
+                raise PathNotFoundError(f"{e}; pass --data PATH_OR_HUB_ID") from None
     if config.accelerate_config:
-        accelerate_config(config)
+        accelerate_config(config.accelerate_config)
     return plan
 
 
-def accelerate_config(config: StudyConfig) -> str:
-    """The accelerate config file: a path, or the name of one shipped with the package (``1gpu``)."""
+def accelerate_config(name: str) -> str:
+    """The accelerate config file a study's ``accelerate_config`` names: a path, or the name of one shipped with
+    the package (``1gpu``)."""
     from ..recipe import find_accelerate_config
 
-    return str(find_accelerate_config(config.accelerate_config))
+    return str(find_accelerate_config(name))

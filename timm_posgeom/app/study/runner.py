@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from ..provenance import package_versions
 from ..records import RunSummary, StudyResults, StudyRun
-from ..rundir import check_fields, describe_changes, read_json_file
+from ..rundir import NotWritableError, OutputExistsError, check_fields, describe_changes, read_json_file
 from .config import CONDITIONS, StudyConfig, StudyError, config_changes
 from .measure import Measuring, check_evals, eval_settings, measure_run, untrained_ssdc
 from .plan import PlannedRun, StudyPlan, make_plan, write_plan
@@ -88,7 +89,7 @@ def run_study(
     return results
 
 
-def _trained_first(runs: list[PlannedRun]) -> list[PlannedRun]:
+def _trained_first(runs: Sequence[PlannedRun]) -> list[PlannedRun]:
     """The runs with a finished training first (each measured, or its record reused, in seconds to minutes),
     then the ones still to train, each group in the plan's order: ``results.json`` is rewritten after every
     run with the runs this invocation has done, so an interrupted resume keeps every trained run in it
@@ -115,12 +116,12 @@ def _run_one(run: PlannedRun, m: Measuring, out: Path) -> StudyRun:
 def _open_out(out: Path, resume: bool, create: bool = True) -> Path:
     """``out``, created (with ``create``); FileExistsError when it holds a study and this is not a resume."""
     if out.exists() and any(out.iterdir()) and not resume:
-        raise FileExistsError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
+        raise OutputExistsError(f"{out} already holds a study; pass --resume to continue it or choose another --out")
     if not create:
         return out
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
-        raise PermissionError(f"cannot write to {out}")
+        raise NotWritableError(f"cannot write to {out}")
     return out
 
 

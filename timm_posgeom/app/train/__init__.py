@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ...errors import SettingError
 from ..recipe import Recipe
 from ..records import RunSummary
 from ..rundir import RunDirError, RunLock
@@ -166,12 +167,12 @@ def _wants_cpu(device: str | None) -> bool:
         return True
     available = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if device not in available:
-        raise ValueError(
+        raise SettingError(
             f"a training run takes --device cpu, cuda or mps, got {device!r} (choose the GPU with "
             "CUDA_VISIBLE_DEVICES or accelerate launch --gpu_ids)"
         )
     if not available[device]:
-        raise ValueError(f"--device {device}: no {device} device here")
+        raise SettingError(f"--device {device}: no {device} device here")
     return False
 
 

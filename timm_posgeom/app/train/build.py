@@ -21,7 +21,15 @@ from ...errors import one_line
 from ...measuring.distributed import broadcast_object
 from ...results.jsonio import dumps
 from ..recipe import Recipe, RecipeError, upgrade_keys
-from ..rundir import RunDirError, check_fields, describe_changes, read_json_file, read_yaml_file, settings_changes
+from ..rundir import (
+    OutputExistsError,
+    RunDirError,
+    check_fields,
+    describe_changes,
+    read_json_file,
+    read_yaml_file,
+    settings_changes,
+)
 from .checkpoints import TrainState, latest_checkpoint, list_checkpoints, remove_partial_saves
 from .metrics import MetricsLog, check_tracker_project, check_trackers
 from .monitor import build_monitor, carve_monitor
@@ -100,7 +108,7 @@ def _load_splits(recipe: Recipe, accelerator: Any, progress: bool) -> tuple[Any,
     (``bad_images``); the main process first (a download or cache made once)."""
     from ... import data as D
 
-    hub = dict(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
+    hub = D.HubOptions(config=recipe.data_config, revision=recipe.revision, streaming=recipe.streaming)
     with accelerator.main_process_first():
         # on synthetic data, max_*_images is the number of images generated (else 5000 and 1000)
         train_split = D.load_split(
@@ -289,7 +297,7 @@ def _known_optimizers(asked: str) -> str:
 
     close = difflib.get_close_matches(str(asked).lower(), list_optimizers(), n=3, cutoff=0.5)
     return (
-        f"did you mean {', '.join(close)}? " if close else ""
+        f"did you mean {', '.join(map(str, close))}? " if close else ""
     ) + "timm.optim.list_optimizers() lists timm's optimizers"
 
 
@@ -315,7 +323,7 @@ def build_optimizer(recipe: Recipe, model: nn.Module) -> torch.optim.Optimizer:
     weight-decay groups (``wd_exclude_1d``, ``wd_exclude_model``)."""
     from timm.optim import create_optimizer_v2
 
-    opt_kwargs = {
+    opt_kwargs: dict[str, Any] = {  # the optimizer's own arguments, passed on by timm
         k: v
         for k, v in (("betas", recipe.opt_betas and tuple(recipe.opt_betas)), ("eps", recipe.opt_eps))
         if v is not None
@@ -409,13 +417,13 @@ def _check_run_dir(
     finished = (out / "summary.json").is_file()
     exports = [n for n in ("export", "export_ema") if (out / n).exists()]
     if exports and not finished and checkpoint is None:  # weights from elsewhere (a download, a copy): not ours
-        raise FileExistsError(
+        raise OutputExistsError(
             f"{out} holds {' and '.join(exports)} but no training run (no summary.json or "
             "checkpoint): a run would overwrite it; choose another --out"
         )
     if (checkpoint is not None or finished) and not resume:
         what = f"checkpoints ({checkpoint.name})" if checkpoint is not None else "a finished run (summary.json)"
-        raise FileExistsError(
+        raise OutputExistsError(
             f"{out} already holds {what}: pass --resume to continue that run, or choose another --out"
         )
     if resume and finished and checkpoint is None:

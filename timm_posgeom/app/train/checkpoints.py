@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ...results.jsonio import write_errors
+from ..rundir import NotWritableError
 
 __all__ = [
     "TrainState",
@@ -62,7 +63,7 @@ def check_writable(out: Path) -> None:
         probe.write_text("ok")
         probe.unlink()
     except OSError as e:
-        raise PermissionError(f"output directory {str(out)!r} is not writable: {e.strerror or e}") from None
+        raise NotWritableError(f"output directory {str(out)!r} is not writable: {e.strerror or e}") from None
 
 
 def save_checkpoint(accelerator: Any, out: Path, step: int, keep: int) -> Path:

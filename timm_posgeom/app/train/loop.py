@@ -18,6 +18,7 @@ import torch.nn as nn
 from ...errors import PosgeomError
 from ...interventions import eval_mode
 from ...probes import pe_content_norm_ratio, pe_table_ssdc
+from ...results.jsonio import to_jsonable
 from ..records import RunSummary
 from .build import Session
 from .checkpoints import save_checkpoint
@@ -88,10 +89,8 @@ def _rpi_ssdc(model: nn.Module, loader, max_images: int) -> dict[str, Any]:
     # its collectives met theirs, the next ones of training: a crash or a hang under a launch)
     result = probe_ssdc(model, loader, rpi=True, seed=0, max_images=max_images, progress=False, distributed="off")
 
-    def rounded(v: float) -> float | None:
-        return round(float(v), 4) if math.isfinite(v) else None
-
-    return {"rpi_ssdc": [rounded(v) for v in result.per_layer], "rpi_delta_ssdc": rounded(result.delta)}  # under RPI
+    rounded = [round(float(v), 4) for v in result.per_layer]  # NaN stays NaN: written as None
+    return to_jsonable({"rpi_ssdc": rounded, "rpi_delta_ssdc": round(float(result.delta), 4)})  # under RPI
 
 
 def evaluate_now(s: Session) -> dict[str, Any]:
@@ -100,7 +99,7 @@ def evaluate_now(s: Session) -> dict[str, Any]:
     ``monitor`` names it too."""
     check_finite(s)
     prefix, loader = monitor_prefix(s.monitor), s.val_loader if s.monitor is None else s.monitor.loader
-    result = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
+    result: dict[str, Any] = {f"{prefix}_{k}": v for k, v in evaluate_top1(s.model, loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_{prefix}_{k}": v for k, v in evaluate_top1(s.ema.module, loader, s.accelerator).items()})
     result.update(
@@ -131,7 +130,7 @@ def validate_at_end(s: Session) -> dict[str, Any]:
     held-out monitor, measured now, once, and logged as a ``validation`` record."""
     if s.monitor is None:
         return s.eval_result
-    result = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
+    result: dict[str, Any] = {f"val_{k}": v for k, v in evaluate_top1(s.model, s.val_loader, s.accelerator).items()}
     if s.ema is not None:
         result.update({f"ema_val_{k}": v for k, v in evaluate_top1(s.ema.module, s.val_loader, s.accelerator).items()})
     result.update(

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ...errors import SettingError
 from ...results.jsonio import dumps
 
 __all__ = ["MetricsLog", "read_metrics", "check_trackers", "check_tracker_project", "tracker_config"]
@@ -25,9 +26,9 @@ def check_trackers(names: list[str]) -> list[str]:
     available = {str(t) for t in get_available_trackers()}
     for name in names:
         if name not in known:
-            raise ValueError(f"log_with: unknown tracker {name!r}; accelerate here knows {', '.join(known)}")
+            raise SettingError(f"log_with: unknown tracker {name!r}; accelerate here knows {', '.join(known)}")
         if name not in available:
-            raise ValueError(
+            raise SettingError(
                 f"log_with: {name} is not installed here (pip install {name.replace('_', '-')}); "
                 "metrics.jsonl is written without it, or drop it from log_with"
             )
@@ -41,7 +42,7 @@ def check_tracker_project(project: str | None) -> None:
         return
     text = str(project)
     if not text.strip() or "/" in text or "\\" in text or text in (".", "..") or Path(text).is_absolute():
-        raise ValueError(
+        raise SettingError(
             f"tracker_project must be a plain name (the trackers write under <out>/<name>), got "
             f"{project!r}: a path would write outside --out"
         )

@@ -11,9 +11,12 @@ which split monitored (``monitor``: ``validation`` or ``heldout``), and ``data.j
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..recipe import Recipe
+
+if TYPE_CHECKING:
+    from torch.utils.data import Dataset
 
 __all__ = ["Monitor", "carve_monitor", "build_monitor", "monitor_prefix"]
 
@@ -71,6 +74,7 @@ def build_monitor(
             cached = D.cache_uint8(
                 heldout, recipe.img_size, recipe.interpolation, recipe.workers, cache_dir, progress=show
             )
+    ds: Dataset
     if recipe.cache:
         ds = D.CachedEvalDataset(cached, mean, std)
     else:

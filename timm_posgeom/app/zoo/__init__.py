@@ -21,8 +21,8 @@ Each model runs at its own data config (input size, interpolation, mean / std:
 :func:`timm_posgeom.protocol.measure_model` under the zoo's protocol (:meth:`ZooConfig.protocol`), the study's
 measuring function: the same model, data and protocol give the same numbers in both.
 
-Files, under ``out``: ``models/<safe-name>.json`` (a :class:`~timm_posgeom.app.records.ZooModel` per model,
-written atomically as soon as the model is done), ``zoo.json`` (settings and model list),
+Files, under ``out``: ``models/<safe-name>.json`` (:func:`record_path`; a
+:class:`~timm_posgeom.app.records.ZooModel` per model, written atomically as soon as the model is done), ``zoo.json`` (settings and model list),
 ``zoo.csv`` (one row per model, as timm's ``results/*.csv``), ``zoo.md`` and ``figures/*.png``.
 A rerun into the same ``out`` skips every model already measured with the same settings (a kill
 loses at most the model in progress), retries the ones that failed, and refuses other settings
@@ -45,6 +45,7 @@ from .config import (
     filter_models,
     is_main_process,
     read_models_file,
+    record_path,
     safe_name,
     versions,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "read_models_file",
     "filter_models",
     "safe_name",
+    "record_path",
     "is_main_process",
     "csv_rows",
     "write_outputs",

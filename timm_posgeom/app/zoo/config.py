@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import re
 import warnings
-from collections.abc import Iterable
 from dataclasses import InitVar, asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ...data.shifts import PAPER_SHIFTS
-from ...errors import PosgeomError, one_line
+from ...errors import PathNotFoundError, PosgeomError, SettingError, one_line
 from ...measuring.distributed import is_main
 from ...protocol import PROTOCOL_FIELDS, RPI_PERMUTATIONS, Protocol, check_alpha_spec, probe_count
+from ...results.fingerprints import fingerprint
 from ...results.jsonio import to_jsonable
 from ..provenance import package_versions
+from ..records import ZooModel
 from ..rundir import NEUTRAL_KEYS
 
 JPEG_SHIFT = "jpeg:5"  # the paper's JPEG shift: the x of the fragility figure is this shift's FS
@@ -96,9 +95,9 @@ class ZooConfig:
             if self.probe_images is None:
                 self.probe_images = images
         if self.bad_images not in ("error", "skip"):
-            raise ValueError(f"bad_images must be error or skip, got {self.bad_images!r}")
+            raise SettingError(f"bad_images must be error or skip, got {self.bad_images!r}")
         if self.pretrained not in PRETRAINED_MODES:
-            raise ValueError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
+            raise SettingError(f"pretrained must be one of {', '.join(PRETRAINED_MODES)}, got {self.pretrained!r}")
         self._check_sweep()
         self.protocol()  # every measuring setting checked where it enters (ProtocolError, one line)
 
@@ -112,10 +111,10 @@ class ZooConfig:
     def _check_sweep(self) -> None:
         """ValueError for an empty list of alphas, or components named without a sweep (or unknown)."""
         if self.alphas is not None and not self.alphas:
-            raise ValueError("alphas is empty")
+            raise SettingError("alphas is empty")
         if self.alpha_components is not None:
             if self.alphas is None or not self.alpha_components:
-                raise ValueError("alpha_components names the PE components of an alpha sweep: give alphas too")
+                raise SettingError("alpha_components names the PE components of an alpha sweep: give alphas too")
             check_alpha_spec(dict.fromkeys(self.alpha_components, 1.0))  # known component names
 
     def probe_count(self) -> int:
@@ -134,7 +133,7 @@ class ZooConfig:
 
         kind, where = resolve_source(self.data)
         values = {k: v for k, v in asdict(self).items() if k not in NEUTRAL_KEYS["zoo"]}
-        values["data"] = os.path.abspath(where) if kind == "local" else (where or "synthetic")
+        values["data"] = os.path.abspath(where) if kind == "local" and where else (where or "synthetic")
         values["sweep_shifts"] = list(SWEEP_SHIFTS) if self.alphas is not None else None
         if values.get("alpha_components") is None:  # absent, as in the records written before it existed
             values.pop("alpha_components", None)
@@ -145,7 +144,7 @@ def read_models_file(path: str | os.PathLike) -> list[str]:
     """Model names from a text file: one per line; ``#`` starts a comment; blank lines ignored."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"models file not found: {path}")
+        raise PathNotFoundError(f"models file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -173,12 +172,36 @@ def filter_models(pattern: str, pretrained: str = "auto") -> list[str]:
 
 def safe_name(name: str) -> str:
     """A file name for a model: the name itself when it is made of ``[A-Za-z0-9._-]`` (timm's names),
-    else those characters with the rest as ``_`` plus 8 hex digits of the name's SHA-1 (no two names
-    share a file)."""
+    else those characters with the rest as ``_`` plus the name's
+    :func:`~timm_posgeom.results.fingerprints.fingerprint` (no two names share a file)."""
     clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
-    if clean == name:
-        return name
-    return f"{clean[:80]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name if clean == name else f"{clean[:80]}-{fingerprint(name)}"
+
+
+def _former_safe_name(name: str) -> str:
+    """The file name timm-posgeom 0.1.0 gave a model: the name's SHA-1 cut to 8 hex digits."""
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return name if clean == name else f"{clean[:80]}-{fingerprint(name)[:8]}"
+
+
+def record_path(out: Path, name: str) -> Path:
+    """Where the zoo in ``out`` keeps the record of model ``name``: ``models/<safe_name(name)>.json``; when that
+    file is not there but one under the name timm-posgeom 0.1.0 gave it is (:func:`safe_name` with 8 hex
+    digits), that one, so that a resumed zoo keeps what it measured then. A record is written under the new
+    name (:func:`write_record`)."""
+    path = out / "models" / f"{safe_name(name)}.json"
+    former = out / "models" / f"{_former_safe_name(name)}.json"
+    return former if not path.is_file() and former.is_file() else path
+
+
+def write_record(out: Path, name: str, record: ZooModel) -> Path:
+    """Write the record of model ``name`` to ``models/<safe_name(name)>.json`` (atomically); a record of the model
+    under its former name (:func:`record_path`) is removed then: the new one replaces it."""
+    path = record.write(out / "models" / f"{safe_name(name)}.json")
+    former = out / "models" / f"{_former_safe_name(name)}.json"
+    if former != path:
+        former.unlink(missing_ok=True)
+    return path
 
 
 def is_main_process() -> bool:
@@ -201,14 +224,6 @@ def config_from_settings(settings: dict[str, Any]) -> ZooConfig:
                 raise ZooError(f"the zoo's recorded {key} are {values[key]!r}, not a list: restore its zoo.json")
             values[key] = tuple(values[key])
     return ZooConfig(**values)
-
-
-def finite_or_none_list(values: Iterable[float]) -> list[float | None]:
-    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
 def failure_text(error: BaseException) -> str:

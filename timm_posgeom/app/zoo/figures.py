@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...results.jsonio import write_atomic
+from ...results.jsonio import nan_if_none, write_atomic
 from ..provenance import describe_versions
 from ..records import ZooModel
 from .config import JPEG_SHIFT, ZooConfig, versions
@@ -49,7 +49,7 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
             values = getattr(r, key)
             if not values:
                 continue
-            y = [math.nan if v is None else v for v in values]
+            y = nan_if_none(values)
             x = relative_depth(len(y))
             ax.plot(
                 x,
@@ -64,8 +64,8 @@ def fig_ssdc_depth(records: Sequence[ZooModel], path: Path) -> None:
             if cis and len(cis) == len(y):
                 ax.fill_between(
                     x,
-                    [math.nan if c[0] is None else c[0] for c in cis],
-                    [math.nan if c[1] is None else c[1] for c in cis],
+                    nan_if_none([c[0] for c in cis]),
+                    nan_if_none([c[1] for c in cis]),
                     color=f"C{i % 10}",
                     alpha=0.15,
                     lw=0,
@@ -302,22 +302,22 @@ def _md_table(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
 
 def _md_sweeps(records: Sequence[ZooModel], config: ZooConfig) -> list[str]:
     """The alpha sweeps' table (none when the zoo swept no alpha)."""
-    if config.alphas is None:
+    alphas = config.alphas
+    if alphas is None:
         return []
-    sweeps = [r for r in records if r.status == "ok" and r.alpha_sweep is not None]
+    sweeps = [(r, r.alpha_sweep) for r in records if r.status == "ok" and r.alpha_sweep is not None]
     lines = ["", f"## Alpha sweep (PE scaled by alpha; delta SSDC under RPI, FS {JPEG_SHIFT})", ""]
     if not sweeps:
         return lines + ["No model could be swept (see the notes)."]
-    order = sorted(range(len(config.alphas)), key=lambda k: config.alphas[k])  # alpha increasing
+    order = sorted(range(len(alphas)), key=lambda k: alphas[k])  # alpha increasing
     lines += [
-        "| model | " + " | ".join(f"α={config.alphas[k]:g}" for k in order) + " |",
-        "|---|" + "---|" * len(config.alphas),
+        "| model | " + " | ".join(f"α={alphas[k]:g}" for k in order) + " |",
+        "|---|" + "---|" * len(alphas),
     ]
-    for r in sweeps:
-        sw = r.alpha_sweep
+    for r, sw in sweeps:
         fs = sw.fs.get(JPEG_SHIFT) or [None] * len(sw.alphas)
-        dci = sw.delta_ssdc_ci or [None] * len(sw.alphas)
-        fci = (sw.fs_interval or {}).get(JPEG_SHIFT) or [None] * len(sw.alphas)
+        dci: Sequence[Sequence[Any] | None] = sw.delta_ssdc_ci or [None] * len(sw.alphas)  # None: no interval
+        fci: Sequence[Sequence[Any] | None] = (sw.fs_interval or {}).get(JPEG_SHIFT) or [None] * len(sw.alphas)
         cells = sorted(zip(sw.alphas, sw.delta_ssdc, dci, fs, fci), key=lambda c: c[0])
         lines.append(
             f"| `{_md_cell(r.model)}` | "

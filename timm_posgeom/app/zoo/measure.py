@@ -1,9 +1,11 @@
-"""One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record."""
+"""One model of a zoo: loaded (:func:`weights_key` names its weights), measured into a ZooModel record.
+
+A record holds its numbers as they are written and read back (:func:`timm_posgeom.jsonio.to_jsonable`: lists,
+NaN as None), so that a record measured now and one read from its file are the same."""
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import math
 import time
 import traceback
@@ -16,11 +18,12 @@ import numpy as np
 import torch
 
 from ...data.labels import map_by_name
-from ...errors import NonFiniteWarning
+from ...errors import NonFiniteWarning, SettingError
 from ...measuring.distributed import fail_together
+from ...results.fingerprints import fingerprint
 from ...results.jsonio import to_jsonable
 from ..records import SweepSummary, ZooModel
-from .config import EXTRAS, ZooConfig, failure_text, finite_or_none, finite_or_none_list, versions
+from .config import EXTRAS, ZooConfig, failure_text, versions
 
 
 def match_labels(model: torch.nn.Module, data: Any) -> tuple[Any | None, str]:
@@ -60,7 +63,7 @@ def weights_key(name: str, weights: str | None) -> str | None:
 
         root = Path(name[len("local-dir:") :]).expanduser().resolve()
         files = sorted(p for p in root.iterdir() if p.is_file()) if root.is_dir() else []
-        digest = hashlib.sha1("\n".join(file_key(str(p)) for p in files).encode()).hexdigest()[:16]
+        digest = fingerprint("\n".join(file_key(str(p)) for p in files))
         return f"local-dir:{root}|{digest}"
     if name.startswith(("hf-hub:", "hf_hub:")):
         return _hub_revision(name.split(":", 1)[1].split("@")[0])
@@ -72,8 +75,9 @@ def weights_key(name: str, weights: str | None) -> str | None:
         return None
     if cfg is None:
         return None
-    if getattr(cfg, "hf_hub_id", None):
-        return _hub_revision(cfg.hf_hub_id)
+    hub_id = getattr(cfg, "hf_hub_id", None)
+    if hub_id:
+        return _hub_revision(hub_id)
     return f"url:{cfg.url}" if getattr(cfg, "url", None) else None
 
 
@@ -99,7 +103,7 @@ def _load(name: str, config: ZooConfig, record: ZooModel) -> torch.nn.Module:
     if record.source == "timm" and config.pretrained != "off" and timm.is_model(name):
         has_weights = timm.models.is_model_pretrained(name)
         if config.pretrained == "on" and not has_weights:
-            raise ValueError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
+            raise SettingError(f"{name} has no pretrained weights in timm (--no-pretrained measures it at random init)")
         pretrained = has_weights
     record.weights = "loaded" if record.source != "timm" else ("pretrained" if pretrained else "random-init")
     torch.manual_seed(config.seed)
@@ -216,32 +220,32 @@ def _ssdc(record: ZooModel, normal: Any, rpi: Any | None) -> None:
     record.grid_sizes = [list(map(int, g)) for g in normal.settings["grid_sizes"]]
     record.probe_images = int(normal.settings["n_images"])
     record.ssdc, record.ssdc_ci, record.ssdc_mean_ci = _with_intervals(normal)
-    record.rise = finite_or_none(normal.rise)
-    record.rise_ci = finite_or_none_list(normal.rise_ci) if normal.rise_ci else None
+    record.rise = to_jsonable(normal.rise)
+    record.rise_ci = to_jsonable(normal.rise_ci) if normal.rise_ci else None
     if rpi is not None:
         record.rpi_permutations = int(rpi.settings["rpi_permutations"])
         record.rpi_ssdc, record.rpi_ssdc_ci, record.rpi_ssdc_mean_ci = _with_intervals(rpi)
-        record.rpi_content_ssdc = finite_or_none_list(rpi.content_per_layer or [])
-        record.rpi_delta_ssdc = finite_or_none(rpi.rise)
-        record.rpi_delta_ssdc_ci = finite_or_none_list(rpi.rise_ci) if rpi.rise_ci else None
+        record.rpi_content_ssdc = to_jsonable(rpi.content_per_layer or [])
+        record.rpi_delta_ssdc = to_jsonable(rpi.rise)
+        record.rpi_delta_ssdc_ci = to_jsonable(rpi.rise_ci) if rpi.rise_ci else None
 
 
 def _with_intervals(result: Any) -> tuple[list[float | None], list[list[float | None]] | None, list[float | None]]:
     """(SSDC per layer, its 95% interval per layer, the interval of its mean over layers) of a probe."""
-    cis = [finite_or_none_list(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
+    cis = [to_jsonable(c) for c in result.per_layer_ci] if result.per_layer_ci is not None else None
     _, low, high = result.interval_of(lambda v: float(np.nanmean(v)) if np.isfinite(v).any() else math.nan)
-    return finite_or_none_list(result.per_layer), cis, finite_or_none_list((low, high))
+    return to_jsonable(result.per_layer), cis, to_jsonable((low, high))
 
 
 def _fragility(record: ZooModel, frag: Any, labels: str | None) -> None:
     """Clean top-1, accuracy and FS per shift, on the data whose labels match the model's classes."""
     record.labels = labels
     record.num_images = frag.num_images
-    record.clean_accuracy = finite_or_none(frag.clean_accuracy)
-    record.clean_accuracy_ci = finite_or_none_list(frag.clean_interval)
-    record.accuracy = {k: finite_or_none(v) for k, v in frag.accuracy.items()}
-    record.fs = {k: finite_or_none(v) for k, v in frag.fs.items()}
-    record.fs_interval = {k: finite_or_none_list(v) for k, v in frag.fs_interval.items()}
+    record.clean_accuracy = to_jsonable(frag.clean_accuracy)
+    record.clean_accuracy_ci = to_jsonable(frag.clean_interval)
+    record.accuracy = {k: to_jsonable(v) for k, v in frag.accuracy.items()}
+    record.fs = {k: to_jsonable(v) for k, v in frag.fs.items()}
+    record.fs_interval = {k: to_jsonable(v) for k, v in frag.fs_interval.items()}
 
 
 def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
@@ -250,15 +254,15 @@ def _extras(record: ZooModel, extras: dict[str, Any]) -> None:
     if "attention" in extras:
         att = extras["attention"]
         heads = np.asarray(att.mean_distance, dtype=float)  # (L, heads)
-        record.attention_distance_heads = [finite_or_none_list(row) for row in heads]
-        record.attention_distance = finite_or_none_list(np.nanmean(heads, axis=1))
-        record.attention_entropy = finite_or_none_list(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
+        record.attention_distance_heads = [to_jsonable(row) for row in heads]
+        record.attention_distance = to_jsonable(np.nanmean(heads, axis=1))
+        record.attention_entropy = to_jsonable(np.nanmean(np.asarray(att.entropy, dtype=float), axis=1))
     if "position" in extras:
         position = extras["position"]
-        record.position_accuracy = finite_or_none_list(position.normal.accuracy)
+        record.position_accuracy = to_jsonable(position.normal.accuracy)
         record.position_chance = position.normal.chance["both"]
         if position.rpi is not None:
-            record.position_accuracy_rpi = finite_or_none_list(position.rpi.accuracy)
+            record.position_accuracy_rpi = to_jsonable(position.rpi.accuracy)
         record.notes.extend(position.notes)
     others = {name: to_jsonable(result.to_dict()) for name, result in extras.items() if name not in EXTRAS}
     if others:
@@ -271,17 +275,17 @@ def _sweep(protocol: Any, ssdcs: list[Any], sweep: Any | None) -> SweepSummary:
     alphas = [float(a) for a in protocol.alphas]
     return SweepSummary(
         alphas=alphas,
-        delta_ssdc=finite_or_none_list(r.rise for r in ssdcs),
-        fs={k: finite_or_none_list(v) for k, v in sweep.fs.items()} if sweep is not None else {},
-        clean_accuracy=finite_or_none_list(r.clean_accuracy for r in sweep.rows)
+        delta_ssdc=to_jsonable([r.rise for r in ssdcs]),
+        fs={k: to_jsonable(v) for k, v in sweep.fs.items()} if sweep is not None else {},
+        clean_accuracy=to_jsonable([r.clean_accuracy for r in sweep.rows])
         if sweep is not None
         else [None] * len(alphas),
-        rpi_per_layer=[finite_or_none_list(r.per_layer) for r in ssdcs],
+        rpi_per_layer=[to_jsonable(r.per_layer) for r in ssdcs],
         fs_interval=(
-            {k: [finite_or_none_list(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
+            {k: [to_jsonable(r.fragility.fs_interval[k]) for r in sweep.rows] for k in sweep.shifts}
             if sweep is not None
             else None
         ),
         rpi_permutations=protocol.rpi_permutations,
-        delta_ssdc_ci=[finite_or_none_list(r.delta_ci) for r in ssdcs],
+        delta_ssdc_ci=[to_jsonable(r.delta_ci) for r in ssdcs],
     )

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...errors import SettingError
+
 __all__ = ["MODEL_SETS", "PUBLISHED", "PUBLISHED_SETS", "PUBLISHED_SOURCE", "model_set", "published_top1"]
 
 PUBLISHED_SOURCE = (
@@ -66,7 +68,7 @@ PUBLISHED: dict[str, tuple[float, float, float, float]] = {
 def model_set(name: str) -> list[str]:
     """The models of the set ``name``; ValueError naming the sets for an unknown one."""
     if name not in MODEL_SETS:
-        raise ValueError(f"unknown zoo model set {name!r}: choose among {', '.join(MODEL_SETS)}")
+        raise SettingError(f"unknown zoo model set {name!r}: choose among {', '.join(MODEL_SETS)}")
     return list(MODEL_SETS[name])
 
 

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ...errors import SettingError
 from ...measuring.distributed import broadcast_object
 from ..records import ZooIndex, ZooModel
 from ..rundir import RunDirError, RunLock, describe_changes, set_aside, settings_changes
-from .config import NO_MODELS, ZooConfig, ZooError, config_from_settings, is_main_process, safe_name
+from .config import (
+    NO_MODELS,
+    ZooConfig,
+    ZooError,
+    config_from_settings,
+    is_main_process,
+    record_path,
+    safe_name,
+    write_record,
+)
 from .figures import write_outputs
 from .measure import measure_model, weights_key
 from .table import write_csv
@@ -50,27 +59,19 @@ def parse_shard(text: str) -> tuple[int, int]:
     try:
         k, n = (int(v) for v in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
+        raise SettingError(f"--shard must be K/N (e.g. 0/4: models 0, 4, 8, ... of the zoo), got {text!r}") from None
     if not (n >= 1 and 0 <= k < n):
-        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+        raise SettingError(f"--shard K/N needs 0 <= K < N, got {text!r}")
     return k, n
 
 
 @contextmanager
 def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
     """The zoo folder's lock, held briefly (reading and writing ``zoo.json`` and the combined outputs):
-    processes of other shards wait for it instead of being refused. The lock of a killed holder is taken
-    over (:class:`RunLock`)."""
+    processes of other shards wait for it (up to ``wait_s``) instead of being refused. The lock of a killed
+    holder is free (:class:`RunLock`)."""
     lock = RunLock(out)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            lock.acquire(say=say)
-            break
-        except RunDirError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    lock.acquire(say=say, wait_s=wait_s)
     try:
         yield
     finally:
@@ -79,8 +80,8 @@ def _index_lock(out: Path, say: Callable[[str], None], wait_s: float = 120.0):
 
 def _model_lock(out: Path, name: str) -> tuple[RunLock | None, str]:
     """(the lock of one model's measurement, ``locks/<name>/.lock``, taken; or None and the refusal, naming its
-    holder and how to clear it, when another process holds it: a live one on this host, or one on another host,
-    which cannot be told from a process that is gone)."""
+    holder, when another process holds it: a live one, or one on another host, which cannot be told from a
+    process that is gone: the refusal says how to clear it)."""
     folder = out / "locks" / safe_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     lock = RunLock(folder)
@@ -94,7 +95,7 @@ def _model_lock(out: Path, name: str) -> tuple[RunLock | None, str]:
 def _still_to_measure(out: Path, name: str, settings: dict[str, Any]) -> bool:
     """Whether the model has no ok record with these settings and its current weights (another shard may
     have written one since the plan was made)."""
-    path = out / "models" / f"{safe_name(name)}.json"
+    path = record_path(out, name)
     if not path.is_file():
         return True
     record = ZooModel.read(path)
@@ -114,7 +115,7 @@ def read_records(out: Path, names: Sequence[str]) -> tuple[list[ZooModel], list[
     """(the records in ``out/models`` of ``names``, in that order; the names that have none yet)."""
     records, missing = [], []
     for name in names:
-        path = out / "models" / f"{safe_name(name)}.json"
+        path = record_path(out, name)
         if path.is_file():
             records.append(ZooModel.read(path))
         else:
@@ -205,7 +206,7 @@ def _start(zoo: _Zoo, asked: list[str], allow_changes: bool) -> tuple[list[str],
         if zoo.main:
             for name in names:
                 if name in records and name not in done and records[name].status == "ok":
-                    set_aside(zoo.out / "models" / f"{safe_name(name)}.json")
+                    set_aside(record_path(zoo.out, name))
             ZooIndex(settings=zoo.settings, models=names).write(zoo.out / "zoo.json")
     return names, records, done
 
@@ -252,7 +253,7 @@ def _measure_one(zoo: _Zoo, name: str, data: Any, say: Callable[[str], None], wh
     taken = broadcast_object(lock is not None if zoo.main else None)
     if not taken and held:
         say(f"{where}: not measured here: {held}")
-    if taken and zoo.main and not _still_to_measure(zoo.out, name, zoo.settings):
+    if lock is not None and not _still_to_measure(zoo.out, name, zoo.settings):  # taken here, by main
         lock.release()
         taken = False
         say(f"{where}: measured by another shard since the plan, kept")
@@ -289,7 +290,7 @@ def _write_record(zoo: _Zoo, name: str, record: ZooModel) -> str | None:
                 f"process's: {describe_changes(changes)}): {name} is not written, a table would mix two "
                 "measurements; measure into another --out, or run again with the zoo's settings"
             )
-        record.write(zoo.out / "models" / f"{safe_name(name)}.json")
+        write_record(zoo.out, name, record)
         records = read_records(zoo.out, zoo.names)[0]
         try:
             check_records(zoo.out, records, zoo.settings)
@@ -368,7 +369,7 @@ def _plan(
         changes.update(settings_changes("zoo", index.settings, settings))
     stale: set[str] = set()
     for name in names:
-        path = out / "models" / f"{safe_name(name)}.json"
+        path = record_path(out, name)
         if path.is_file():
             records[name] = record = ZooModel.read(path)
             if record.status == "ok":
@@ -378,7 +379,7 @@ def _plan(
                     stale.add(name)
                     changes[f"{name}'s weights"] = (record.weights_key or "not recorded", now or "unknown")
     if changes and not allow_changes:
-        data = changes.pop("data_fingerprint", None)  # said alone when no other setting explains it
+        data = changes.pop("data_fingerprint", (None, None))  # said alone when no other setting explains it
         what = (
             f"other settings ({describe_changes(changes)})"
             if changes

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...results.jsonio import write_atomic
+from ...results.jsonio import nan_if_none, to_jsonable, write_atomic
 from ..records import ZooModel
 from ..rundir import set_aside
-from .config import SWEEP_SHIFTS, ZooConfig, finite_or_none
+from .config import SWEEP_SHIFTS, ZooConfig
 from .model_sets import PUBLISHED_SETS, published_top1
 
 
@@ -25,14 +25,14 @@ def relative_depth(n: int) -> list[float]:
 def layer_summary(values: Sequence[float | None] | None) -> dict[str, Any]:
     """``first``, ``last``, ``peak`` (the largest), ``peak_layer`` (its index) and ``mean`` of per-layer
     SSDC, undefined (NaN) layers left out; every entry None when there is none."""
-    vals = [math.nan if v is None else float(v) for v in (values or [])]
+    vals = [float(v) for v in nan_if_none(values or [])]
     finite = [(i, v) for i, v in enumerate(vals) if math.isfinite(v)]
     if not finite:
         return dict(first=None, last=None, peak=None, peak_layer=None, mean=None)
     peak_layer, peak = max(finite, key=lambda t: t[1])
     return dict(
-        first=finite_or_none(vals[0]),
-        last=finite_or_none(vals[-1]),
+        first=to_jsonable(vals[0]),
+        last=to_jsonable(vals[-1]),
         peak=peak,
         peak_layer=peak_layer,
         mean=sum(v for _, v in finite) / len(finite),
@@ -43,7 +43,7 @@ def summary_intervals(
     values: Sequence[float | None] | None,
     per_layer_ci: Sequence[Sequence[float | None]] | None,
     mean_ci: Sequence[float | None] | None,
-) -> dict[str, tuple[Any, Any]]:
+) -> dict[str, tuple[Any, ...]]:
     """The 95% interval (low, high) of each entry of :func:`layer_summary`: ``first``, ``last`` and ``peak``
     are single layers (that layer's interval), ``mean`` the mean over layers (its own interval); (None, None)
     where none was measured."""

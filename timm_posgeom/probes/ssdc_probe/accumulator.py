@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import torch
 
-from ...errors import IntervalWarning
+from ...errors import DataError, IntervalWarning
 from ...interventions.draws import draw_permutations
 from ...measuring.settings import sums_budget_error
 from ...results.intervals import image_groups
@@ -256,13 +256,13 @@ class Accumulator:
         one too large for a similarity map, or (a stage's own grid, first seen) running sums past the budget."""
         known = self.grids.setdefault(layer, grid)
         if known != grid and self.want_map:
-            raise ValueError(
+            raise DataError(
                 f"the token grid of layer {layer} changed from {known} to {grid} between batches: the "
                 "mean map needs one image size (resize the data, or use reduction='per_image')"
             )
         n = grid[0] * grid[1]
         if n > MAX_GRID_TOKENS:
-            raise ValueError(
+            raise DataError(
                 f"layer {layer}'s grid {grid[0]}x{grid[1]} has {n:,} tokens, more than the "
                 f"{MAX_GRID_TOKENS:,} a similarity map is built for (its pairs and their ranks would need "
                 "tens of GB): probe the other layers (layers=...) or smaller images"

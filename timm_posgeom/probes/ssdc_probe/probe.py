@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 
 from ...defaults import JACKKNIFE_GROUPS, check_alpha_spec, rpi_count
+from ...errors import DataError, SettingError
 from ...interventions import (
     TokenPermutationError,
     check_unpermuted,
@@ -157,7 +158,7 @@ def probe_ssdc(
     if stream.shard is not None:
         n_images, image_size = _reduce_across_processes(acc, n_images, image_size, stream.shard.seen)
     if n_images == 0 or image_size is None:
-        raise ValueError("data yielded no images")
+        raise DataError("data yielded no images")
     result = finish(acc, probe, seed, n_images, image_size, model)
     result.settings["alpha"] = alpha
     return result
@@ -182,14 +183,14 @@ def _check_probe(
     """The call's own settings checked (before any data is read) and its probe sites found."""
     site = resolve_site(model, site)
     if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
+        raise SettingError(f"unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
     if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
+        raise SettingError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     count = rpi_count(permutations)
     if forward_size is not None and (
         isinstance(forward_size, bool) or not isinstance(forward_size, int) or forward_size < 1
     ):
-        raise ValueError(f"forward_size must be an integer >= 1, got {forward_size!r}")
+        raise SettingError(f"forward_size must be an integer >= 1, got {forward_size!r}")
     if rpi:
         find_embed_module(model)  # a model without a patch embedding (CNNs): refused before any data is read
     else:
@@ -320,7 +321,7 @@ def _merged_grids(states: list[dict[str, Any]], want_map: bool) -> dict[int, tup
         for layer, grid in s["grids"].items():
             known = grids.setdefault(layer, grid)
             if known != grid and want_map:
-                raise ValueError(
+                raise DataError(
                     f"the token grid of layer {layer} differs between processes ({known} vs {grid}): "
                     "the mean map needs one image size (resize the data, or use reduction='per_image')"
                 )

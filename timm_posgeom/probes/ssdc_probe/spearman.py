@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import SettingError
+
 __all__ = ["ssdc", "DISTANCES", "FLAT_RTOL", "ConstantMapWarning", "grid_positions", "pair_distances", "rankdata"]
 
 DISTANCES = ("manhattan", "euclidean", "chebyshev")
@@ -340,7 +342,7 @@ def pair_distances(positions: torch.Tensor, distance: str = "manhattan") -> torc
     positions: (N, 2) coordinates. Returns (M,) float64 with M = N (N - 1) / 2.
     """
     if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
+        raise SettingError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     pos = positions.to(torch.float64)
     diff = (pos[:, None, :] - pos[None, :, :]).abs()  # (N, N, 2)
     if distance == "manhattan":
@@ -379,7 +381,7 @@ def distance_ranks(
 # --------------------------------------------------------------------------------------------
 def _check_args(shape: torch.Size, grid_size, distance: str, positions) -> tuple[int, int]:
     if distance not in DISTANCES:
-        raise ValueError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
+        raise SettingError(f"unknown distance {distance!r}; expected one of {', '.join(DISTANCES)}")
     if len(shape) not in (2, 3) or shape[-1] != shape[-2]:
         raise ValueError(f"similarity must be (N, N) or (B, N, N), got shape {tuple(shape)}")
     try:
