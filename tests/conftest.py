@@ -22,6 +22,9 @@ IMAGENETTE = Path(
     os.environ.get("POSGEOM_IMAGENETTE")
     or Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenette"
 )
+# CI sets POSGEOM_REQUIRE_IMAGENETTE=1: it has the copy, so a test that would skip without it must run there
+if os.environ.get("POSGEOM_REQUIRE_IMAGENETTE") == "1" and not IMAGENETTE.is_dir():
+    raise pytest.UsageError(f"POSGEOM_REQUIRE_IMAGENETTE=1, but {IMAGENETTE} is not there: its tests would skip")
 
 
 # torch threads per test process: under pytest-xdist, its share of the cores (CI: 2 workers on 2 cores, 1 thread
@@ -203,6 +206,34 @@ def run_launched(cmd: list[str], *, env: dict[str, str], timeout: float, cwd=Non
 
 
 # -- helpers several test files share --------------------------------------------------------------------------
+def accelerate_launch_argv(*target: str, processes: int = 2) -> list[str]:
+    """The one ``accelerate launch`` command line of the tests: ``processes`` CPU processes on this machine
+    (with ``ACCELERATE_USE_CPU=1`` in the environment, see :func:`launch_env`), then ``target`` (a script and its
+    arguments, or ``-m module ...``).
+
+    accelerate 1.x's ``launch --cpu`` starts ONE process (several only with an MPI hostfile): several CPU
+    processes come from its torchrun-based launcher (``--multi_gpu``) with ``ACCELERATE_USE_CPU`` set (gloo). A
+    free port of our own, not the default 29500 another launch may hold, nor 0: accelerate before 1.7 hands
+    ``--main_process_port 0`` to the workers as port 0, where they wait forever."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        *target,
+    ]
+
+
 def launch_env() -> dict[str, str]:
     """The environment of a launched measurement (tests/test_distributed.py, tests/test_attention.py): one thread
     per process (deterministic and kind to a shared machine), CPU, no launch variables of ours leaking in."""

@@ -4,7 +4,6 @@ the model's outputs untouched, the measures against a direct computation, RPI, d
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import numpy as np
@@ -311,28 +310,11 @@ LAUNCHED = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_launched_processes_equal_one(tmp_path):
-    from conftest import assert_json_close, free_port, launch_env, run_launched
+    from conftest import accelerate_launch_argv, assert_json_close, launch_env, run_launched
 
     script = tmp_path / "measure.py"
     script.write_text(LAUNCHED)
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        str(tmp_path / "launched"),
-    ]
+    cmd = accelerate_launch_argv(str(script), str(tmp_path / "launched"))
     run = run_launched(cmd, env=launch_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())

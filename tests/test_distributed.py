@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import assert_json_close, free_port, launch_env, run_launched
+from conftest import accelerate_launch_argv, assert_json_close, launch_env, run_launched
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import timm_posgeom  # noqa: F401  (registers the models)
@@ -331,28 +331,7 @@ def test_a_launch_past_its_timeout_leaves_no_process(tmp_path):
 def test_two_launched_processes_equal_one(tmp_path):
     script = tmp_path / "measure.py"
     script.write_text(SCRIPT)
-    # accelerate 1.x's `launch --cpu` starts ONE process (several only with an MPI hostfile): two CPU
-    # processes come from its torchrun-based launcher with ACCELERATE_USE_CPU set (gloo). A free port of
-    # our own: accelerate before 1.7 hands `--main_process_port 0` to the workers as port 0 (they wait forever)
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        str(script),
-        str(tmp_path / "launched"),
-        str(tmp_path / "cli2"),
-    ]
+    cmd = accelerate_launch_argv(str(script), str(tmp_path / "launched"), str(tmp_path / "cli2"))
     run = run_launched(cmd, env=launch_env(), timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-4000:]
     rank0 = json.loads((tmp_path / "launched.0.json").read_text())

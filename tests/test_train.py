@@ -16,7 +16,7 @@ import pytest
 import timm
 import torch
 import yaml
-from conftest import IMAGENETTE, free_port, run_launched
+from conftest import IMAGENETTE, accelerate_launch_argv, run_launched
 from safetensors.torch import load_file
 from scipy.stats import spearmanr
 
@@ -189,32 +189,9 @@ def test_kill_and_resume_is_exact(tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group("launch")  # one launch at a time (ports, cores)
 def test_two_processes_under_accelerate_launch(tmp_path):
-    # accelerate 1.15's `launch --cpu` starts ONE process (its simple launcher spawns several only with an MPI
-    # hostfile); two CPU processes come from the torchrun-based launcher with ACCELERATE_USE_CPU set. A free port
-    # per launch (not the default 29500, which another launch may hold), and no process left behind on a timeout
+    # two CPU processes (conftest.accelerate_launch_argv says how), and no process left behind on a timeout
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(free_port()),
-        "-m",
-        "timm_posgeom.cli",
-        "train",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    cmd = accelerate_launch_argv("-m", "timm_posgeom.cli", "train", "--out", str(out), "--no-progress")
     # probe_images: the main process alone logs SSDC under RPI (it once waited there for the other process)
     for item in TINY + ["max_steps=3", "checkpoint_every=2", "probe_images=8"]:
         cmd += ["--set", item]
