@@ -58,8 +58,21 @@ _marked_slow: set[str] = set()
 
 # Marked here rather than at each test: every user of a module fixture that takes over 5 s to build (whichever of
 # them runs first pays for it), and the slow parameter of a fast test whose cases come from a table.
-SLOW_FIXTURES = {"demo_study", "zoo", "study_figures", "zoo_of_two", "rows_by_batch", "study_numbers_by_batch"}
-SLOW_CASES = {"test_support_row[dla]"}
+SLOW_FIXTURES = {
+    "demo_study",
+    "zoo",
+    "study_figures",
+    "zoo_of_two",
+    "rows_by_batch",
+    "study_numbers_by_batch",
+    "tiny_plan_run",
+}
+# (a DataLoader worker process of its own; a large timm model built)
+SLOW_CASES = {
+    "test_support_row[dla]",
+    "test_support_row[vgg]",
+    "test_probe_and_fragility_name_a_damaged_image_in_one_line[1]",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects

@@ -27,23 +27,23 @@ def plan():
 
 
 @pytest.fixture(scope="module")
-def tiny(plan, tmp_path_factory):
+def tiny_plan_run(plan, tmp_path_factory):
     """One tiny run of the whole plan: (out folder, exit code)."""
     root = tmp_path_factory.mktemp("gpu-plan")
     code = plan.main(["--tiny", "--out", str(root / "out"), "--scratch", str(root / "scratch")])
     return root / "out", code
 
 
-def test_tiny_mode_writes_the_records_and_no_weights(tiny):
-    out, code = tiny
+def test_tiny_mode_writes_the_records_and_no_weights(tiny_plan_run):
+    out, code = tiny_plan_run
     assert code == 0
     files = sorted(p.name for p in out.iterdir())
     assert files == ["ladder.jsonl", "log.txt", "plan.json", "throughput.json"]  # the GPU machine returns <= 8 files
     assert sum(p.stat().st_size for p in out.iterdir()) < 1 << 20
 
 
-def test_tiny_throughput_prices_a_paper_run(tiny):
-    t = json.loads((tiny[0] / "throughput.json").read_text())
+def test_tiny_throughput_prices_a_paper_run(tiny_plan_run):
+    t = json.loads((tiny_plan_run[0] / "throughput.json").read_text())
     assert t["model_kwargs"]["layout"] == "paper" and t["optimizer"] == "Adam" and t["precision"] == "bf16 autocast"
     ips = t["train"]["images_per_s"]
     assert ips > 0 and t["train"]["steps"] >= 2 and t["inference"]["images_per_s"] > 0
@@ -52,8 +52,8 @@ def test_tiny_throughput_prices_a_paper_run(tiny):
     assert run["gpu_hours"] == pytest.approx(run["train_gpu_hours"] + run["eval_gpu_hours"])
 
 
-def test_tiny_ladder_trains_and_measures_each_run(tiny):
-    records = [json.loads(line) for line in (tiny[0] / "ladder.jsonl").read_text().splitlines()]
+def test_tiny_ladder_trains_and_measures_each_run(tiny_plan_run):
+    records = [json.loads(line) for line in (tiny_plan_run[0] / "ladder.jsonl").read_text().splitlines()]
     assert [(r["width"], r["lr"], r["seed"]) for r in records] == [(32, 1e-3, 0), (32, 3.3e-4, 0)]
     for r in records:
         assert r["finished"] and r["exit_code"] == 0 and r["steps"] == 3 and 0 <= r["top1"] <= 1
@@ -65,7 +65,7 @@ def test_tiny_ladder_trains_and_measures_each_run(tiny):
         assert rpi["seeds"] == [0, 1] and len(rpi["delta_ci"]) == 2 and len(rpi["per_layer_ci"]) == 4
         assert len(r["ssdc"]) == 4 and r["probe_images"] == 12  # the tiny validation split has 12 images
         assert [h["step"] for h in r["history"] if h["kind"] == "eval"] == [3]
-    assert "deadline" not in (tiny[0] / "log.txt").read_text()
+    assert "deadline" not in (tiny_plan_run[0] / "log.txt").read_text()
 
 
 def test_the_gpu_runs_are_the_studys_runs(plan, tmp_path):

@@ -166,6 +166,7 @@ def test_push_without_weights_is_a_clear_error(tmp_path):
         cli_main(["push", str(tmp_path / "empty"), "--repo-id", "me/model", "--dry-run"])
 
 
+@pytest.mark.slow  # a subprocess that imports the application and meets no Hub
 def test_push_without_network_is_one_line(tmp_path):
     """Issue 14, item 7: a push with no reachable Hub printed a connection traceback."""
     run = _run_dir(tmp_path)
