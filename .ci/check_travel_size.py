@@ -12,8 +12,9 @@ tree plus that data must stay under 60 MiB (4 MiB kept for what a session writes
                                                             (experiments/scaling/make_imagenette64.py), then count it
     python .ci/check_travel_size.py --report                print the verdict, exit 0 whatever it is
 
-Exit 1 above the limit (unless --report), 0 under it. Weights still tracked (listed in experiments/weights.json)
-are named: `git rm` them once `posgeom weights restore` can bring them back (docs/guide.md).
+Exit 1 above the limit (unless --report), 0 under it, 2 for a --data path that is not there. A weights file
+listed in experiments/weights.json that is tracked again is named: `git rm --cached` it (`posgeom weights restore`
+brings it back from the history, docs/guide.md).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f" ({len(weights)} weights files still tracked: {sum(weights.values()) / MIB:.1f} MiB)" if weights else "")
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data
+        if data is not None and not data.exists():
+            print(f"--data {data}: no such file or folder (make it: --make IMAGENETTE)", file=sys.stderr)
+            return 2
         if args.make:
             data = make_data(args.make, Path(tmp))
         elif data is None:

@@ -154,3 +154,18 @@ def test_travel_size_counts_the_tree_and_the_data_and_names_tracked_weights(tmp_
     git(repo, "rm", "-q", "--cached", weights)
     under = check()
     assert under.returncode == 0 and "under the 3.5 MiB limit" in under.stdout, under.stdout
+    gone = subprocess.run(
+        [sys.executable, str(TRAVEL), "--root", str(repo), "--data", str(tmp_path / "nowhere.tar.gz")],
+        capture_output=True,
+        text=True,
+    )
+    assert gone.returncode == 2 and "nowhere.tar.gz: no such file or folder" in gone.stderr  # never counted as 0
+
+
+def test_the_project_tracks_no_weights_and_travels():
+    """Issue 53's bound on this repository itself: no safetensors or probe maps are tracked, and the tracked tree
+    (what a lease copies besides the carried data) is at most 25 MB."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True).stdout
+    names = [n for n in out.decode().split("\0") if n]
+    assert not [n for n in names if n.endswith((".safetensors", "maps.pt"))]
+    assert sum(os.lstat(ROOT / n).st_size for n in names if os.path.lexists(ROOT / n)) <= 25_000_000

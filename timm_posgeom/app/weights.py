@@ -15,7 +15,7 @@ export, the Hugging Face Hub repository it is published as and its timm name whe
   before;
 * probe maps go back to their run folder.
 
-Sources, tried in this order unless one is named: the working tree (a file still tracked), the git history of the
+Sources, tried in this order unless one is named: the working tree (a copy already there), the git history of the
 clone the manifest lies in (``git cat-file`` of the manifest's commit), the Hub (exports once published); or a
 folder given by the user (files at their manifest paths, or named by their SHA-256). A missing source, a damaged
 copy or a full disk stops with one line naming the file and what to do, and leaves nothing half-written.
