@@ -53,7 +53,7 @@ def data_bytes(path: Path) -> int:
 def make_data(source: str, folder: Path) -> Path:
     """The packed 64-px copy of ``source`` (what the GPU plan carries), made in ``folder``."""
     tree = folder / "imagenette64"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_DATASETS_DISABLE_PROGRESS_BARS="1")  # a log of lines, not bars
     subprocess.run(
         [sys.executable, str(ROOT / "experiments" / "scaling" / "make_imagenette64.py"), source, str(tree)],
         check=True,
